@@ -1,0 +1,64 @@
+//! `rackmem`: run unmodified programs on remote memory, serve memory bricks.
+//!
+//! This binary only parses arguments and wires the libraries together: `rackmem-brick` serves
+//! memory, `rackmem-transport` reaches bricks, `librackmem.so` (`rackmem-preload` over
+//! `rackmem-runtime`) does the work inside the program.
+
+mod brick_cmd;
+mod run_cmd;
+mod sys;
+
+use clap::{Parser, Subcommand};
+
+/// Exit statuses of `rackmem` itself (a program run with `rackmem run` keeps its own).
+pub mod exit {
+    /// A brick named on the command line cannot be reached.
+    pub const BRICK_UNREACHABLE: i32 = 69;
+    /// Something on this machine is missing or failed (library not found, socket error).
+    pub const SOFTWARE: i32 = 70;
+    /// The program could not be started (not found, not executable).
+    pub const CANNOT_EXEC: i32 = 126;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "rackmem",
+    version,
+    about = "Software-defined disaggregated memory: run unmodified programs on memory borrowed from other machines",
+    long_about = "rackmem lends idle memory of some machines (memory bricks) to programs on others.\n\n\
+        Quick start (one machine, embedded brick, local buffer of 10% of the footprint):\n  \
+        rackmem run --local 10% --stats -- python3 -c 'x = bytearray(200 << 20); print(sum(x))'\n\n\
+        Two machines:\n  \
+        memory-rich$ rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --secret-file /etc/rackmem.secret\n  \
+        compute$     rackmem run --brick tcp://memory-rich:7070 --secret-file /etc/rackmem.secret --local 25% -- ./app"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program with its large allocations on remote memory (like numactl).
+    Run(run_cmd::RunArgs),
+    /// Serve this machine's idle memory as a memory brick.
+    Brick(brick_cmd::BrickArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run_cmd::run(args),
+        Command::Brick(args) => brick_cmd::run(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("rackmem: error: {e:#}");
+            let code = e
+                .downcast_ref::<run_cmd::Unreachable>()
+                .map_or(exit::SOFTWARE, |_| exit::BRICK_UNREACHABLE);
+            std::process::exit(code)
+        }
+    }
+}

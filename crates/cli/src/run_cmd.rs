@@ -1,0 +1,252 @@
+//! `rackmem run`: start a program with `librackmem.so` preloaded and the runtime configured.
+
+use crate::brick_cmd::{parse_size_arg, random_hex, read_secret};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rackmem_brick::{Brick, BrickConfig, ListenAddr};
+use rackmem_runtime::size::{format_size, Budget};
+use rackmem_runtime::stats::StatsSnapshot;
+use rackmem_transport::{BrickAddr, Link};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// Local buffer: bytes (512MiB) or a percentage of the program's footprint in remote memory (25%).
+    #[arg(long, value_name = "SIZE|PCT", default_value = "50%")]
+    local: Budget,
+    /// A memory brick to use (tcp://HOST:PORT or unix:PATH); repeat for several. Without one, an
+    /// embedded brick serves this run and stops after it.
+    #[arg(long = "brick", value_name = "ADDR")]
+    bricks: Vec<BrickAddr>,
+    /// Shared secret of the bricks given with --brick.
+    #[arg(long, value_name = "SECRET", env = "RACKMEM_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// File holding the shared secret (first line).
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+    /// Allocations of at least this size go to remote memory.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
+    threshold: u64,
+    /// Window (remote address space) per process; default: half of each brick, at most 16 GiB each.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    window: Option<u64>,
+    /// Size of the embedded brick (lazily backed).
+    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = parse_size_arg)]
+    embedded_size: u64,
+    /// How the fault handler waits: blocking, busy-poll, or hybrid[:MICROSECONDS].
+    #[arg(long, value_name = "MODE")]
+    handler: Option<String>,
+    /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
+    #[arg(long, value_name = "PAGES")]
+    prefetch: Option<u32>,
+    /// Print faults, bytes fetched/written back/prefetched and fault latency at exit.
+    #[arg(long)]
+    stats: bool,
+    /// Write the statistics as JSON lines (one per process) to FILE.
+    #[arg(long, value_name = "FILE")]
+    stats_json: Option<PathBuf>,
+    /// Explain what the runtime does at start, fork and exit.
+    #[arg(long, short)]
+    verbose: bool,
+    /// The program and its arguments.
+    #[arg(required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// A brick named on the command line cannot be reached.
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for Unreachable {}
+
+fn find_preload() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("RACKMEM_PRELOAD") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the rackmem executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for cand in [dir.join("librackmem.so"), dir.join("../lib/librackmem.so"), dir.join("../librackmem.so")] {
+        if cand.exists() {
+            return Ok(cand.canonicalize().unwrap_or(cand));
+        }
+    }
+    bail!(
+        "librackmem.so not found next to {} (build it with `cargo build --release`, or set RACKMEM_PRELOAD)",
+        exe.display()
+    )
+}
+
+pub fn run(args: RunArgs) -> Result<i32> {
+    let preload = find_preload()?;
+    let tmp = std::env::temp_dir().join(format!("rackmem-run-{}-{}", std::process::id(), random_hex(4)?));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let _cleanup = RemoveDir(tmp.clone());
+
+    let mut embedded = None;
+    let (bricks, secret) = if args.bricks.is_empty() {
+        let secret = random_hex(16)?;
+        let sock = tmp.join("brick.sock");
+        let handle = Brick::start(BrickConfig {
+            listen: ListenAddr::Unix(sock),
+            size_bytes: args.embedded_size,
+            key: random_hex(32)?.into_bytes(),
+            secret: Some(secret.clone().into_bytes()),
+        })
+        .context("starting the embedded brick")?;
+        let addr: BrickAddr = handle.local_addr().parse().context("embedded brick address")?;
+        embedded = Some(handle);
+        (vec![addr], secret)
+    } else {
+        let secret = read_secret(args.secret.clone(), args.secret_file.as_deref())?
+            .context("--brick needs the bricks' shared secret: pass --secret, --secret-file or RACKMEM_SECRET")?;
+        for b in &args.bricks {
+            let link = Link::connect(b, Duration::from_secs(5))
+                .map_err(|e| Unreachable(format!("cannot reach brick {b}: {e}")))?;
+            link.ping().map_err(|e| Unreachable(format!("brick {b} does not answer: {e}")))?;
+        }
+        (args.bricks.clone(), String::from_utf8_lossy(&secret).into_owned())
+    };
+
+    let stats_file = match (&args.stats_json, args.stats) {
+        (Some(p), _) => {
+            let _ = std::fs::remove_file(p);
+            Some(p.clone())
+        }
+        (None, true) => Some(tmp.join("stats.jsonl")),
+        (None, false) => None,
+    };
+
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    let ld_preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", preload.display()),
+        _ => preload.display().to_string(),
+    };
+    cmd.env("LD_PRELOAD", ld_preload)
+        .env("RACKMEM_BRICKS", bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
+        .env("RACKMEM_SECRET", &secret)
+        .env("RACKMEM_LOCAL", args.local.to_string().replace(' ', ""))
+        .env("RACKMEM_THRESHOLD", args.threshold.to_string());
+    if let Budget::Bytes(b) = args.local {
+        cmd.env("RACKMEM_LOCAL", b.to_string());
+    }
+    if let Some(w) = args.window {
+        cmd.env("RACKMEM_WINDOW", w.to_string());
+    }
+    if let Some(h) = &args.handler {
+        cmd.env("RACKMEM_HANDLER", h);
+    }
+    if let Some(p) = args.prefetch {
+        cmd.env("RACKMEM_PREFETCH", p.to_string());
+    }
+    if let Some(f) = &stats_file {
+        cmd.env("RACKMEM_STATS_FILE", f);
+    }
+    if args.verbose {
+        cmd.env("RACKMEM_VERBOSE", "1");
+        eprintln!(
+            "rackmem: running {:?} with local buffer {} on {}",
+            args.command,
+            args.local,
+            bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
+
+    // Ctrl-C reaches the program through the terminal's process group; rackmem stays up to
+    // report and clean up. A SIGTERM sent to rackmem itself is passed on.
+    let signals = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGQUIT] {
+        signal_hook::flag::register_usize(sig, signals.clone(), sig as usize).context("installing signal handlers")?;
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rackmem: cannot start {}: {e}", args.command[0]);
+            return Ok(crate::exit::CANNOT_EXEC);
+        }
+    };
+    let status = loop {
+        let sig = signals.swap(0, Ordering::Relaxed);
+        if sig == signal_hook::consts::SIGTERM as usize {
+            crate::sys::send_signal(child.id(), sig as i32);
+        }
+        match child.try_wait().context("waiting for the program")? {
+            Some(s) => break s,
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    let code = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    };
+
+    if let Some(handle) = embedded {
+        // A program that daemonized still uses the embedded brick: serve it until it is done.
+        let start = Instant::now();
+        let mut told = false;
+        while handle.stats().connections > 0 {
+            if !told && start.elapsed() > Duration::from_millis(500) {
+                eprintln!("rackmem: the program exited; background processes still use remote memory, serving them until they exit");
+                told = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        handle.shutdown();
+    }
+
+    if let Some(f) = &stats_file {
+        if args.stats {
+            print_stats(f);
+        }
+    }
+    Ok(code)
+}
+
+fn print_stats(path: &Path) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        eprintln!("rackmem: no statistics: the program made no allocation large enough for remote memory");
+        return;
+    };
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    table.set_header(vec![
+        "pid", "faults", "fetched", "prefetched", "written back", "evictions", "peak local", "budget", "footprint", "fault p50", "p99",
+    ]);
+    for line in text.lines() {
+        let Ok(s) = serde_json::from_str::<StatsSnapshot>(line) else {
+            continue;
+        };
+        table.add_row(vec![
+            s.pid.to_string(),
+            s.faults.to_string(),
+            format_size(s.bytes_fetched),
+            format_size(s.bytes_prefetched),
+            format_size(s.bytes_written_back),
+            s.evictions.to_string(),
+            format_size(s.peak_resident_bytes),
+            format_size(s.budget_bytes),
+            format_size(s.peak_window_bytes),
+            format!("{:.1} µs", s.fault_p50_ns as f64 / 1000.0),
+            format!("{:.1} µs", s.fault_p99_ns as f64 / 1000.0),
+        ]);
+    }
+    eprintln!("rackmem statistics (fault latency is the handler's service time):\n{table}");
+}
+
+struct RemoveDir(PathBuf);
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,1 @@
+//! rackmem proto (placeholder)

@@ -1,0 +1,126 @@
+//! Runtime configuration, read from the environment that `rackmem run` (or a user) sets.
+//!
+//! The runtime lives inside an unmodified program, so it has no command line of its own: every
+//! option is an environment variable, documented here and in `rackmem run --help`.
+
+use crate::size::{parse_size, Budget, SizeError};
+use rackmem_transport::BrickAddr;
+use std::time::Duration;
+
+/// How the fault handler waits for page faults.
+///
+/// Measured on 2-vCPU KVM guests: waking a sleeping handler on the other vCPU costs ~30 µs per
+/// fault, a spinning handler ~24 µs total, so the choice matters (see `docs/benchmarks.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerMode {
+    /// Sleep in `poll(2)` until a fault arrives. Costs no CPU when idle.
+    Blocking,
+    /// Spin on a non-blocking read forever. Lowest latency; burns one CPU.
+    BusyPoll,
+    /// Spin for `spin_us` microseconds after the last fault, then sleep.
+    Hybrid {
+        /// How long to keep spinning after the last message.
+        spin_us: u64,
+    },
+}
+
+impl std::str::FromStr for HandlerMode {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "blocking" => Ok(HandlerMode::Blocking),
+            "busy-poll" | "busypoll" | "spin" => Ok(HandlerMode::BusyPoll),
+            "hybrid" => Ok(HandlerMode::Hybrid { spin_us: 200 }),
+            other => match other.strip_prefix("hybrid:") {
+                Some(us) => us
+                    .parse()
+                    .map(|spin_us| HandlerMode::Hybrid { spin_us })
+                    .map_err(|_| ConfigError::Invalid("RACKMEM_HANDLER", s.to_string())),
+                None => Err(ConfigError::Invalid("RACKMEM_HANDLER", s.to_string())),
+            },
+        }
+    }
+}
+
+/// Everything the runtime needs to start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `RACKMEM_BRICKS`: comma-separated brick addresses (`unix:PATH`, `tcp://HOST:PORT`).
+    pub bricks: Vec<BrickAddr>,
+    /// `RACKMEM_SECRET`: the shared secret that lets this process carve segments from a brick.
+    pub secret: Vec<u8>,
+    /// `RACKMEM_LOCAL`: local buffer budget, bytes or percent of the footprint (default 50%).
+    pub budget: Budget,
+    /// `RACKMEM_THRESHOLD`: allocations of at least this many bytes go to the window (1 MiB).
+    pub threshold_bytes: u64,
+    /// `RACKMEM_WINDOW`: window size; default: what the bricks can give, at most 64 GiB.
+    pub window_bytes: Option<u64>,
+    /// `RACKMEM_HANDLER`: `blocking`, `busy-poll`, `hybrid[:US]` (default hybrid:200).
+    pub handler: HandlerMode,
+    /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 16; 0 = off).
+    pub prefetch_pages: usize,
+    /// `RACKMEM_TIMEOUT_MS`: longest wait for a brick's answer before it is declared lost.
+    pub timeout: Duration,
+    /// `RACKMEM_WATCHDOG_MS`: a fault waiting longer than this is reported on stderr.
+    pub watchdog: Duration,
+    /// `RACKMEM_STATS_FILE`: append one JSON line of statistics per process at exit.
+    pub stats_file: Option<String>,
+    /// `RACKMEM_VERBOSE`: print start-up and fork details on stderr.
+    pub verbose: bool,
+}
+
+/// A configuration variable that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The variable's value is malformed.
+    #[error("{0}={1:?} is not valid")]
+    Invalid(&'static str, String),
+    /// A size could not be parsed.
+    #[error("{0}: {1}")]
+    Size(&'static str, SizeError),
+    /// A brick address could not be parsed.
+    #[error("RACKMEM_BRICKS: {0}")]
+    Brick(String),
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl Config {
+    /// Reads the configuration; `Ok(None)` when `RACKMEM_BRICKS` is unset (the runtime stays off
+    /// and every allocation goes to the C library).
+    pub fn from_env() -> Result<Option<Config>, ConfigError> {
+        let Some(bricks) = var("RACKMEM_BRICKS") else {
+            return Ok(None);
+        };
+        let bricks = bricks
+            .split(',')
+            .map(|b| b.trim().parse::<BrickAddr>().map_err(|e| ConfigError::Brick(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let size = |name: &'static str, default: u64| -> Result<u64, ConfigError> {
+            var(name).map_or(Ok(default), |v| parse_size(&v).map_err(|e| ConfigError::Size(name, e)))
+        };
+        let num = |name: &'static str, default: u64| -> Result<u64, ConfigError> {
+            var(name).map_or(Ok(default), |v| v.trim().parse().map_err(|_| ConfigError::Invalid(name, v)))
+        };
+        Ok(Some(Config {
+            bricks,
+            secret: var("RACKMEM_SECRET").unwrap_or_default().into_bytes(),
+            budget: match var("RACKMEM_LOCAL") {
+                Some(v) => v.parse().map_err(|e| ConfigError::Size("RACKMEM_LOCAL", e))?,
+                None => Budget::Percent(50.0),
+            },
+            threshold_bytes: size("RACKMEM_THRESHOLD", 1 << 20)?.max(1),
+            window_bytes: var("RACKMEM_WINDOW")
+                .map(|v| parse_size(&v).map_err(|e| ConfigError::Size("RACKMEM_WINDOW", e)))
+                .transpose()?,
+            handler: var("RACKMEM_HANDLER").map_or(Ok(HandlerMode::Hybrid { spin_us: 200 }), |v| v.parse())?,
+            prefetch_pages: num("RACKMEM_PREFETCH", 16)? as usize,
+            timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
+            watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),
+            stats_file: var("RACKMEM_STATS_FILE"),
+            verbose: var("RACKMEM_VERBOSE").is_some_and(|v| v != "0"),
+        }))
+    }
+}

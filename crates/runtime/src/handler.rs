@@ -1,0 +1,501 @@
+//! The fault handler: one thread per process that reads the window's userfaultfd and resolves
+//! every missing-page fault, in the order the kernel reports them.
+//!
+//! For a fault it plans a *run* (the page, plus the following pages when the stream is
+//! sequential), makes room in the local buffer by staging victims, reads the run's remote pages
+//! from their bricks in one batched request per brick, and installs the run with one
+//! `UFFDIO_COPY` in write-protect mode. Non-fault events (REMOVE, UNMAP, REMAP) change page states
+//! so that released memory reads as zeros afterwards, as it would without rackmem.
+//!
+//! The handler never waits for a program thread; it may wait for the write-back thread (a free
+//! staging slot, a page still being written back), which never waits for the handler.
+
+use crate::config::HandlerMode;
+use crate::{loc, writeback, Core, Inner, Job, Victim, PAGE, PAGE_SIZE};
+use rackmem_uffd::{CopyMode, Event, MoveMode, UffdError};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Messages read per `read(2)` on the uffd.
+const READ_BATCH: usize = 64;
+
+struct Handler {
+    inner: Arc<Inner>,
+    pending: VecDeque<Event>,
+    events: Vec<Event>,
+    buf: Vec<u8>,
+    zero_hash: u64,
+    victims: Vec<u32>,
+}
+
+pub(crate) fn run(inner: Arc<Inner>) {
+    let zero_hash = xxh3_64(&[0u8; PAGE_SIZE]);
+    let mut h = Handler {
+        inner,
+        pending: VecDeque::new(),
+        events: Vec::with_capacity(READ_BATCH),
+        buf: Vec::new(),
+        zero_hash,
+        victims: Vec::new(),
+    };
+    let mode = h.inner.cfg.handler;
+    let mut last_activity = Instant::now();
+    loop {
+        if h.inner.pause.load(Ordering::Acquire) {
+            park(&h.inner);
+        }
+        if h.pending.is_empty() {
+            let n = h.read_some();
+            if n == 0 {
+                let idle = match mode {
+                    HandlerMode::BusyPoll => false,
+                    HandlerMode::Blocking => true,
+                    HandlerMode::Hybrid { spin_us } => last_activity.elapsed() > Duration::from_micros(spin_us),
+                };
+                if idle {
+                    // Wake up now and then to notice a fork's pause request.
+                    if let Err(e) = h.inner.uffd.poll_readable(20) {
+                        h.inner.internal_error(&format!("poll on the userfaultfd failed: {e}"));
+                    }
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            last_activity = Instant::now();
+        }
+        while let Some(ev) = h.pending.pop_front() {
+            h.handle(ev);
+        }
+        last_activity = Instant::now();
+    }
+}
+
+/// Asks the handler to park between faults and waits until it has.
+pub(crate) fn pause(inner: &Inner) {
+    inner.pause.store(true, Ordering::Release);
+    let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
+    while !*parked {
+        parked = inner.paused_cv.wait(parked).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Lets a parked handler go on.
+pub(crate) fn resume(inner: &Inner) {
+    inner.pause.store(false, Ordering::Release);
+    let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
+    *parked = false;
+    inner.paused_cv.notify_all();
+}
+
+fn park(inner: &Inner) {
+    let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
+    *parked = true;
+    inner.paused_cv.notify_all();
+    while inner.pause.load(Ordering::Acquire) {
+        parked = inner.paused_cv.wait(parked).unwrap_or_else(|e| e.into_inner());
+    }
+    *parked = false;
+}
+
+impl Handler {
+    fn read_some(&mut self) -> usize {
+        self.events.clear();
+        match self.inner.uffd.read_events(&mut self.events, READ_BATCH) {
+            Ok(n) => {
+                self.pending.extend(self.events.drain(..));
+                n
+            }
+            Err(e) => self.inner.internal_error(&format!("reading the userfaultfd failed: {e}")),
+        }
+    }
+
+    /// Reads whatever is queued and applies non-fault events at once (they are what makes a
+    /// COPY return EAGAIN); faults are kept for later, in order.
+    fn pump_events(&mut self) {
+        self.events.clear();
+        if let Err(e) = self.inner.uffd.read_events(&mut self.events, READ_BATCH) {
+            self.inner.internal_error(&format!("reading the userfaultfd failed: {e}"));
+        }
+        let evs: Vec<Event> = self.events.drain(..).collect();
+        for ev in evs {
+            match ev {
+                Event::Pagefault { .. } => self.pending.push_back(ev),
+                other => self.handle(other),
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Pagefault { addr, .. } => self.fault(addr),
+            Event::Remove { start, end } | Event::Unmap { start, end } => {
+                self.inner.stats.events.fetch_add(1, Ordering::Relaxed);
+                self.released(start, end);
+            }
+            Event::Remap { from, to, len } => {
+                self.inner.stats.events.fetch_add(1, Ordering::Relaxed);
+                // The kernel moved part of the window elsewhere (an mremap that bypassed the
+                // C library). The old range is gone; the new one is outside the window and its
+                // missing pages cannot be served, so say so now rather than at the fault.
+                eprintln!(
+                    "rackmem: warning: window range {from:#x}+{len:#x} was moved to {to:#x} by mremap outside the C library; \
+                     only its resident pages moved with it"
+                );
+                self.released(from, from + len);
+            }
+            Event::Fork { .. } | Event::Unknown { .. } => {}
+        }
+    }
+
+    fn released(&mut self, start: usize, end: usize) {
+        let base = self.inner.window.addr();
+        let wend = base + self.inner.window.len();
+        let (s, e) = (start.max(base), end.min(wend));
+        if s >= e {
+            return;
+        }
+        let first = ((s - base) / PAGE_SIZE) as u64;
+        let last = (e - base).div_ceil(PAGE_SIZE) as u64;
+        let mut c = self.inner.lock();
+        c.release(first, last - first, &self.inner.stats);
+        drop(c);
+        self.inner.core_cv.notify_all();
+    }
+
+    fn fault(&mut self, addr: usize) {
+        let inner = self.inner.clone();
+        let t0 = inner.now_ns();
+        inner.fault_started_ns.store(t0.max(1), Ordering::Release);
+        inner.fault_addr.store(addr as u64, Ordering::Relaxed);
+        inner.stats.faults.fetch_add(1, Ordering::Relaxed);
+        let base = inner.window.addr();
+        if addr < base || addr >= base + inner.window.len() {
+            eprintln!("rackmem: fault at {addr:#x} outside the window; the range was moved by a raw mremap and its remote pages are not reachable");
+            if let Err(e) = inner.uffd.poison(addr & !(PAGE_SIZE - 1), PAGE_SIZE, false) {
+                inner.internal_error(&format!("cannot poison {addr:#x}: {e}"));
+            }
+            inner.fault_started_ns.store(0, Ordering::Release);
+            return;
+        }
+        let page = ((addr - base) / PAGE_SIZE) as u64;
+        self.serve(page);
+        let t1 = inner.now_ns();
+        inner.stats.fault_latency.record(t1 - t0);
+        inner.fault_started_ns.store(0, Ordering::Release);
+    }
+
+    fn serve(&mut self, page: u64) {
+        let inner = self.inner.clone();
+        loop {
+            let mut c = inner.lock();
+            match c.loc(page) {
+                loc::RESIDENT => {
+                    drop(c);
+                    // Another thread faulted the same page first; its fault installed it.
+                    inner.stats.faults_duplicate.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = inner.uffd.wake(inner.page_addr(page), PAGE_SIZE) {
+                        inner.internal_error(&format!("UFFDIO_WAKE: {e}"));
+                    }
+                    return;
+                }
+                loc::EVICTING => {
+                    // Being written back: wait for the write-back thread, then fetch.
+                    while c.loc(page) == loc::EVICTING {
+                        c = inner.core_cv.wait(c).unwrap_or_else(|e| e.into_inner());
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            // Plan the run.
+            let sequential = page == c.seq_next;
+            let max_run = inner.cfg.prefetch_pages.max(1);
+            c.seq_len = if sequential { (c.seq_len * 2).min(max_run) } else { 1 };
+            let region_end = c.alloc.region_containing(page).map_or(page + 1, |(s, l)| s + l);
+            let budget = inner.budget_pages(&c);
+            let cap = (c.seq_len as u64).min((budget / 4).max(1)).min(region_end.saturating_sub(page).max(1));
+            let mut n = 1u64;
+            while n < cap {
+                let l = c.loc(page + n);
+                if l != loc::EMPTY && l != loc::REMOTE {
+                    break;
+                }
+                n += 1;
+            }
+            c.seq_next = page + n;
+            // Make room; may wait for staging slots.
+            let (c, staged) = self.choose_victims(c, n);
+            drop(c);
+            if let Some((id, victims)) = staged {
+                self.stage(id, victims);
+            }
+            // Re-check: the state may have changed while we staged (events were not read, but
+            // the write-back thread may have finished pages).
+            let mut c = inner.lock();
+            let mut kinds = Vec::with_capacity(n as usize);
+            for p in page..page + n {
+                let s = c.pages[p as usize];
+                match s & loc::MASK {
+                    loc::EMPTY | loc::REMOTE => kinds.push(s),
+                    _ => break,
+                }
+            }
+            if kinds.is_empty() {
+                continue;
+            }
+            let n = kinds.len() as u64;
+            // Claim the run: RESIDENT before the copy, so a REMOVE event read while copying
+            // (EAGAIN) turns the claimed pages back to EMPTY and we skip them.
+            for (i, &s) in kinds.iter().enumerate() {
+                let p = page + i as u64;
+                c.pages[p as usize] = loc::RESIDENT | (s & loc::BRICK_VALID);
+                c.policy.inserted(p as u32);
+            }
+            c.resident += n;
+            let epoch = c.epoch;
+            drop(c);
+            inner.stats.add_resident(n);
+            self.fetch(page, &kinds);
+            self.install(page, &kinds, epoch);
+            return;
+        }
+    }
+
+    /// Picks victims so that `need` more pages fit in the budget, marks them EVICTING and gives
+    /// each a staging slot. Returns the guard (it may have waited for slots).
+    fn choose_victims<'a>(
+        &mut self,
+        mut c: MutexGuard<'a, Core>,
+        need: u64,
+    ) -> (MutexGuard<'a, Core>, Option<(u64, Vec<Victim>)>) {
+        let inner = &self.inner;
+        let budget = inner.budget_pages(&c);
+        if c.resident + need <= budget {
+            return (c, None);
+        }
+        // Evict a little more than needed so the next faults of a stream find room.
+        let slack = (budget / 16).clamp(1, 32);
+        let want = ((c.resident + need - budget + slack) as usize)
+            .min(crate::STAGING_SLOTS / 2)
+            .min(c.resident as usize);
+        while c.free_slots.len() < want {
+            c = inner.core_cv.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        self.victims.clear();
+        c.policy.victims(want, &mut self.victims);
+        if self.victims.is_empty() {
+            return (c, None);
+        }
+        let id = c.next_job;
+        c.next_job += 1;
+        let mut out = Vec::with_capacity(self.victims.len());
+        for &p in &self.victims {
+            let Some(slot) = c.free_slots.pop() else {
+                break;
+            };
+            let s = c.pages[p as usize];
+            c.pages[p as usize] = loc::EVICTING | (s & loc::BRICK_VALID);
+            c.evicting.insert(p, id);
+            let hash = c.hashes.remove(&p).unwrap_or(self.zero_hash);
+            out.push(Victim {
+                page: p,
+                slot,
+                brick_valid: s & loc::BRICK_VALID != 0,
+                hash,
+                dirty_scan: false,
+                moved: false,
+            });
+        }
+        c.resident -= out.len() as u64;
+        inner.stats.sub_resident(out.len() as u64);
+        (c, Some((id, out)))
+    }
+
+    /// Finds which victims were written (PAGEMAP_SCAN, re-protecting them), moves each out of
+    /// the window into its staging slot, and hands the batch to the write-back thread.
+    fn stage(&mut self, id: u64, mut victims: Vec<Victim>) {
+        let inner = self.inner.clone();
+        victims.sort_unstable_by_key(|v| v.page);
+        // Scan contiguous runs of victims.
+        let mut written = Vec::new();
+        let mut i = 0;
+        while i < victims.len() {
+            let mut j = i + 1;
+            while j < victims.len() && victims[j].page == victims[j - 1].page + 1 {
+                j += 1;
+            }
+            let start = inner.page_addr(victims[i].page as u64);
+            let end = inner.page_addr(victims[j - 1].page as u64 + 1);
+            written.clear();
+            if let Err(e) = inner.pagemap.scan_written(start, end, true, &mut written) {
+                inner.internal_error(&format!("PAGEMAP_SCAN over {start:#x}..{end:#x}: {e}"));
+            }
+            for v in &mut victims[i..j] {
+                let a = inner.page_addr(v.page as u64);
+                v.dirty_scan = written.iter().any(|&(s, e)| a >= s && a < e);
+            }
+            i = j;
+        }
+        for v in &mut victims {
+            let src = inner.page_addr(v.page as u64);
+            let dst = inner.slot_addr(v.slot);
+            let mode = MoveMode { dontwake: true, allow_src_holes: false };
+            let mut tries = 0;
+            loop {
+                match inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) {
+                    Ok(_) => {
+                        v.moved = true;
+                        break;
+                    }
+                    Err(UffdError::Busy) if tries < 3 => {
+                        // Shared with another process (should not happen: the window is not
+                        // inherited by fork); break the sharing and retry.
+                        rackmem_uffd::break_cow(src);
+                        tries += 1;
+                    }
+                    Err(UffdError::Again { .. }) if tries < 1000 => {
+                        std::thread::yield_now();
+                        tries += 1;
+                    }
+                    Err(e) => {
+                        if inner.cfg.verbose {
+                            eprintln!("rackmem: UFFDIO_MOVE of window page {src:#x}: {e}");
+                        }
+                        // Not present: it was released under us; nothing to write back.
+                        break;
+                    }
+                }
+            }
+        }
+        inner.stats.evictions.fetch_add(victims.len() as u64, Ordering::Relaxed);
+        writeback::submit(&inner, Job::Evict { id, victims });
+    }
+
+    /// Reads the run's remote pages into `self.buf` (zeros for the others).
+    fn fetch(&mut self, page: u64, kinds: &[u8]) {
+        let inner = self.inner.clone();
+        let n = kinds.len();
+        self.buf.clear();
+        self.buf.resize(n * PAGE_SIZE, 0);
+        // Group remote pages per brick: (brick, extents, buffer offsets).
+        let mut per_brick: Vec<(usize, Vec<(u64, u32)>, Vec<usize>)> = Vec::new();
+        for (i, &s) in kinds.iter().enumerate() {
+            if s & loc::MASK != loc::REMOTE {
+                continue;
+            }
+            let Some((brick, off)) = inner.table.lookup(page + i as u64) else {
+                inner.internal_error(&format!("window page {} has no segment", page + i as u64));
+            };
+            let entry = match per_brick.iter_mut().position(|e| e.0 == brick) {
+                Some(k) => &mut per_brick[k],
+                None => {
+                    per_brick.push((brick, Vec::new(), Vec::new()));
+                    let last = per_brick.len() - 1;
+                    &mut per_brick[last]
+                }
+            };
+            match entry.1.last_mut() {
+                Some(last) if last.0 + last.1 as u64 == off && *entry.2.last().unwrap_or(&usize::MAX) + last.1 as usize / PAGE_SIZE == i => {
+                    last.1 += PAGE_SIZE as u32;
+                }
+                _ => {
+                    entry.1.push((off, PAGE_SIZE as u32));
+                    entry.2.push(i);
+                }
+            }
+        }
+        let mut fetched_pages = 0u64;
+        for (brick, extents, starts) in &per_brick {
+            let total: usize = extents.iter().map(|e| e.1 as usize).sum();
+            let mut tmp = vec![0u8; total];
+            if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
+                inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), &e);
+            }
+            let mut at = 0;
+            for (ext, &start) in extents.iter().zip(starts) {
+                let len = ext.1 as usize;
+                self.buf[start * PAGE_SIZE..start * PAGE_SIZE + len].copy_from_slice(&tmp[at..at + len]);
+                at += len;
+            }
+            fetched_pages += (total / PAGE_SIZE) as u64;
+        }
+        let s = &inner.stats;
+        if kinds[0] & loc::MASK == loc::REMOTE {
+            s.faults_remote.fetch_add(1, Ordering::Relaxed);
+            s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
+            s.bytes_prefetched.fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
+        } else {
+            s.faults_zero.fetch_add(1, Ordering::Relaxed);
+            s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
+        }
+    }
+
+    /// Installs the claimed run from `self.buf`, write-protected so the kernel records the first
+    /// write, retrying after EAGAIN and skipping pages released meanwhile.
+    fn install(&mut self, page: u64, kinds: &[u8], epoch: u64) {
+        let inner = self.inner.clone();
+        let n = kinds.len();
+        let hashes: Vec<u64> = (0..n)
+            .map(|i| {
+                if kinds[i] & loc::MASK == loc::REMOTE {
+                    xxh3_64(&self.buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])
+                } else {
+                    self.zero_hash
+                }
+            })
+            .collect();
+        {
+            let mut c = inner.lock();
+            for (i, &h) in hashes.iter().enumerate() {
+                if h != self.zero_hash || kinds[i] & loc::MASK == loc::REMOTE {
+                    c.hashes.insert((page + i as u64) as u32, h);
+                }
+            }
+        }
+        let mut i = 0usize;
+        let mut cur_epoch = epoch;
+        while i < n {
+            if cur_epoch != inner.lock().epoch {
+                // Pages were released while we copied: skip those no longer claimed.
+                let c = inner.lock();
+                cur_epoch = c.epoch;
+                while i < n && c.loc(page + i as u64) != loc::RESIDENT {
+                    i += 1;
+                }
+                if i >= n {
+                    break;
+                }
+            }
+            // Copy the longest claimed stretch from i.
+            let mut j = i + 1;
+            {
+                let c = inner.lock();
+                while j < n && c.loc(page + j as u64) == loc::RESIDENT {
+                    j += 1;
+                }
+            }
+            let dst = inner.page_addr(page + i as u64);
+            let src = &self.buf[i * PAGE_SIZE..j * PAGE_SIZE];
+            match inner.uffd.copy(dst, src, CopyMode { write_protect: true, dontwake: false }) {
+                Ok(done) => i += done / PAGE_SIZE,
+                Err(UffdError::Exists { done }) => {
+                    // Something is mapped there already: wake the waiters and go past it.
+                    let at = dst + done;
+                    if let Err(e) = inner.uffd.wake(at, PAGE_SIZE) {
+                        inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
+                    }
+                    i += done / PAGE_SIZE + 1;
+                }
+                Err(UffdError::Again { done }) => {
+                    i += done / PAGE_SIZE;
+                    self.pump_events();
+                }
+                Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {dst:#x}: {e}")),
+            }
+        }
+    }
+}

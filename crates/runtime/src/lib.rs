@@ -1,0 +1,778 @@
+//! The rackmem runtime: remote memory inside an unmodified process.
+//!
+//! A program started with `librackmem.so` preloaded gets a *window*: a reserved range of virtual
+//! addresses registered with userfaultfd. Large allocations are carved from it. Pages appear on
+//! first touch: a page never written is installed as zeros locally; a page whose contents live on
+//! a memory brick is fetched over a link. Only a *local buffer* of pages (a byte budget or a
+//! percentage of the footprint) stays resident; beyond it, pages are evicted: moved out of the
+//! window atomically with `UFFDIO_MOVE`, written back to their brick if dirty, and released.
+//!
+//! Data flow of a fault: kernel → [`handler`] (reads the uffd, plans a run of pages with
+//! sequential prefetch, makes room by choosing victims with an [`policy::EvictionPolicy`] and
+//! moving them to a staging area) → link read → `UFFDIO_COPY` with write-protect, so the first
+//! write to the page is recorded by the kernel (`WP_ASYNC`) for `PAGEMAP_SCAN` to find later.
+//! Staged victims go to the [`writeback`] thread, which writes back the dirty ones and frees
+//! the staging slots. No write is ever lost: a page leaves the window atomically, and a victim
+//! that the scan called clean is compared with the checksum taken when it was installed.
+//!
+//! What this crate is not: it knows no C ABI (that is `rackmem-preload`), no REST, no policy of
+//! which brick to use beyond the list it is given.
+
+pub mod config;
+mod handler;
+pub mod policy;
+pub mod regions;
+pub mod segment;
+pub mod size;
+pub mod stats;
+pub mod sys;
+mod writeback;
+
+use config::Config;
+use policy::{EvictionPolicy, Fifo};
+use rackmem_transport::{BrickAddr, Link, LinkError};
+use rackmem_uffd::{Features, Mapping, OpenOptions, Pagemap, RegisterMode, Uffd, UffdError};
+use regions::RegionAllocator;
+use segment::SegmentTable;
+use stats::{Stats, StatsSnapshot};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+/// The page size the runtime works in (userfaultfd on anonymous memory, no huge pages).
+pub const PAGE_SIZE: usize = 4096;
+const PAGE: u64 = PAGE_SIZE as u64;
+/// The local buffer never shrinks below this many pages, whatever the percentage says.
+const MIN_BUDGET_PAGES: u64 = 32;
+/// Staging slots bound the pages in flight to the write-back thread: enough for several
+/// eviction batches, small next to any budget worth having.
+const STAGING_SLOTS: usize = 1024;
+/// Largest default window per brick.
+const DEFAULT_SEGMENT_CAP: u64 = 16 << 30;
+
+/// Where a page of the window is. The low two bits of a page's state byte.
+pub(crate) mod loc {
+    /// Never written to a brick (or released): the next touch installs zeros.
+    pub const EMPTY: u8 = 0;
+    /// Contents live on the brick only.
+    pub const REMOTE: u8 = 1;
+    /// Installed in the window.
+    pub const RESIDENT: u8 = 2;
+    /// Moved to the staging area; write-back in progress.
+    pub const EVICTING: u8 = 3;
+    /// Mask of the location bits.
+    pub const MASK: u8 = 3;
+    /// The brick holds this page's contents as of its install or last write-back.
+    pub const BRICK_VALID: u8 = 4;
+}
+
+/// Errors starting or running the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// A userfaultfd or memory-mapping call failed.
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    /// A brick could not be reached or refused.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The bricks gave no memory.
+    #[error("no brick could give a segment of at least 16 MiB: {0}")]
+    NoSegment(String),
+}
+
+/// One staged victim on its way to the write-back thread.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Victim {
+    pub page: u32,
+    pub slot: u32,
+    /// Brick-valid flag the page had (decides EMPTY vs REMOTE after a clean eviction).
+    pub brick_valid: bool,
+    /// Checksum of the contents the brick (or the zero page) had at install or write-back.
+    pub hash: u64,
+    /// PAGEMAP_SCAN reported a write since the last clean point.
+    pub dirty_scan: bool,
+    /// The page was really moved into its slot (false: it was not present; nothing to send).
+    pub moved: bool,
+}
+
+/// Work for the write-back thread.
+pub(crate) enum Job {
+    /// Write back the dirty victims, then release their staging slots.
+    Evict { id: u64, victims: Vec<Victim> },
+    /// Release brick memory behind a range the program freed (hygiene, not correctness).
+    Discard { brick: usize, offset: u64, len: u64 },
+}
+
+/// Mutable state shared by the fault handler, the write-back thread and allocating threads.
+pub(crate) struct Core {
+    /// One state byte per window page (`loc`).
+    pub pages: Vec<u8>,
+    /// Checksum of each resident page's clean contents.
+    pub hashes: HashMap<u32, u64>,
+    pub policy: Box<dyn EvictionPolicy>,
+    pub resident: u64,
+    pub alloc: RegionAllocator,
+    pub free_slots: Vec<u32>,
+    /// Pages in `EVICTING`, with the id of the eviction job that owns them.
+    pub evicting: HashMap<u32, u64>,
+    pub next_job: u64,
+    /// Bumped whenever pages are released behind the handler's back (REMOVE/UNMAP events).
+    pub epoch: u64,
+    /// Sequential detector: the page after the last run, and the current run length.
+    pub seq_next: u64,
+    pub seq_len: usize,
+}
+
+impl Core {
+    pub fn loc(&self, page: u64) -> u8 {
+        self.pages.get(page as usize).map_or(loc::EMPTY, |s| s & loc::MASK)
+    }
+
+    /// Marks `[first, first+count)` released: any contents are gone, the next touch reads zeros.
+    pub fn release(&mut self, first: u64, count: u64, stats: &Stats) -> u64 {
+        let mut dropped = 0;
+        let end = (first + count).min(self.pages.len() as u64);
+        for p in first..end {
+            let s = self.pages[p as usize];
+            if s & loc::MASK == loc::RESIDENT {
+                self.policy.removed(p as u32);
+                self.hashes.remove(&(p as u32));
+                self.resident -= 1;
+                dropped += 1;
+            }
+            if s & loc::MASK == loc::EVICTING {
+                self.evicting.remove(&(p as u32));
+            }
+            self.pages[p as usize] = loc::EMPTY;
+        }
+        stats.sub_resident(dropped);
+        self.epoch += 1;
+        dropped
+    }
+}
+
+/// The links to one brick: one for faults, one for write-back, so a long write never delays a
+/// fault behind it.
+pub(crate) struct BrickLinks {
+    pub addr: BrickAddr,
+    pub fault: Link,
+    pub writeback: Link,
+}
+
+/// Everything the runtime threads share.
+pub(crate) struct Inner {
+    pub cfg: Config,
+    pub window: Mapping,
+    pub staging: Mapping,
+    pub uffd: Uffd,
+    /// A second userfaultfd, without events, owning the staging area: `UFFDIO_MOVE` needs its
+    /// destination registered with the uffd it is issued on, and freeing a staging slot with
+    /// `madvise` must not raise a REMOVE event that only the (possibly waiting) handler reads.
+    pub stage_uffd: Uffd,
+    pub pagemap: Pagemap,
+    pub table: SegmentTable,
+    pub bricks: Vec<BrickLinks>,
+    pub core: Mutex<Core>,
+    pub core_cv: Condvar,
+    pub jobs: Mutex<VecDeque<Job>>,
+    pub jobs_cv: Condvar,
+    /// Jobs queued or running.
+    pub jobs_busy: AtomicUsize,
+    pub stats: Stats,
+    /// Fork protocol: the handler parks when asked.
+    pub pause: AtomicBool,
+    pub paused: Mutex<bool>,
+    pub paused_cv: Condvar,
+    /// When the handler started serving its current fault (ns since `epoch`), 0 when idle.
+    pub fault_started_ns: AtomicU64,
+    pub fault_addr: AtomicU64,
+    pub clock: Instant,
+}
+
+impl Inner {
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn base(&self) -> u64 {
+        self.window.addr() as u64
+    }
+
+    pub fn page_addr(&self, page: u64) -> usize {
+        self.window.addr() + (page as usize) * PAGE_SIZE
+    }
+
+    pub fn slot_addr(&self, slot: u32) -> usize {
+        self.staging.addr() + slot as usize * PAGE_SIZE
+    }
+
+    pub fn budget_pages(&self, core: &Core) -> u64 {
+        let b = self
+            .cfg
+            .budget
+            .pages(core.alloc.allocated_pages() * PAGE, PAGE, MIN_BUDGET_PAGES);
+        self.stats.budget_pages.store(b, Ordering::Relaxed);
+        b
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
+    }
+
+    /// The remote memory is gone: say which brick and why, then stop the process.
+    pub fn brick_lost(&self, brick: usize, what: &str, err: &dyn std::fmt::Display) -> ! {
+        let addr = self.bricks.get(brick).map(|b| b.addr.to_string()).unwrap_or_default();
+        eprintln!(
+            "rackmem: lost memory brick {addr} while {what}: {err}\n\
+             rackmem: pages of this program live on that brick and cannot be recovered; stopping \
+             (exit status {}) rather than continuing with missing data",
+            sys::EXIT_BRICK_LOST
+        );
+        sys::exit_immediately(sys::EXIT_BRICK_LOST)
+    }
+
+    pub fn internal_error(&self, what: &str) -> ! {
+        eprintln!("rackmem: internal error: {what}; stopping (exit status {})", sys::EXIT_BRICK_LOST);
+        sys::exit_immediately(sys::EXIT_BRICK_LOST)
+    }
+}
+
+/// A running runtime: a window, its handler and write-back threads, links to bricks.
+///
+/// Thread-safe: allocation calls may come from any thread of the program. Only one exists per
+/// process (see [`global`]); after `fork` the child builds its own from the parent's state.
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+static GLOBAL: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
+static WINDOW_START: AtomicU64 = AtomicU64::new(0);
+static WINDOW_END: AtomicU64 = AtomicU64::new(0);
+/// Threads currently inside an allocation call; `fork` waits for zero (see `fork_prepare`).
+static ACTIVE_CALLS: AtomicUsize = AtomicUsize::new(0);
+static FORKING: AtomicBool = AtomicBool::new(false);
+static FORK_STATE: Mutex<Option<ForkState>> = Mutex::new(None);
+
+thread_local! {
+    static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True on the runtime's own threads (handler, write-back, watchdog): their allocations must
+/// stay local, or a thread could fault on memory only it can serve.
+pub fn is_runtime_thread() -> bool {
+    RUNTIME_THREAD.with(|f| f.get())
+}
+
+/// The process's runtime, if one was started.
+pub fn global() -> Option<Arc<Runtime>> {
+    GLOBAL.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Installs `rt` as the process's runtime.
+pub fn set_global(rt: Arc<Runtime>) {
+    let (s, e) = (rt.inner.window.addr() as u64, (rt.inner.window.addr() + rt.inner.window.len()) as u64);
+    WINDOW_START.store(s, Ordering::Release);
+    WINDOW_END.store(e, Ordering::Release);
+    *GLOBAL.write().unwrap_or_else(|e| e.into_inner()) = Some(rt);
+}
+
+/// True if `addr` lies in the window (a lock-free check for `free` of any pointer).
+pub fn in_window(addr: usize) -> bool {
+    let a = addr as u64;
+    a >= WINDOW_START.load(Ordering::Acquire) && a < WINDOW_END.load(Ordering::Acquire)
+}
+
+/// Marks a call into the runtime from a program thread, so `fork` can wait until no thread holds
+/// a runtime lock (the child would inherit it locked).
+pub struct CallGuard(());
+
+impl CallGuard {
+    /// Enters; waits while a fork is being prepared.
+    pub fn enter() -> CallGuard {
+        loop {
+            while FORKING.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            ACTIVE_CALLS.fetch_add(1, Ordering::AcqRel);
+            if !FORKING.load(Ordering::Acquire) {
+                return CallGuard(());
+            }
+            ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn connect_links(cfg: &Config) -> Result<Vec<(BrickAddr, Link)>, RuntimeError> {
+    cfg.bricks
+        .iter()
+        .map(|a| Ok((a.clone(), Link::connect(a, cfg.timeout)?)))
+        .collect()
+}
+
+impl Runtime {
+    /// Starts the runtime: connects to every brick, carves one segment from each, reserves and
+    /// registers the window and starts the handler, write-back and watchdog threads.
+    pub fn start(cfg: Config) -> Result<Arc<Runtime>, RuntimeError> {
+        let links = connect_links(&cfg)?;
+        let mut table = SegmentTable::default();
+        let mut bricks = Vec::new();
+        let per_brick = cfg.window_bytes.map(|w| w / links.len().max(1) as u64);
+        for (i, (addr, fault)) in links.into_iter().enumerate() {
+            let pool = fault.info().pool_bytes;
+            let mut want = per_brick.unwrap_or((pool / 2).min(DEFAULT_SEGMENT_CAP));
+            want = want / (2 << 20) * (2 << 20);
+            let grant = loop {
+                match fault.alloc_segment(&cfg.secret, want) {
+                    Ok(g) => break g,
+                    Err(e) if per_brick.is_none() && want > 32 << 20 && e.is_no_space() => want /= 2,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let writeback = Link::connect(&addr, cfg.timeout)?;
+            writeback.attach(&grant)?;
+            table.push(i, grant.size_bytes / PAGE, grant);
+            bricks.push(BrickLinks {
+                addr,
+                fault,
+                writeback,
+            });
+        }
+        let window_pages = table.total_pages();
+        if window_pages == 0 {
+            return Err(RuntimeError::NoSegment("no bricks configured".into()));
+        }
+        let window = Mapping::reserve(window_pages as usize * PAGE_SIZE, 2 << 20)?;
+        Self::assemble(cfg, window, table, bricks, None)
+    }
+
+    /// Builds the runtime over an already reserved window (also used by a forked child).
+    fn assemble(
+        cfg: Config,
+        window: Mapping,
+        table: SegmentTable,
+        bricks: Vec<BrickLinks>,
+        inherited: Option<Core>,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
+        let window_pages = (window.len() / PAGE_SIZE) as u64;
+        rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
+        let uffd = Uffd::open(&OpenOptions {
+            features: Features::WP_ASYNC
+                | Features::EVENT_REMOVE
+                | Features::EVENT_UNMAP
+                | Features::EVENT_REMAP,
+            nonblocking: true,
+        })?;
+        uffd.register(
+            window.addr(),
+            window.len(),
+            RegisterMode {
+                missing: true,
+                wp: true,
+                minor: false,
+            },
+        )?;
+        let slots = STAGING_SLOTS;
+        let staging = Mapping::reserve(slots * PAGE_SIZE, PAGE_SIZE)?;
+        rackmem_uffd::madvise_dontfork(staging.addr(), staging.len())?;
+        let stage_uffd = Uffd::open(&OpenOptions {
+            features: Features::MOVE,
+            nonblocking: true,
+        })?;
+        stage_uffd.register(
+            staging.addr(),
+            staging.len(),
+            RegisterMode {
+                missing: true,
+                wp: false,
+                minor: false,
+            },
+        )?;
+        let core = inherited.unwrap_or_else(|| Core {
+            pages: vec![loc::EMPTY; window_pages as usize],
+            hashes: HashMap::new(),
+            policy: Box::new(Fifo::default()),
+            resident: 0,
+            alloc: RegionAllocator::new(window_pages),
+            free_slots: Vec::new(),
+            evicting: HashMap::new(),
+            next_job: 1,
+            epoch: 0,
+            seq_next: u64::MAX,
+            seq_len: 1,
+        });
+        let mut core = core;
+        core.free_slots = (0..slots as u32).rev().collect();
+        let stats = Stats::default();
+        stats
+            .window_bytes_allocated
+            .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
+        let inner = Arc::new(Inner {
+            pagemap: Pagemap::open()?,
+            cfg,
+            window,
+            staging,
+            uffd,
+            stage_uffd,
+            table,
+            bricks,
+            core: Mutex::new(core),
+            core_cv: Condvar::new(),
+            jobs: Mutex::new(VecDeque::new()),
+            jobs_cv: Condvar::new(),
+            jobs_busy: AtomicUsize::new(0),
+            stats,
+            pause: AtomicBool::new(false),
+            paused: Mutex::new(false),
+            paused_cv: Condvar::new(),
+            fault_started_ns: AtomicU64::new(0),
+            fault_addr: AtomicU64::new(0),
+            clock: Instant::now(),
+        });
+        {
+            let c = inner.lock();
+            inner.budget_pages(&c);
+        }
+        let spawn = |name: &str, f: fn(Arc<Inner>)| {
+            let i = inner.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    RUNTIME_THREAD.with(|t| t.set(true));
+                    f(i)
+                })
+        };
+        spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-wb", writeback::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-watchdog", watchdog).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        if inner.cfg.verbose {
+            eprintln!(
+                "rackmem[{}]: window {:#x}+{} on {} brick(s), local buffer {}, handler {:?}",
+                std::process::id(),
+                inner.window.addr(),
+                size::format_size(inner.window.len() as u64),
+                inner.bricks.len(),
+                inner.cfg.budget,
+                inner.cfg.handler
+            );
+        }
+        Ok(Arc::new(Runtime { inner }))
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Allocates `size` bytes aligned to `align` (a power of two) in the window; `None` if the
+    /// window is full (the caller falls back to local memory). The memory reads as zeros.
+    pub fn alloc(&self, size: usize, align: usize) -> Option<usize> {
+        let pages = (size.max(1) as u64).div_ceil(PAGE);
+        let align_pages = (align as u64).div_ceil(PAGE).max(1);
+        let mut c = self.inner.lock();
+        let first = c.alloc.alloc(pages, align_pages)?;
+        let allocated = c.alloc.allocated_pages() * PAGE;
+        drop(c);
+        let s = &self.inner.stats;
+        s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
+        s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
+        s.window_allocations.fetch_add(1, Ordering::Relaxed);
+        Some(self.inner.page_addr(first))
+    }
+
+    /// The usable size of the window allocation starting at `addr`, if it is one.
+    pub fn usable_size(&self, addr: usize) -> Option<usize> {
+        let page = self.page_of(addr)?;
+        let c = self.inner.lock();
+        let (start, pages) = c.alloc.region_containing(page)?;
+        let region_end = self.inner.page_addr(start + pages);
+        Some(region_end - addr)
+    }
+
+    /// The region `(start_addr, len)` that contains `addr`.
+    pub fn region_of(&self, addr: usize) -> Option<(usize, usize)> {
+        let page = self.page_of(addr)?;
+        let c = self.inner.lock();
+        let (start, pages) = c.alloc.region_containing(page)?;
+        Some((self.inner.page_addr(start), pages as usize * PAGE_SIZE))
+    }
+
+    /// Tries to resize the allocation at `addr` in place (for `realloc` and `mremap`).
+    pub fn resize_in_place(&self, addr: usize, new_size: usize) -> bool {
+        let Some(page) = self.page_of(addr) else {
+            return false;
+        };
+        let new_pages = (new_size.max(1) as u64).div_ceil(PAGE);
+        let old = {
+            let c = self.inner.lock();
+            match c.alloc.region_at(page) {
+                Some(p) => p,
+                None => return false,
+            }
+        };
+        if new_pages < old {
+            // Shrinking releases the tail like munmap does.
+            self.release(self.inner.page_addr(page + new_pages), ((old - new_pages) * PAGE) as usize);
+            return true;
+        }
+        let mut c = self.inner.lock();
+        let ok = c.alloc.resize_in_place(page, new_pages);
+        let allocated = c.alloc.allocated_pages() * PAGE;
+        drop(c);
+        self.inner.stats.window_bytes_allocated.store(allocated, Ordering::Relaxed);
+        self.inner.stats.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
+        ok
+    }
+
+    fn page_of(&self, addr: usize) -> Option<u64> {
+        let base = self.inner.window.addr();
+        (addr >= base && addr < base + self.inner.window.len()).then(|| ((addr - base) / PAGE_SIZE) as u64)
+    }
+
+    /// Releases `[addr, addr+len)` (page-rounded outward at the start, inward... see below): the
+    /// pages are dropped from the local buffer and from the allocator, and their brick memory is
+    /// discarded. Used by `free`, `munmap`, and the tail of a shrinking `realloc`.
+    pub fn release(&self, addr: usize, len: usize) {
+        let Some(first) = self.page_of(addr) else {
+            return;
+        };
+        let pages = (len as u64).div_ceil(PAGE);
+        self.discard_contents(first, pages);
+        let mut c = self.inner.lock();
+        let freed = c.alloc.free_range(first, pages);
+        let allocated = c.alloc.allocated_pages() * PAGE;
+        drop(c);
+        self.inner.stats.window_bytes_allocated.store(allocated, Ordering::Relaxed);
+        for (s, n) in freed {
+            self.queue_discard(s, n);
+        }
+    }
+
+    /// `madvise(MADV_DONTNEED)` semantics on window pages: afterwards they read as zeros.
+    pub fn dontneed(&self, addr: usize, len: usize) {
+        if let Some(first) = self.page_of(addr) {
+            let pages = (len as u64).div_ceil(PAGE);
+            self.discard_contents(first, pages);
+        }
+    }
+
+    fn discard_contents(&self, first: u64, pages: u64) {
+        // The kernel zaps present pages (and tells the handler with a REMOVE event before it
+        // does); the state change here covers pages that are remote or staged.
+        let addr = self.inner.page_addr(first);
+        let len = (pages * PAGE) as usize;
+        if let Err(e) = rackmem_uffd::madvise_dontneed(addr, len) {
+            eprintln!("rackmem: madvise(DONTNEED) on window {addr:#x}+{len}: {e}");
+        }
+        let mut c = self.inner.lock();
+        c.release(first, pages, &self.inner.stats);
+    }
+
+    fn queue_discard(&self, first: u64, pages: u64) {
+        // Split along segments; small releases are not worth a message.
+        if pages < 256 {
+            return;
+        }
+        let mut p = first;
+        let end = first + pages;
+        while p < end {
+            let Some((brick, off)) = self.inner.table.lookup(p) else {
+                return;
+            };
+            let seg = self.inner.table.entries().iter().find(|e| e.brick == brick && p >= e.first_page);
+            let seg_end = seg.map_or(end, |e| e.first_page + e.pages).min(end);
+            writeback::submit(
+                &self.inner,
+                Job::Discard {
+                    brick,
+                    offset: off,
+                    len: (seg_end - p) * PAGE,
+                },
+            );
+            p = seg_end;
+        }
+    }
+
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> StatsSnapshot {
+        let c = self.inner.lock();
+        self.inner.budget_pages(&c);
+        drop(c);
+        self.inner.stats.snapshot(PAGE)
+    }
+
+    /// Appends this process's statistics as one JSON line to the configured stats file.
+    pub fn write_stats(&self) {
+        let Some(path) = &self.inner.cfg.stats_file else {
+            return;
+        };
+        let snap = self.stats();
+        let Ok(mut line) = serde_json::to_string(&snap) else {
+            return;
+        };
+        line.push('\n');
+        use std::io::Write;
+        match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            Ok(mut f) => {
+                if let Err(e) = f.write_all(line.as_bytes()) {
+                    eprintln!("rackmem: cannot write statistics to {path}: {e}");
+                }
+            }
+            Err(e) => eprintln!("rackmem: cannot open statistics file {path}: {e}"),
+        }
+    }
+}
+
+
+fn watchdog(inner: Arc<Inner>) {
+    let limit = inner.cfg.watchdog.as_nanos() as u64;
+    let mut reported = 0u64;
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let started = inner.fault_started_ns.load(Ordering::Acquire);
+        if started == 0 {
+            continue;
+        }
+        let waited = inner.now_ns().saturating_sub(started);
+        if waited > limit && started != reported {
+            reported = started;
+            inner.stats.watchdog_reports.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "rackmem: watchdog: the fault at {:#x} has waited {:.1} s (limit {:.1} s); bricks: {}",
+                inner.fault_addr.load(Ordering::Relaxed),
+                waited as f64 / 1e9,
+                limit as f64 / 1e9,
+                inner.bricks.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+}
+
+/// What the parent prepared for the child of a `fork`.
+struct ForkState {
+    grants: Vec<rackmem_proto::Grant>,
+}
+
+/// `pthread_atfork` prepare hook. Quiesces the runtime (no program thread inside it, handler
+/// parked, write-back drained), writes back every dirty resident page, and takes a
+/// copy-on-write clone of each segment on its brick: the child's frozen view of the parent's
+/// remote pages. The window is `MADV_DONTFORK`, so the child gets no copy of the resident pages:
+/// it starts with every page remote, from the clone.
+pub fn fork_prepare() {
+    let Some(rt) = global() else {
+        return;
+    };
+    FORKING.store(true, Ordering::Release);
+    while ACTIVE_CALLS.load(Ordering::Acquire) != 0 {
+        std::thread::yield_now();
+    }
+    let inner = &rt.inner;
+    handler::pause(inner);
+    writeback::drain(inner);
+    let flushed = writeback::flush_dirty(inner);
+    let mut grants = Vec::new();
+    for (i, b) in inner.bricks.iter().enumerate() {
+        match b.fault.clone_segment() {
+            Ok(g) => grants.push(g),
+            Err(e) => inner.brick_lost(i, "cloning the segment for a forked child", &e),
+        }
+    }
+    if inner.cfg.verbose {
+        eprintln!("rackmem[{}]: fork: flushed {flushed} dirty pages, cloned {} segment(s)", std::process::id(), grants.len());
+    }
+    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants });
+}
+
+/// `pthread_atfork` parent hook: resume.
+pub fn fork_parent() {
+    let Some(rt) = global() else {
+        return;
+    };
+    FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    handler::resume(&rt.inner);
+    FORKING.store(false, Ordering::Release);
+}
+
+/// `pthread_atfork` child hook: build the child's own runtime over the same window addresses,
+/// with its own userfaultfd, links and threads, on the cloned segments.
+pub fn fork_child() {
+    let Some(rt) = global() else {
+        return;
+    };
+    let state = FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let parent = &rt.inner;
+    let Some(state) = state else {
+        eprintln!("rackmem: fork child without prepared state");
+        sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
+    };
+    let result = (|| -> Result<Arc<Runtime>, RuntimeError> {
+        let mut table = parent.table.clone();
+        let mut bricks = Vec::new();
+        for (i, b) in parent.bricks.iter().enumerate() {
+            let grant = state.grants[i].clone();
+            let fault = Link::connect(&b.addr, parent.cfg.timeout)?;
+            fault.attach(&grant)?;
+            let writeback = Link::connect(&b.addr, parent.cfg.timeout)?;
+            writeback.attach(&grant)?;
+            if let Some(idx) = table.entries().iter().position(|e| e.brick == i) {
+                table.set_grant(idx, grant);
+            }
+            bricks.push(BrickLinks {
+                addr: b.addr.clone(),
+                fault,
+                writeback,
+            });
+        }
+        let window = Mapping::reserve_at(parent.window.addr(), parent.window.len())?;
+        let c = parent.lock();
+        let mut pages = c.pages.clone();
+        for s in pages.iter_mut() {
+            // After the flush every resident page is clean; the brick holds it unless it was a
+            // zero page never written (then it is still zeros).
+            *s = match *s & loc::MASK {
+                loc::RESIDENT | loc::EVICTING if *s & loc::BRICK_VALID != 0 => loc::REMOTE | loc::BRICK_VALID,
+                loc::RESIDENT | loc::EVICTING => loc::EMPTY,
+                other => other | (*s & loc::BRICK_VALID),
+            };
+        }
+        let core = Core {
+            pages,
+            hashes: HashMap::new(),
+            policy: Box::new(Fifo::default()),
+            resident: 0,
+            alloc: c.alloc.clone(),
+            free_slots: Vec::new(),
+            evicting: HashMap::new(),
+            next_job: 1,
+            epoch: 0,
+            seq_next: u64::MAX,
+            seq_len: 1,
+        };
+        drop(c);
+        Runtime::assemble(parent.cfg.clone(), window, table, bricks, Some(core))
+    })();
+    match result {
+        Ok(child) => {
+            // The parent's runtime object stays allocated and unused in the child: its threads
+            // do not exist here, and dropping it would run destructors against the parent's
+            // brick connections (shared sockets).
+            std::mem::forget(rt);
+            set_global(child);
+            FORKING.store(false, Ordering::Release);
+        }
+        Err(e) => {
+            eprintln!("rackmem: the forked child cannot reach its remote memory: {e}");
+            sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
+        }
+    }
+}

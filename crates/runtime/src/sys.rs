@@ -1,0 +1,14 @@
+//! The few raw process calls the runtime makes outside userfaultfd: leaving the process at once
+//! when its remote memory is gone. Kept here so the rest of the crate has no `unsafe`.
+
+/// Exit status of a program whose remote memory was lost (a brick died or stopped answering).
+pub const EXIT_BRICK_LOST: i32 = 112;
+/// Exit status of a program whose runtime could not start (bad configuration, no brick).
+pub const EXIT_RUNTIME_FAILED: i32 = 111;
+
+/// Ends the process now without running `atexit` handlers or destructors: those may touch remote
+/// memory that can no longer be served, and the thread calling this may be the fault handler.
+pub fn exit_immediately(status: i32) -> ! {
+    // SAFETY: _exit takes no pointers and never returns; skipping atexit handlers is the point.
+    unsafe { libc::_exit(status) }
+}

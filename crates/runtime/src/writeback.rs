@@ -1,0 +1,156 @@
+//! The write-back thread: takes staged victims from the fault handler, writes the dirty ones to
+//! their bricks, then frees their staging slots and marks them remote (or empty again, for a
+//! zero page nobody wrote).
+//!
+//! A victim is dirty if `PAGEMAP_SCAN` saw a write, or if its contents no longer match the
+//! checksum taken when it was installed: between the scan and the `UFFDIO_MOVE` a program thread
+//! may still write, and that write must not be lost. Write-back uses its own link per brick, so
+//! the handler's fetches never queue behind it.
+
+use crate::{loc, Inner, Job, Victim, PAGE, PAGE_SIZE};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Queues a job for the write-back thread.
+pub(crate) fn submit(inner: &Inner, job: Job) {
+    inner.jobs_busy.fetch_add(1, Ordering::AcqRel);
+    inner.jobs.lock().unwrap_or_else(|e| e.into_inner()).push_back(job);
+    inner.jobs_cv.notify_one();
+}
+
+/// Waits until every queued job is done.
+pub(crate) fn drain(inner: &Inner) {
+    let mut q = inner.jobs.lock().unwrap_or_else(|e| e.into_inner());
+    while inner.jobs_busy.load(Ordering::Acquire) != 0 {
+        q = inner
+            .jobs_cv
+            .wait_timeout(q, std::time::Duration::from_millis(1))
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+pub(crate) fn run(inner: Arc<Inner>) {
+    let mut page = vec![0u8; PAGE_SIZE];
+    loop {
+        let job = {
+            let mut q = inner.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(j) = q.pop_front() {
+                    break j;
+                }
+                q = inner.jobs_cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        match job {
+            Job::Evict { id, victims } => evict(&inner, id, &victims, &mut page),
+            Job::Discard { brick, offset, len } => {
+                if let Err(e) = inner.bricks[brick].writeback.discard(offset, len) {
+                    inner.brick_lost(brick, "releasing freed memory", &e);
+                }
+            }
+        }
+        inner.jobs_busy.fetch_sub(1, Ordering::AcqRel);
+        inner.jobs_cv.notify_all();
+    }
+}
+
+fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
+    // Per brick: extents and the data to write.
+    let mut per_brick: Vec<(Vec<(u64, u32)>, Vec<u8>)> = (0..inner.bricks.len()).map(|_| (Vec::new(), Vec::new())).collect();
+    let mut dirty = vec![false; victims.len()];
+    let mut clean = 0u64;
+    for (k, v) in victims.iter().enumerate() {
+        if !v.moved {
+            continue;
+        }
+        inner.staging.read(v.slot as usize * PAGE_SIZE, page);
+        let changed = v.dirty_scan || xxh3_64(page) != v.hash;
+        if changed && !v.dirty_scan {
+            inner.stats.evictions_race_caught.fetch_add(1, Ordering::Relaxed);
+        }
+        if !changed {
+            clean += 1;
+            continue;
+        }
+        dirty[k] = true;
+        let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
+            inner.internal_error(&format!("window page {} has no segment", v.page));
+        };
+        let (ext, data) = &mut per_brick[brick];
+        match ext.last_mut() {
+            Some(last) if last.0 + last.1 as u64 == off => last.1 += PAGE_SIZE as u32,
+            _ => ext.push((off, PAGE_SIZE as u32)),
+        }
+        data.extend_from_slice(page);
+    }
+    for (brick, (ext, data)) in per_brick.iter().enumerate() {
+        if ext.is_empty() {
+            continue;
+        }
+        if let Err(e) = inner.bricks[brick].writeback.write_pages(ext, data) {
+            inner.brick_lost(brick, "writing back evicted pages", &e);
+        }
+        inner.stats.bytes_written_back.fetch_add(data.len() as u64, Ordering::Relaxed);
+    }
+    inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
+    // Free the slots first (no event: the staging uffd has none), then publish the new states.
+    for v in victims {
+        if v.moved {
+            if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(v.slot), PAGE_SIZE) {
+                inner.internal_error(&format!("freeing a staging slot: {e}"));
+            }
+        }
+    }
+    let mut c = inner.lock();
+    for (k, v) in victims.iter().enumerate() {
+        if c.evicting.get(&v.page) == Some(&id) {
+            c.evicting.remove(&v.page);
+            c.pages[v.page as usize] = if dirty[k] || v.brick_valid {
+                loc::REMOTE | loc::BRICK_VALID
+            } else {
+                loc::EMPTY
+            };
+        }
+        c.free_slots.push(v.slot);
+    }
+    drop(c);
+    inner.core_cv.notify_all();
+}
+
+/// Writes back every resident page written since it was installed (fork preparation: the
+/// child's clone of the segment must hold the parent's current contents). The handler is parked
+/// and the write-back queue drained. Returns the pages written.
+pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
+    let mut written = Vec::new();
+    let start = inner.window.addr();
+    if let Err(e) = inner.pagemap.scan_written(start, start + inner.window.len(), true, &mut written) {
+        inner.internal_error(&format!("PAGEMAP_SCAN over the window: {e}"));
+    }
+    let mut page = vec![0u8; PAGE_SIZE];
+    let mut count = 0;
+    for (s, e) in written {
+        let mut a = s;
+        while a < e {
+            let p = ((a - start) / PAGE_SIZE) as u64;
+            a += PAGE_SIZE;
+            let mut c = inner.lock();
+            if c.loc(p) != loc::RESIDENT {
+                continue;
+            }
+            inner.window.read(p as usize * PAGE_SIZE, &mut page);
+            let Some((brick, off)) = inner.table.lookup(p) else {
+                continue;
+            };
+            if let Err(err) = inner.bricks[brick].writeback.write_pages(&[(off, PAGE_SIZE as u32)], &page) {
+                inner.brick_lost(brick, "writing back dirty pages before fork", &err);
+            }
+            c.pages[p as usize] |= loc::BRICK_VALID;
+            c.hashes.insert(p as u32, xxh3_64(&page));
+            count += 1;
+            inner.stats.bytes_written_back.fetch_add(PAGE, Ordering::Relaxed);
+        }
+    }
+    count
+}

@@ -1,0 +1,1 @@
+//! rackmem transport (placeholder)
