@@ -1,1 +1,21 @@
-//! rackmem brick (placeholder)
+//! The memory brick: a passive server that lends a byte pool `[0, size)` as segments.
+//!
+//! A brick keeps no policy. In standalone mode a client that knows the shared secret carves a
+//! segment (ALLOC); otherwise a control plane hands out grants signed with the brick's key.
+//! Every connection is bound (ATTACH) to one segment by a grant, and every data request is
+//! bounds-checked against it. A malformed frame or a bad grant closes that connection only.
+//!
+//! The pool is lazily backed: it is split in [`CHUNK`]-sized chunks allocated on first write, so
+//! a never-written range costs nothing and reads as zeros. Chunks are reference-counted, which
+//! makes CLONE (the copy a forked child gets) a copy-on-write sharing of chunks: O(chunks) at
+//! clone time, a chunk copy on the first write to a shared chunk.
+//!
+//! Threads: one acceptor, one per connection. Requests on a connection are processed in order
+//! and answered in order; responses are flushed when no further request is already buffered, so
+//! a pipelined burst is answered with few system calls.
+
+mod pool;
+mod server;
+
+pub use pool::CHUNK;
+pub use server::{Brick, BrickConfig, BrickError, BrickHandle, ListenAddr};

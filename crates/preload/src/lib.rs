@@ -17,7 +17,8 @@
 //!
 //! This file is the C ABI boundary: every `unsafe` block is here, each with its reason.
 
-#![allow(clippy::missing_safety_doc)]
+// The interposed symbols are the C library's own (malloc(3), mmap(2), ...): their contract is POSIX's.
+#![allow(clippy::missing_safety_doc, missing_docs)]
 
 use libc::{c_int, c_void, off_t, size_t};
 use rackmem_runtime::{config::Config, in_window, sys, CallGuard, Runtime};

@@ -1,1 +1,842 @@
-//! rackmem proto (placeholder)
+//! The rackmem wire protocol between nodes and memory bricks. Pure encoding and decoding: no
+//! sockets, no threads, so it can be fuzzed and property-tested in isolation.
+//!
+//! Every frame is a fixed 32-byte little-endian [`Header`] followed by `payload_len` bytes.
+//! Requests carry a client-chosen tag that the response echoes, so a pipelined link may match
+//! responses out of order. Page data moves in batches: one READ or WRITE names up to
+//! [`MAX_EXTENTS`] page-aligned extents. A brick trusts nothing in a frame: [`Header::decode`]
+//! validates magic, version, opcode and lengths before the payload is read or allocated, and
+//! [`Request::decode`] validates the payload's structure. Grants are HMAC-SHA256 signed.
+//! The format is documented in `docs/protocol.md`.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// `"RMEM"` in little-endian byte order.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"RMEM");
+/// Protocol version of this crate.
+pub const VERSION: u8 = 1;
+/// Size of the frame header.
+pub const HEADER_LEN: usize = 32;
+/// Largest payload accepted (checked before allocation).
+pub const MAX_PAYLOAD: u32 = 16 << 20;
+/// Largest number of extents in one READ/WRITE.
+pub const MAX_EXTENTS: u32 = 4096;
+/// Page size; extents are multiples of it.
+pub const PAGE_SIZE: u32 = 4096;
+/// Bit set in `flags` of every response.
+pub const FLAG_RESPONSE: u16 = 0x8000;
+/// Largest shared secret in an ALLOC.
+pub const MAX_SECRET: usize = 1024;
+/// Largest error message in a response.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// Operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Version handshake; the response carries [`BrickInfo`].
+    Hello = 1,
+    /// Standalone mode: carve a segment, presenting the brick's shared secret.
+    Alloc = 2,
+    /// Bind the connection to a segment with a [`Grant`].
+    Attach = 3,
+    /// Batched read of extents of the attached segment.
+    Read = 4,
+    /// Batched write.
+    Write = 5,
+    /// Zero a range and release its memory.
+    Discard = 6,
+    /// Copy within the attached segment.
+    Copy = 7,
+    /// Copy-on-write clone of the attached segment; the response carries a new grant.
+    Clone = 8,
+    /// Unbind from the segment.
+    Detach = 9,
+    /// Liveness.
+    Ping = 10,
+    /// Brick statistics.
+    Stats = 11,
+}
+
+impl Opcode {
+    /// Decodes an opcode byte.
+    pub fn from_u8(v: u8) -> Option<Opcode> {
+        use Opcode::*;
+        Some(match v {
+            1 => Hello,
+            2 => Alloc,
+            3 => Attach,
+            4 => Read,
+            5 => Write,
+            6 => Discard,
+            7 => Copy,
+            8 => Clone,
+            9 => Detach,
+            10 => Ping,
+            11 => Stats,
+            _ => return None,
+        })
+    }
+}
+
+/// Response status codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// The frame or payload is malformed.
+    BadRequest = 1,
+    /// A data operation before ATTACH.
+    NotAttached = 2,
+    /// An extent is outside the attached segment.
+    OutOfRange = 3,
+    /// The grant's signature does not verify (forged, or for another brick).
+    GrantInvalid = 4,
+    /// The grant has expired.
+    GrantExpired = 5,
+    /// Not enough free space for the segment.
+    NoSpace = 6,
+    /// The shared secret is wrong or the brick has none.
+    Denied = 7,
+    /// The segment does not exist (any more).
+    NoSegment = 8,
+    /// The grant does not allow this operation.
+    Forbidden = 9,
+    /// The brick failed.
+    Internal = 10,
+    /// The brick does not speak this version.
+    BadVersion = 11,
+}
+
+impl Status {
+    /// Decodes a status.
+    pub fn from_u32(v: u32) -> Status {
+        use Status::*;
+        match v {
+            0 => Ok,
+            1 => BadRequest,
+            2 => NotAttached,
+            3 => OutOfRange,
+            4 => GrantInvalid,
+            5 => GrantExpired,
+            6 => NoSpace,
+            7 => Denied,
+            8 => NoSegment,
+            9 => Forbidden,
+            11 => BadVersion,
+            _ => Internal,
+        }
+    }
+}
+
+/// Why bytes are not a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the structure needs.
+    #[error("truncated frame: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Not a rackmem frame.
+    #[error("bad magic {0:#010x} (not a rackmem peer?)")]
+    BadMagic(u32),
+    /// Another protocol version.
+    #[error("unsupported protocol version {0} (this side speaks {VERSION})")]
+    BadVersion(u8),
+    /// Unknown operation.
+    #[error("unknown opcode {0}")]
+    BadOpcode(u8),
+    /// Payload larger than [`MAX_PAYLOAD`].
+    #[error("payload of {0} bytes exceeds the limit of {MAX_PAYLOAD}")]
+    TooLong(u32),
+    /// Too many extents.
+    #[error("{0} extents exceed the limit of {MAX_EXTENTS}")]
+    TooManyExtents(u32),
+    /// An extent is not page-aligned or empty.
+    #[error("extent at {offset:#x}+{len:#x} is not a non-empty run of whole pages")]
+    Misaligned {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Payload length does not match its contents.
+    #[error("payload of {have} bytes where {want} were expected")]
+    PayloadSize {
+        /// Expected.
+        want: usize,
+        /// Present.
+        have: usize,
+    },
+    /// A field value is out of its domain.
+    #[error("invalid field: {0}")]
+    Invalid(&'static str),
+}
+
+/// The fixed frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Operation.
+    pub opcode: Opcode,
+    /// Flags ([`FLAG_RESPONSE`]).
+    pub flags: u16,
+    /// Request tag, echoed by the response.
+    pub tag: u32,
+    /// Status ([`Status`]) in responses, 0 in requests.
+    pub status: u32,
+    /// Operation-specific offset.
+    pub offset: u64,
+    /// Operation-specific length.
+    pub length: u32,
+    /// Bytes following the header.
+    pub payload_len: u32,
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Header {
+    /// Encodes into 32 bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = VERSION;
+        b[5] = self.opcode as u8;
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.tag.to_le_bytes());
+        b[12..16].copy_from_slice(&self.status.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.length.to_le_bytes());
+        b[28..32].copy_from_slice(&self.payload_len.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a header; the payload length is checked against [`MAX_PAYLOAD`]
+    /// before anyone allocates for it.
+    pub fn decode(b: &[u8]) -> Result<Header, DecodeError> {
+        if b.len() < HEADER_LEN {
+            return Err(DecodeError::Truncated {
+                need: HEADER_LEN,
+                have: b.len(),
+            });
+        }
+        let magic = u32_at(b, 0);
+        if magic != MAGIC {
+            return Err(DecodeError::BadMagic(magic));
+        }
+        if b[4] != VERSION {
+            return Err(DecodeError::BadVersion(b[4]));
+        }
+        let opcode = Opcode::from_u8(b[5]).ok_or(DecodeError::BadOpcode(b[5]))?;
+        let payload_len = u32_at(b, 28);
+        if payload_len > MAX_PAYLOAD {
+            return Err(DecodeError::TooLong(payload_len));
+        }
+        Ok(Header {
+            opcode,
+            flags: u16_at(b, 6),
+            tag: u32_at(b, 8),
+            status: u32_at(b, 12),
+            offset: u64_at(b, 16),
+            length: u32_at(b, 24),
+            payload_len,
+        })
+    }
+
+    /// True for responses.
+    pub fn is_response(&self) -> bool {
+        self.flags & FLAG_RESPONSE != 0
+    }
+}
+
+/// What a brick tells a client at HELLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrickInfo {
+    /// Pool size in bytes.
+    pub pool_bytes: u64,
+    /// Free bytes now.
+    pub free_bytes: u64,
+    /// Page size.
+    pub page_size: u32,
+    /// Largest payload accepted.
+    pub max_payload: u32,
+    /// Brick identity (random per start).
+    pub brick_id: u64,
+}
+
+impl BrickInfo {
+    /// Encoded length.
+    pub const LEN: usize = 32;
+    /// Encodes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        v.extend_from_slice(&self.pool_bytes.to_le_bytes());
+        v.extend_from_slice(&self.free_bytes.to_le_bytes());
+        v.extend_from_slice(&self.page_size.to_le_bytes());
+        v.extend_from_slice(&self.max_payload.to_le_bytes());
+        v.extend_from_slice(&self.brick_id.to_le_bytes());
+        v
+    }
+    /// Decodes.
+    pub fn decode(b: &[u8]) -> Result<BrickInfo, DecodeError> {
+        exact(b, Self::LEN)?;
+        Ok(BrickInfo {
+            pool_bytes: u64_at(b, 0),
+            free_bytes: u64_at(b, 8),
+            page_size: u32_at(b, 16),
+            max_payload: u32_at(b, 20),
+            brick_id: u64_at(b, 24),
+        })
+    }
+}
+
+fn exact(b: &[u8], want: usize) -> Result<(), DecodeError> {
+    if b.len() == want {
+        Ok(())
+    } else {
+        Err(DecodeError::PayloadSize { want, have: b.len() })
+    }
+}
+
+/// Brick-wide counters, returned by STATS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BrickStats {
+    /// Bytes served by READ.
+    pub bytes_read: u64,
+    /// Bytes stored by WRITE.
+    pub bytes_written: u64,
+    /// Requests handled.
+    pub requests: u64,
+    /// Connections open now.
+    pub connections: u64,
+    /// Requests refused or malformed.
+    pub errors: u64,
+    /// Bytes of pool memory allocated now.
+    pub resident_bytes: u64,
+    /// Live segments.
+    pub segments: u64,
+    /// Free bytes.
+    pub free_bytes: u64,
+}
+
+impl BrickStats {
+    /// Encoded length.
+    pub const LEN: usize = 64;
+    /// Encodes.
+    pub fn encode(&self) -> Vec<u8> {
+        [
+            self.bytes_read,
+            self.bytes_written,
+            self.requests,
+            self.connections,
+            self.errors,
+            self.resident_bytes,
+            self.segments,
+            self.free_bytes,
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+    }
+    /// Decodes.
+    pub fn decode(b: &[u8]) -> Result<BrickStats, DecodeError> {
+        exact(b, Self::LEN)?;
+        let f = |i: usize| u64_at(b, i * 8);
+        Ok(BrickStats {
+            bytes_read: f(0),
+            bytes_written: f(1),
+            requests: f(2),
+            connections: f(3),
+            errors: f(4),
+            resident_bytes: f(5),
+            segments: f(6),
+            free_bytes: f(7),
+        })
+    }
+}
+
+/// Rights a grant gives.
+pub mod rights {
+    /// READ.
+    pub const READ: u8 = 1;
+    /// WRITE, DISCARD, COPY.
+    pub const WRITE: u8 = 2;
+    /// CLONE.
+    pub const CLONE: u8 = 4;
+    /// Everything.
+    pub const ALL: u8 = READ | WRITE | CLONE;
+}
+
+/// A brick's permission for one node to use one segment, signed with the brick's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Segment identity on the brick.
+    pub segment_id: u64,
+    /// Where the segment starts in the brick's pool.
+    pub brick_offset: u64,
+    /// Segment size.
+    pub size_bytes: u64,
+    /// Node the grant is for.
+    pub node: u64,
+    /// [`rights`] bits.
+    pub rights: u8,
+    /// Seconds since the Unix epoch after which the grant is void (0 = never).
+    pub expiry_unix_s: u64,
+    /// HMAC-SHA256 over the fields above.
+    pub mac: [u8; 32],
+}
+
+/// Why a grant is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    /// The signature does not verify.
+    #[error("grant signature does not verify (forged, altered, or signed by another brick)")]
+    BadSignature,
+    /// The grant expired.
+    #[error("grant expired")]
+    Expired,
+}
+
+impl Grant {
+    /// Encoded length.
+    pub const LEN: usize = 8 * 5 + 1 + 32;
+
+    fn signed_bytes(&self) -> [u8; 41] {
+        let mut b = [0u8; 41];
+        b[0..8].copy_from_slice(&self.segment_id.to_le_bytes());
+        b[8..16].copy_from_slice(&self.brick_offset.to_le_bytes());
+        b[16..24].copy_from_slice(&self.size_bytes.to_le_bytes());
+        b[24..32].copy_from_slice(&self.node.to_le_bytes());
+        b[32] = self.rights;
+        b[33..41].copy_from_slice(&self.expiry_unix_s.to_le_bytes());
+        b
+    }
+
+    fn compute_mac(&self, key: &[u8]) -> Hmac<Sha256> {
+        // HMAC accepts keys of any length; new_from_slice cannot fail for HMAC.
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        m.update(b"rackmem-grant-v1");
+        m.update(&self.signed_bytes());
+        m
+    }
+
+    /// Builds and signs a grant.
+    pub fn sign(key: &[u8], segment_id: u64, brick_offset: u64, size_bytes: u64, node: u64, rights: u8, expiry_unix_s: u64) -> Grant {
+        let mut g = Grant {
+            segment_id,
+            brick_offset,
+            size_bytes,
+            node,
+            rights,
+            expiry_unix_s,
+            mac: [0; 32],
+        };
+        g.mac = g.compute_mac(key).finalize().into_bytes().into();
+        g
+    }
+
+    /// Verifies the signature (in constant time) and the expiry.
+    pub fn verify(&self, key: &[u8], now_unix_s: u64) -> Result<(), GrantError> {
+        self.compute_mac(key).verify_slice(&self.mac).map_err(|_| GrantError::BadSignature)?;
+        if self.expiry_unix_s != 0 && now_unix_s > self.expiry_unix_s {
+            return Err(GrantError::Expired);
+        }
+        Ok(())
+    }
+
+    /// Encodes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.signed_bytes().to_vec();
+        v.extend_from_slice(&self.mac);
+        v
+    }
+
+    /// Decodes.
+    pub fn decode(b: &[u8]) -> Result<Grant, DecodeError> {
+        exact(b, Self::LEN)?;
+        let mut mac = [0u8; 32];
+        mac.copy_from_slice(&b[41..73]);
+        Ok(Grant {
+            segment_id: u64_at(b, 0),
+            brick_offset: u64_at(b, 8),
+            size_bytes: u64_at(b, 16),
+            node: u64_at(b, 24),
+            rights: b[32],
+            expiry_unix_s: u64_at(b, 33),
+            mac,
+        })
+    }
+}
+
+/// One run of pages: offset within the segment, length in bytes.
+pub type Extent = (u64, u32);
+
+/// A decoded request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// HELLO.
+    Hello,
+    /// ALLOC of `size_bytes` with the shared secret.
+    Alloc {
+        /// Requested size.
+        size_bytes: u64,
+        /// Shared secret.
+        secret: Vec<u8>,
+    },
+    /// ATTACH.
+    Attach(Grant),
+    /// READ of extents.
+    Read(Vec<Extent>),
+    /// WRITE of extents; `data` holds their bytes in order.
+    Write {
+        /// Extents.
+        extents: Vec<Extent>,
+        /// Data.
+        data: Vec<u8>,
+    },
+    /// DISCARD.
+    Discard {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// COPY within the segment.
+    Copy {
+        /// Source offset.
+        src: u64,
+        /// Destination offset.
+        dst: u64,
+        /// Length.
+        len: u64,
+    },
+    /// CLONE.
+    Clone,
+    /// DETACH.
+    Detach,
+    /// PING.
+    Ping,
+    /// STATS.
+    Stats,
+}
+
+fn encode_extents(extents: &[Extent], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(extents.len() as u32).to_le_bytes());
+    for &(o, l) in extents {
+        out.extend_from_slice(&o.to_le_bytes());
+        out.extend_from_slice(&l.to_le_bytes());
+    }
+}
+
+/// Decodes the extent list at the start of `b`; returns the extents and the bytes consumed.
+fn decode_extents(b: &[u8]) -> Result<(Vec<Extent>, usize), DecodeError> {
+    if b.len() < 4 {
+        return Err(DecodeError::Truncated { need: 4, have: b.len() });
+    }
+    let n = u32_at(b, 0);
+    if n == 0 {
+        return Err(DecodeError::Invalid("empty extent list"));
+    }
+    if n > MAX_EXTENTS {
+        return Err(DecodeError::TooManyExtents(n));
+    }
+    let need = 4 + n as usize * 12;
+    if b.len() < need {
+        return Err(DecodeError::Truncated { need, have: b.len() });
+    }
+    let mut v = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        let o = u64_at(b, 4 + i * 12);
+        let l = u32_at(b, 12 + i * 12);
+        if l == 0 || l % PAGE_SIZE != 0 || o % PAGE_SIZE as u64 != 0 || o.checked_add(l as u64).is_none() {
+            return Err(DecodeError::Misaligned { offset: o, len: l });
+        }
+        v.push((o, l));
+    }
+    Ok((v, need))
+}
+
+/// Total bytes of an extent list (saturating).
+pub fn extents_bytes(extents: &[Extent]) -> u64 {
+    extents.iter().map(|e| e.1 as u64).sum()
+}
+
+impl Request {
+    /// The opcode.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Hello => Opcode::Hello,
+            Request::Alloc { .. } => Opcode::Alloc,
+            Request::Attach(_) => Opcode::Attach,
+            Request::Read(_) => Opcode::Read,
+            Request::Write { .. } => Opcode::Write,
+            Request::Discard { .. } => Opcode::Discard,
+            Request::Copy { .. } => Opcode::Copy,
+            Request::Clone => Opcode::Clone,
+            Request::Detach => Opcode::Detach,
+            Request::Ping => Opcode::Ping,
+            Request::Stats => Opcode::Stats,
+        }
+    }
+
+    /// Encodes a whole frame (header and payload) with `tag`.
+    pub fn encode(&self, tag: u32) -> Vec<u8> {
+        let mut payload = Vec::new();
+        let mut offset = 0;
+        match self {
+            Request::Hello | Request::Clone | Request::Detach | Request::Ping | Request::Stats => {}
+            Request::Alloc { size_bytes, secret } => {
+                offset = *size_bytes;
+                payload.extend_from_slice(secret);
+            }
+            Request::Attach(g) => payload = g.encode(),
+            Request::Read(ext) => encode_extents(ext, &mut payload),
+            Request::Write { extents, data } => {
+                encode_extents(extents, &mut payload);
+                payload.extend_from_slice(data);
+            }
+            Request::Discard { offset: o, len } => {
+                offset = *o;
+                payload.extend_from_slice(&len.to_le_bytes());
+            }
+            Request::Copy { src, dst, len } => {
+                for v in [src, dst, len] {
+                    payload.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        let h = Header {
+            opcode: self.opcode(),
+            flags: 0,
+            tag,
+            status: 0,
+            offset,
+            length: 0,
+            payload_len: payload.len() as u32,
+        };
+        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+        frame.extend_from_slice(&h.encode());
+        frame.extend_from_slice(&payload);
+        frame
+    }
+
+    /// Decodes a request from its validated header and its payload.
+    pub fn decode(h: &Header, p: &[u8]) -> Result<Request, DecodeError> {
+        if p.len() != h.payload_len as usize {
+            return Err(DecodeError::PayloadSize {
+                want: h.payload_len as usize,
+                have: p.len(),
+            });
+        }
+        if h.is_response() {
+            return Err(DecodeError::Invalid("response flag in a request"));
+        }
+        let empty = |r: Request| {
+            exact(p, 0)?;
+            Ok(r)
+        };
+        match h.opcode {
+            Opcode::Hello => empty(Request::Hello),
+            Opcode::Clone => empty(Request::Clone),
+            Opcode::Detach => empty(Request::Detach),
+            Opcode::Ping => empty(Request::Ping),
+            Opcode::Stats => empty(Request::Stats),
+            Opcode::Alloc => {
+                if p.len() > MAX_SECRET {
+                    return Err(DecodeError::Invalid("secret too long"));
+                }
+                Ok(Request::Alloc {
+                    size_bytes: h.offset,
+                    secret: p.to_vec(),
+                })
+            }
+            Opcode::Attach => Ok(Request::Attach(Grant::decode(p)?)),
+            Opcode::Read => {
+                let (ext, used) = decode_extents(p)?;
+                exact(&p[used..], 0)?;
+                Ok(Request::Read(ext))
+            }
+            Opcode::Write => {
+                let (ext, used) = decode_extents(p)?;
+                let want = extents_bytes(&ext) as usize;
+                exact(&p[used..], want)?;
+                Ok(Request::Write {
+                    extents: ext,
+                    data: p[used..].to_vec(),
+                })
+            }
+            Opcode::Discard => {
+                exact(p, 8)?;
+                Ok(Request::Discard {
+                    offset: h.offset,
+                    len: u64_at(p, 0),
+                })
+            }
+            Opcode::Copy => {
+                exact(p, 24)?;
+                Ok(Request::Copy {
+                    src: u64_at(p, 0),
+                    dst: u64_at(p, 8),
+                    len: u64_at(p, 16),
+                })
+            }
+        }
+    }
+}
+
+/// Encodes a response frame.
+pub fn encode_response(opcode: Opcode, tag: u32, status: Status, payload: &[u8]) -> Vec<u8> {
+    let h = Header {
+        opcode,
+        flags: FLAG_RESPONSE,
+        tag,
+        status: status as u32,
+        offset: 0,
+        length: 0,
+        payload_len: payload.len() as u32,
+    };
+    let mut v = Vec::with_capacity(HEADER_LEN + payload.len());
+    v.extend_from_slice(&h.encode());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Decodes a whole frame from a byte slice (header, then exactly `payload_len` bytes): the entry
+/// point for fuzzing and tests. Returns the header, the request and the bytes consumed.
+pub fn decode_request_frame(b: &[u8]) -> Result<(Header, Request, usize), DecodeError> {
+    let h = Header::decode(b)?;
+    let end = HEADER_LEN + h.payload_len as usize;
+    if b.len() < end {
+        return Err(DecodeError::Truncated { need: end, have: b.len() });
+    }
+    let r = Request::decode(&h, &b[HEADER_LEN..end])?;
+    Ok((h, r, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn grant() -> impl Strategy<Value = Grant> {
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u8>(), any::<u64>(), any::<[u8; 32]>()).prop_map(
+            |(segment_id, brick_offset, size_bytes, node, rights, expiry_unix_s, mac)| Grant {
+                segment_id,
+                brick_offset,
+                size_bytes,
+                node,
+                rights,
+                expiry_unix_s,
+                mac,
+            },
+        )
+    }
+
+    fn extents() -> impl Strategy<Value = Vec<Extent>> {
+        proptest::collection::vec((0u64..1 << 40, 1u32..16), 1..20)
+            .prop_map(|v| v.into_iter().map(|(o, l)| (o * 4096, l * 4096)).collect())
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            Just(Request::Hello),
+            Just(Request::Clone),
+            Just(Request::Detach),
+            Just(Request::Ping),
+            Just(Request::Stats),
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
+            grant().prop_map(Request::Attach),
+            extents().prop_map(Request::Read),
+            (extents(), any::<u8>()).prop_map(|(extents, fill)| {
+                let n = extents_bytes(&extents) as usize;
+                Request::Write { extents, data: vec![fill; n] }
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Discard { offset, len }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(src, dst, len)| Request::Copy { src, dst, len }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn request_round_trip(r in request(), tag in any::<u32>()) {
+            let frame = r.encode(tag);
+            let (h, back, used) = decode_request_frame(&frame).unwrap();
+            prop_assert_eq!(used, frame.len());
+            prop_assert_eq!(h.tag, tag);
+            prop_assert_eq!(back, r);
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_request_frame(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_with_valid_header(op in 0u8..16, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut b = Header { opcode: Opcode::Ping, flags: 0, tag: 1, status: 0, offset: 4096, length: 0, payload_len: payload.len() as u32 }.encode().to_vec();
+            b[5] = op;
+            b.extend_from_slice(&payload);
+            let _ = decode_request_frame(&b);
+        }
+
+        #[test]
+        fn grant_round_trip_and_signature(g in grant(), key in proptest::collection::vec(any::<u8>(), 1..64)) {
+            let s = Grant::sign(&key, g.segment_id, g.brick_offset, g.size_bytes, g.node, g.rights, 0);
+            prop_assert_eq!(Grant::decode(&s.encode()).unwrap(), s.clone());
+            prop_assert!(s.verify(&key, 1).is_ok());
+            let mut forged = s.clone();
+            forged.size_bytes ^= 1;
+            prop_assert_eq!(forged.verify(&key, 1), Err(GrantError::BadSignature));
+        }
+    }
+
+    #[test]
+    fn header_validation() {
+        let good = Header { opcode: Opcode::Read, flags: 0, tag: 7, status: 0, offset: 0, length: 0, payload_len: 16 }.encode();
+        assert!(Header::decode(&good).is_ok());
+        let mut bad = good;
+        bad[0] = b'X';
+        assert!(matches!(Header::decode(&bad), Err(DecodeError::BadMagic(_))));
+        let mut bad = good;
+        bad[4] = 9;
+        assert_eq!(Header::decode(&bad), Err(DecodeError::BadVersion(9)));
+        let mut bad = good;
+        bad[28..32].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
+        assert_eq!(Header::decode(&bad), Err(DecodeError::TooLong(MAX_PAYLOAD + 1)));
+        assert!(matches!(Header::decode(&good[..10]), Err(DecodeError::Truncated { .. })));
+    }
+
+    #[test]
+    fn extents_are_validated() {
+        let mut p = Vec::new();
+        encode_extents(&[(100, 4096)], &mut p);
+        let h = Header { opcode: Opcode::Read, flags: 0, tag: 1, status: 0, offset: 0, length: 0, payload_len: p.len() as u32 };
+        assert!(matches!(Request::decode(&h, &p), Err(DecodeError::Misaligned { .. })));
+        let mut p = Vec::new();
+        p.extend_from_slice(&(MAX_EXTENTS + 1).to_le_bytes());
+        let h = Header { payload_len: p.len() as u32, ..h };
+        assert_eq!(Request::decode(&h, &p), Err(DecodeError::TooManyExtents(MAX_EXTENTS + 1)));
+    }
+
+    #[test]
+    fn expired_grant() {
+        let g = Grant::sign(b"k", 1, 0, 4096, 2, rights::ALL, 100);
+        assert_eq!(g.verify(b"k", 101), Err(GrantError::Expired));
+        assert!(g.verify(b"k", 100).is_ok());
+        assert_eq!(g.verify(b"other", 50), Err(GrantError::BadSignature));
+    }
+}
