@@ -32,11 +32,11 @@ pub struct RunArgs {
     /// Allocations of at least this size go to remote memory.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
     threshold: u64,
-    /// Window (remote address space) per process; default: half of each brick, at most 16 GiB each.
+    /// Window (remote address space) per process; default: a quarter of each brick, at most 16 GiB each.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     window: Option<u64>,
     /// Size of the embedded brick (lazily backed).
-    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = parse_size_arg)]
     embedded_size: u64,
     /// How the fault handler waits: blocking, busy-poll, or hybrid[:MICROSECONDS].
     #[arg(long, value_name = "MODE")]

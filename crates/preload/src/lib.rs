@@ -105,24 +105,34 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
 }
 
-fn start() {
-    if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        return;
-    }
-    INSIDE.with(|f| f.set(true));
-    let cfg = match Config::from_env() {
-        Ok(Some(cfg)) => cfg,
-        Ok(None) => {
-            STATE.store(OFF, Ordering::Release);
-            INSIDE.with(|f| f.set(false));
-            return;
+/// Configuration read at load time; the runtime itself starts at the first allocation that
+/// wants the window, so processes that never make one (shells, `exec` wrappers) cost nothing.
+static CONFIG: std::sync::Mutex<Option<Config>> = std::sync::Mutex::new(None);
+
+fn load_config() {
+    let _inside = Inside::enter();
+    match Config::from_env() {
+        Ok(Some(cfg)) => {
+            THRESHOLD.store(cfg.threshold_bytes, Ordering::Release);
+            *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(cfg);
         }
+        Ok(None) => STATE.store(OFF, Ordering::Release),
         Err(e) => {
             eprintln!("rackmem: bad configuration: {e}");
             sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
         }
+    }
+}
+
+fn start() {
+    if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    let _inside = Inside::enter();
+    let Some(cfg) = CONFIG.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        STATE.store(OFF, Ordering::Release);
+        return;
     };
-    let threshold = cfg.threshold_bytes;
     match Runtime::start(cfg) {
         Ok(rt) => {
             rackmem_runtime::set_global(rt);
@@ -132,7 +142,6 @@ fn start() {
                 eprintln!("rackmem: pthread_atfork failed ({rc}); fork() would not keep copy semantics");
                 sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
             }
-            THRESHOLD.store(threshold, Ordering::Release);
             STATE.store(READY, Ordering::Release);
         }
         Err(e) => {
@@ -140,7 +149,6 @@ fn start() {
             sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
         }
     }
-    INSIDE.with(|f| f.set(false));
 }
 
 /// The runtime, if it is up and this call may use it.
@@ -162,7 +170,7 @@ fn runtime() -> Option<Arc<Runtime>> {
 }
 
 fn wants_window(size: usize) -> bool {
-    size as u64 >= THRESHOLD.load(Ordering::Acquire) || STATE.load(Ordering::Acquire) == UNINIT
+    size as u64 >= THRESHOLD.load(Ordering::Acquire)
 }
 
 struct Inside;
@@ -515,7 +523,7 @@ extern "C" fn atfork_child() {
 }
 
 extern "C" fn on_load() {
-    start();
+    load_config();
 }
 
 extern "C" fn on_unload() {

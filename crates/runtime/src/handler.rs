@@ -70,7 +70,6 @@ pub(crate) fn run(inner: Arc<Inner>) {
         while let Some(ev) = h.pending.pop_front() {
             h.handle(ev);
         }
-        last_activity = Instant::now();
     }
 }
 

@@ -50,6 +50,9 @@ const MIN_BUDGET_PAGES: u64 = 32;
 const STAGING_SLOTS: usize = 1024;
 /// Largest default window per brick.
 const DEFAULT_SEGMENT_CAP: u64 = 16 << 30;
+/// Default window per brick as a fraction of its pool, leaving room for other processes and
+/// for the copy-on-write clones forked children get.
+const DEFAULT_SEGMENT_DIVISOR: u64 = 4;
 
 /// Where a page of the window is. The low two bits of a page's state byte.
 pub(crate) mod loc {
@@ -198,10 +201,6 @@ impl Inner {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn base(&self) -> u64 {
-        self.window.addr() as u64
-    }
-
     pub fn page_addr(&self, page: u64) -> usize {
         self.window.addr() + (page as usize) * PAGE_SIZE
     }
@@ -329,7 +328,7 @@ impl Runtime {
         let per_brick = cfg.window_bytes.map(|w| w / links.len().max(1) as u64);
         for (i, (addr, fault)) in links.into_iter().enumerate() {
             let pool = fault.info().pool_bytes;
-            let mut want = per_brick.unwrap_or((pool / 2).min(DEFAULT_SEGMENT_CAP));
+            let mut want = per_brick.unwrap_or((pool / DEFAULT_SEGMENT_DIVISOR).min(DEFAULT_SEGMENT_CAP));
             want = want / (2 << 20) * (2 << 20);
             let grant = loop {
                 match fault.alloc_segment(&cfg.secret, want) {
@@ -661,6 +660,7 @@ fn watchdog(inner: Arc<Inner>) {
 /// What the parent prepared for the child of a `fork`.
 struct ForkState {
     grants: Vec<rackmem_proto::Grant>,
+    failure: Option<String>,
 }
 
 /// `pthread_atfork` prepare hook. Quiesces the runtime (no program thread inside it, handler
@@ -681,16 +681,21 @@ pub fn fork_prepare() {
     writeback::drain(inner);
     let flushed = writeback::flush_dirty(inner);
     let mut grants = Vec::new();
-    for (i, b) in inner.bricks.iter().enumerate() {
+    let mut failure = None;
+    for b in &inner.bricks {
         match b.fault.clone_segment() {
             Ok(g) => grants.push(g),
-            Err(e) => inner.brick_lost(i, "cloning the segment for a forked child", &e),
+            Err(e) => {
+                // The parent goes on; the child will stop with this message.
+                failure = Some(format!("brick {} cannot clone the parent's segment for the child: {e}", b.addr));
+                break;
+            }
         }
     }
     if inner.cfg.verbose {
         eprintln!("rackmem[{}]: fork: flushed {flushed} dirty pages, cloned {} segment(s)", std::process::id(), grants.len());
     }
-    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants });
+    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants, failure });
 }
 
 /// `pthread_atfork` parent hook: resume.
@@ -715,6 +720,10 @@ pub fn fork_child() {
         eprintln!("rackmem: fork child without prepared state");
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     };
+    if let Some(why) = state.failure {
+        eprintln!("rackmem: the forked child (pid {}) cannot have its own copy of remote memory: {why}", std::process::id());
+        sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
+    }
     let result = (|| -> Result<Arc<Runtime>, RuntimeError> {
         let mut table = parent.table.clone();
         let mut bricks = Vec::new();
