@@ -214,7 +214,7 @@ impl Inner {
             .cfg
             .budget
             .pages(core.alloc.allocated_pages() * PAGE, PAGE, MIN_BUDGET_PAGES);
-        self.stats.budget_pages.store(b, Ordering::Relaxed);
+        self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
     }
 

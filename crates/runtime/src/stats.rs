@@ -118,7 +118,7 @@ pub struct Stats {
     pub resident_pages: AtomicU64,
     /// Largest number of resident pages seen.
     pub peak_resident_pages: AtomicU64,
-    /// Local-buffer budget in pages now.
+    /// Largest local-buffer budget in force so far, in pages (the budget follows the footprint).
     pub budget_pages: AtomicU64,
     /// Window bytes allocated now.
     pub window_bytes_allocated: AtomicU64,
@@ -165,7 +165,7 @@ pub struct StatsSnapshot {
     pub resident_bytes: u64,
     /// Largest resident bytes seen.
     pub peak_resident_bytes: u64,
-    /// Budget in bytes at snapshot time.
+    /// Largest budget in force during the run, in bytes.
     pub budget_bytes: u64,
     /// Window bytes allocated at snapshot time.
     pub window_bytes_allocated: u64,
