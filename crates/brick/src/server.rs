@@ -358,6 +358,8 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         payload.clear();
         payload.resize(h.payload_len as usize, 0);
         if io.read_exact(&mut payload).is_err() {
+            // A frame cut short: the peer died or is misbehaving.
+            shared.counters.errors.fetch_add(1, Relaxed);
             break;
         }
         shared.counters.requests.fetch_add(1, Relaxed);
