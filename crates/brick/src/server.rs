@@ -2,8 +2,8 @@
 
 use crate::pool::{in_segment, Store, CHUNK};
 use rackmem_proto::{
-    encode_response, extents_bytes, rights, BrickInfo, BrickStats, Grant, GrantError, Header, Opcode, Request, Status, HEADER_LEN,
-    MAX_MESSAGE, MAX_PAYLOAD, PAGE_SIZE,
+    encode_response, extents_bytes, rights, BrickInfo, BrickStats, Grant, GrantError, Header, Opcode, Request, Status,
+    HEADER_LEN, MAX_MESSAGE, MAX_PAYLOAD, PAGE_SIZE,
 };
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -28,7 +28,9 @@ impl std::str::FromStr for ListenAddr {
     type Err = BrickError;
     fn from_str(s: &str) -> Result<Self, BrickError> {
         if let Some(a) = s.strip_prefix("tcp://") {
-            if a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            if a.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
                 return Err(BrickError::BadAddress(s.to_string()));
             }
             Ok(ListenAddr::Tcp(a.to_string()))
@@ -136,9 +138,15 @@ impl Brick {
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a).map_err(|e| match e.kind() {
                     io::ErrorKind::AddrInUse => BrickError::InUse(format!("tcp://{a}")),
-                    _ => BrickError::Bind { addr: format!("tcp://{a}"), err: e },
+                    _ => BrickError::Bind {
+                        addr: format!("tcp://{a}"),
+                        err: e,
+                    },
                 })?;
-                let local = l.local_addr().map_err(|e| BrickError::Bind { addr: a.clone(), err: e })?;
+                let local = l.local_addr().map_err(|e| BrickError::Bind {
+                    addr: a.clone(),
+                    err: e,
+                })?;
                 (Listener::Tcp(l), format!("tcp://{local}"), None)
             }
             ListenAddr::Unix(p) => {
@@ -151,7 +159,10 @@ impl Brick {
                 }
                 let l = UnixListener::bind(p).map_err(|e| match e.kind() {
                     io::ErrorKind::AddrInUse => BrickError::InUse(format!("unix:{}", p.display())),
-                    _ => BrickError::Bind { addr: format!("unix:{}", p.display()), err: e },
+                    _ => BrickError::Bind {
+                        addr: format!("unix:{}", p.display()),
+                        err: e,
+                    },
                 })?;
                 (Listener::Unix(l), format!("unix:{}", p.display()), Some(p.clone()))
             }
@@ -168,7 +179,10 @@ impl Brick {
         let acceptor = std::thread::Builder::new()
             .name("brick-accept".into())
             .spawn(move || accept_loop(s, listener))
-            .map_err(|e| BrickError::Bind { addr: addr.clone(), err: e })?;
+            .map_err(|e| BrickError::Bind {
+                addr: addr.clone(),
+                err: e,
+            })?;
         Ok(BrickHandle {
             shared,
             addr,
@@ -245,11 +259,13 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
                 shared.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl);
                 shared.counters.connections.fetch_add(1, Relaxed);
                 let s = shared.clone();
-                let spawned = std::thread::Builder::new().name(format!("brick-conn-{id}")).spawn(move || {
-                    serve_connection(&s, stream);
-                    s.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                    s.counters.connections.fetch_sub(1, Relaxed);
-                });
+                let spawned = std::thread::Builder::new()
+                    .name(format!("brick-conn-{id}"))
+                    .spawn(move || {
+                        serve_connection(&s, stream);
+                        s.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                        s.counters.connections.fetch_sub(1, Relaxed);
+                    });
                 if spawned.is_err() {
                     shared.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     shared.counters.connections.fetch_sub(1, Relaxed);
@@ -332,7 +348,11 @@ fn ok(payload: Vec<u8>) -> Reply {
 fn err(status: Status, msg: impl Into<String>, close: bool) -> Reply {
     let mut m = msg.into().into_bytes();
     m.truncate(MAX_MESSAGE);
-    Reply { status, payload: m, close }
+    Reply {
+        status,
+        payload: m,
+        close,
+    }
 }
 
 fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
@@ -351,7 +371,14 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
             Ok(h) => h,
             Err(e) => {
                 shared.counters.errors.fetch_add(1, Relaxed);
-                let _ = send(&mut io, &mut out, Opcode::Ping, 0, err(Status::BadRequest, format!("malformed frame: {e}"), true), true);
+                let _ = send(
+                    &mut io,
+                    &mut out,
+                    Opcode::Ping,
+                    0,
+                    err(Status::BadRequest, format!("malformed frame: {e}"), true),
+                    true,
+                );
                 break;
             }
         };
@@ -365,7 +392,11 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         shared.counters.requests.fetch_add(1, Relaxed);
         let reply = match Request::decode(&h, &payload) {
             Ok(r) => handle(shared, &mut attached, r),
-            Err(e) => err(Status::BadRequest, format!("malformed {:?} request: {e}", h.opcode), true),
+            Err(e) => err(
+                Status::BadRequest,
+                format!("malformed {:?} request: {e}", h.opcode),
+                true,
+            ),
         };
         if reply.status != Status::Ok {
             shared.counters.errors.fetch_add(1, Relaxed);
@@ -392,7 +423,14 @@ fn read_exact_or_eof(r: &mut impl Read, b: &mut [u8]) -> io::Result<()> {
     r.read_exact(b)
 }
 
-fn send(io: &mut BufReader<StreamIo>, out: &mut BufWriter<Vec<u8>>, op: Opcode, tag: u32, r: Reply, flush: bool) -> io::Result<()> {
+fn send(
+    io: &mut BufReader<StreamIo>,
+    out: &mut BufWriter<Vec<u8>>,
+    op: Opcode,
+    tag: u32,
+    r: Reply,
+    flush: bool,
+) -> io::Result<()> {
     out.write_all(&encode_response(op, tag, r.status, &r.payload))?;
     if flush || out.get_ref().len() > 1 << 20 {
         out.flush()?;
@@ -437,19 +475,28 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
         Request::Ping => ok(Vec::new()),
         Request::Stats => ok(shared.stats().encode()),
         Request::Alloc { size_bytes, secret } => {
-            let allowed = shared
-                .cfg
-                .secret
-                .as_ref()
-                .is_some_and(|s| s.len() == secret.len() && s.iter().zip(&secret).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0);
+            let allowed = shared.cfg.secret.as_ref().is_some_and(|s| {
+                s.len() == secret.len() && s.iter().zip(&secret).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+            });
             if !allowed {
-                return err(Status::Denied, "wrong shared secret (or this brick takes grants from a control plane only)", true);
+                return err(
+                    Status::Denied,
+                    "wrong shared secret (or this brick takes grants from a control plane only)",
+                    true,
+                );
             }
             if attached.is_some() {
                 return err(Status::BadRequest, "connection already attached to a segment", false);
             }
             if size_bytes == 0 || size_bytes > shared.cfg.size_bytes {
-                return err(Status::NoSpace, format!("cannot carve {size_bytes} bytes from a pool of {}", shared.cfg.size_bytes), false);
+                return err(
+                    Status::NoSpace,
+                    format!(
+                        "cannot carve {size_bytes} bytes from a pool of {}",
+                        shared.cfg.size_bytes
+                    ),
+                    false,
+                );
             }
             let Some((id, off)) = store.segs().carve(size_bytes, None) else {
                 return err(Status::NoSpace, format!("no free extent of {size_bytes} bytes"), false);
@@ -458,14 +505,21 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
             if let Some(s) = store.segs().live.get_mut(&id) {
                 s.attached = 1;
             }
-            *attached = Some(Attached { id, offset: off, size, rights: rights::ALL });
+            *attached = Some(Attached {
+                id,
+                offset: off,
+                size,
+                rights: rights::ALL,
+            });
             ok(shared.sign(id, off, size).encode())
         }
         Request::Attach(g) => {
             match g.verify(&shared.cfg.key, now_unix()) {
                 Ok(()) => {}
                 Err(GrantError::Expired) => return err(Status::GrantExpired, "grant expired", true),
-                Err(GrantError::BadSignature) => return err(Status::GrantInvalid, "grant signature does not verify", true),
+                Err(GrantError::BadSignature) => {
+                    return err(Status::GrantInvalid, "grant signature does not verify", true)
+                }
             }
             if attached.is_some() {
                 return err(Status::BadRequest, "connection already attached to a segment", false);
@@ -477,10 +531,21 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
                         s.attached += 1;
                         s.unattached_deadline = None;
                     }
-                    _ => return err(Status::NoSegment, format!("segment {} does not exist on this brick", g.segment_id), true),
+                    _ => {
+                        return err(
+                            Status::NoSegment,
+                            format!("segment {} does not exist on this brick", g.segment_id),
+                            true,
+                        )
+                    }
                 }
             }
-            *attached = Some(Attached { id: g.segment_id, offset: g.brick_offset, size: g.size_bytes, rights: g.rights });
+            *attached = Some(Attached {
+                id: g.segment_id,
+                offset: g.brick_offset,
+                size: g.size_bytes,
+                rights: g.rights,
+            });
             ok(Vec::new())
         }
         Request::Detach => match attached.take() {
@@ -502,7 +567,13 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
 fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
     let store = &shared.store;
     let need = |r: u8| a.rights & r == r;
-    let out_of_range = |o: u64, l: u64| err(Status::OutOfRange, format!("{o:#x}+{l:#x} is outside the segment of {:#x} bytes", a.size), true);
+    let out_of_range = |o: u64, l: u64| {
+        err(
+            Status::OutOfRange,
+            format!("{o:#x}+{l:#x} is outside the segment of {:#x} bytes", a.size),
+            true,
+        )
+    };
     match req {
         Request::Read(ext) => {
             if !need(rights::READ) {
@@ -510,7 +581,11 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
             }
             let total = extents_bytes(&ext);
             if total > MAX_PAYLOAD as u64 {
-                return err(Status::BadRequest, format!("{total} bytes exceed the response limit"), true);
+                return err(
+                    Status::BadRequest,
+                    format!("{total} bytes exceed the response limit"),
+                    true,
+                );
             }
             let mut data = vec![0u8; total as usize];
             let mut at = 0usize;
@@ -559,7 +634,11 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
             let mut buf = vec![0u8; CHUNK as usize];
             // Copy in chunk-sized steps, in the direction that is safe for overlap.
             let steps: Vec<u64> = (0..len.div_ceil(CHUNK)).map(|i| i * CHUNK).collect();
-            let order: Box<dyn Iterator<Item = &u64>> = if dst > src { Box::new(steps.iter().rev()) } else { Box::new(steps.iter()) };
+            let order: Box<dyn Iterator<Item = &u64>> = if dst > src {
+                Box::new(steps.iter().rev())
+            } else {
+                Box::new(steps.iter())
+            };
             for &s in order {
                 let n = (len - s).min(CHUNK) as usize;
                 store.pool.read(a.offset + src + s, &mut buf[..n]);
@@ -572,7 +651,11 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
                 return err(Status::Forbidden, "grant does not allow clones", true);
             }
             let Some((id, off)) = store.segs().carve(a.size, Some(Instant::now() + CLONE_GRACE)) else {
-                return err(Status::NoSpace, format!("no free extent of {} bytes for the clone", a.size), false);
+                return err(
+                    Status::NoSpace,
+                    format!("no free extent of {} bytes for the clone", a.size),
+                    false,
+                );
             };
             store.pool.share(a.offset, off, a.size);
             ok(shared.sign(id, off, a.size).encode())

@@ -40,7 +40,9 @@ fn tcp_brick() -> (BrickHandle, BrickAddr) {
 }
 
 fn page(seed: u64) -> Vec<u8> {
-    (0..4096u64).map(|i| (i.wrapping_mul(31).wrapping_add(seed * 7919) % 251) as u8).collect()
+    (0..4096u64)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed * 7919) % 251) as u8)
+        .collect()
 }
 
 fn write_read_round_trip(addr: &BrickAddr) {
@@ -111,7 +113,10 @@ fn clone_is_copy_on_write_and_isolated() {
     parent.read_pages(&[(0, 4096)], &mut b).expect("read");
     assert_eq!(b, page(1), "the parent must not see the child's write");
     child.read_pages(&[(4096, 4096)], &mut b).expect("read");
-    assert!(b.iter().all(|&x| x == 0), "the child must not see the parent's later write");
+    assert!(
+        b.iter().all(|&x| x == 0),
+        "the child must not see the parent's later write"
+    );
     child.discard(0, 4096).expect("discard");
     child.read_pages(&[(0, 4096)], &mut b).expect("read");
     assert!(b.iter().all(|&x| x == 0), "discarded pages read as zeros");
@@ -137,19 +142,42 @@ fn out_of_range_and_grant_violations_close_only_that_connection() {
     bad.attach(&g).expect("attach");
     let mut b = vec![0u8; 4096];
     match bad.read_pages(&[(2 << 20, 4096)], &mut b) {
-        Err(LinkError::Refused { status: Status::OutOfRange, .. }) => {}
+        Err(LinkError::Refused {
+            status: Status::OutOfRange,
+            ..
+        }) => {}
         other => panic!("expected OutOfRange, got {other:?}"),
     }
-    assert!(matches!(bad.ping(), Err(LinkError::BrickLost { .. })), "the offending connection is closed");
+    assert!(
+        matches!(bad.ping(), Err(LinkError::BrickLost { .. })),
+        "the offending connection is closed"
+    );
 
     // A forged grant: someone else's segment, or a bigger size, or another brick's key.
     let mut forged = g.clone();
     forged.size_bytes *= 2;
-    assert_refused(Link::connect(&a, T).expect("connect").attach(&forged), Status::GrantInvalid);
-    let foreign = Grant::sign(b"another brick", g.segment_id, g.brick_offset, g.size_bytes, 0, rights::ALL, 0);
-    assert_refused(Link::connect(&a, T).expect("connect").attach(&foreign), Status::GrantInvalid);
+    assert_refused(
+        Link::connect(&a, T).expect("connect").attach(&forged),
+        Status::GrantInvalid,
+    );
+    let foreign = Grant::sign(
+        b"another brick",
+        g.segment_id,
+        g.brick_offset,
+        g.size_bytes,
+        0,
+        rights::ALL,
+        0,
+    );
+    assert_refused(
+        Link::connect(&a, T).expect("connect").attach(&foreign),
+        Status::GrantInvalid,
+    );
     let expired = Grant::sign(KEY, g.segment_id, g.brick_offset, g.size_bytes, 0, rights::ALL, 1);
-    assert_refused(Link::connect(&a, T).expect("connect").attach(&expired), Status::GrantExpired);
+    assert_refused(
+        Link::connect(&a, T).expect("connect").attach(&expired),
+        Status::GrantExpired,
+    );
     let read_only = Grant::sign(KEY, g.segment_id, g.brick_offset, g.size_bytes, 0, rights::READ, 0);
     let ro = Link::connect(&a, T).expect("connect");
     ro.attach(&read_only).expect("attach read-only");
@@ -158,10 +186,15 @@ fn out_of_range_and_grant_violations_close_only_that_connection() {
     // Wrong secret, and data before attach.
     let l = Link::connect(&a, T).expect("connect");
     match l.alloc_segment(b"guess", 1 << 20) {
-        Err(LinkError::Refused { status: Status::Denied, .. }) => {}
+        Err(LinkError::Refused {
+            status: Status::Denied, ..
+        }) => {}
         other => panic!("expected Denied, got {other:?}"),
     }
-    assert_refused(Link::connect(&a, T).expect("connect").read_pages(&[(0, 4096)], &mut b), Status::NotAttached);
+    assert_refused(
+        Link::connect(&a, T).expect("connect").read_pages(&[(0, 4096)], &mut b),
+        Status::NotAttached,
+    );
 
     // The well-behaved client is unaffected, and its data is intact.
     good.read_pages(&[(0, 4096)], &mut b).expect("good client still served");
@@ -169,7 +202,17 @@ fn out_of_range_and_grant_violations_close_only_that_connection() {
 }
 
 fn raw_frame(opcode: u8, payload_len: u32) -> Vec<u8> {
-    let mut h = Header { opcode: Opcode::Ping, flags: 0, tag: 1, status: 0, offset: 0, length: 0, payload_len: 0 }.encode().to_vec();
+    let mut h = Header {
+        opcode: Opcode::Ping,
+        flags: 0,
+        tag: 1,
+        status: 0,
+        offset: 0,
+        length: 0,
+        payload_len: 0,
+    }
+    .encode()
+    .to_vec();
     h[5] = opcode;
     h[28..32].copy_from_slice(&payload_len.to_le_bytes());
     h
@@ -182,7 +225,8 @@ fn expect_closed(path: &std::path::Path, bytes: &[u8]) -> Option<u32> {
     s.write_all(bytes).expect("send");
     let _ = s.shutdown(std::net::Shutdown::Write);
     let mut all = Vec::new();
-    s.read_to_end(&mut all).expect("the brick closes the connection instead of hanging");
+    s.read_to_end(&mut all)
+        .expect("the brick closes the connection instead of hanging");
     (all.len() >= HEADER_LEN).then(|| u32::from_le_bytes([all[12], all[13], all[14], all[15]]))
 }
 
@@ -197,16 +241,32 @@ fn malformed_frames_are_refused_and_the_brick_keeps_serving() {
     let mut bad_magic = raw_frame(10, 0);
     bad_magic[0..4].copy_from_slice(&(MAGIC ^ 1).to_le_bytes());
     assert_eq!(expect_closed(&path, &bad_magic), Some(Status::BadRequest as u32));
-    assert_eq!(expect_closed(&path, &raw_frame(10, u32::MAX)), Some(Status::BadRequest as u32), "huge payload_len");
-    assert_eq!(expect_closed(&path, &raw_frame(200, 0)), Some(Status::BadRequest as u32), "unknown opcode");
+    assert_eq!(
+        expect_closed(&path, &raw_frame(10, u32::MAX)),
+        Some(Status::BadRequest as u32),
+        "huge payload_len"
+    );
+    assert_eq!(
+        expect_closed(&path, &raw_frame(200, 0)),
+        Some(Status::BadRequest as u32),
+        "unknown opcode"
+    );
     let mut trunc_read = raw_frame(Opcode::Read as u8, 16);
     trunc_read.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
-    assert_eq!(expect_closed(&path, &trunc_read), None, "truncated frame: connection closed");
+    assert_eq!(
+        expect_closed(&path, &trunc_read),
+        None,
+        "truncated frame: connection closed"
+    );
     let mut misaligned = raw_frame(Opcode::Read as u8, 16);
     misaligned.extend_from_slice(&1u32.to_le_bytes());
     misaligned.extend_from_slice(&100u64.to_le_bytes());
     misaligned.extend_from_slice(&4096u32.to_le_bytes());
-    assert_eq!(expect_closed(&path, &misaligned), Some(Status::BadRequest as u32), "misaligned extent");
+    assert_eq!(
+        expect_closed(&path, &misaligned),
+        Some(Status::BadRequest as u32),
+        "misaligned extent"
+    );
 
     good.write_pages(&[(0, 4096)], &page(4)).expect("still served");
     let mut b = vec![0u8; 4096];
@@ -231,9 +291,14 @@ fn address_in_use_is_a_clear_error() {
     assert!(err.to_string().contains(&a.to_string()), "{err}");
     let (_t, ta) = tcp_brick();
     let BrickAddr::Tcp(hp) = ta else { panic!("tcp") };
-    let err = Brick::start(BrickConfig { listen: ListenAddr::Tcp(hp), size_bytes: 64 << 20, key: KEY.to_vec(), secret: None })
-        .err()
-        .expect("port in use");
+    let err = Brick::start(BrickConfig {
+        listen: ListenAddr::Tcp(hp),
+        size_bytes: 64 << 20,
+        key: KEY.to_vec(),
+        secret: None,
+    })
+    .err()
+    .expect("port in use");
     assert!(err.to_string().contains("already in use"), "{err}");
 }
 

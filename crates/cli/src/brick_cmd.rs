@@ -16,7 +16,13 @@ pub struct BrickArgs {
     #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size_arg)]
     size: u64,
     /// Shared secret a node must present to carve a segment (standalone mode, no control plane).
-    #[arg(long, value_name = "SECRET", env = "RACKMEM_SECRET", hide_env_values = true, conflicts_with = "secret_file")]
+    #[arg(
+        long,
+        value_name = "SECRET",
+        env = "RACKMEM_SECRET",
+        hide_env_values = true,
+        conflicts_with = "secret_file"
+    )]
     secret: Option<String>,
     /// File holding the shared secret (first line).
     #[arg(long, value_name = "PATH")]
@@ -60,7 +66,8 @@ fn load_key(path: Option<&std::path::Path>) -> Result<Vec<u8>> {
         Ok(_) => bail!("the key file {} is empty", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let k = random_hex(32)?;
-            std::fs::write(path, format!("{k}\n")).with_context(|| format!("creating the key file {}", path.display()))?;
+            std::fs::write(path, format!("{k}\n"))
+                .with_context(|| format!("creating the key file {}", path.display()))?;
             Ok(k.into_bytes())
         }
         Err(e) => Err(e).with_context(|| format!("reading the key file {}", path.display())),
@@ -68,7 +75,10 @@ fn load_key(path: Option<&std::path::Path>) -> Result<Vec<u8>> {
 }
 
 pub fn run(args: BrickArgs) -> Result<i32> {
-    let listen: ListenAddr = args.listen.parse().with_context(|| format!("--listen {}", args.listen))?;
+    let listen: ListenAddr = args
+        .listen
+        .parse()
+        .with_context(|| format!("--listen {}", args.listen))?;
     if args.size < 2 << 20 {
         bail!("--size {} is too small: a brick lends at least 2 MiB", args.size);
     }
@@ -84,7 +94,11 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         secret,
     })
     .with_context(|| format!("starting the brick on {}", args.listen))?;
-    eprintln!("rackmem brick: serving {} on {} (SIGTERM or Ctrl-C stops it)", format_size(args.size), handle.local_addr());
+    eprintln!(
+        "rackmem brick: serving {} on {} (SIGTERM or Ctrl-C stops it)",
+        format_size(args.size),
+        handle.local_addr()
+    );
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;

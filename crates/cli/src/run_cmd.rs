@@ -75,7 +75,11 @@ fn find_preload() -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the rackmem executable")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    for cand in [dir.join("librackmem.so"), dir.join("../lib/librackmem.so"), dir.join("../librackmem.so")] {
+    for cand in [
+        dir.join("librackmem.so"),
+        dir.join("../lib/librackmem.so"),
+        dir.join("../librackmem.so"),
+    ] {
         if cand.exists() {
             return Ok(cand.canonicalize().unwrap_or(cand));
         }
@@ -112,7 +116,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
         for b in &args.bricks {
             let link = Link::connect(b, Duration::from_secs(5))
                 .map_err(|e| Unreachable(format!("cannot reach brick {b}: {e}")))?;
-            link.ping().map_err(|e| Unreachable(format!("brick {b} does not answer: {e}")))?;
+            link.ping()
+                .map_err(|e| Unreachable(format!("brick {b} does not answer: {e}")))?;
         }
         (args.bricks.clone(), String::from_utf8_lossy(&secret).into_owned())
     };
@@ -133,7 +138,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
         _ => preload.display().to_string(),
     };
     cmd.env("LD_PRELOAD", ld_preload)
-        .env("RACKMEM_BRICKS", bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
+        .env(
+            "RACKMEM_BRICKS",
+            bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
+        )
         .env("RACKMEM_SECRET", &secret)
         .env("RACKMEM_LOCAL", args.local.to_string().replace(' ', ""))
         .env("RACKMEM_THRESHOLD", args.threshold.to_string());
@@ -165,7 +173,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // Ctrl-C reaches the program through the terminal's process group; rackmem stays up to
     // report and clean up. A SIGTERM sent to rackmem itself is passed on.
     let signals = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGQUIT] {
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGQUIT,
+    ] {
         signal_hook::flag::register_usize(sig, signals.clone(), sig as usize).context("installing signal handlers")?;
     }
     let mut child = match cmd.spawn() {
@@ -221,7 +233,17 @@ fn print_stats(path: &Path) {
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
     table.set_header(vec![
-        "pid", "faults", "fetched", "prefetched", "written back", "evictions", "peak local", "budget", "footprint", "fault p50", "p99",
+        "pid",
+        "faults",
+        "fetched",
+        "prefetched",
+        "written back",
+        "evictions",
+        "peak local",
+        "budget",
+        "footprint",
+        "fault p50",
+        "p99",
     ]);
     for line in text.lines() {
         let Ok(s) = serde_json::from_str::<StatsSnapshot>(line) else {

@@ -56,16 +56,32 @@ fn brick_killed_mid_run_stops_the_program_with_a_clear_error() {
         if let Some(s) = child.try_wait().expect("wait") {
             break s;
         }
-        assert!(killed_at.elapsed() < Duration::from_secs(60), "the program hung after its brick died");
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(60),
+            "the program hung after its brick died"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
     assert!(!status.success(), "the program must fail when its brick dies");
-    assert_eq!(status.code(), Some(112), "exit status 112 means remote memory lost; stderr: {stderr}");
-    assert!(stderr.contains("brick") && stderr.contains(&addr), "the error must name the brick: {stderr}");
-    assert!(rest.iter().chain(&seen).all(|l| l.ends_with(" ok")), "a pass printed something wrong: {rest:?}");
-    assert!(!stderr.contains("CORRUPTION"), "the program computed on bad pages: {stderr}");
+    assert_eq!(
+        status.code(),
+        Some(112),
+        "exit status 112 means remote memory lost; stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("brick") && stderr.contains(&addr),
+        "the error must name the brick: {stderr}"
+    );
+    assert!(
+        rest.iter().chain(&seen).all(|l| l.ends_with(" ok")),
+        "a pass printed something wrong: {rest:?}"
+    );
+    assert!(
+        !stderr.contains("CORRUPTION"),
+        "the program computed on bad pages: {stderr}"
+    );
 }
 
 #[test]
@@ -74,7 +90,8 @@ fn unreachable_brick_is_reported_before_the_program_starts() {
     let marker = dir.path().join("ran");
     let addr = format!("unix:{}", dir.path().join("nobody.sock").display());
     let mut c = Command::new(rackmem());
-    c.args(["run", "--brick", &addr, "--secret", "x", "--", "/bin/sh", "-c"]).arg(format!("touch {}", marker.display()));
+    c.args(["run", "--brick", &addr, "--secret", "x", "--", "/bin/sh", "-c"])
+        .arg(format!("touch {}", marker.display()));
     let o = run_with_deadline(c, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(69), "unreachable brick exit status");
     let err = String::from_utf8_lossy(&o.stderr);
@@ -90,5 +107,8 @@ fn program_exit_status_is_passed_through() {
     assert_eq!(run_with_deadline(c, Duration::from_secs(30)).status.code(), Some(42));
     let mut c = Command::new(rackmem());
     c.args(["run", "--", "/bin/sh", "-c", "kill -TERM $$"]);
-    assert_eq!(run_with_deadline(c, Duration::from_secs(30)).status.code(), Some(128 + 15));
+    assert_eq!(
+        run_with_deadline(c, Duration::from_secs(30)).status.code(),
+        Some(128 + 15)
+    );
 }

@@ -6,7 +6,10 @@ mod common;
 use common::*;
 
 fn main_process(stats: &[StatsSnapshot]) -> &StatsSnapshot {
-    stats.iter().max_by_key(|s| s.faults).expect("the runtime wrote statistics")
+    stats
+        .iter()
+        .max_by_key(|s| s.faults)
+        .expect("the runtime wrote statistics")
 }
 
 #[test]
@@ -45,7 +48,10 @@ fn anonymous_mmap_munmap_madvise_mremap() {
 fn fork_then_exec() {
     let s = same_as_native("fork_exec", &["32"]);
     // The parent and the exec'd child each had a runtime of their own.
-    assert!(s.len() >= 2, "expected statistics from the parent and the exec'd child: {s:?}");
+    assert!(
+        s.len() >= 2,
+        "expected statistics from the parent and the exec'd child: {s:?}"
+    );
 }
 
 #[test]
@@ -62,7 +68,11 @@ fn daemonized_child_keeps_using_remote_memory() {
     let remote_out = dir.path().join("remote.txt");
     native(&prog, &[native_out.to_str().expect("path"), "32"]);
     let (o, _) = remote(&prog, &[remote_out.to_str().expect("path"), "32"], "10%", &[]);
-    assert!(o.status.success(), "daemonize under rackmem: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "daemonize under rackmem: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let wait = |p: &std::path::Path| {
         let start = std::time::Instant::now();
         while !p.exists() {

@@ -125,7 +125,10 @@ fn load_config() {
 }
 
 fn start() {
-    if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    if STATE
+        .compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
         return;
     }
     let _inside = Inside::enter();
@@ -278,7 +281,9 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
         return 0;
     }
     if in_window(p as usize) {
-        return rackmem_runtime::global().and_then(|rt| rt.usable_size(p as usize)).unwrap_or(0);
+        return rackmem_runtime::global()
+            .and_then(|rt| rt.usable_size(p as usize))
+            .unwrap_or(0);
     }
     libc_usable_size(p)
 }
@@ -413,9 +418,18 @@ fn syscall_result(r: libc::c_long) -> libc::c_long {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
-    let private_anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED) == (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-    let special = libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_STACK;
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    let private_anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
+        == (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+    let special =
+        libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_STACK;
     if addr.is_null() && private_anon && flags & special == 0 && prot == libc::PROT_READ | libc::PROT_WRITE {
         if let Some(p) = window_alloc(len, 4096) {
             return p;
@@ -426,7 +440,14 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     // SAFETY: same contract as mmap (off_t is 64-bit here).
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
@@ -451,9 +472,19 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 /// Linux ABIs the integer arguments of a variadic call travel in the same registers as fixed
 /// ones, and it is only read when the flags say it was passed.
 #[no_mangle]
-pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     if !in_window(old as usize) {
-        let na = if flags & libc::MREMAP_FIXED != 0 { new_addr } else { ptr::null_mut() };
+        let na = if flags & libc::MREMAP_FIXED != 0 {
+            new_addr
+        } else {
+            ptr::null_mut()
+        };
         // SAFETY: the mremap system call with the caller's arguments.
         let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, na) };
         return syscall_result(r) as *mut c_void;
@@ -479,7 +510,14 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size
     }
     // SAFETY: a fresh mapping of new_len bytes (window or local), contents copied, old released.
     unsafe {
-        let n = mmap(ptr::null_mut(), new_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let n = mmap(
+            ptr::null_mut(),
+            new_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         if n == libc::MAP_FAILED {
             return n;
         }

@@ -428,14 +428,23 @@ impl Grant {
 
     fn compute_mac(&self, key: &[u8]) -> Hmac<Sha256> {
         // HMAC accepts keys of any length; new_from_slice cannot fail for HMAC.
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        let mut m =
+            <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
         m.update(b"rackmem-grant-v1");
         m.update(&self.signed_bytes());
         m
     }
 
     /// Builds and signs a grant.
-    pub fn sign(key: &[u8], segment_id: u64, brick_offset: u64, size_bytes: u64, node: u64, rights: u8, expiry_unix_s: u64) -> Grant {
+    pub fn sign(
+        key: &[u8],
+        segment_id: u64,
+        brick_offset: u64,
+        size_bytes: u64,
+        node: u64,
+        rights: u8,
+        expiry_unix_s: u64,
+    ) -> Grant {
         let mut g = Grant {
             segment_id,
             brick_offset,
@@ -451,7 +460,9 @@ impl Grant {
 
     /// Verifies the signature (in constant time) and the expiry.
     pub fn verify(&self, key: &[u8], now_unix_s: u64) -> Result<(), GrantError> {
-        self.compute_mac(key).verify_slice(&self.mac).map_err(|_| GrantError::BadSignature)?;
+        self.compute_mac(key)
+            .verify_slice(&self.mac)
+            .map_err(|_| GrantError::BadSignature)?;
         if self.expiry_unix_s != 0 && now_unix_s > self.expiry_unix_s {
             return Err(GrantError::Expired);
         }
@@ -721,7 +732,10 @@ pub fn decode_request_frame(b: &[u8]) -> Result<(Header, Request, usize), Decode
     let h = Header::decode(b)?;
     let end = HEADER_LEN + h.payload_len as usize;
     if b.len() < end {
-        return Err(DecodeError::Truncated { need: end, have: b.len() });
+        return Err(DecodeError::Truncated {
+            need: end,
+            have: b.len(),
+        });
     }
     let r = Request::decode(&h, &b[HEADER_LEN..end])?;
     Ok((h, r, end))
@@ -733,17 +747,26 @@ mod tests {
     use proptest::prelude::*;
 
     fn grant() -> impl Strategy<Value = Grant> {
-        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u8>(), any::<u64>(), any::<[u8; 32]>()).prop_map(
-            |(segment_id, brick_offset, size_bytes, node, rights, expiry_unix_s, mac)| Grant {
-                segment_id,
-                brick_offset,
-                size_bytes,
-                node,
-                rights,
-                expiry_unix_s,
-                mac,
-            },
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u8>(),
+            any::<u64>(),
+            any::<[u8; 32]>(),
         )
+            .prop_map(
+                |(segment_id, brick_offset, size_bytes, node, rights, expiry_unix_s, mac)| Grant {
+                    segment_id,
+                    brick_offset,
+                    size_bytes,
+                    node,
+                    rights,
+                    expiry_unix_s,
+                    mac,
+                },
+            )
     }
 
     fn extents() -> impl Strategy<Value = Vec<Extent>> {
@@ -758,12 +781,16 @@ mod tests {
             Just(Request::Detach),
             Just(Request::Ping),
             Just(Request::Stats),
-            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64))
+                .prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
             grant().prop_map(Request::Attach),
             extents().prop_map(Request::Read),
             (extents(), any::<u8>()).prop_map(|(extents, fill)| {
                 let n = extents_bytes(&extents) as usize;
-                Request::Write { extents, data: vec![fill; n] }
+                Request::Write {
+                    extents,
+                    data: vec![fill; n],
+                }
             }),
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Discard { offset, len }),
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(src, dst, len)| Request::Copy { src, dst, len }),
@@ -806,7 +833,16 @@ mod tests {
 
     #[test]
     fn header_validation() {
-        let good = Header { opcode: Opcode::Read, flags: 0, tag: 7, status: 0, offset: 0, length: 0, payload_len: 16 }.encode();
+        let good = Header {
+            opcode: Opcode::Read,
+            flags: 0,
+            tag: 7,
+            status: 0,
+            offset: 0,
+            length: 0,
+            payload_len: 16,
+        }
+        .encode();
         assert!(Header::decode(&good).is_ok());
         let mut bad = good;
         bad[0] = b'X';
@@ -817,19 +853,36 @@ mod tests {
         let mut bad = good;
         bad[28..32].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
         assert_eq!(Header::decode(&bad), Err(DecodeError::TooLong(MAX_PAYLOAD + 1)));
-        assert!(matches!(Header::decode(&good[..10]), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            Header::decode(&good[..10]),
+            Err(DecodeError::Truncated { .. })
+        ));
     }
 
     #[test]
     fn extents_are_validated() {
         let mut p = Vec::new();
         encode_extents(&[(100, 4096)], &mut p);
-        let h = Header { opcode: Opcode::Read, flags: 0, tag: 1, status: 0, offset: 0, length: 0, payload_len: p.len() as u32 };
+        let h = Header {
+            opcode: Opcode::Read,
+            flags: 0,
+            tag: 1,
+            status: 0,
+            offset: 0,
+            length: 0,
+            payload_len: p.len() as u32,
+        };
         assert!(matches!(Request::decode(&h, &p), Err(DecodeError::Misaligned { .. })));
         let mut p = Vec::new();
         p.extend_from_slice(&(MAX_EXTENTS + 1).to_le_bytes());
-        let h = Header { payload_len: p.len() as u32, ..h };
-        assert_eq!(Request::decode(&h, &p), Err(DecodeError::TooManyExtents(MAX_EXTENTS + 1)));
+        let h = Header {
+            payload_len: p.len() as u32,
+            ..h
+        };
+        assert_eq!(
+            Request::decode(&h, &p),
+            Err(DecodeError::TooManyExtents(MAX_EXTENTS + 1))
+        );
     }
 
     #[test]

@@ -96,13 +96,19 @@ impl Config {
         };
         let bricks = bricks
             .split(',')
-            .map(|b| b.trim().parse::<BrickAddr>().map_err(|e| ConfigError::Brick(e.to_string())))
+            .map(|b| {
+                b.trim()
+                    .parse::<BrickAddr>()
+                    .map_err(|e| ConfigError::Brick(e.to_string()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let size = |name: &'static str, default: u64| -> Result<u64, ConfigError> {
             var(name).map_or(Ok(default), |v| parse_size(&v).map_err(|e| ConfigError::Size(name, e)))
         };
         let num = |name: &'static str, default: u64| -> Result<u64, ConfigError> {
-            var(name).map_or(Ok(default), |v| v.trim().parse().map_err(|_| ConfigError::Invalid(name, v)))
+            var(name).map_or(Ok(default), |v| {
+                v.trim().parse().map_err(|_| ConfigError::Invalid(name, v))
+            })
         };
         Ok(Some(Config {
             bricks,

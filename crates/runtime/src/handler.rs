@@ -22,6 +22,13 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Messages read per `read(2)` on the uffd.
 const READ_BATCH: usize = 64;
 
+/// The remote pages of a run that one brick holds: extents, and where each starts in the run.
+struct BrickReads {
+    brick: usize,
+    extents: Vec<(u64, u32)>,
+    starts: Vec<usize>,
+}
+
 struct Handler {
     inner: Arc<Inner>,
     pending: VecDeque<Event>,
@@ -108,7 +115,9 @@ impl Handler {
                 self.pending.extend(self.events.drain(..));
                 n
             }
-            Err(e) => self.inner.internal_error(&format!("reading the userfaultfd failed: {e}")),
+            Err(e) => self
+                .inner
+                .internal_error(&format!("reading the userfaultfd failed: {e}")),
         }
     }
 
@@ -117,7 +126,8 @@ impl Handler {
     fn pump_events(&mut self) {
         self.events.clear();
         if let Err(e) = self.inner.uffd.read_events(&mut self.events, READ_BATCH) {
-            self.inner.internal_error(&format!("reading the userfaultfd failed: {e}"));
+            self.inner
+                .internal_error(&format!("reading the userfaultfd failed: {e}"));
         }
         let evs: Vec<Event> = self.events.drain(..).collect();
         for ev in evs {
@@ -216,7 +226,9 @@ impl Handler {
             c.seq_len = if sequential { (c.seq_len * 2).min(max_run) } else { 1 };
             let region_end = c.alloc.region_containing(page).map_or(page + 1, |(s, l)| s + l);
             let budget = inner.budget_pages(&c);
-            let cap = (c.seq_len as u64).min((budget / 4).max(1)).min(region_end.saturating_sub(page).max(1));
+            let cap = (c.seq_len as u64)
+                .min((budget / 4).max(1))
+                .min(region_end.saturating_sub(page).max(1));
             let mut n = 1u64;
             while n < cap {
                 let l = c.loc(page + n);
@@ -342,7 +354,10 @@ impl Handler {
         for v in &mut victims {
             let src = inner.page_addr(v.page as u64);
             let dst = inner.slot_addr(v.slot);
-            let mode = MoveMode { dontwake: true, allow_src_holes: false };
+            let mode = MoveMode {
+                dontwake: true,
+                allow_src_holes: false,
+            };
             let mut tries = 0;
             loop {
                 match inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) {
@@ -380,8 +395,8 @@ impl Handler {
         let n = kinds.len();
         self.buf.clear();
         self.buf.resize(n * PAGE_SIZE, 0);
-        // Group remote pages per brick: (brick, extents, buffer offsets).
-        let mut per_brick: Vec<(usize, Vec<(u64, u32)>, Vec<usize>)> = Vec::new();
+        // Group remote pages per brick into extents, merging neighbours.
+        let mut per_brick: Vec<BrickReads> = Vec::new();
         for (i, &s) in kinds.iter().enumerate() {
             if s & loc::MASK != loc::REMOTE {
                 continue;
@@ -389,30 +404,40 @@ impl Handler {
             let Some((brick, off)) = inner.table.lookup(page + i as u64) else {
                 inner.internal_error(&format!("window page {} has no segment", page + i as u64));
             };
-            let entry = match per_brick.iter_mut().position(|e| e.0 == brick) {
-                Some(k) => &mut per_brick[k],
+            let k = match per_brick.iter().position(|e| e.brick == brick) {
+                Some(k) => k,
                 None => {
-                    per_brick.push((brick, Vec::new(), Vec::new()));
-                    let last = per_brick.len() - 1;
-                    &mut per_brick[last]
+                    per_brick.push(BrickReads {
+                        brick,
+                        extents: Vec::new(),
+                        starts: Vec::new(),
+                    });
+                    per_brick.len() - 1
                 }
             };
-            match entry.1.last_mut() {
-                Some(last) if last.0 + last.1 as u64 == off && *entry.2.last().unwrap_or(&usize::MAX) + last.1 as usize / PAGE_SIZE == i => {
-                    last.1 += PAGE_SIZE as u32;
-                }
+            let e = &mut per_brick[k];
+            let contiguous = match (e.extents.last(), e.starts.last()) {
+                (Some(&(o, l)), Some(&st)) => o + l as u64 == off && st + l as usize / PAGE_SIZE == i,
+                _ => false,
+            };
+            match e.extents.last_mut() {
+                Some(last) if contiguous => last.1 += PAGE_SIZE as u32,
                 _ => {
-                    entry.1.push((off, PAGE_SIZE as u32));
-                    entry.2.push(i);
+                    e.extents.push((off, PAGE_SIZE as u32));
+                    e.starts.push(i);
                 }
             }
         }
         let mut fetched_pages = 0u64;
-        for (brick, extents, starts) in &per_brick {
+        for BrickReads { brick, extents, starts } in &per_brick {
             let total: usize = extents.iter().map(|e| e.1 as usize).sum();
             let mut tmp = vec![0u8; total];
             if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
-                inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), &e);
+                inner.brick_lost(
+                    *brick,
+                    &format!("fetching window page {:#x}", inner.page_addr(page)),
+                    &e,
+                );
             }
             let mut at = 0;
             for (ext, &start) in extents.iter().zip(starts) {
@@ -426,7 +451,8 @@ impl Handler {
         if kinds[0] & loc::MASK == loc::REMOTE {
             s.faults_remote.fetch_add(1, Ordering::Relaxed);
             s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
-            s.bytes_prefetched.fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
+            s.bytes_prefetched
+                .fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
         } else {
             s.faults_zero.fetch_add(1, Ordering::Relaxed);
             s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
@@ -479,7 +505,14 @@ impl Handler {
             }
             let dst = inner.page_addr(page + i as u64);
             let src = &self.buf[i * PAGE_SIZE..j * PAGE_SIZE];
-            match inner.uffd.copy(dst, src, CopyMode { write_protect: true, dontwake: false }) {
+            match inner.uffd.copy(
+                dst,
+                src,
+                CopyMode {
+                    write_protect: true,
+                    dontwake: false,
+                },
+            ) {
                 Ok(done) => i += done / PAGE_SIZE,
                 Err(UffdError::Exists { done }) => {
                     // Something is mapped there already: wake the waiters and go past it.

@@ -235,7 +235,10 @@ impl Inner {
     }
 
     pub fn internal_error(&self, what: &str) -> ! {
-        eprintln!("rackmem: internal error: {what}; stopping (exit status {})", sys::EXIT_BRICK_LOST);
+        eprintln!(
+            "rackmem: internal error: {what}; stopping (exit status {})",
+            sys::EXIT_BRICK_LOST
+        );
         sys::exit_immediately(sys::EXIT_BRICK_LOST)
     }
 }
@@ -273,7 +276,10 @@ pub fn global() -> Option<Arc<Runtime>> {
 
 /// Installs `rt` as the process's runtime.
 pub fn set_global(rt: Arc<Runtime>) {
-    let (s, e) = (rt.inner.window.addr() as u64, (rt.inner.window.addr() + rt.inner.window.len()) as u64);
+    let (s, e) = (
+        rt.inner.window.addr() as u64,
+        (rt.inner.window.addr() + rt.inner.window.len()) as u64,
+    );
     WINDOW_START.store(s, Ordering::Release);
     WINDOW_END.store(e, Ordering::Release);
     *GLOBAL.write().unwrap_or_else(|e| e.into_inner()) = Some(rt);
@@ -340,11 +346,7 @@ impl Runtime {
             let writeback = Link::connect(&addr, cfg.timeout)?;
             writeback.attach(&grant)?;
             table.push(i, grant.size_bytes / PAGE, grant);
-            bricks.push(BrickLinks {
-                addr,
-                fault,
-                writeback,
-            });
+            bricks.push(BrickLinks { addr, fault, writeback });
         }
         let window_pages = table.total_pages();
         if window_pages == 0 {
@@ -365,10 +367,7 @@ impl Runtime {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
         rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
         let uffd = Uffd::open(&OpenOptions {
-            features: Features::WP_ASYNC
-                | Features::EVENT_REMOVE
-                | Features::EVENT_UNMAP
-                | Features::EVENT_REMAP,
+            features: Features::WP_ASYNC | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP,
             nonblocking: true,
         })?;
         uffd.register(
@@ -521,15 +520,24 @@ impl Runtime {
         };
         if new_pages < old {
             // Shrinking releases the tail like munmap does.
-            self.release(self.inner.page_addr(page + new_pages), ((old - new_pages) * PAGE) as usize);
+            self.release(
+                self.inner.page_addr(page + new_pages),
+                ((old - new_pages) * PAGE) as usize,
+            );
             return true;
         }
         let mut c = self.inner.lock();
         let ok = c.alloc.resize_in_place(page, new_pages);
         let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
-        self.inner.stats.window_bytes_allocated.store(allocated, Ordering::Relaxed);
-        self.inner.stats.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
+        self.inner
+            .stats
+            .window_bytes_allocated
+            .store(allocated, Ordering::Relaxed);
+        self.inner
+            .stats
+            .peak_window_bytes
+            .fetch_max(allocated, Ordering::Relaxed);
         ok
     }
 
@@ -551,7 +559,10 @@ impl Runtime {
         let freed = c.alloc.free_range(first, pages);
         let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
-        self.inner.stats.window_bytes_allocated.store(allocated, Ordering::Relaxed);
+        self.inner
+            .stats
+            .window_bytes_allocated
+            .store(allocated, Ordering::Relaxed);
         for (s, n) in freed {
             self.queue_discard(s, n);
         }
@@ -588,7 +599,12 @@ impl Runtime {
             let Some((brick, off)) = self.inner.table.lookup(p) else {
                 return;
             };
-            let seg = self.inner.table.entries().iter().find(|e| e.brick == brick && p >= e.first_page);
+            let seg = self
+                .inner
+                .table
+                .entries()
+                .iter()
+                .find(|e| e.brick == brick && p >= e.first_page);
             let seg_end = seg.map_or(end, |e| e.first_page + e.pages).min(end);
             writeback::submit(
                 &self.inner,
@@ -632,7 +648,6 @@ impl Runtime {
     }
 }
 
-
 fn watchdog(inner: Arc<Inner>) {
     let limit = inner.cfg.watchdog.as_nanos() as u64;
     let mut reported = 0u64;
@@ -651,7 +666,12 @@ fn watchdog(inner: Arc<Inner>) {
                 inner.fault_addr.load(Ordering::Relaxed),
                 waited as f64 / 1e9,
                 limit as f64 / 1e9,
-                inner.bricks.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>().join(", ")
+                inner
+                    .bricks
+                    .iter()
+                    .map(|b| b.addr.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
@@ -687,13 +707,20 @@ pub fn fork_prepare() {
             Ok(g) => grants.push(g),
             Err(e) => {
                 // The parent goes on; the child will stop with this message.
-                failure = Some(format!("brick {} cannot clone the parent's segment for the child: {e}", b.addr));
+                failure = Some(format!(
+                    "brick {} cannot clone the parent's segment for the child: {e}",
+                    b.addr
+                ));
                 break;
             }
         }
     }
     if inner.cfg.verbose {
-        eprintln!("rackmem[{}]: fork: flushed {flushed} dirty pages, cloned {} segment(s)", std::process::id(), grants.len());
+        eprintln!(
+            "rackmem[{}]: fork: flushed {flushed} dirty pages, cloned {} segment(s)",
+            std::process::id(),
+            grants.len()
+        );
     }
     *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants, failure });
 }
@@ -721,7 +748,10 @@ pub fn fork_child() {
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     };
     if let Some(why) = state.failure {
-        eprintln!("rackmem: the forked child (pid {}) cannot have its own copy of remote memory: {why}", std::process::id());
+        eprintln!(
+            "rackmem: the forked child (pid {}) cannot have its own copy of remote memory: {why}",
+            std::process::id()
+        );
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     }
     let result = (|| -> Result<Arc<Runtime>, RuntimeError> {

@@ -11,9 +11,7 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     if t.is_empty() {
         return Err(SizeError::Empty);
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num.parse().map_err(|_| SizeError::Number(text.to_string()))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -93,10 +91,7 @@ impl FromStr for Budget {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
         if let Some(p) = t.strip_suffix('%') {
-            let v: f64 = p
-                .trim()
-                .parse()
-                .map_err(|_| SizeError::Percent(s.to_string()))?;
+            let v: f64 = p.trim().parse().map_err(|_| SizeError::Percent(s.to_string()))?;
             if !(v > 0.0 && v <= 100.0) {
                 return Err(SizeError::Percent(s.to_string()));
             }

@@ -56,9 +56,16 @@ pub(crate) fn run(inner: Arc<Inner>) {
     }
 }
 
+/// Dirty pages bound for one brick.
+#[derive(Default)]
+struct BrickWrites {
+    extents: Vec<(u64, u32)>,
+    data: Vec<u8>,
+}
+
 fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
     // Per brick: extents and the data to write.
-    let mut per_brick: Vec<(Vec<(u64, u32)>, Vec<u8>)> = (0..inner.bricks.len()).map(|_| (Vec::new(), Vec::new())).collect();
+    let mut per_brick: Vec<BrickWrites> = (0..inner.bricks.len()).map(|_| BrickWrites::default()).collect();
     let mut dirty = vec![false; victims.len()];
     let mut clean = 0u64;
     for (k, v) in victims.iter().enumerate() {
@@ -78,21 +85,24 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
         let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
             inner.internal_error(&format!("window page {} has no segment", v.page));
         };
-        let (ext, data) = &mut per_brick[brick];
+        let BrickWrites { extents: ext, data } = &mut per_brick[brick];
         match ext.last_mut() {
             Some(last) if last.0 + last.1 as u64 == off => last.1 += PAGE_SIZE as u32,
             _ => ext.push((off, PAGE_SIZE as u32)),
         }
         data.extend_from_slice(page);
     }
-    for (brick, (ext, data)) in per_brick.iter().enumerate() {
+    for (brick, BrickWrites { extents: ext, data }) in per_brick.iter().enumerate() {
         if ext.is_empty() {
             continue;
         }
         if let Err(e) = inner.bricks[brick].writeback.write_pages(ext, data) {
             inner.brick_lost(brick, "writing back evicted pages", &e);
         }
-        inner.stats.bytes_written_back.fetch_add(data.len() as u64, Ordering::Relaxed);
+        inner
+            .stats
+            .bytes_written_back
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
     }
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
     // Free the slots first (no event: the staging uffd has none), then publish the new states.
@@ -125,7 +135,10 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
 pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
     let mut written = Vec::new();
     let start = inner.window.addr();
-    if let Err(e) = inner.pagemap.scan_written(start, start + inner.window.len(), true, &mut written) {
+    if let Err(e) = inner
+        .pagemap
+        .scan_written(start, start + inner.window.len(), true, &mut written)
+    {
         inner.internal_error(&format!("PAGEMAP_SCAN over the window: {e}"));
     }
     let mut page = vec![0u8; PAGE_SIZE];
@@ -143,7 +156,10 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
             let Some((brick, off)) = inner.table.lookup(p) else {
                 continue;
             };
-            if let Err(err) = inner.bricks[brick].writeback.write_pages(&[(off, PAGE_SIZE as u32)], &page) {
+            if let Err(err) = inner.bricks[brick]
+                .writeback
+                .write_pages(&[(off, PAGE_SIZE as u32)], &page)
+            {
                 inner.brick_lost(brick, "writing back dirty pages before fork", &err);
             }
             c.pages[p as usize] |= loc::BRICK_VALID;

@@ -103,7 +103,13 @@ pub enum LinkError {
 impl LinkError {
     /// True if the brick refused for lack of space.
     pub fn is_no_space(&self) -> bool {
-        matches!(self, LinkError::Refused { status: Status::NoSpace, .. })
+        matches!(
+            self,
+            LinkError::Refused {
+                status: Status::NoSpace,
+                ..
+            }
+        )
     }
 }
 
@@ -187,7 +193,10 @@ impl Link {
     /// Connects and says HELLO.
     pub fn connect(addr: &BrickAddr, timeout: Duration) -> Result<Link, LinkError> {
         let text = addr.to_string();
-        let unreachable = |cause: String| LinkError::Unreachable { addr: text.clone(), cause };
+        let unreachable = |cause: String| LinkError::Unreachable {
+            addr: text.clone(),
+            cause,
+        };
         let sock = match addr {
             BrickAddr::Tcp(a) => {
                 let sa = a
@@ -201,7 +210,8 @@ impl Link {
             }
             BrickAddr::Unix(p) => Sock::Unix(UnixStream::connect(p).map_err(|e| unreachable(e.to_string()))?),
         };
-        sock.set_read_timeout(Some(timeout)).map_err(|e| unreachable(e.to_string()))?;
+        sock.set_read_timeout(Some(timeout))
+            .map_err(|e| unreachable(e.to_string()))?;
         let writer = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let control = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let mut link = Link {
@@ -224,7 +234,9 @@ impl Link {
             timeout,
             control,
         };
-        let r = link.call(&Request::Hello).map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
+        let r = link
+            .call(&Request::Hello)
+            .map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
         link.info = BrickInfo::decode(&r).map_err(|e| unreachable(format!("bad HELLO answer: {e}")))?;
         Ok(link)
     }
@@ -267,7 +279,8 @@ impl Link {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let frame = req.encode(tag);
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        w.write_all(&frame).map_err(|e| self.lost(format!("send failed: {e}")))?;
+        w.write_all(&frame)
+            .map_err(|e| self.lost(format!("send failed: {e}")))?;
         Ok(tag)
     }
 
@@ -287,7 +300,9 @@ impl Link {
             if let Err(e) = r.sock.read_exact(&mut hdr) {
                 let cause = match e.kind() {
                     io::ErrorKind::UnexpectedEof => "connection closed by the brick".to_string(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!("no answer within {:?}", self.timeout),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        format!("no answer within {:?}", self.timeout)
+                    }
                     _ => e.to_string(),
                 };
                 return Err(self.lost(cause));
@@ -297,7 +312,9 @@ impl Link {
                 return Err(self.lost("peer sent a request, not a response".into()));
             }
             let mut payload = vec![0u8; h.payload_len as usize];
-            r.sock.read_exact(&mut payload).map_err(|e| self.lost(format!("truncated response: {e}")))?;
+            r.sock
+                .read_exact(&mut payload)
+                .map_err(|e| self.lost(format!("truncated response: {e}")))?;
             if h.tag == tag {
                 break Response { header: h, payload };
             }
@@ -365,11 +382,17 @@ impl Link {
     pub fn read_pages(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
         let total: u64 = extents.iter().map(|e| e.1 as u64).sum();
         if total != out.len() as u64 {
-            return Err(LinkError::TooLarge(format!("buffer of {} bytes for {total} bytes of extents", out.len())));
+            return Err(LinkError::TooLarge(format!(
+                "buffer of {} bytes for {total} bytes of extents",
+                out.len()
+            )));
         }
         let batches = Self::batches(extents);
         // Pipeline: send every batch, then collect the answers in order.
-        let tags = batches.iter().map(|b| self.submit(&Request::Read(b.to_vec()))).collect::<Result<Vec<_>, _>>()?;
+        let tags = batches
+            .iter()
+            .map(|b| self.submit(&Request::Read(b.to_vec())))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut at = 0usize;
         for (b, tag) in batches.iter().zip(tags) {
             let p = self.wait(tag, Opcode::Read)?;
@@ -387,7 +410,10 @@ impl Link {
     pub fn write_pages(&self, extents: &[Extent], data: &[u8]) -> Result<(), LinkError> {
         let total: u64 = extents.iter().map(|e| e.1 as u64).sum();
         if total != data.len() as u64 {
-            return Err(LinkError::TooLarge(format!("{} bytes of data for {total} bytes of extents", data.len())));
+            return Err(LinkError::TooLarge(format!(
+                "{} bytes of data for {total} bytes of extents",
+                data.len()
+            )));
         }
         let mut at = 0usize;
         let mut tags = Vec::new();

@@ -38,7 +38,7 @@ const UFFDIO_MOVE: u32 = iowr(0xAA, 0x05, std::mem::size_of::<sys::uffdio_move>(
 const UFFDIO_WRITEPROTECT: u32 = iowr(0xAA, 0x06, std::mem::size_of::<sys::uffdio_writeprotect>());
 const UFFDIO_POISON: u32 = iowr(0xAA, 0x08, std::mem::size_of::<sys::uffdio_poison>());
 /// `_IO(0xAA, 0x00)` on `/dev/userfaultfd`.
-const USERFAULTFD_IOC_NEW: u32 = (0xAA << 8) | 0x00;
+const USERFAULTFD_IOC_NEW: u32 = 0xAA << 8;
 const UFFD_API: u64 = 0xAA;
 
 /// A set of userfaultfd features (`UFFD_FEATURE_*`).
@@ -93,7 +93,11 @@ impl std::ops::BitOr for Features {
 
 impl fmt::Display for Features {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = Self::NAMES.iter().filter(|(_, v)| self.0 & v != 0).map(|(n, _)| *n).collect();
+        let names: Vec<&str> = Self::NAMES
+            .iter()
+            .filter(|(_, v)| self.0 & v != 0)
+            .map(|(n, _)| *n)
+            .collect();
         if names.is_empty() {
             f.write_str("(none)")
         } else {
@@ -332,7 +336,10 @@ impl Uffd {
     }
 
     fn open_dev(flags: i32) -> Result<OwnedFd, io::Error> {
-        let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd")?;
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/userfaultfd")?;
         // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its argument value.
         let raw = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as libc::c_ulong, flags) };
         if raw < 0 {
@@ -444,7 +451,11 @@ impl Uffd {
                 start: dst as u64,
                 len: len as u64,
             },
-            mode: if dontwake { sys::UFFDIO_ZEROPAGE_MODE_DONTWAKE as u64 } else { 0 },
+            mode: if dontwake {
+                sys::UFFDIO_ZEROPAGE_MODE_DONTWAKE as u64
+            } else {
+                0
+            },
             zeropage: 0,
         };
         let rc = ioctl(self.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z);
@@ -540,8 +551,9 @@ impl Uffd {
                 }
                 sys::UFFD_EVENT_FORK => {
                     let ufd = u32::from_ne_bytes(m[8..12].try_into().unwrap_or([0; 4])) as RawFd;
-                    // SAFETY: the kernel installed this fd for us with the fork event.
-                    Event::Fork { child: unsafe { OwnedFd::from_raw_fd(ufd) } }
+                    // SAFETY: the kernel installed this fd for us with the fork event; we own it.
+                    let child = unsafe { OwnedFd::from_raw_fd(ufd) };
+                    Event::Fork { child }
                 }
                 sys::UFFD_EVENT_REMAP => Event::Remap {
                     from: u64_at(m, 8) as usize,

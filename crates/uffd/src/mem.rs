@@ -74,7 +74,12 @@ impl Mapping {
     /// Maps `len` bytes at exactly `addr`, failing if anything is mapped there (a forked child
     /// re-creates its parent's window at the same addresses).
     pub fn reserve_at(addr: usize, len: usize) -> Result<Mapping, UffdError> {
-        let r = check("mmap(MAP_FIXED_NOREPLACE)", addr, len, sys_mmap(addr, len, libc::MAP_FIXED_NOREPLACE))? as usize;
+        let r = check(
+            "mmap(MAP_FIXED_NOREPLACE)",
+            addr,
+            len,
+            sys_mmap(addr, len, libc::MAP_FIXED_NOREPLACE),
+        )? as usize;
         if r != addr {
             sys_munmap(r, len);
             return Err(UffdError::Os {
@@ -123,7 +128,10 @@ impl Mapping {
     /// # Panics
     /// If the range is outside the mapping (a caller bug, not an input error).
     pub fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len), "read outside the mapping");
+        assert!(
+            offset.checked_add(out.len()).is_some_and(|e| e <= self.len),
+            "read outside the mapping"
+        );
         // SAFETY: the source range lies inside this live mapping (checked above); it is plain
         // readable memory. Concurrent writers are other threads of the program writing raw
         // bytes; a byte-wise volatile-free copy of memory shared with C code is how every

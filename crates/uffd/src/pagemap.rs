@@ -9,7 +9,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 /// `_IOWR('f', 16, struct pm_scan_arg)`.
-const PAGEMAP_SCAN: u32 = (3 << 30) | ((std::mem::size_of::<sys::pm_scan_arg>() as u32) << 16) | ((b'f' as u32) << 8) | 16;
+const PAGEMAP_SCAN: u32 =
+    (3 << 30) | ((std::mem::size_of::<sys::pm_scan_arg>() as u32) << 16) | ((b'f' as u32) << 8) | 16;
 /// Regions returned per ioctl.
 const VEC_LEN: usize = 256;
 
@@ -121,7 +122,13 @@ impl Pagemap {
     /// Written pages (uffd-wp bit clear) in `[start, end)` as `(start, end)` ranges. With
     /// `reprotect`, the kernel write-protects what it reports in the same walk, so the next
     /// scan reports only pages written after this one.
-    pub fn scan_written(&self, start: usize, end: usize, reprotect: bool, out: &mut Vec<(usize, usize)>) -> Result<(), UffdError> {
+    pub fn scan_written(
+        &self,
+        start: usize,
+        end: usize,
+        reprotect: bool,
+        out: &mut Vec<(usize, usize)>,
+    ) -> Result<(), UffdError> {
         let written = sys::PAGE_IS_WRITTEN as u64;
         let req = ScanRequest {
             start,

@@ -22,7 +22,10 @@ pub fn require_root() {
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(2))
         .unwrap_or("0");
-    assert_eq!(euid, "0", "these tests run programs on remote memory and need root (userfaultfd); run ./scripts/test as root");
+    assert_eq!(
+        euid, "0",
+        "these tests run programs on remote memory and need root (userfaultfd); run ./scripts/test as root"
+    );
 }
 
 fn build_dir() -> &'static Path {
@@ -42,14 +45,21 @@ pub fn program(name: &str) -> PathBuf {
     if out.exists() {
         return out;
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c").join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/c")
+        .join(format!("{name}.c"));
     let o = Command::new("gcc")
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-pthread", "-o"])
         .arg(&out)
         .arg(&src)
         .output()
         .expect("gcc runs");
-    assert!(o.status.success(), "gcc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "gcc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     out
 }
 
@@ -88,15 +98,31 @@ pub fn native(prog: &Path, args: &[&str]) -> Output {
     let mut c = Command::new(prog);
     c.args(args);
     let o = run_with_deadline(c, LIMIT);
-    assert!(o.status.success(), "native {prog:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "native {prog:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
 /// Runs under `rackmem run --local LOCAL --stats-json`, returns the output and the statistics.
 pub fn remote(prog: &Path, args: &[&str], local: &str, extra: &[&str]) -> (Output, Vec<StatsSnapshot>) {
-    let stats = build_dir().join(format!("stats-{}-{}.jsonl", prog.file_name().and_then(|n| n.to_str()).unwrap_or("p"), unique()));
+    let stats = build_dir().join(format!(
+        "stats-{}-{}.jsonl",
+        prog.file_name().and_then(|n| n.to_str()).unwrap_or("p"),
+        unique()
+    ));
     let mut c = Command::new(rackmem());
-    c.arg("run").arg("--local").arg(local).arg("--stats-json").arg(&stats).args(extra).arg("--").arg(prog).args(args);
+    c.arg("run")
+        .arg("--local")
+        .arg(local)
+        .arg("--stats-json")
+        .arg(&stats)
+        .args(extra)
+        .arg("--")
+        .arg(prog)
+        .args(args);
     let o = run_with_deadline(c, LIMIT);
     let text = std::fs::read_to_string(&stats).unwrap_or_default();
     let snaps = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
@@ -110,7 +136,11 @@ fn unique() -> u64 {
 
 /// The `checksum=` lines of a program's output, sorted (fork order may vary).
 pub fn checksums(o: &Output) -> Vec<String> {
-    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.contains("checksum=")).map(str::to_string).collect();
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("checksum="))
+        .map(str::to_string)
+        .collect();
     v.sort();
     v
 }
@@ -118,7 +148,10 @@ pub fn checksums(o: &Output) -> Vec<String> {
 /// Asserts the run really used remote memory within its local buffer.
 pub fn assert_used_remote_memory(s: &StatsSnapshot) {
     assert!(s.faults > 0, "no faults: the program did not use remote memory: {s:?}");
-    assert!(s.evictions > 0 && s.bytes_written_back > 0, "nothing was evicted: the local buffer was never exceeded: {s:?}");
+    assert!(
+        s.evictions > 0 && s.bytes_written_back > 0,
+        "nothing was evicted: the local buffer was never exceeded: {s:?}"
+    );
     assert!(s.bytes_fetched > 0, "nothing was fetched back from the brick: {s:?}");
     assert!(
         s.peak_resident_bytes <= s.budget_bytes,
@@ -126,7 +159,12 @@ pub fn assert_used_remote_memory(s: &StatsSnapshot) {
         s.peak_resident_bytes,
         s.budget_bytes
     );
-    assert!(s.budget_bytes * 9 <= s.peak_window_bytes, "budget {} is more than ~10% of the footprint {}", s.budget_bytes, s.peak_window_bytes);
+    assert!(
+        s.budget_bytes * 9 <= s.peak_window_bytes,
+        "budget {} is more than ~10% of the footprint {}",
+        s.budget_bytes,
+        s.peak_window_bytes
+    );
 }
 
 /// Runs natively and remotely, compares checksums, returns the remote statistics.
@@ -135,7 +173,12 @@ pub fn same_as_native(name: &str, args: &[&str]) -> Vec<StatsSnapshot> {
     let prog = program(name);
     let n = native(&prog, args);
     let (r, stats) = remote(&prog, args, "10%", &[]);
-    assert!(r.status.success(), "{name} under rackmem failed ({:?}): {}", r.status, String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "{name} under rackmem failed ({:?}): {}",
+        r.status,
+        String::from_utf8_lossy(&r.stderr)
+    );
     let (cn, cr) = (checksums(&n), checksums(&r));
     assert!(!cn.is_empty(), "{name} printed no checksum");
     assert_eq!(cn, cr, "{name}: results under rackmem differ from the native run");
