@@ -89,9 +89,15 @@ impl Pool {
         }
     }
 
-    /// Bytes of chunks allocated (shared chunks counted once per holder).
+    /// Bytes of chunk memory allocated; a chunk shared by clones counts once.
     pub fn resident_bytes(&self) -> u64 {
-        self.chunks.iter().filter(|c| lock_r(c).is_some()).count() as u64 * CHUNK
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.chunks {
+            if let Some(a) = &*lock_r(c) {
+                seen.insert(Arc::as_ptr(a) as usize);
+            }
+        }
+        seen.len() as u64 * CHUNK
     }
 }
 
@@ -114,7 +120,9 @@ pub(crate) struct Segments {
 }
 
 impl Segments {
-    pub fn new(size: u64) -> Segments {
+    /// Segments of a pool of `size` bytes; ids count up from `first_id` (random per start, so a
+    /// grant from an earlier run of a brick with the same key names no segment of this one).
+    pub fn new(size: u64, first_id: u64) -> Segments {
         let mut free = BTreeMap::new();
         let usable = size / CHUNK * CHUNK;
         if usable > 0 {
@@ -123,7 +131,7 @@ impl Segments {
         Segments {
             free,
             live: HashMap::new(),
-            next_id: 1,
+            next_id: first_id.max(1),
         }
     }
 
@@ -131,32 +139,31 @@ impl Segments {
         self.free.values().sum()
     }
 
-    /// First fit; returns (id, offset).
-    pub fn carve(&mut self, size: u64, deadline: Option<Instant>) -> Option<(u64, u64)> {
-        let size = size.div_ceil(CHUNK).max(1) * CHUNK;
+    /// First fit of `size` rounded up to whole chunks; returns (id, offset, size).
+    pub fn carve(&mut self, size: u64, attached: u32, deadline: Option<Instant>) -> Option<(u64, u64, u64)> {
+        let size = size.checked_next_multiple_of(CHUNK)?.max(CHUNK);
         let (&start, &len) = self.free.iter().find(|(_, &l)| l >= size)?;
         self.free.remove(&start);
         if len > size {
             self.free.insert(start + size, len - size);
         }
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
         self.live.insert(
             id,
             Segment {
                 offset: start,
                 size,
-                attached: 0,
+                attached,
                 unattached_deadline: deadline,
             },
         );
-        Some((id, start))
+        Some((id, start, size))
     }
 
-    /// Returns a segment's range to the free list, coalescing.
-    pub fn release(&mut self, id: u64) -> Option<Segment> {
-        let seg = self.live.remove(&id)?;
-        let (mut start, mut len) = (seg.offset, seg.size);
+    /// Returns a range to the free list, coalescing with its neighbours.
+    pub fn give_back(&mut self, offset: u64, size: u64) {
+        let (mut start, mut len) = (offset, size);
         if let Some((&ps, &pl)) = self.free.range(..start).next_back() {
             if ps + pl == start {
                 self.free.remove(&ps);
@@ -164,12 +171,10 @@ impl Segments {
                 len += pl;
             }
         }
-        if let Some(&nl) = self.free.get(&(start + len)) {
-            self.free.remove(&(start + len));
+        if let Some(nl) = self.free.remove(&(start + len)) {
             len += nl;
         }
         self.free.insert(start, len);
-        Some(seg)
     }
 }
 
@@ -180,10 +185,10 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    pub fn new(size: u64) -> Store {
+    pub fn new(size: u64, first_id: u64) -> Store {
         Store {
             pool: Pool::new(size),
-            segments: Mutex::new(Segments::new(size)),
+            segments: Mutex::new(Segments::new(size, first_id)),
         }
     }
 
@@ -191,11 +196,49 @@ impl Store {
         self.segments.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Frees a segment (zeroing its memory so a later tenant never sees it).
-    pub fn free_segment(&self, id: u64) {
-        let seg = self.segs().release(id);
-        if let Some(s) = seg {
-            self.pool.discard(s.offset, s.size);
+    /// Frees a segment already removed from `live`: zeroes its memory (so a later tenant never
+    /// sees it) and only then returns its range to the free list, so no new segment can be
+    /// carved over memory still being cleared.
+    pub fn free_removed(&self, seg: Segment) {
+        self.pool.discard(seg.offset, seg.size);
+        self.segs().give_back(seg.offset, seg.size);
+    }
+
+    /// Drops one attachment of segment `id`; frees the segment when it was the last one.
+    pub fn detach(&self, id: u64) {
+        let removed = {
+            let mut segs = self.segs();
+            match segs.live.get_mut(&id) {
+                Some(s) => {
+                    s.attached = s.attached.saturating_sub(1);
+                    if s.attached == 0 {
+                        segs.live.remove(&id)
+                    } else {
+                        None
+                    }
+                }
+                None => None,
+            }
+        };
+        if let Some(seg) = removed {
+            self.free_removed(seg);
+        }
+    }
+
+    /// Frees segments nobody attached before their deadline (clones whose child never came).
+    pub fn sweep(&self, now: Instant) {
+        let removed: Vec<Segment> = {
+            let mut segs = self.segs();
+            let ids: Vec<u64> = segs
+                .live
+                .iter()
+                .filter(|(_, s)| s.attached == 0 && s.unattached_deadline.is_some_and(|d| d < now))
+                .map(|(&id, _)| id)
+                .collect();
+            ids.iter().filter_map(|id| segs.live.remove(id)).collect()
+        };
+        for seg in removed {
+            self.free_removed(seg);
         }
     }
 }
@@ -219,6 +262,7 @@ mod tests {
         p.write(CHUNK - 2048, &[7u8; 4096]);
         assert_eq!(p.resident_bytes(), 2 * CHUNK);
         p.share(0, 4 * CHUNK, 2 * CHUNK);
+        assert_eq!(p.resident_bytes(), 2 * CHUNK, "a clone shares its chunks");
         p.write(4 * CHUNK + CHUNK - 2048, &[9u8; 16]);
         let mut a = vec![0u8; 16];
         p.read(CHUNK - 2048, &mut a);
@@ -232,14 +276,35 @@ mod tests {
 
     #[test]
     fn carve_and_coalesce() {
-        let mut s = Segments::new(10 * CHUNK);
-        let (a, ao) = s.carve(3 * CHUNK, None).unwrap();
-        let (b, bo) = s.carve(CHUNK + 1, None).unwrap();
-        assert_eq!((ao, bo), (0, 3 * CHUNK));
-        assert!(s.carve(6 * CHUNK, None).is_none());
-        s.release(a);
-        s.release(b);
+        let mut s = Segments::new(10 * CHUNK, 1);
+        let (a, ao, asz) = s.carve(3 * CHUNK, 1, None).unwrap();
+        let (b, bo, bsz) = s.carve(CHUNK + 1, 1, None).unwrap();
+        assert_eq!((ao, asz, bo, bsz), (0, 3 * CHUNK, 3 * CHUNK, 2 * CHUNK));
+        assert!(s.carve(6 * CHUNK, 1, None).is_none());
+        assert!(s.carve(u64::MAX, 1, None).is_none());
+        for id in [a, b] {
+            let seg = s.live.remove(&id).unwrap();
+            s.give_back(seg.offset, seg.size);
+        }
         assert_eq!(s.free.len(), 1);
         assert_eq!(s.free_bytes(), 10 * CHUNK);
+    }
+
+    #[test]
+    fn freed_segments_read_as_zeros_and_unattached_clones_expire() {
+        let st = Store::new(4 * CHUNK, 7);
+        let (id, off, _) = st.segs().carve(CHUNK, 1, None).unwrap();
+        assert_eq!(id, 7);
+        st.pool.write(off, &[5u8; 4096]);
+        st.detach(id);
+        assert_eq!(st.pool.resident_bytes(), 0);
+        assert_eq!(st.segs().free_bytes(), 4 * CHUNK);
+        let now = Instant::now();
+        let (c, _, _) = st.segs().carve(CHUNK, 0, Some(now)).unwrap();
+        st.sweep(now);
+        assert!(st.segs().live.contains_key(&c), "not expired yet");
+        st.sweep(now + std::time::Duration::from_millis(1));
+        assert!(!st.segs().live.contains_key(&c));
+        assert_eq!(st.segs().free_bytes(), 4 * CHUNK);
     }
 }

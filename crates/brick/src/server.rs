@@ -1,19 +1,38 @@
 //! Accepting connections and serving requests.
+//!
+//! One acceptor thread hands each connection to a thread of its own, which reads a frame,
+//! validates it (header first, so a hostile `payload_len` is refused before any allocation),
+//! serves it against the connection's attached segment and queues the response. Responses are
+//! flushed when no further request is already buffered, so a pipelined burst is answered with
+//! few system calls while a lone request is answered at once.
 
 use crate::pool::{in_segment, Store, CHUNK};
 use rackmem_proto::{
     encode_response, extents_bytes, rights, BrickInfo, BrickStats, Grant, GrantError, Header, Opcode, Request, Status,
-    HEADER_LEN, MAX_MESSAGE, MAX_PAYLOAD, PAGE_SIZE,
+    FLAG_RESPONSE, HEADER_LEN, MAX_MESSAGE, MAX_PAYLOAD, PAGE_SIZE,
 };
 use std::collections::HashMap;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::fmt;
+use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Grace period for a cloned segment to be attached by its new owner.
+pub const CLONE_GRACE: Duration = Duration::from_secs(60);
+/// Most connections served at once; further ones are closed at once.
+pub const MAX_CONNECTIONS: u64 = 1024;
+/// How long a response may wait for a client that does not read before its connection is closed.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Responses queued beyond this many bytes are sent even while requests are still buffered.
+const FLUSH_BYTES: usize = 1 << 20;
+/// Payloads at least this large are sent straight from their buffer, not copied into the queue.
+const DIRECT_BYTES: usize = 64 << 10;
 
 /// Where a brick listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +64,15 @@ impl std::str::FromStr for ListenAddr {
     }
 }
 
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "tcp://{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 /// Errors starting a brick.
 #[derive(Debug, thiserror::Error)]
 pub enum BrickError {
@@ -54,6 +82,9 @@ pub enum BrickError {
     /// The address is taken.
     #[error("{0} is already in use (another brick running?)")]
     InUse(String),
+    /// The Unix socket path exists and is not a socket: the brick will not delete it.
+    #[error("{0} exists and is not a socket; remove it or pick another path")]
+    NotASocket(String),
     /// Binding failed otherwise.
     #[error("cannot listen on {addr}: {err}")]
     Bind {
@@ -65,6 +96,9 @@ pub enum BrickError {
     /// Bad size.
     #[error("pool size {0} is too small (at least 1 MiB)")]
     Size(u64),
+    /// Starting a thread failed.
+    #[error("cannot start the brick's threads: {0}")]
+    Thread(io::Error),
 }
 
 /// How to run a brick.
@@ -72,7 +106,7 @@ pub enum BrickError {
 pub struct BrickConfig {
     /// Listen address.
     pub listen: ListenAddr,
-    /// Pool size.
+    /// Pool size; rounded down to whole [`CHUNK`]s for segments.
     pub size_bytes: u64,
     /// Key grants are signed with.
     pub key: Vec<u8>,
@@ -93,9 +127,18 @@ struct Shared {
     cfg: BrickConfig,
     store: Store,
     counters: Counters,
+    /// Set once to stop; `stopped_cv` wakes [`BrickHandle::wait`].
     stop: AtomicBool,
+    stop_lock: Mutex<()>,
+    stopped_cv: Condvar,
+    /// Open connections (to shut them down at stop) and their threads (to join them).
     conns: Mutex<HashMap<u64, Conn>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     brick_id: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 enum Conn {
@@ -112,7 +155,7 @@ impl Conn {
     }
 }
 
-/// A running brick.
+/// A running brick. Dropping it stops the brick, as [`BrickHandle::shutdown`] does.
 pub struct BrickHandle {
     shared: Arc<Shared>,
     addr: String,
@@ -120,69 +163,77 @@ pub struct BrickHandle {
     unix_path: Option<PathBuf>,
 }
 
+/// Stops a brick from another thread (a signal handler's thread, a test): cheap to clone.
+#[derive(Clone)]
+pub struct BrickStopper(Arc<Shared>);
+
+impl BrickStopper {
+    /// Asks the brick to stop; [`BrickHandle::wait`] then returns.
+    pub fn stop(&self) {
+        self.0.request_stop();
+    }
+}
+
 /// Starts bricks.
 pub struct Brick;
 
-/// Grace period for a cloned segment to be attached by its new owner.
-const CLONE_GRACE: Duration = Duration::from_secs(60);
-
 impl Brick {
-    /// Binds, spawns the acceptor and returns.
+    /// Binds the listen address, spawns the acceptor and returns. A Unix socket file left by a
+    /// brick that died is replaced; one that still answers is [`BrickError::InUse`].
     pub fn start(cfg: BrickConfig) -> Result<BrickHandle, BrickError> {
         if cfg.size_bytes < CHUNK {
             return Err(BrickError::Size(cfg.size_bytes));
         }
-        let mut id = [0u8; 8];
-        let _ = getrandom::fill(&mut id);
+        let mut rnd = [0u8; 16];
+        // Without OS randomness ids merely become predictable, which grants do not rely on.
+        let _ = getrandom::fill(&mut rnd);
+        let brick_id = u64::from_le_bytes([rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]]);
+        let first_segment = u64::from(u32::from_le_bytes([rnd[8], rnd[9], rnd[10], rnd[11]])) << 32 | 1;
+        let shown = cfg.listen.to_string();
+        let bind_err = |e: io::Error| match e.kind() {
+            io::ErrorKind::AddrInUse => BrickError::InUse(shown.clone()),
+            _ => BrickError::Bind {
+                addr: shown.clone(),
+                err: e,
+            },
+        };
         let (listener, addr, unix_path) = match &cfg.listen {
             ListenAddr::Tcp(a) => {
-                let l = TcpListener::bind(a).map_err(|e| match e.kind() {
-                    io::ErrorKind::AddrInUse => BrickError::InUse(format!("tcp://{a}")),
-                    _ => BrickError::Bind {
-                        addr: format!("tcp://{a}"),
-                        err: e,
-                    },
-                })?;
-                let local = l.local_addr().map_err(|e| BrickError::Bind {
-                    addr: a.clone(),
-                    err: e,
-                })?;
+                let l = TcpListener::bind(a).map_err(bind_err)?;
+                let local = l.local_addr().map_err(bind_err)?;
                 (Listener::Tcp(l), format!("tcp://{local}"), None)
             }
             ListenAddr::Unix(p) => {
-                if p.exists() {
+                if let Ok(meta) = std::fs::symlink_metadata(p) {
+                    if !meta.file_type().is_socket() {
+                        return Err(BrickError::NotASocket(shown));
+                    }
                     // A socket file nobody answers on is stale (a brick that was killed).
                     if UnixStream::connect(p).is_ok() {
-                        return Err(BrickError::InUse(format!("unix:{}", p.display())));
+                        return Err(BrickError::InUse(shown));
                     }
                     let _ = std::fs::remove_file(p);
                 }
-                let l = UnixListener::bind(p).map_err(|e| match e.kind() {
-                    io::ErrorKind::AddrInUse => BrickError::InUse(format!("unix:{}", p.display())),
-                    _ => BrickError::Bind {
-                        addr: format!("unix:{}", p.display()),
-                        err: e,
-                    },
-                })?;
-                (Listener::Unix(l), format!("unix:{}", p.display()), Some(p.clone()))
+                let l = UnixListener::bind(p).map_err(bind_err)?;
+                (Listener::Unix(l), shown.clone(), Some(p.clone()))
             }
         };
         let shared = Arc::new(Shared {
-            store: Store::new(cfg.size_bytes),
+            store: Store::new(cfg.size_bytes, first_segment),
             cfg,
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            stop_lock: Mutex::new(()),
+            stopped_cv: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
-            brick_id: u64::from_le_bytes(id),
+            threads: Mutex::new(Vec::new()),
+            brick_id,
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
             .name("brick-accept".into())
             .spawn(move || accept_loop(s, listener))
-            .map_err(|e| BrickError::Bind {
-                addr: addr.clone(),
-                err: e,
-            })?;
+            .map_err(BrickError::Thread)?;
         Ok(BrickHandle {
             shared,
             addr,
@@ -193,7 +244,8 @@ impl Brick {
 }
 
 impl BrickHandle {
-    /// The address clients use (`tcp://127.0.0.1:PORT` or `unix:PATH`).
+    /// The address clients use (`tcp://127.0.0.1:PORT` or `unix:PATH`), in the form
+    /// `rackmem_transport::BrickAddr` parses.
     pub fn local_addr(&self) -> String {
         self.addr.clone()
     }
@@ -203,18 +255,40 @@ impl BrickHandle {
         self.shared.stats()
     }
 
-    /// Stops accepting, closes every connection, removes the socket file.
+    /// A handle that stops this brick from another thread.
+    pub fn stopper(&self) -> BrickStopper {
+        BrickStopper(self.shared.clone())
+    }
+
+    /// Stops accepting, closes every connection (their clients see the brick lost), joins the
+    /// brick's threads and removes the Unix socket file.
     pub fn shutdown(mut self) {
         self.stop();
     }
 
-    fn stop(&mut self) {
-        self.shared.stop.store(true, Relaxed);
-        for c in self.shared.conns.lock().unwrap_or_else(|e| e.into_inner()).values() {
-            c.shutdown();
+    /// Blocks until a [`BrickStopper`] asks the brick to stop, then shuts it down.
+    pub fn wait(mut self) {
+        {
+            let mut g = lock(&self.shared.stop_lock);
+            while !self.shared.stop.load(Relaxed) {
+                g = self.shared.stopped_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
         }
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.request_stop();
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
+        }
+        // The acceptor is gone: no connection is added from here on.
+        for c in lock(&self.shared.conns).values() {
+            c.shutdown();
+        }
+        let threads = std::mem::take(&mut *lock(&self.shared.threads));
+        for t in threads {
+            let _ = t.join();
         }
         if let Some(p) = self.unix_path.take() {
             let _ = std::fs::remove_file(p);
@@ -228,11 +302,22 @@ impl Drop for BrickHandle {
     }
 }
 
+/// Serves until SIGTERM or SIGINT, then shuts the brick down; returns the signal number.
+pub fn run_until_signal(handle: BrickHandle) -> io::Result<i32> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    let sig = signals.forever().next().unwrap_or(signal_hook::consts::SIGTERM);
+    signals.handle().close();
+    handle.shutdown();
+    Ok(sig)
+}
+
 enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
 }
 
+// The acceptor polls a non-blocking listener so a stop needs no wake-up trick; a 5 ms poll
+// costs nothing measurable and bounds how late a new connection is noticed.
 fn accept_loop(shared: Arc<Shared>, listener: Listener) {
     let _ = match &listener {
         Listener::Tcp(l) => l.set_nonblocking(true),
@@ -242,42 +327,55 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
     let mut last_sweep = Instant::now();
     while !shared.stop.load(Relaxed) {
         let accepted = match &listener {
-            Listener::Tcp(l) => l.accept().map(|(s, _)| {
-                let _ = s.set_nodelay(true);
-                let _ = s.set_nonblocking(false);
-                (s.try_clone().map(Conn::Tcp), Box::new(s) as Box<dyn Stream>)
+            Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                s.set_write_timeout(Some(SEND_TIMEOUT))?;
+                Ok((Conn::Tcp(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
             }),
-            Listener::Unix(l) => l.accept().map(|(s, _)| {
-                let _ = s.set_nonblocking(false);
-                (s.try_clone().map(Conn::Unix), Box::new(s) as Box<dyn Stream>)
+            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                s.set_write_timeout(Some(SEND_TIMEOUT))?;
+                Ok((Conn::Unix(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
             }),
         };
         match accepted {
-            Ok((Ok(ctl), stream)) => {
+            Ok((ctl, stream)) => {
+                if shared.counters.connections.load(Relaxed) >= MAX_CONNECTIONS {
+                    shared.counters.errors.fetch_add(1, Relaxed);
+                    continue; // dropping the stream closes it
+                }
                 next_conn += 1;
                 let id = next_conn;
-                shared.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, ctl);
+                lock(&shared.conns).insert(id, ctl);
                 shared.counters.connections.fetch_add(1, Relaxed);
                 let s = shared.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("brick-conn-{id}"))
                     .spawn(move || {
                         serve_connection(&s, stream);
-                        s.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                        lock(&s.conns).remove(&id);
                         s.counters.connections.fetch_sub(1, Relaxed);
                     });
-                if spawned.is_err() {
-                    shared.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                    shared.counters.connections.fetch_sub(1, Relaxed);
+                match spawned {
+                    Ok(t) => {
+                        let mut threads = lock(&shared.threads);
+                        threads.retain(|t| !t.is_finished());
+                        threads.push(t);
+                    }
+                    Err(_) => {
+                        lock(&shared.conns).remove(&id);
+                        shared.counters.connections.fetch_sub(1, Relaxed);
+                    }
                 }
             }
-            Ok((Err(_), _)) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            // EMFILE and friends: back off rather than spin.
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
         if last_sweep.elapsed() > Duration::from_secs(1) {
             last_sweep = Instant::now();
-            shared.sweep();
+            shared.store.sweep(last_sweep);
         }
     }
 }
@@ -287,9 +385,18 @@ impl Stream for TcpStream {}
 impl Stream for UnixStream {}
 
 impl Shared {
+    fn request_stop(&self) {
+        let _g = lock(&self.stop_lock);
+        self.stop.store(true, Relaxed);
+        self.stopped_cv.notify_all();
+    }
+
     fn stats(&self) -> BrickStats {
         let c = &self.counters;
-        let segs = self.store.segs();
+        let (segments, free_bytes) = {
+            let segs = self.store.segs();
+            (segs.live.len() as u64, segs.free_bytes())
+        };
         BrickStats {
             bytes_read: c.bytes_read.load(Relaxed),
             bytes_written: c.bytes_written.load(Relaxed),
@@ -297,24 +404,8 @@ impl Shared {
             connections: c.connections.load(Relaxed),
             errors: c.errors.load(Relaxed),
             resident_bytes: self.store.pool.resident_bytes(),
-            segments: segs.live.len() as u64,
-            free_bytes: segs.free_bytes(),
-        }
-    }
-
-    /// Frees clones nobody attached in time.
-    fn sweep(&self) {
-        let now = Instant::now();
-        let expired: Vec<u64> = self
-            .store
-            .segs()
-            .live
-            .iter()
-            .filter(|(_, s)| s.attached == 0 && s.unattached_deadline.is_some_and(|d| d < now))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in expired {
-            self.store.free_segment(id);
+            segments,
+            free_bytes,
         }
     }
 
@@ -355,36 +446,38 @@ fn err(status: Status, msg: impl Into<String>, close: bool) -> Reply {
     }
 }
 
+/// Reads requests off `stream`, serves them in order, queues and flushes responses.
 fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
-    // One stream used for both directions through a shared cell would need unsafe; instead
-    // buffer reads and writes on the same object in turn (requests are processed in order).
-    let mut io = BufReader::with_capacity(256 << 10, StreamIo(stream));
-    let mut out: BufWriter<Vec<u8>> = BufWriter::new(Vec::new());
+    let mut conn = Connection {
+        io: BufReader::with_capacity(256 << 10, StreamIo(stream)),
+        queued: Vec::with_capacity(64 << 10),
+    };
     let mut attached: Option<Attached> = None;
     let mut hdr = [0u8; HEADER_LEN];
     let mut payload = Vec::new();
     loop {
-        if read_exact_or_eof(&mut io, &mut hdr).is_err() {
+        if conn.io.read_exact(&mut hdr).is_err() {
             break;
         }
         let h = match Header::decode(&hdr) {
             Ok(h) => h,
             Err(e) => {
+                // Answer with the tag and opcode the frame claims, if any, so a client that
+                // merely speaks another version learns why; then close.
                 shared.counters.errors.fetch_add(1, Relaxed);
-                let _ = send(
-                    &mut io,
-                    &mut out,
-                    Opcode::Ping,
-                    0,
-                    err(Status::BadRequest, format!("malformed frame: {e}"), true),
-                    true,
-                );
+                let tag = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]);
+                let op = Opcode::from_u8(hdr[5]).unwrap_or(Opcode::Ping);
+                let status = match e {
+                    rackmem_proto::DecodeError::BadVersion(_) => Status::BadVersion,
+                    _ => Status::BadRequest,
+                };
+                let _ = conn.send(op, tag, err(status, format!("malformed frame: {e}"), true), true);
                 break;
             }
         };
         payload.clear();
         payload.resize(h.payload_len as usize, 0);
-        if io.read_exact(&mut payload).is_err() {
+        if conn.io.read_exact(&mut payload).is_err() {
             // A frame cut short: the peer died or is misbehaving.
             shared.counters.errors.fetch_add(1, Relaxed);
             break;
@@ -402,13 +495,13 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
             shared.counters.errors.fetch_add(1, Relaxed);
         }
         let close = reply.close;
-        let flush = close || io.buffer().is_empty();
-        if send(&mut io, &mut out, h.opcode, h.tag, reply, flush).is_err() || close {
+        let flush = close || conn.io.buffer().is_empty();
+        if conn.send(h.opcode, h.tag, reply, flush).is_err() || close {
             break;
         }
     }
     if let Some(a) = attached {
-        detach(shared, a.id);
+        shared.store.detach(a.id);
     }
 }
 
@@ -419,41 +512,39 @@ impl Read for StreamIo {
     }
 }
 
-fn read_exact_or_eof(r: &mut impl Read, b: &mut [u8]) -> io::Result<()> {
-    r.read_exact(b)
+/// One connection's buffered input and queued output (the same socket: requests are served
+/// in order, so reading and writing take turns on one thread).
+struct Connection {
+    io: BufReader<StreamIo>,
+    queued: Vec<u8>,
 }
 
-fn send(
-    io: &mut BufReader<StreamIo>,
-    out: &mut BufWriter<Vec<u8>>,
-    op: Opcode,
-    tag: u32,
-    r: Reply,
-    flush: bool,
-) -> io::Result<()> {
-    out.write_all(&encode_response(op, tag, r.status, &r.payload))?;
-    if flush || out.get_ref().len() > 1 << 20 {
-        out.flush()?;
-        let buf = std::mem::take(out.get_mut());
-        io.get_mut().0.write_all(&buf)?;
-        io.get_mut().0.flush()?;
-    }
-    Ok(())
-}
-
-fn detach(shared: &Shared, id: u64) {
-    let free = {
-        let mut segs = shared.store.segs();
-        match segs.live.get_mut(&id) {
-            Some(s) => {
-                s.attached = s.attached.saturating_sub(1);
-                s.attached == 0
-            }
-            None => false,
+impl Connection {
+    fn send(&mut self, op: Opcode, tag: u32, r: Reply, flush: bool) -> io::Result<()> {
+        let sock = &mut self.io.get_mut().0;
+        if r.payload.len() >= DIRECT_BYTES {
+            // Large payloads go out from their own buffer rather than through the queue.
+            let h = Header {
+                opcode: op,
+                flags: FLAG_RESPONSE,
+                tag,
+                status: r.status.code(),
+                offset: 0,
+                length: 0,
+                payload_len: r.payload.len() as u32,
+            };
+            self.queued.extend_from_slice(&h.encode());
+            sock.write_all(&self.queued)?;
+            self.queued.clear();
+            return sock.write_all(&r.payload);
         }
-    };
-    if free {
-        shared.store.free_segment(id);
+        self.queued
+            .extend_from_slice(&encode_response(op, tag, r.status, &r.payload));
+        if flush || self.queued.len() >= FLUSH_BYTES {
+            sock.write_all(&self.queued)?;
+            self.queued.clear();
+        }
+        Ok(())
     }
 }
 
@@ -498,13 +589,10 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
                     false,
                 );
             }
-            let Some((id, off)) = store.segs().carve(size_bytes, None) else {
+            // ALLOC attaches the requesting connection at once: no grace period needed.
+            let Some((id, off, size)) = store.segs().carve(size_bytes, 1, None) else {
                 return err(Status::NoSpace, format!("no free extent of {size_bytes} bytes"), false);
             };
-            let size = size_bytes.div_ceil(CHUNK) * CHUNK;
-            if let Some(s) = store.segs().live.get_mut(&id) {
-                s.attached = 1;
-            }
             *attached = Some(Attached {
                 id,
                 offset: off,
@@ -550,7 +638,7 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
         }
         Request::Detach => match attached.take() {
             Some(a) => {
-                detach(shared, a.id);
+                shared.store.detach(a.id);
                 ok(Vec::new())
             }
             None => err(Status::NotAttached, "not attached", false),
@@ -650,7 +738,7 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
             if !need(rights::CLONE) {
                 return err(Status::Forbidden, "grant does not allow clones", true);
             }
-            let Some((id, off)) = store.segs().carve(a.size, Some(Instant::now() + CLONE_GRACE)) else {
+            let Some((id, off, _)) = store.segs().carve(a.size, 0, Some(Instant::now() + CLONE_GRACE)) else {
                 return err(
                     Status::NoSpace,
                     format!("no free extent of {} bytes for the clone", a.size),

@@ -111,7 +111,28 @@ pub enum Status {
 }
 
 impl Status {
-    /// Decodes a status.
+    /// Every status, in code order.
+    pub const ALL: [Status; 12] = [
+        Status::Ok,
+        Status::BadRequest,
+        Status::NotAttached,
+        Status::OutOfRange,
+        Status::GrantInvalid,
+        Status::GrantExpired,
+        Status::NoSpace,
+        Status::Denied,
+        Status::NoSegment,
+        Status::Forbidden,
+        Status::Internal,
+        Status::BadVersion,
+    ];
+
+    /// The code on the wire.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// Decodes a status; a code this side does not know reads as [`Status::Internal`].
     pub fn from_u32(v: u32) -> Status {
         use Status::*;
         match v {
@@ -128,6 +149,12 @@ impl Status {
             11 => BadVersion,
             _ => Internal,
         }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
     }
 }
 
@@ -605,7 +632,14 @@ impl Request {
     }
 
     /// Encodes a whole frame (header and payload) with `tag`.
+    ///
+    /// A WRITE's data is copied into the frame; [`encode_write_head`] avoids that copy.
     pub fn encode(&self, tag: u32) -> Vec<u8> {
+        if let Request::Write { extents, data } = self {
+            let mut frame = encode_write_head(tag, extents, data.len());
+            frame.extend_from_slice(data);
+            return frame;
+        }
         let mut payload = Vec::new();
         let mut offset = 0;
         match self {
@@ -616,10 +650,8 @@ impl Request {
             }
             Request::Attach(g) => payload = g.encode(),
             Request::Read(ext) => encode_extents(ext, &mut payload),
-            Request::Write { extents, data } => {
-                encode_extents(extents, &mut payload);
-                payload.extend_from_slice(data);
-            }
+            // Encoded above, without the intermediate payload.
+            Request::Write { .. } => {}
             Request::Discard { offset: o, len } => {
                 offset = *o;
                 payload.extend_from_slice(&len.to_le_bytes());
@@ -709,6 +741,28 @@ impl Request {
     }
 }
 
+/// Encodes the header and extent list of a WRITE frame whose `data_len` bytes of data the caller
+/// sends right after (so page data is never copied into a frame buffer). `data_len` must be the
+/// extents' total and the extents must respect [`MAX_EXTENTS`] and [`MAX_PAYLOAD`], or the
+/// brick refuses the frame.
+pub fn encode_write_head(tag: u32, extents: &[Extent], data_len: usize) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(HEADER_LEN + 4 + extents.len() * 12);
+    frame.extend_from_slice(&[0u8; HEADER_LEN]);
+    encode_extents(extents, &mut frame);
+    let payload_len = (frame.len() - HEADER_LEN + data_len) as u32;
+    let h = Header {
+        opcode: Opcode::Write,
+        flags: 0,
+        tag,
+        status: 0,
+        offset: 0,
+        length: 0,
+        payload_len,
+    };
+    frame[..HEADER_LEN].copy_from_slice(&h.encode());
+    frame
+}
+
 /// Encodes a response frame.
 pub fn encode_response(opcode: Opcode, tag: u32, status: Status, payload: &[u8]) -> Vec<u8> {
     let h = Header {
@@ -739,6 +793,23 @@ pub fn decode_request_frame(b: &[u8]) -> Result<(Header, Request, usize), Decode
     }
     let r = Request::decode(&h, &b[HEADER_LEN..end])?;
     Ok((h, r, end))
+}
+
+/// Decodes a whole response frame from a byte slice: returns the header, the payload and the
+/// bytes consumed. The payload's meaning depends on the request (see `docs/protocol.md`).
+pub fn decode_response_frame(b: &[u8]) -> Result<(Header, &[u8], usize), DecodeError> {
+    let h = Header::decode(b)?;
+    if !h.is_response() {
+        return Err(DecodeError::Invalid("request where a response was expected"));
+    }
+    let end = HEADER_LEN + h.payload_len as usize;
+    if b.len() < end {
+        return Err(DecodeError::Truncated {
+            need: end,
+            have: b.len(),
+        });
+    }
+    Ok((h, &b[HEADER_LEN..end], end))
 }
 
 #[cfg(test)]
@@ -829,6 +900,61 @@ mod tests {
             forged.size_bytes ^= 1;
             prop_assert_eq!(forged.verify(&key, 1), Err(GrantError::BadSignature));
         }
+    }
+
+    proptest! {
+        #[test]
+        fn response_round_trip(op in 1u8..12, code in 0u32..12, tag in any::<u32>(), payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let op = Opcode::from_u8(op).unwrap();
+            let status = Status::from_u32(code);
+            prop_assert_eq!(status.code(), code);
+            let frame = encode_response(op, tag, status, &payload);
+            let (h, p, used) = decode_response_frame(&frame).unwrap();
+            prop_assert_eq!(used, frame.len());
+            prop_assert_eq!((h.opcode, h.tag, Status::from_u32(h.status)), (op, tag, status));
+            prop_assert_eq!(p, &payload[..]);
+            // A response is never taken for a request, nor the other way round.
+            prop_assert!(decode_request_frame(&frame).is_err());
+        }
+
+        #[test]
+        fn info_and_stats_round_trip(v in proptest::collection::vec(any::<u64>(), 8), small in any::<(u32, u32)>()) {
+            let info = BrickInfo { pool_bytes: v[0], free_bytes: v[1], page_size: small.0, max_payload: small.1, brick_id: v[2] };
+            prop_assert_eq!(BrickInfo::decode(&info.encode()).unwrap(), info);
+            let stats = BrickStats {
+                bytes_read: v[0], bytes_written: v[1], requests: v[2], connections: v[3],
+                errors: v[4], resident_bytes: v[5], segments: v[6], free_bytes: v[7],
+            };
+            prop_assert_eq!(BrickStats::decode(&stats.encode()).unwrap(), stats);
+            prop_assert!(BrickStats::decode(&stats.encode()[1..]).is_err());
+        }
+
+        #[test]
+        fn write_head_plus_data_is_a_write_frame(ext in extents(), tag in any::<u32>()) {
+            let n = extents_bytes(&ext) as usize;
+            let data: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+            let mut frame = encode_write_head(tag, &ext, n);
+            frame.extend_from_slice(&data);
+            let (_, back, _) = decode_request_frame(&frame).unwrap();
+            prop_assert_eq!(back, Request::Write { extents: ext, data });
+        }
+
+        #[test]
+        fn truncated_frames_are_errors(r in request(), cut in any::<prop::sample::Index>()) {
+            let frame = r.encode(9);
+            let cut = cut.index(frame.len());
+            prop_assert!(decode_request_frame(&frame[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn write_data_must_match_extents() {
+        let mut frame = encode_write_head(1, &[(0, 4096)], 4095);
+        frame.extend_from_slice(&[0u8; 4095]);
+        assert!(matches!(
+            decode_request_frame(&frame),
+            Err(DecodeError::PayloadSize { want: 4096, have: 4095 })
+        ));
     }
 
     #[test]

@@ -1,26 +1,54 @@
 //! Links from a node to memory bricks.
 //!
 //! A [`Link`] is one connection (TCP with `TCP_NODELAY`, or a Unix stream socket). Requests
-//! carry tags and may be pipelined from several threads: a caller writes its frame under the
-//! writer lock, then waits for its response under the reader lock, reading frames off the socket
-//! itself and parking other callers' responses in a map. A caller alone on a link (the fault
-//! handler) therefore reads its own response directly, with no thread hop: on 2-vCPU guests a
-//! cross-thread wake-up costs ~30 µs, more than the network round trip.
+//! carry tags and may be pipelined, from several threads at once or from one thread through
+//! [`Link::submit_read`] / [`Link::submit_write`] and [`Ticket::wait`].
 //!
-//! Every wait has a deadline. A closed connection, a timeout or a malformed response marks the
-//! link broken: that request and every later one fail with [`LinkError::BrickLost`] naming the
-//! brick. Nothing ever returns zeros in place of data.
+//! There is no reader thread. A caller that waits for a response becomes the link's reader if
+//! nobody else is reading: it reads frames off the socket itself and parks other callers'
+//! responses, waking them. A caller alone on a link (the fault handler) therefore reads its own
+//! response directly, with no thread hop: on 2-vCPU guests a cross-thread wake-up costs ~30 µs,
+//! more than the loopback round trip (`baselines/README.md` §3).
+//!
+//! Without a reader thread, two things could wedge a link, and both are handled:
+//! - a sender blocked on a full socket while the brick is blocked sending responses nobody
+//!   reads: sends use a short socket send timeout, and a blocked sender drains responses;
+//! - an unbounded backlog: at most [`MAX_IN_FLIGHT`] requests are in flight per link, and a
+//!   batched read keeps at most [`READ_WINDOW`] batches in flight.
+//!
+//! Every wait has a deadline (the link's timeout). A closed connection, a timeout or a malformed
+//! response marks the link broken: that request and every pending and later one fail with
+//! [`LinkError::BrickLost`] naming the brick and the cause. Nothing ever returns zeros in place
+//! of data.
 
-use rackmem_proto::{BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, Status, HEADER_LEN, MAX_PAYLOAD};
-use std::collections::HashMap;
+use rackmem_proto::{
+    encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, Status, HEADER_LEN,
+    MAX_EXTENTS, MAX_PAYLOAD,
+};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Default timeout of every wait on a link.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most requests a link has in flight (sent, response not yet read off the socket).
+pub const MAX_IN_FLIGHT: i64 = 128;
+/// Most READ batches one [`Link::read_pages`] call keeps in flight (each up to [`MAX_BATCH_BYTES`]).
+pub const READ_WINDOW: usize = 4;
+/// Most extents in one batched request sent by this crate.
+pub const MAX_BATCH_EXTENTS: usize = 1024;
+/// Most page bytes in one batched request sent by this crate (leaves room for the extent list).
+pub const MAX_BATCH_BYTES: u64 = MAX_PAYLOAD as u64 - (1 << 16);
+const _: () = assert!(MAX_BATCH_EXTENTS as u32 <= MAX_EXTENTS);
+
+/// How long one blocked send waits before the sender checks for responses to drain.
+const SEND_SLICE: Duration = Duration::from_millis(2);
 
 /// Where a brick is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -95,9 +123,14 @@ pub enum LinkError {
         /// Cause.
         cause: String,
     },
-    /// A request too large for one frame.
-    #[error("request too large: {0}")]
-    TooLarge(String),
+    /// A request the caller built wrongly (buffer size, limits, alignment); nothing was sent.
+    #[error("invalid request to brick {addr}: {reason}")]
+    Invalid {
+        /// Brick.
+        addr: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl LinkError {
@@ -113,6 +146,7 @@ impl LinkError {
     }
 }
 
+
 enum Sock {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -125,10 +159,16 @@ impl Sock {
             Sock::Unix(s) => Sock::Unix(s.try_clone()?),
         })
     }
-    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+    fn set_timeouts(&self, read: Duration, write: Duration) -> io::Result<()> {
         match self {
-            Sock::Tcp(s) => s.set_read_timeout(d),
-            Sock::Unix(s) => s.set_read_timeout(d),
+            Sock::Tcp(s) => {
+                s.set_read_timeout(Some(read))?;
+                s.set_write_timeout(Some(write))
+            }
+            Sock::Unix(s) => {
+                s.set_read_timeout(Some(read))?;
+                s.set_write_timeout(Some(write))
+            }
         }
     }
     fn shutdown(&self) {
@@ -155,31 +195,60 @@ impl Write for Sock {
             Sock::Unix(s) => s.write(b),
         }
     }
+    fn write_vectored(&mut self, b: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.write_vectored(b),
+            Sock::Unix(s) => s.write_vectored(b),
+        }
+    }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
 
-struct Response {
+/// A response read off the socket.
+struct Frame {
     header: Header,
     payload: Vec<u8>,
 }
 
-struct ReaderState {
-    sock: BufReader<Sock>,
-    parked: HashMap<u32, Response>,
+/// Who reads the socket, and the responses read for others.
+#[derive(Default)]
+struct RxState {
+    /// A thread is reading the socket (it holds `Link::rx_sock`).
+    reading: bool,
+    /// Threads sleeping on `Link::rx_cv`.
+    sleepers: usize,
+    /// Responses read by one thread for another, by tag.
+    parked: HashMap<u32, Frame>,
+    /// Tags of dropped tickets: their responses are discarded when they arrive.
+    abandoned: HashSet<u32>,
 }
 
-/// One connection to a brick. `Send + Sync`; see the crate docs for the pipelining scheme.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One connection to a brick. `Send + Sync`: any number of threads may issue requests at once;
+/// see the crate docs for how responses reach them.
 pub struct Link {
     addr: BrickAddr,
     addr_text: String,
     info: BrickInfo,
-    writer: Mutex<Sock>,
-    reader: Mutex<ReaderState>,
-    broken: Mutex<Option<String>>,
-    next_tag: AtomicU32,
     timeout: Duration,
+    /// The sending half; a frame is written whole under this lock.
+    tx: Mutex<Sock>,
+    /// The receiving half; only the thread that set `RxState::reading` locks it.
+    rx_sock: Mutex<BufReader<Sock>>,
+    rx: Mutex<RxState>,
+    rx_cv: Condvar,
+    /// Requests sent whose responses are not read yet (may dip below 0 briefly: a response can
+    /// be read before its sender counts it).
+    unread: AtomicI64,
+    next_tag: AtomicU32,
+    /// Why the link is broken, once it is.
+    broken: OnceLock<String>,
+    /// A handle to shut the socket down, waking a blocked reader or sender.
     control: Sock,
 }
 
@@ -189,8 +258,69 @@ impl fmt::Debug for Link {
     }
 }
 
+/// A request sent with [`Link::submit_read`] or [`Link::submit_write`] whose response is still
+/// to be collected with [`Ticket::wait`]. Dropping a ticket abandons the response (it is
+/// discarded when it arrives); the request itself may still have been carried out.
+#[must_use = "a ticket's response says whether the request succeeded"]
+pub struct Ticket<'a> {
+    link: &'a Link,
+    tag: u32,
+    op: Opcode,
+    /// Bytes the response carries (the extents' total for READ, 0 for WRITE).
+    len: usize,
+    done: bool,
+}
+
+impl Ticket<'_> {
+    /// Bytes the response carries: the buffer size [`Ticket::wait`] needs (0 for a write).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a write ticket (no data in the response).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Waits for the response; for a read, copies the pages (in extent order) into `out`, which
+    /// must be exactly [`Ticket::len`] bytes (pass `&mut []` for a write).
+    pub fn wait(mut self, out: &mut [u8]) -> Result<(), LinkError> {
+        self.done = true;
+        let link = self.link;
+        if out.len() != self.len {
+            // Nothing can be delivered: drop the response when it comes.
+            link.abandon(self.tag);
+            return Err(link.invalid(format!(
+                "{} byte buffer for a response of {} bytes",
+                out.len(),
+                self.len
+            )));
+        }
+        let p = link.wait_for(self.tag, self.op)?;
+        if p.len() != out.len() {
+            return Err(link.lost(format!(
+                "{:?} answer of {} bytes, expected {}",
+                self.op,
+                p.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(&p);
+        Ok(())
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.link.abandon(self.tag);
+        }
+    }
+}
+
 impl Link {
-    /// Connects and says HELLO.
+    /// Connects, says HELLO and returns the link. `timeout` bounds the connection attempt and,
+    /// from then on, every wait on this link (see [`DEFAULT_TIMEOUT`]).
     pub fn connect(addr: &BrickAddr, timeout: Duration) -> Result<Link, LinkError> {
         let text = addr.to_string();
         let unreachable = |cause: String| LinkError::Unreachable {
@@ -203,16 +333,17 @@ impl Link {
                     .to_socket_addrs()
                     .map_err(|e| unreachable(format!("cannot resolve: {e}")))?
                     .next()
-                    .ok_or_else(|| unreachable("no address".into()))?;
+                    .ok_or_else(|| unreachable("the name resolves to no address".into()))?;
                 let s = TcpStream::connect_timeout(&sa, timeout).map_err(|e| unreachable(e.to_string()))?;
-                let _ = s.set_nodelay(true);
+                s.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
                 Sock::Tcp(s)
             }
             BrickAddr::Unix(p) => Sock::Unix(UnixStream::connect(p).map_err(|e| unreachable(e.to_string()))?),
         };
-        sock.set_read_timeout(Some(timeout))
+        // SO_RCVTIMEO and SO_SNDTIMEO belong to the socket, shared by the clones below.
+        sock.set_timeouts(timeout, SEND_SLICE)
             .map_err(|e| unreachable(e.to_string()))?;
-        let writer = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
+        let tx = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let control = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let mut link = Link {
             addr: addr.clone(),
@@ -220,18 +351,18 @@ impl Link {
             info: BrickInfo {
                 pool_bytes: 0,
                 free_bytes: 0,
-                page_size: 4096,
+                page_size: rackmem_proto::PAGE_SIZE,
                 max_payload: MAX_PAYLOAD,
                 brick_id: 0,
             },
-            writer: Mutex::new(writer),
-            reader: Mutex::new(ReaderState {
-                sock: BufReader::with_capacity(256 << 10, sock),
-                parked: HashMap::new(),
-            }),
-            broken: Mutex::new(None),
-            next_tag: AtomicU32::new(1),
             timeout,
+            tx: Mutex::new(tx),
+            rx_sock: Mutex::new(BufReader::with_capacity(256 << 10, sock)),
+            rx: Mutex::new(RxState::default()),
+            rx_cv: Condvar::new(),
+            unread: AtomicI64::new(0),
+            next_tag: AtomicU32::new(1),
+            broken: OnceLock::new(),
             control,
         };
         let r = link
@@ -251,95 +382,241 @@ impl Link {
         &self.info
     }
 
+    /// The timeout of every wait on this link.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// True once the link is broken (every request fails with [`LinkError::BrickLost`]).
+    pub fn is_broken(&self) -> bool {
+        self.broken.get().is_some()
+    }
+
+    /// Marks the link broken (first cause wins), wakes everyone, returns the error.
     fn lost(&self, cause: String) -> LinkError {
-        let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
-        if b.is_none() {
-            *b = Some(cause.clone());
+        if self.broken.set(cause).is_ok() {
+            // Wakes a reader blocked in read() and a sender blocked in write().
             self.control.shutdown();
+            let _st = lock(&self.rx);
+            self.rx_cv.notify_all();
         }
+        self.lost_error()
+    }
+
+    fn lost_error(&self) -> LinkError {
         LinkError::BrickLost {
             addr: self.addr_text.clone(),
-            cause: b.clone().unwrap_or(cause),
+            cause: self.broken.get().cloned().unwrap_or_default(),
         }
     }
 
-    fn check_broken(&self) -> Result<(), LinkError> {
-        match &*self.broken.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(c) => Err(LinkError::BrickLost {
-                addr: self.addr_text.clone(),
-                cause: c.clone(),
-            }),
-            None => Ok(()),
+    fn invalid(&self, reason: String) -> LinkError {
+        LinkError::Invalid {
+            addr: self.addr_text.clone(),
+            reason,
         }
     }
 
-    /// Sends a request; returns its tag.
-    fn submit(&self, req: &Request) -> Result<u32, LinkError> {
-        self.check_broken()?;
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let frame = req.encode(tag);
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        w.write_all(&frame)
-            .map_err(|e| self.lost(format!("send failed: {e}")))?;
+    fn abandon(&self, tag: u32) {
+        let mut st = lock(&self.rx);
+        if st.parked.remove(&tag).is_none() {
+            st.abandoned.insert(tag);
+        }
+    }
+
+    /// Reads one response frame; called only by the thread that set `RxState::reading`.
+    fn read_frame(&self) -> Result<Frame, LinkError> {
+        let mut sock = lock(&self.rx_sock);
+        let mut hdr = [0u8; HEADER_LEN];
+        if let Err(e) = sock.read_exact(&mut hdr) {
+            let cause = match e.kind() {
+                _ if self.is_broken() => return Err(self.lost_error()),
+                io::ErrorKind::UnexpectedEof => "connection closed by the brick".to_string(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    format!("no response within {:?}", self.timeout)
+                }
+                _ => format!("receive failed: {e}"),
+            };
+            return Err(self.lost(cause));
+        }
+        let header = Header::decode(&hdr).map_err(|e| self.lost(format!("malformed response: {e}")))?;
+        if !header.is_response() {
+            return Err(self.lost("the peer sent a request where a response was due".into()));
+        }
+        let mut payload = vec![0u8; header.payload_len as usize];
+        sock.read_exact(&mut payload)
+            .map_err(|e| self.lost(format!("truncated response: {e}")))?;
+        Ok(Frame { header, payload })
+    }
+
+    /// Moves responses off the socket until `done` yields, taking the reader's role when nobody
+    /// holds it and sleeping otherwise; fails when the link breaks or `deadline` passes.
+    fn pump<T>(
+        &self,
+        deadline: Instant,
+        what: impl Fn() -> String,
+        mut done: impl FnMut(&mut RxState) -> Option<T>,
+    ) -> Result<T, LinkError> {
+        let mut st = lock(&self.rx);
+        loop {
+            if let Some(t) = done(&mut st) {
+                return Ok(t);
+            }
+            if self.is_broken() {
+                return Err(self.lost_error());
+            }
+            if !st.reading {
+                st.reading = true;
+                drop(st);
+                let r = self.read_frame();
+                st = lock(&self.rx);
+                st.reading = false;
+                match r {
+                    Ok(f) => {
+                        self.unread.fetch_sub(1, Ordering::AcqRel);
+                        if !st.abandoned.remove(&f.header.tag) {
+                            st.parked.insert(f.header.tag, f);
+                        }
+                    }
+                    Err(e) => {
+                        self.rx_cv.notify_all();
+                        return Err(e);
+                    }
+                }
+                if st.sleepers > 0 {
+                    // The frame may be theirs, and one of them must take over reading.
+                    self.rx_cv.notify_all();
+                }
+            } else {
+                let now = Instant::now();
+                if now >= deadline {
+                    drop(st);
+                    return Err(self.lost(format!("{} within {:?}", what(), self.timeout)));
+                }
+                st.sleepers += 1;
+                st = self
+                    .rx_cv
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                st.sleepers -= 1;
+            }
+        }
+    }
+
+    /// Reads one response off the socket if responses are due and nobody else is reading. A
+    /// sender whose socket is full calls this so the brick, which may be blocked sending
+    /// responses, can make progress.
+    fn drain_some(&self) -> Result<(), LinkError> {
+        let mut st = lock(&self.rx);
+        if st.reading || self.unread.load(Ordering::Acquire) <= 0 {
+            return Ok(());
+        }
+        st.reading = true;
+        drop(st);
+        let r = self.read_frame();
+        let mut st = lock(&self.rx);
+        st.reading = false;
+        let r = r.map(|f| {
+            self.unread.fetch_sub(1, Ordering::AcqRel);
+            if !st.abandoned.remove(&f.header.tag) {
+                st.parked.insert(f.header.tag, f);
+            }
+        });
+        if st.sleepers > 0 {
+            self.rx_cv.notify_all();
+        }
+        r
+    }
+
+    /// Sends one frame (`head` then `data`) and returns its tag. `head` is built for the tag.
+    fn send(&self, op: Opcode, head: impl FnOnce(u32) -> Vec<u8>, data: &[u8]) -> Result<u32, LinkError> {
+        if self.is_broken() {
+            return Err(self.lost_error());
+        }
+        let deadline = Instant::now() + self.timeout;
+        if self.unread.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
+            self.pump(
+                deadline,
+                || format!("{MAX_IN_FLIGHT} requests in flight, none answered"),
+                |_| (self.unread.load(Ordering::Acquire) < MAX_IN_FLIGHT).then_some(()),
+            )?;
+        }
+        let tag = loop {
+            let t = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            // Tag 0 is what a brick answers frames it cannot parse with.
+            if t != 0 {
+                break t;
+            }
+        };
+        let head = head(tag);
+        let mut tx = lock(&self.tx);
+        let mut bufs = [IoSlice::new(&head), IoSlice::new(data)];
+        let mut bufs = &mut bufs[..];
+        IoSlice::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            match tx.write_vectored(bufs) {
+                Ok(0) => return Err(self.lost("connection closed while sending".into())),
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if self.is_broken() {
+                        return Err(self.lost_error());
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(self.lost(format!("could not send {op:?} within {:?}", self.timeout)));
+                    }
+                    self.drain_some()?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if self.is_broken() => {
+                    let _ = e;
+                    return Err(self.lost_error());
+                }
+                Err(e) => return Err(self.lost(format!("send failed: {e}"))),
+            }
+        }
+        drop(tx);
+        self.unread.fetch_add(1, Ordering::AcqRel);
         Ok(tag)
     }
 
+    fn submit(&self, req: &Request) -> Result<u32, LinkError> {
+        self.send(req.opcode(), |tag| req.encode(tag), &[])
+    }
+
     /// Waits for the response to `tag`; returns its payload or the brick's refusal.
-    fn wait(&self, tag: u32, op: Opcode) -> Result<Vec<u8>, LinkError> {
+    fn wait_for(&self, tag: u32, op: Opcode) -> Result<Vec<u8>, LinkError> {
         let deadline = Instant::now() + self.timeout;
-        let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let resp = loop {
-            if let Some(resp) = r.parked.remove(&tag) {
-                break resp;
-            }
-            self.check_broken()?;
-            if Instant::now() > deadline {
-                return Err(self.lost(format!("no answer within {:?}", self.timeout)));
-            }
-            let mut hdr = [0u8; HEADER_LEN];
-            if let Err(e) = r.sock.read_exact(&mut hdr) {
-                let cause = match e.kind() {
-                    io::ErrorKind::UnexpectedEof => "connection closed by the brick".to_string(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                        format!("no answer within {:?}", self.timeout)
-                    }
-                    _ => e.to_string(),
-                };
-                return Err(self.lost(cause));
-            }
-            let h = Header::decode(&hdr).map_err(|e| self.lost(format!("malformed response: {e}")))?;
-            if !h.is_response() {
-                return Err(self.lost("peer sent a request, not a response".into()));
-            }
-            let mut payload = vec![0u8; h.payload_len as usize];
-            r.sock
-                .read_exact(&mut payload)
-                .map_err(|e| self.lost(format!("truncated response: {e}")))?;
-            if h.tag == tag {
-                break Response { header: h, payload };
-            }
-            r.parked.insert(h.tag, Response { header: h, payload });
-        };
-        drop(r);
-        let status = Status::from_u32(resp.header.status);
+        let f = self.pump(
+            deadline,
+            || format!("no response to {op:?} (tag {tag})"),
+            |st| st.parked.remove(&tag),
+        )?;
+        let status = Status::from_u32(f.header.status);
         if status != Status::Ok {
-            let message = String::from_utf8_lossy(&resp.payload).into_owned();
             return Err(LinkError::Refused {
                 addr: self.addr_text.clone(),
                 op,
                 status,
-                message,
+                message: String::from_utf8_lossy(&f.payload).into_owned(),
             });
         }
-        Ok(resp.payload)
+        if f.header.opcode != op {
+            return Err(self.lost(format!(
+                "response to {op:?} (tag {tag}) came back as {:?}",
+                f.header.opcode
+            )));
+        }
+        Ok(f.payload)
     }
 
     fn call(&self, req: &Request) -> Result<Vec<u8>, LinkError> {
         let tag = self.submit(req)?;
-        self.wait(tag, req.opcode())
+        self.wait_for(tag, req.opcode())
     }
 
-    /// Standalone mode: carves a segment with the brick's shared secret and attaches to it.
+    /// Standalone mode: carves a segment of at least `size_bytes` (rounded up to the brick's
+    /// chunk) with the brick's shared secret, and attaches this link to it.
     pub fn alloc_segment(&self, secret: &[u8], size_bytes: u64) -> Result<Grant, LinkError> {
         let p = self.call(&Request::Alloc {
             size_bytes,
@@ -348,24 +625,49 @@ impl Link {
         Grant::decode(&p).map_err(|e| self.lost(format!("bad grant in ALLOC answer: {e}")))
     }
 
-    /// Binds this link to a segment.
+    /// Binds this link to the grant's segment. A bad or expired grant is refused and the brick
+    /// closes the connection.
     pub fn attach(&self, grant: &Grant) -> Result<(), LinkError> {
         self.call(&Request::Attach(grant.clone())).map(|_| ())
     }
 
-    /// Copy-on-write clone of the attached segment; the grant is for the new segment.
+    /// Unbinds this link from its segment (the brick frees the segment when nobody is attached).
+    pub fn detach(&self) -> Result<(), LinkError> {
+        self.call(&Request::Detach).map(|_| ())
+    }
+
+    /// Copy-on-write clone of the attached segment; the grant is for the new segment, which the
+    /// brick frees if nobody attaches to it within its grace period.
     pub fn clone_segment(&self) -> Result<Grant, LinkError> {
         let p = self.call(&Request::Clone)?;
         Grant::decode(&p).map_err(|e| self.lost(format!("bad grant in CLONE answer: {e}")))
     }
 
+    /// Cuts extents longer than one batch may carry into batch-sized pieces.
+    fn pieces(extents: &[Extent]) -> std::borrow::Cow<'_, [Extent]> {
+        let piece = MAX_BATCH_BYTES as u32;
+        if extents.iter().all(|e| e.1 <= piece) {
+            return std::borrow::Cow::Borrowed(extents);
+        }
+        let mut v = Vec::with_capacity(extents.len() + 8);
+        for &(o, l) in extents {
+            let mut done = 0u32;
+            while done < l {
+                let n = (l - done).min(piece);
+                v.push((o + done as u64, n));
+                done += n;
+            }
+        }
+        std::borrow::Cow::Owned(v)
+    }
+
+    /// Splits extents in batches within the per-request limits (after [`Link::pieces`]).
     fn batches(extents: &[Extent]) -> Vec<&[Extent]> {
-        // Keep each request within the payload and extent limits.
         let mut out = Vec::new();
         let mut start = 0;
         let mut bytes = 0u64;
         for (i, e) in extents.iter().enumerate() {
-            if i > start && (bytes + e.1 as u64 > (MAX_PAYLOAD as u64 - 65536) || i - start >= 1024) {
+            if i > start && (bytes + e.1 as u64 > MAX_BATCH_BYTES || i - start >= MAX_BATCH_EXTENTS) {
                 out.push(&extents[start..i]);
                 start = i;
                 bytes = 0;
@@ -378,65 +680,117 @@ impl Link {
         out
     }
 
-    /// Reads the extents, in order, into `out` (whose length must be their total).
-    pub fn read_pages(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
-        let total: u64 = extents.iter().map(|e| e.1 as u64).sum();
-        if total != out.len() as u64 {
-            return Err(LinkError::TooLarge(format!(
-                "buffer of {} bytes for {total} bytes of extents",
-                out.len()
-            )));
-        }
-        let batches = Self::batches(extents);
-        // Pipeline: send every batch, then collect the answers in order.
-        let tags = batches
+    /// Checks what the brick would refuse anyway, so the caller gets a clear error and the
+    /// connection survives. Returns the extents' total.
+    fn check_extents(&self, extents: &[Extent], buf_len: usize) -> Result<usize, LinkError> {
+        let page = rackmem_proto::PAGE_SIZE;
+        if let Some(&(o, l)) = extents
             .iter()
-            .map(|b| self.submit(&Request::Read(b.to_vec())))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut at = 0usize;
-        for (b, tag) in batches.iter().zip(tags) {
-            let p = self.wait(tag, Opcode::Read)?;
-            let n: usize = b.iter().map(|e| e.1 as usize).sum();
-            if p.len() != n {
-                return Err(self.lost(format!("READ answer of {} bytes, expected {n}", p.len())));
-            }
-            out[at..at + n].copy_from_slice(&p);
-            at += n;
+            .find(|&&(o, l)| l == 0 || l % page != 0 || o % page as u64 != 0)
+        {
+            return Err(self.invalid(format!("extent {o:#x}+{l:#x} is not a run of whole pages")));
         }
-        Ok(())
+        let total: u64 = extents.iter().map(|e| e.1 as u64).sum();
+        if total != buf_len as u64 {
+            return Err(self.invalid(format!("{buf_len} byte buffer for {total} bytes of extents")));
+        }
+        Ok(buf_len)
     }
 
-    /// Writes `data` to the extents, in order.
-    pub fn write_pages(&self, extents: &[Extent], data: &[u8]) -> Result<(), LinkError> {
-        let total: u64 = extents.iter().map(|e| e.1 as u64).sum();
-        if total != data.len() as u64 {
-            return Err(LinkError::TooLarge(format!(
-                "{} bytes of data for {total} bytes of extents",
+    /// Sends one batched READ without waiting; the extents must fit one request
+    /// ([`MAX_BATCH_EXTENTS`], [`MAX_BATCH_BYTES`]). Collect the pages with [`Ticket::wait`].
+    pub fn submit_read(&self, extents: &[Extent]) -> Result<Ticket<'_>, LinkError> {
+        let total = extents.iter().map(|e| e.1 as u64).sum::<u64>();
+        if extents.is_empty() || extents.len() > MAX_BATCH_EXTENTS || total > MAX_BATCH_BYTES {
+            return Err(self.invalid(format!(
+                "a batch needs 1 to {MAX_BATCH_EXTENTS} extents and at most {MAX_BATCH_BYTES} bytes \
+                 (got {} extents, {total} bytes); read_pages splits larger reads",
+                extents.len()
+            )));
+        }
+        let len = self.check_extents(extents, total as usize)?;
+        let tag = self.submit(&Request::Read(extents.to_vec()))?;
+        Ok(Ticket {
+            link: self,
+            tag,
+            op: Opcode::Read,
+            len,
+            done: false,
+        })
+    }
+
+    /// Sends one batched WRITE without waiting (same limits as [`Link::submit_read`]); `data`
+    /// holds the extents' bytes in order. Learn the outcome with [`Ticket::wait`] (`&mut []`).
+    pub fn submit_write(&self, extents: &[Extent], data: &[u8]) -> Result<Ticket<'_>, LinkError> {
+        if extents.is_empty() || extents.len() > MAX_BATCH_EXTENTS || data.len() as u64 > MAX_BATCH_BYTES {
+            return Err(self.invalid(format!(
+                "a batch needs 1 to {MAX_BATCH_EXTENTS} extents and at most {MAX_BATCH_BYTES} bytes \
+                 (got {} extents, {} bytes); write_pages splits larger writes",
+                extents.len(),
                 data.len()
             )));
         }
-        let mut at = 0usize;
-        let mut tags = Vec::new();
-        for b in Self::batches(extents) {
-            let n: usize = b.iter().map(|e| e.1 as usize).sum();
-            tags.push(self.submit(&Request::Write {
-                extents: b.to_vec(),
-                data: data[at..at + n].to_vec(),
-            })?);
-            at += n;
+        self.check_extents(extents, data.len())?;
+        let tag = self.send(Opcode::Write, |tag| encode_write_head(tag, extents, data.len()), data)?;
+        Ok(Ticket {
+            link: self,
+            tag,
+            op: Opcode::Write,
+            len: 0,
+            done: false,
+        })
+    }
+
+    /// Reads the extents, in order, into `out` (whose length must be their total). Large reads
+    /// are split in batches, [`READ_WINDOW`] of them in flight at a time.
+    pub fn read_pages(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
+        self.check_extents(extents, out.len())?;
+        let mut window: VecDeque<Ticket<'_>> = VecDeque::new();
+        let mut rest: &mut [u8] = out;
+        let pieces = Self::pieces(extents);
+        for b in Self::batches(&pieces) {
+            if window.len() >= READ_WINDOW {
+                if let Some(t) = window.pop_front() {
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(t.len());
+                    t.wait(head)?;
+                    rest = tail;
+                }
+            }
+            window.push_back(self.submit_read(b)?);
         }
-        for t in tags {
-            self.wait(t, Opcode::Write)?;
+        for t in window {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(t.len());
+            t.wait(head)?;
+            rest = tail;
         }
         Ok(())
     }
 
-    /// Zeroes a range of the segment and releases its memory on the brick.
+    /// Writes `data` to the extents, in order (its length must be their total). Large writes
+    /// are split in batches, all pipelined.
+    pub fn write_pages(&self, extents: &[Extent], data: &[u8]) -> Result<(), LinkError> {
+        self.check_extents(extents, data.len())?;
+        let mut at = 0usize;
+        let mut tickets = Vec::new();
+        let pieces = Self::pieces(extents);
+        for b in Self::batches(&pieces) {
+            let n: usize = b.iter().map(|e| e.1 as usize).sum();
+            tickets.push(self.submit_write(b, &data[at..at + n])?);
+            at += n;
+        }
+        for t in tickets {
+            t.wait(&mut [])?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes a page-aligned range of the segment and releases its memory on the brick.
     pub fn discard(&self, offset: u64, len: u64) -> Result<(), LinkError> {
         self.call(&Request::Discard { offset, len }).map(|_| ())
     }
 
-    /// Copies within the segment on the brick.
+    /// Copies `len` bytes from `src` to `dst` within the segment, on the brick (ranges may
+    /// overlap, offsets page-aligned).
     pub fn copy_within(&self, src: u64, dst: u64, len: u64) -> Result<(), LinkError> {
         self.call(&Request::Copy { src, dst, len }).map(|_| ())
     }
@@ -452,6 +806,12 @@ impl Link {
     pub fn stats(&self) -> Result<BrickStats, LinkError> {
         let p = self.call(&Request::Stats)?;
         BrickStats::decode(&p).map_err(|e| self.lost(format!("bad STATS answer: {e}")))
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.control.shutdown();
     }
 }
 
@@ -475,6 +835,16 @@ mod tests {
         let ext: Vec<Extent> = (0..3000).map(|i| (i * 4096, 4096)).collect();
         let b = Link::batches(&ext);
         assert_eq!(b.iter().map(|x| x.len()).sum::<usize>(), 3000);
-        assert!(b.iter().all(|x| x.len() <= 1024));
+        assert!(b.iter().all(|x| x.len() <= MAX_BATCH_EXTENTS));
+        let big: Vec<Extent> = (0..10).map(|i| (i << 24, 4 << 20)).collect();
+        let huge = [(0u64, 40u32 << 20)];
+        let p = Link::pieces(&huge);
+        assert_eq!(p.iter().map(|e| e.1 as u64).sum::<u64>(), 40 << 20);
+        assert!(p.iter().all(|e| e.1 as u64 <= MAX_BATCH_BYTES && e.0 % 4096 == 0));
+        let b = Link::batches(&big);
+        assert!(b
+            .iter()
+            .all(|x| x.iter().map(|e| e.1 as u64).sum::<u64>() <= MAX_BATCH_BYTES));
+        assert_eq!(b.iter().map(|x| x.len()).sum::<usize>(), 10);
     }
 }

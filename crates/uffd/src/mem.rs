@@ -140,6 +140,23 @@ impl Mapping {
     }
 }
 
+impl Mapping {
+    /// Copies `data` into the mapping at `offset` (a write access: a missing page of a
+    /// registered range faults to its handler, which must be another thread).
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset.checked_add(data.len()).is_some_and(|e| e <= self.len),
+            "write outside the mapping"
+        );
+        // SAFETY: the destination lies inside this live, writable mapping (checked above), which
+        // no Rust reference aliases: its bytes are only reached through these raw copies.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.addr + offset) as *mut u8, data.len()) }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         sys_munmap(self.addr, self.len);
