@@ -11,8 +11,9 @@
 //! clone time, a chunk copy on the first write to a shared chunk.
 //!
 //! Threads: one acceptor, one per connection. Requests on a connection are processed in order
-//! and answered in order; responses are flushed when no further request is already buffered, so
-//! a pipelined burst is answered with few system calls.
+//! and answered in order; a response is held back only while a whole further request is
+//! already buffered, so a pipelined burst is answered with few system calls and a client is
+//! never left waiting for a response while the brick waits for the client.
 
 mod pool;
 mod server;

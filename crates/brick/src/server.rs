@@ -2,9 +2,10 @@
 //!
 //! One acceptor thread hands each connection to a thread of its own, which reads a frame,
 //! validates it (header first, so a hostile `payload_len` is refused before any allocation),
-//! serves it against the connection's attached segment and queues the response. Responses are
-//! flushed when no further request is already buffered, so a pipelined burst is answered with
-//! few system calls while a lone request is answered at once.
+//! serves it against the connection's attached segment and queues the response. A response is
+//! held back only while a whole further request is already buffered: a pipelined burst is
+//! answered with few system calls, a lone request at once, and the brick never sits on a
+//! response while it waits for more bytes from the client.
 
 use crate::pool::{in_segment, Store, CHUNK};
 use rackmem_proto::{
@@ -495,7 +496,10 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
             shared.counters.errors.fetch_add(1, Relaxed);
         }
         let close = reply.close;
-        let flush = close || conn.io.buffer().is_empty();
+        // Hold the response back only if the next request can be served without reading the
+        // socket: a client may be waiting for this response before it sends the rest of the
+        // next frame (a link draining responses while its send is blocked does exactly that).
+        let flush = close || !whole_frame_buffered(conn.io.buffer());
         if conn.send(h.opcode, h.tag, reply, flush).is_err() || close {
             break;
         }
@@ -503,6 +507,12 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
     if let Some(a) = attached {
         shared.store.detach(a.id);
     }
+}
+
+/// True if `buf` starts with a complete frame (header and payload).
+fn whole_frame_buffered(buf: &[u8]) -> bool {
+    buf.len() >= HEADER_LEN
+        && HEADER_LEN as u64 + u64::from(u32::from_le_bytes([buf[28], buf[29], buf[30], buf[31]])) <= buf.len() as u64
 }
 
 struct StreamIo(Box<dyn Stream>);

@@ -83,3 +83,17 @@ fn daemonized_child_keeps_using_remote_memory() {
     };
     assert_eq!(wait(&remote_out), wait(&native_out));
 }
+
+#[test]
+fn concurrent_writes_survive_eviction() {
+    // A local buffer of 2% keeps every page moving in and out while three threads write to it.
+    require_root();
+    let prog = program("evict_race");
+    let args = ["8", "3", "10"];
+    let n = native(&prog, &args);
+    let (r, stats) = remote(&prog, &args, "2%", &[]);
+    assert!(r.status.success(), "evict_race under rackmem: {}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(checksums(&n), checksums(&r));
+    let s = main_process(&stats);
+    assert!(s.evictions > 10_000, "the test must churn the local buffer: {s:?}");
+}
