@@ -19,7 +19,8 @@ mod pool;
 mod server;
 
 pub use pool::CHUNK;
-pub use server::{
-    run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickStopper, ListenAddr, CLONE_GRACE, MAX_CONNECTIONS,
-};
 pub use rackmem_proto::BrickStats;
+pub use server::{
+    run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickStopper, ListenAddr, CLONE_GRACE,
+    MAX_CONNECTIONS,
+};

@@ -26,7 +26,9 @@ fn a_stale_socket_file_is_replaced_but_a_regular_file_is_left_alone() {
 
     let file = dir.path().join("precious.txt");
     std::fs::write(&file, "data").expect("write");
-    let e = Brick::start(cfg(ListenAddr::Unix(file.clone()))).err().expect("not a socket");
+    let e = Brick::start(cfg(ListenAddr::Unix(file.clone())))
+        .err()
+        .expect("not a socket");
     assert!(matches!(e, BrickError::NotASocket(_)), "{e}");
     assert!(e.to_string().contains("precious.txt"), "{e}");
     assert_eq!(std::fs::read_to_string(&file).expect("still there"), "data");

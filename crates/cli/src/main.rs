@@ -4,6 +4,7 @@
 //! memory, `rackmem-transport` reaches bricks, `librackmem.so` (`rackmem-preload` over
 //! `rackmem-runtime`) does the work inside the program.
 
+mod bench_cmd;
 mod brick_cmd;
 mod run_cmd;
 mod sys;
@@ -43,6 +44,8 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Serve this machine's idle memory as a memory brick.
     Brick(brick_cmd::BrickArgs),
+    /// Measure: floors, remote fault latency, workloads against native runs.
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() {
@@ -50,6 +53,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Brick(args) => brick_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run_bench(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

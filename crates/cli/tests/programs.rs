@@ -92,7 +92,11 @@ fn concurrent_writes_survive_eviction() {
     let args = ["8", "3", "10"];
     let n = native(&prog, &args);
     let (r, stats) = remote(&prog, &args, "2%", &[]);
-    assert!(r.status.success(), "evict_race under rackmem: {}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "evict_race under rackmem: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     assert_eq!(checksums(&n), checksums(&r));
     let s = main_process(&stats);
     assert!(s.evictions > 10_000, "the test must churn the local buffer: {s:?}");

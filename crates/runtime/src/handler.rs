@@ -221,12 +221,10 @@ impl Handler {
                 _ => {}
             }
             // Plan the run.
-            let sequential = page == c.seq_next;
-            let max_run = inner.cfg.prefetch_pages.max(1);
-            c.seq_len = if sequential { (c.seq_len * 2).min(max_run) } else { 1 };
+            let (run, stream) = c.streams.plan(page, inner.cfg.prefetch_pages.max(1));
             let region_end = c.alloc.region_containing(page).map_or(page + 1, |(s, l)| s + l);
             let budget = inner.budget_pages(&c);
-            let cap = (c.seq_len as u64)
+            let cap = (run as u64)
                 .min((budget / 4).max(1))
                 .min(region_end.saturating_sub(page).max(1));
             let mut n = 1u64;
@@ -237,7 +235,7 @@ impl Handler {
                 }
                 n += 1;
             }
-            c.seq_next = page + n;
+            c.streams.advance(stream, page + n);
             // Make room; may wait for staging slots.
             let (c, staged) = self.choose_victims(c, n);
             drop(c);

@@ -21,6 +21,7 @@
 pub mod config;
 mod handler;
 pub mod policy;
+pub mod prefetch;
 pub mod regions;
 pub mod segment;
 pub mod size;
@@ -125,9 +126,8 @@ pub(crate) struct Core {
     pub next_job: u64,
     /// Bumped whenever pages are released behind the handler's back (REMOVE/UNMAP events).
     pub epoch: u64,
-    /// Sequential detector: the page after the last run, and the current run length.
-    pub seq_next: u64,
-    pub seq_len: usize,
+    /// Sequential streams, for prefetch.
+    pub streams: prefetch::Streams,
 }
 
 impl Core {
@@ -405,8 +405,7 @@ impl Runtime {
             evicting: HashMap::new(),
             next_job: 1,
             epoch: 0,
-            seq_next: u64::MAX,
-            seq_len: 1,
+            streams: prefetch::Streams::default(),
         });
         let mut core = core;
         core.free_slots = (0..slots as u32).rev().collect();
@@ -794,8 +793,7 @@ pub fn fork_child() {
             evicting: HashMap::new(),
             next_job: 1,
             epoch: 0,
-            seq_next: u64::MAX,
-            seq_len: 1,
+            streams: prefetch::Streams::default(),
         };
         drop(c);
         Runtime::assemble(parent.cfg.clone(), window, table, bricks, Some(core))

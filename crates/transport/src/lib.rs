@@ -22,8 +22,8 @@
 //! of data.
 
 use rackmem_proto::{
-    encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, Status, HEADER_LEN,
-    MAX_EXTENTS, MAX_PAYLOAD,
+    encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, Status, HEADER_LEN, MAX_EXTENTS,
+    MAX_PAYLOAD,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -145,7 +145,6 @@ impl LinkError {
         )
     }
 }
-
 
 enum Sock {
     Tcp(TcpStream),

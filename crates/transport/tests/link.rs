@@ -51,8 +51,9 @@ fn pages(first: u64, count: u64, round: u64) -> Vec<u8> {
 }
 
 fn checksum(b: &[u8]) -> u64 {
-    b.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 #[test]
@@ -86,7 +87,8 @@ fn large_transfers_in_both_directions_at_once_do_not_wedge_the_link() {
         assert!(back == hi_data, "{addr}: upper half differs");
         // And one contiguous 32 MiB extent (split by size, not by count).
         let mut big = vec![0u8; 32 << 20];
-        link.read_pages(&[(0, 32 << 20)], &mut big).expect("read one big extent");
+        link.read_pages(&[(0, 32 << 20)], &mut big)
+            .expect("read one big extent");
         assert!(big[..] == data[..32 << 20]);
     }
 }
@@ -125,7 +127,8 @@ fn tickets_pipeline_beyond_the_in_flight_limit_from_one_thread() {
             drop(link.submit_read(&[(i * 4096, 4096)]).expect("submit"));
         }
         let mut one = vec![0u8; 4096];
-        link.read_pages(&[(5 * 4096, 4096)], &mut one).expect("read after drops");
+        link.read_pages(&[(5 * 4096, 4096)], &mut one)
+            .expect("read after drops");
         assert!(one == pages(5, 1, 7));
         link.ping().expect("ping");
     }
@@ -144,9 +147,8 @@ fn many_threads_share_one_link_and_see_their_own_pages() {
                     for round in 0..40u64 {
                         // Each thread owns pages t, t+6, t+12, ...; batches of 1 to 8 pages.
                         let count = round % 8 + 1;
-                        let ext: Vec<(u64, u32)> = (0..count)
-                            .map(|k| (((round * 8 + k) * 6 + t) * 4096, 4096))
-                            .collect();
+                        let ext: Vec<(u64, u32)> =
+                            (0..count).map(|k| (((round * 8 + k) * 6 + t) * 4096, 4096)).collect();
                         let mut data = vec![0u8; ext.len() * 4096];
                         for (k, p) in data.chunks_mut(4096).enumerate() {
                             fill(p, ext[k].0 / 4096, round);
@@ -184,9 +186,7 @@ fn client_side_mistakes_are_refused_without_breaking_the_link() {
     assert!(!link.is_broken());
     link.ping().expect("the link still works");
     // A refusal by the brick names the brick and the status.
-    let e = link
-        .alloc_segment(SECRET, 1 << 20)
-        .expect_err("already attached");
+    let e = link.alloc_segment(SECRET, 1 << 20).expect_err("already attached");
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }
 
@@ -209,7 +209,10 @@ fn discard_zeroes_and_copy_handles_overlap() {
     link.write_pages(&ext, &data).expect("rewrite");
     link.copy_within(3 * 4096, 0, (n - 3) * 4096).expect("copy back");
     link.read_pages(&ext, &mut back).expect("read");
-    assert!(back[..((n - 3) * 4096) as usize] == data[3 * 4096..], "memmove backward");
+    assert!(
+        back[..((n - 3) * 4096) as usize] == data[3 * 4096..],
+        "memmove backward"
+    );
     // Discard a range straddling the chunk boundary: zeros there, data kept around it.
     link.write_pages(&ext, &data).expect("rewrite");
     let before = link.stats().expect("stats").resident_bytes;
@@ -223,7 +226,16 @@ fn discard_zeroes_and_copy_handles_overlap() {
     assert!(after < before, "discard releases memory ({before} -> {after})");
     // Misaligned or out-of-segment discards are refused.
     let r = link.discard(4 << 20, 4096);
-    assert!(matches!(r, Err(LinkError::Refused { status: Status::OutOfRange, .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(LinkError::Refused {
+                status: Status::OutOfRange,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 #[test]

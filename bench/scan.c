@@ -1,0 +1,33 @@
+/* scan: sequential read+write passes over every 8-byte word of one big buffer (the "scan"
+ * workload of the swap baselines). usage: scan [MiB=1024] [passes=3]
+ * prints: result name=scan bytes=.. seconds=.. mb_per_s=.. checksum=.. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv) {
+    size_t mib = argc > 1 ? strtoull(argv[1], 0, 0) : 1024;
+    int passes = argc > 2 ? atoi(argv[2]) : 3;
+    size_t words = (mib << 20) / 8;
+    uint64_t *a = malloc(words * 8);
+    if (!a) { fprintf(stderr, "scan: malloc failed\n"); return 1; }
+    for (size_t i = 0; i < words; i++) a[i] = i;
+    double t0 = now();
+    for (int p = 0; p < passes; p++)
+        for (size_t i = 0; i < words; i++) a[i] = a[i] * 3 + 1;
+    double t = now() - t0;
+    uint64_t h = 0;
+    for (size_t i = 0; i < words; i += 512) h = h * 31 + a[i];
+    printf("result name=scan bytes=%zu seconds=%.4f mb_per_s=%.1f checksum=%016llx\n", words * 8 * (size_t)passes, t,
+           words * 8.0 * passes / t / 1e6, (unsigned long long)h);
+    free(a);
+    return 0;
+}
