@@ -446,7 +446,13 @@ impl Runtime {
                 .stack_size(256 << 10)
                 .spawn(move || {
                     RUNTIME_THREAD.with(|t| t.set(true));
-                    f(i)
+                    // A runtime thread that dies would leave the program waiting on a fault
+                    // forever: stop the program instead, saying why.
+                    let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+                        eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
+                        sys::exit_immediately(sys::EXIT_BRICK_LOST);
+                    }
                 })
         };
         spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;

@@ -42,7 +42,7 @@ impl Streams {
         self.clock += 1;
         if let Some(i) = self.slots.iter().position(|s| s.next_page == page) {
             let s = &mut self.slots[i];
-            s.run = (s.run * 2).clamp(2, max.max(1));
+            s.run = (s.run * 2).max(2).min(max.max(1));
             s.last_used = self.clock;
             return (s.run, i);
         }
@@ -83,5 +83,10 @@ mod tests {
         }
         assert_eq!(runs, vec![(1, 1), (2, 2), (4, 4), (8, 8), (16, 16)]);
         assert_eq!(d.plan(5000, 16).0, 1, "a random fault starts a stream of one page");
+        // Prefetch off: runs stay one page long even on a stream.
+        let mut d = Streams::default();
+        let (n, s) = d.plan(0, 1);
+        d.advance(s, n as u64);
+        assert_eq!(d.plan(1, 1).0, 1);
     }
 }
