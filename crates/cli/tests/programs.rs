@@ -42,6 +42,60 @@ fn realloc_across_the_threshold_and_aligned_allocators() {
 fn anonymous_mmap_munmap_madvise_mremap() {
     let s = same_as_native("mmap_ops", &["48"]);
     assert_used_remote_memory(main_process(&s));
+    assert!(
+        main_process(&s).events > 0,
+        "the raw madvise must reach the handler as a REMOVE event"
+    );
+}
+
+#[test]
+fn explicit_c_api() {
+    require_root();
+    let prog = program("explicit_api");
+    assert_eq!(
+        String::from_utf8_lossy(&native(&prog, &[]).stdout).trim(),
+        "rackmem=absent"
+    );
+    let (o, _) = remote(&prog, &[], "50%", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "rackmem=present remote=1 faults>0"
+    );
+}
+
+#[test]
+fn brick_over_tcp() {
+    require_root();
+    let prog = program("passes");
+    let brick = std::process::Command::new(rackmem())
+        .args([
+            "brick",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--size",
+            "1GiB",
+            "--secret",
+            "t",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("brick");
+    let mut brick = Guard(Some(brick));
+    // The brick prints the address it bound ("serving ... on tcp://127.0.0.1:PORT").
+    let mut line = String::new();
+    let stderr = brick.0.as_mut().and_then(|c| c.stderr.take()).expect("stderr");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).expect("brick banner");
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("tcp://"))
+        .expect("address in banner")
+        .to_string();
+    let n = native(&prog, &["32", "2", "2"]);
+    let (r, stats) = remote(&prog, &["32", "2", "2"], "10%", &["--brick", &addr, "--secret", "t"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(checksums(&n), checksums(&r));
+    assert_used_remote_memory(main_process(&stats));
 }
 
 #[test]
