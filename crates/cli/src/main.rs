@@ -15,6 +15,8 @@ use clap::{Parser, Subcommand};
 pub mod exit {
     /// A brick named on the command line cannot be reached.
     pub const BRICK_UNREACHABLE: i32 = 69;
+    /// This user may not open a userfaultfd (the message says how to allow it).
+    pub const NO_PERMISSION: i32 = 77;
     /// Something on this machine is missing or failed (library not found, socket error).
     pub const SOFTWARE: i32 = 70;
     /// The program could not be started (not found, not executable).
@@ -59,9 +61,13 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("rackmem: error: {e:#}");
-            let code = e
-                .downcast_ref::<run_cmd::Unreachable>()
-                .map_or(exit::SOFTWARE, |_| exit::BRICK_UNREACHABLE);
+            let code = if e.downcast_ref::<run_cmd::Unreachable>().is_some() {
+                exit::BRICK_UNREACHABLE
+            } else if e.downcast_ref::<run_cmd::NoPermission>().is_some() {
+                exit::NO_PERMISSION
+            } else {
+                exit::SOFTWARE
+            };
             std::process::exit(code)
         }
     }

@@ -90,8 +90,23 @@ fn find_preload() -> Result<PathBuf> {
     )
 }
 
+/// This user cannot open a userfaultfd that serves faults raised in system calls.
+#[derive(Debug)]
+pub struct NoPermission(pub String);
+
+impl std::fmt::Display for NoPermission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for NoPermission {}
+
 pub fn run(args: RunArgs) -> Result<i32> {
     let preload = find_preload()?;
+    // The program would fail at its first large allocation: say it now, before it starts.
+    if let Err(e) = rackmem_uffd::Uffd::open(&rackmem_uffd::OpenOptions::default()) {
+        return Err(NoPermission(e.to_string()).into());
+    }
     let tmp = std::env::temp_dir().join(format!("rackmem-run-{}-{}", std::process::id(), random_hex(4)?));
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let _cleanup = RemoveDir(tmp.clone());

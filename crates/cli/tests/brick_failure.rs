@@ -112,3 +112,108 @@ fn program_exit_status_is_passed_through() {
         Some(128 + 15)
     );
 }
+
+#[test]
+fn missing_privilege_is_reported_before_the_program_starts() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    // Run as `nobody`, with vm.unprivileged_userfaultfd=0 as on this kind of machine.
+    if std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
+        .map(|v| v.trim() == "1")
+        .unwrap_or(false)
+    {
+        panic!("this test needs vm.unprivileged_userfaultfd=0 (the default)");
+    }
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        rackmem(),
+        "run",
+        "--",
+        "/bin/sh",
+        "-c",
+    ])
+    .arg(format!("touch {}", marker.display()));
+    let o = run_with_deadline(c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(77), "{err}");
+    assert!(
+        err.contains("vm.unprivileged_userfaultfd=1") && err.contains("root"),
+        "the error must say what is needed: {err}"
+    );
+    assert!(!marker.exists(), "the program must not run");
+}
+
+#[test]
+fn brick_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("b.sock");
+    let child = Command::new(rackmem())
+        .args([
+            "brick",
+            "--listen",
+            &format!("unix:{}", sock.display()),
+            "--size",
+            "64MiB",
+            "--secret",
+            "x",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("brick");
+    let mut g = Guard(Some(child));
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "brick did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = g.0.as_ref().map(|c| c.id()).expect("pid");
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let mut c = g.0.take().expect("child");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = c.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "brick did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    assert!(!sock.exists(), "the socket file is removed");
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    for (args, needle) in [
+        (
+            vec!["brick", "--listen", "nowhere", "--size", "1GiB"],
+            "tcp://HOST:PORT",
+        ),
+        (
+            vec!["brick", "--listen", "unix:/tmp/x.sock", "--size", "lots"],
+            "not a size",
+        ),
+        (vec!["run", "--local", "150%", "--", "/bin/true"], "percentage"),
+        (
+            vec!["run", "--brick", "ftp://x", "--", "/bin/true"],
+            "not a brick address",
+        ),
+    ] {
+        let mut c = Command::new(rackmem());
+        c.args(&args);
+        let o = run_with_deadline(c, Duration::from_secs(30));
+        assert!(!o.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
