@@ -483,7 +483,21 @@ impl Runtime {
         let pages = (size.max(1) as u64).div_ceil(PAGE);
         let align_pages = (align as u64).div_ceil(PAGE).max(1);
         let mut c = self.inner.lock();
-        let first = c.alloc.alloc(pages, align_pages)?;
+        let Some(first) = c.alloc.alloc(pages, align_pages) else {
+            let (allocated, total) = (c.alloc.allocated_pages() * PAGE, c.alloc.total_pages() * PAGE);
+            drop(c);
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "rackmem: warning: the window is full ({} of {} allocated); an allocation of {} stays in local memory. \
+                     Use a larger --window or more bricks.",
+                    size::format_size(allocated),
+                    size::format_size(total),
+                    size::format_size(size as u64)
+                );
+            }
+            return None;
+        };
         let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
         let s = &self.inner.stats;
