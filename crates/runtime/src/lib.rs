@@ -822,7 +822,15 @@ pub fn fork_child() {
         Ok(child) => {
             // The parent's runtime object stays allocated and unused in the child: its threads
             // do not exist here, and dropping it would run destructors against the parent's
-            // brick connections (shared sockets).
+            // brick connections (shared sockets). Its descriptors are closed, so the brick sees
+            // the parent's connections end when the parent exits.
+            for b in &parent.bricks {
+                for fd in b.fault.raw_fds().into_iter().chain(b.writeback.raw_fds()) {
+                    sys::close_inherited(fd);
+                }
+            }
+            sys::close_inherited(parent.uffd.as_raw_fd());
+            sys::close_inherited(parent.stage_uffd.as_raw_fd());
             std::mem::forget(rt);
             set_global(child);
             FORKING.store(false, Ordering::Release);

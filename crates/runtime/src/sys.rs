@@ -12,3 +12,13 @@ pub fn exit_immediately(status: i32) -> ! {
     // SAFETY: _exit takes no pointers and never returns; skipping atexit handlers is the point.
     unsafe { libc::_exit(status) }
 }
+
+/// Closes a file descriptor this process inherited across `fork` and will never use (the
+/// parent's links and userfaultfds, owned by a runtime object the child leaks on purpose).
+pub fn close_inherited(fd: std::os::fd::RawFd) {
+    // SAFETY: the caller passes a descriptor whose owning object is never used or dropped in
+    // this process, so nothing closes or reads it after us.
+    unsafe {
+        libc::close(fd);
+    }
+}

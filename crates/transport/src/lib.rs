@@ -152,6 +152,14 @@ enum Sock {
 }
 
 impl Sock {
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     fn try_clone(&self) -> io::Result<Sock> {
         Ok(match self {
             Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
@@ -369,6 +377,17 @@ impl Link {
             .map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
         link.info = BrickInfo::decode(&r).map_err(|e| unreachable(format!("bad HELLO answer: {e}")))?;
         Ok(link)
+    }
+
+    /// The file descriptors of this link's socket (it holds several handles to it). A forked
+    /// child inherits them; it closes them (never using the link) so that the brick sees the
+    /// parent's connection end when the parent exits.
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        vec![
+            lock(&self.tx).raw_fd(),
+            lock(&self.rx_sock).get_ref().raw_fd(),
+            self.control.raw_fd(),
+        ]
     }
 
     /// The brick's address.
