@@ -40,7 +40,16 @@ fn brick_killed_mid_run_stops_the_program_with_a_clear_error() {
     while seen.len() < 2 {
         match lines.next() {
             Some(Ok(l)) => seen.push(l),
-            other => panic!("program stopped before two passes: {other:?} {seen:?}"),
+            other => {
+                let mut c = run.0.take().expect("child");
+                let _ = c.kill();
+                let out = c.wait_with_output().expect("output");
+                panic!(
+                    "program stopped before two passes: {other:?} {seen:?} status {:?} stderr: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
         }
     }
     // Kill the brick while the program is working on remote memory.

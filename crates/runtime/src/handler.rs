@@ -22,6 +22,39 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Messages read per `read(2)` on the uffd.
 const READ_BATCH: usize = 64;
 
+/// Moves one window page into its staging slot; false if it was not there to move.
+fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
+    let src = inner.page_addr(page as u64);
+    let dst = inner.slot_addr(slot);
+    let mode = MoveMode {
+        dontwake: true,
+        allow_src_holes: false,
+    };
+    let mut tries = 0;
+    loop {
+        match inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) {
+            Ok(_) => return true,
+            Err(UffdError::Busy { .. }) if tries < 3 => {
+                // Shared with another process (should not happen: the window is not inherited
+                // by fork); break the sharing and retry.
+                rackmem_uffd::break_cow(src);
+                tries += 1;
+            }
+            Err(UffdError::Again { .. }) if tries < 1000 => {
+                std::thread::yield_now();
+                tries += 1;
+            }
+            Err(e) => {
+                if inner.cfg.verbose {
+                    eprintln!("rackmem: UFFDIO_MOVE of window page {src:#x}: {e}");
+                }
+                // Not present: it was released under us; nothing to write back.
+                return false;
+            }
+        }
+    }
+}
+
 /// The remote pages of a run that one brick holds: extents, and where each starts in the run.
 struct BrickReads {
     brick: usize,
@@ -296,6 +329,8 @@ impl Handler {
         }
         self.victims.clear();
         c.policy.victims(want, &mut self.victims);
+        // In page order, so that runs of pages get runs of slots (one MOVE, one madvise each).
+        self.victims.sort_unstable();
         if self.victims.is_empty() {
             return (c, None);
         }
@@ -349,39 +384,41 @@ impl Handler {
             }
             i = j;
         }
-        for v in &mut victims {
-            let src = inner.page_addr(v.page as u64);
-            let dst = inner.slot_addr(v.slot);
-            let mode = MoveMode {
-                dontwake: true,
-                allow_src_holes: false,
-            };
-            let mut tries = 0;
-            loop {
-                match inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) {
-                    Ok(_) => {
-                        v.moved = true;
-                        break;
-                    }
-                    Err(UffdError::Busy) if tries < 3 => {
-                        // Shared with another process (should not happen: the window is not
-                        // inherited by fork); break the sharing and retry.
-                        rackmem_uffd::break_cow(src);
-                        tries += 1;
-                    }
-                    Err(UffdError::Again { .. }) if tries < 1000 => {
-                        std::thread::yield_now();
-                        tries += 1;
-                    }
-                    Err(e) => {
-                        if inner.cfg.verbose {
-                            eprintln!("rackmem: UFFDIO_MOVE of window page {src:#x}: {e}");
-                        }
-                        // Not present: it was released under us; nothing to write back.
-                        break;
-                    }
+        // Move runs of neighbouring pages into neighbouring slots with one ioctl each; fall back
+        // to single pages when a run stops part-way.
+        let mut i = 0;
+        while i < victims.len() {
+            let mut j = i + 1;
+            while j < victims.len()
+                && victims[j].page == victims[j - 1].page + 1
+                && victims[j].slot == victims[j - 1].slot + 1
+            {
+                j += 1;
+            }
+            let n = j - i;
+            if n > 1 {
+                let src = inner.page_addr(victims[i].page as u64);
+                let dst = inner.slot_addr(victims[i].slot);
+                let mode = MoveMode {
+                    dontwake: true,
+                    allow_src_holes: false,
+                };
+                // Whatever the error, the pages before `done` are in their slots.
+                let done = match inner.stage_uffd.move_pages(dst, src, n * PAGE_SIZE, mode) {
+                    Ok(_) => n,
+                    Err(e) => e.done() / PAGE_SIZE,
+                };
+                for v in &mut victims[i..i + done] {
+                    v.moved = true;
+                }
+                i += done;
+                if done == n {
+                    continue;
                 }
             }
+            let v = &mut victims[i];
+            v.moved = move_one(&inner, v.page, v.slot);
+            i += 1;
         }
         inner.stats.evictions.fetch_add(victims.len() as u64, Ordering::Relaxed);
         writeback::submit(&inner, Job::Evict { id, victims });

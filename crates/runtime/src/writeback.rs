@@ -105,13 +105,20 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
             .fetch_add(data.len() as u64, Ordering::Relaxed);
     }
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
-    // Free the slots first (no event: the staging uffd has none), then publish the new states.
-    for v in victims {
-        if v.moved {
-            if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(v.slot), PAGE_SIZE) {
-                inner.internal_error(&format!("freeing a staging slot: {e}"));
-            }
+    // Free the slots first (no event: the staging uffd has none), one madvise per run of
+    // neighbouring slots, then publish the new states.
+    let mut slots: Vec<u32> = victims.iter().filter(|v| v.moved).map(|v| v.slot).collect();
+    slots.sort_unstable();
+    let mut i = 0;
+    while i < slots.len() {
+        let mut j = i + 1;
+        while j < slots.len() && slots[j] == slots[j - 1] + 1 {
+            j += 1;
         }
+        if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(slots[i]), (j - i) * PAGE_SIZE) {
+            inner.internal_error(&format!("freeing staging slots: {e}"));
+        }
+        i = j;
     }
     let mut c = inner.lock();
     for (k, v) in victims.iter().enumerate() {
@@ -123,8 +130,11 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
                 loc::EMPTY
             };
         }
-        c.free_slots.push(v.slot);
     }
+    // Highest first, so the handler pops ascending runs of neighbouring slots.
+    let mut freed: Vec<u32> = victims.iter().map(|v| v.slot).collect();
+    freed.sort_unstable_by(|a, b| b.cmp(a));
+    c.free_slots.extend(freed);
     drop(c);
     inner.core_cv.notify_all();
 }

@@ -147,9 +147,25 @@ pub enum UffdError {
         /// Bytes handled before the interruption.
         done: usize,
     },
-    /// `EBUSY` from `UFFDIO_MOVE`: the page is shared (e.g. with a forked child) or pinned.
-    #[error("page is shared or pinned and cannot be moved")]
-    Busy,
+    /// `EBUSY` from `UFFDIO_MOVE`: the page is shared (e.g. with a forked child) or pinned;
+    /// `done` bytes were moved before it.
+    #[error("page is shared or pinned and cannot be moved (after {done} bytes)")]
+    Busy {
+        /// Bytes handled before the busy page.
+        done: usize,
+    },
+    /// A multi-page operation failed part-way for another reason; `done` bytes were handled.
+    #[error("{op} at {addr:#x} stopped after {done} bytes: {errno}")]
+    Stopped {
+        /// The operation.
+        op: &'static str,
+        /// The address of the request.
+        addr: usize,
+        /// Bytes handled before the failure.
+        done: usize,
+        /// The error.
+        errno: io::Error,
+    },
     /// Any other failure of a system call.
     #[error("{op} at {addr:#x}+{len:#x}: {errno}")]
     Os {
@@ -162,6 +178,17 @@ pub enum UffdError {
         /// The error.
         errno: io::Error,
     },
+}
+
+impl UffdError {
+    /// Bytes a multi-page operation handled before it failed (0 for other errors).
+    pub fn done(&self) -> usize {
+        match self {
+            UffdError::Exists { done } | UffdError::Again { done } | UffdError::Busy { done } => *done,
+            UffdError::Stopped { done, .. } => *done,
+            _ => 0,
+        }
+    }
 }
 
 fn os(op: &'static str, addr: usize, len: usize) -> UffdError {
@@ -412,7 +439,13 @@ impl Uffd {
         match e {
             libc::EEXIST => Err(UffdError::Exists { done }),
             libc::EAGAIN => Err(UffdError::Again { done }),
-            libc::EBUSY => Err(UffdError::Busy),
+            libc::EBUSY => Err(UffdError::Busy { done }),
+            _ if done > 0 => Err(UffdError::Stopped {
+                op,
+                addr,
+                done,
+                errno: io::Error::from_raw_os_error(e),
+            }),
             _ => Err(UffdError::Os {
                 op,
                 addr,
