@@ -57,7 +57,7 @@ pub struct Config {
     pub window_bytes: Option<u64>,
     /// `RACKMEM_HANDLER`: `blocking`, `busy-poll`, `hybrid[:US]` (default hybrid:200).
     pub handler: HandlerMode,
-    /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 16; 0 = off).
+    /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
     /// `RACKMEM_TIMEOUT_MS`: longest wait for a brick's answer before it is declared lost.
     pub timeout: Duration,
@@ -122,7 +122,7 @@ impl Config {
                 .map(|v| parse_size(&v).map_err(|e| ConfigError::Size("RACKMEM_WINDOW", e)))
                 .transpose()?,
             handler: var("RACKMEM_HANDLER").map_or(Ok(HandlerMode::Hybrid { spin_us: 200 }), |v| v.parse())?,
-            prefetch_pages: num("RACKMEM_PREFETCH", 16)? as usize,
+            prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
             timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),
             stats_file: var("RACKMEM_STATS_FILE"),
