@@ -8,7 +8,9 @@
 //! Every figure is reported next to the floor or peer it should be judged against; ratios, not
 //! absolute numbers, are what carry from machine to machine.
 
+pub mod chart;
 pub mod floors;
+pub mod swap;
 pub mod workloads;
 
 /// Latency summary of one measured series, in microseconds.

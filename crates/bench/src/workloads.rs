@@ -39,8 +39,13 @@ pub fn run(mut cmd: Command) -> Result<BTreeMap<String, String>, BenchError> {
             String::from_utf8_lossy(&o.stderr)
         )));
     }
+    parse(&o.stdout).map_err(|e| BenchError::Workload(format!("{cmd:?}: {e}")))
+}
+
+/// The key=value pairs of the `result` line(s) in a program's output.
+pub fn parse(stdout: &[u8]) -> Result<BTreeMap<String, String>, BenchError> {
     let mut kv = BTreeMap::new();
-    for line in String::from_utf8_lossy(&o.stdout)
+    for line in String::from_utf8_lossy(stdout)
         .lines()
         .filter(|l| l.starts_with("result "))
     {
@@ -51,7 +56,7 @@ pub fn run(mut cmd: Command) -> Result<BTreeMap<String, String>, BenchError> {
         }
     }
     if kv.is_empty() {
-        return Err(BenchError::Workload(format!("{cmd:?} printed no result line")));
+        return Err(BenchError::Workload("the program printed no result line".into()));
     }
     Ok(kv)
 }

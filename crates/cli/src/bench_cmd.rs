@@ -39,6 +39,10 @@ enum Which {
         #[arg(long, default_value_t = 256)]
         mib: usize,
     },
+    /// Unmodified workloads (STREAM, GUPS, scan, pointer chase) natively, under rackmem with
+    /// several local buffers and transports, and under Linux swap to zram and to a swap file
+    /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
+    Workloads(WorkloadArgs),
     /// Sequential read+write scan: native, and under rackmem with 25%, 50%, 100% local buffers.
     Scan {
         /// Footprint.
@@ -48,6 +52,268 @@ enum Which {
         #[arg(long, default_value_t = 3)]
         passes: usize,
     },
+}
+
+#[derive(Args)]
+pub struct WorkloadArgs {
+    /// Workloads to run.
+    #[arg(long, value_delimiter = ',', default_value = "stream,gups,scan,ptrchase")]
+    only: Vec<String>,
+    /// Local buffers, in percent of each workload's footprint.
+    #[arg(long, value_delimiter = ',', default_value = "25,50,75,100")]
+    locals: Vec<u32>,
+    /// Transports for rackmem's brick.
+    #[arg(long, value_delimiter = ',', default_value = "unix,tcp")]
+    transports: Vec<String>,
+    /// Swap peers: zram, file (empty to skip).
+    #[arg(long, value_delimiter = ',', default_value = "zram,file")]
+    peers: Vec<String>,
+    /// Local buffers (percent) at which the swap peers run.
+    #[arg(long, value_delimiter = ',', default_value = "25,75")]
+    peer_locals: Vec<u32>,
+    /// Where the swap file goes (a directory on the disk to measure).
+    #[arg(long, default_value = "/var/tmp")]
+    swap_dir: PathBuf,
+    /// Scale every workload's size (0.01 for a quick check).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Write an SVG chart here.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+/// A workload: its program, arguments, footprint and the metric to compare (higher is better).
+struct Workload {
+    name: &'static str,
+    args: Vec<String>,
+    footprint: u64,
+    metric: &'static str,
+}
+
+fn workloads(scale: f64) -> Vec<Workload> {
+    let sz = |v: f64| ((v * scale) as u64).max(1);
+    let stream_n = sz(10_000_000.0);
+    vec![
+        Workload {
+            name: "stream",
+            args: vec![stream_n.to_string(), "3".into()],
+            footprint: stream_n * 24,
+            metric: "triad_mb_s",
+        },
+        Workload {
+            name: "gups",
+            args: vec![sz(1024.0).to_string(), sz(200_000.0).to_string()],
+            footprint: sz(1024.0) << 20,
+            metric: "updates_per_s",
+        },
+        Workload {
+            name: "scan",
+            args: vec![sz(1024.0).to_string(), "3".into()],
+            footprint: sz(1024.0) << 20,
+            metric: "mb_per_s",
+        },
+        Workload {
+            name: "ptrchase",
+            args: vec![sz(256.0).to_string(), sz(100_000.0).to_string()],
+            footprint: sz(256.0) << 20,
+            metric: "steps_per_s",
+        },
+    ]
+}
+
+#[derive(serde::Serialize, Clone)]
+struct Row {
+    workload: String,
+    setup: String,
+    local_pct: u32,
+    metric: String,
+    value: f64,
+    vs_native: f64,
+    speedup_vs_zram: Option<f64>,
+    speedup_vs_swap_file: Option<f64>,
+}
+
+fn metric_of(w: &Workload, kv: &std::collections::BTreeMap<String, String>) -> f64 {
+    if w.metric == "steps_per_s" {
+        1e9 / num(kv, "ns_per_step")
+    } else {
+        num(kv, w.metric)
+    }
+}
+
+fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Path>) -> Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use rackmem_bench::swap::{SwapBackend, SwapPeer};
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let all = workloads(a.scale);
+    let chosen: Vec<&Workload> = all.iter().filter(|w| a.only.iter().any(|o| o == w.name)).collect();
+    anyhow::ensure!(
+        !chosen.is_empty(),
+        "--only names no known workload (stream, gups, scan, ptrchase)"
+    );
+    let peers: Vec<SwapBackend> = a
+        .peers
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.as_str() {
+            "zram" => Ok(SwapBackend::Zram),
+            "file" => Ok(SwapBackend::File(
+                a.swap_dir.join(format!("rackmem-bench-{}.swap", std::process::id())),
+            )),
+            other => Err(anyhow::anyhow!("unknown peer {other}: use zram or file")),
+        })
+        .collect::<Result<_>>()?;
+    // A brick on TCP loopback for the tcp transport (the unix one is rackmem run's embedded brick).
+    let tcp_brick = if a.transports.iter().any(|t| t == "tcp") {
+        Some(
+            rackmem_brick::Brick::start(rackmem_brick::BrickConfig {
+                listen: rackmem_brick::ListenAddr::Tcp("127.0.0.1:0".into()),
+                size_bytes: 256 << 30,
+                key: b"bench".to_vec(),
+                secret: Some(b"bench".to_vec()),
+            })
+            .context("starting the TCP brick")?,
+        )
+    } else {
+        None
+    };
+    let total = chosen.len() * (1 + a.locals.len() * a.transports.len() + peers.len() * a.peer_locals.len());
+    let pb = ProgressBar::new(total as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    for w in &chosen {
+        let prog = build(bench_dir, w.name, tmp)?;
+        pb.set_message(format!("{} native", w.name));
+        let native = run({
+            let mut c = Command::new(&prog);
+            c.args(&w.args);
+            c
+        })?;
+        pb.inc(1);
+        let base = metric_of(w, &native);
+        let mut push = |setup: String, local: u32, kv: &std::collections::BTreeMap<String, String>| -> Result<()> {
+            anyhow::ensure!(
+                kv.get("checksum") == native.get("checksum"),
+                "{} under {setup} computed a different checksum than natively",
+                w.name
+            );
+            let v = metric_of(w, kv);
+            rows.push(Row {
+                workload: w.name.into(),
+                setup,
+                local_pct: local,
+                metric: w.metric.into(),
+                value: v,
+                vs_native: v / base,
+                speedup_vs_zram: None,
+                speedup_vs_swap_file: None,
+            });
+            Ok(())
+        };
+        push("native".into(), 100, &native)?;
+        for &local in &a.locals {
+            for t in &a.transports {
+                anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
+                pb.set_message(format!("{} rackmem {local}% {t}", w.name));
+                let mut extra: Vec<String> = vec![];
+                if t == "tcp" {
+                    let b = tcp_brick.as_ref().context("tcp brick")?;
+                    extra = vec!["--brick".into(), b.local_addr(), "--secret".into(), "bench".into()];
+                }
+                let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
+                let kv = run(rackmem_run(&format!("{local}%"), &extra_ref, &prog, &w.args)?)?;
+                push(format!("rackmem {t}"), local, &kv)?;
+                pb.inc(1);
+            }
+        }
+        for p in &peers {
+            // Room for the whole footprint in swap, plus slack.
+            let peer = SwapPeer::enable(p.clone(), w.footprint * 2 + (64 << 20))
+                .with_context(|| format!("enabling {}", p.name()))?;
+            for &local in &a.peer_locals {
+                anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
+                pb.set_message(format!("{} {} {local}%", w.name, p.name()));
+                let limit = w.footprint * local as u64 / 100 + (8 << 20);
+                let out = peer.run_limited(limit, &prog, &w.args)?;
+                anyhow::ensure!(
+                    out.status.success(),
+                    "{} under {} at {local}% failed ({}; killed by the cgroup's OOM killer?): {}",
+                    w.name,
+                    p.name(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let kv = rackmem_bench::workloads::parse(&out.stdout)?;
+                push(p.name().to_string(), local, &kv)?;
+                pb.inc(1);
+            }
+            drop(peer);
+        }
+    }
+    pb.finish_and_clear();
+    drop(tcp_brick);
+    // Speed-ups against each peer at the same workload and local buffer.
+    let snapshot = rows.clone();
+    for r in rows.iter_mut().filter(|r| r.setup.starts_with("rackmem")) {
+        let peer = |name: &str| {
+            snapshot
+                .iter()
+                .find(|p| p.workload == r.workload && p.local_pct == r.local_pct && p.setup == name)
+                .map(|p| r.value / p.value)
+        };
+        r.speedup_vs_zram = peer("zram");
+        r.speedup_vs_swap_file = peer("swap file");
+    }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "workload",
+        "setup",
+        "local",
+        "metric",
+        "value",
+        "vs native",
+        "× zram",
+        "× swap file",
+    ]);
+    let f = |v: Option<f64>| v.map_or("".to_string(), |x| format!("{x:.2}"));
+    for r in &rows {
+        t.add_row(vec![
+            r.workload.clone(),
+            r.setup.clone(),
+            format!("{}%", r.local_pct),
+            r.metric.clone(),
+            format!("{:.1}", r.value),
+            format!("{:.4}", r.vs_native),
+            f(r.speedup_vs_zram),
+            f(r.speedup_vs_swap_file),
+        ]);
+    }
+    println!("Workloads (same run; \"× peer\" = rackmem's speed-up over the peer at the same local buffer)\n{t}");
+    if let Some(p) = &a.svg {
+        let bars: Vec<rackmem_bench::chart::Bar> = rows
+            .iter()
+            .filter(|r| r.setup != "native")
+            .map(|r| rackmem_bench::chart::Bar {
+                group: r.workload.clone(),
+                label: format!("{} {}%", r.setup, r.local_pct),
+                fraction: r.vs_native,
+            })
+            .collect();
+        std::fs::write(
+            p,
+            rackmem_bench::chart::svg("rackmem and Linux swap against all-local, same run", &bars),
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("rackmem bench: chart written to {}", p.display());
+    }
+    write_json(json, &serde_json::json!({ "workloads": rows }))
 }
 
 fn floors(samples: usize) -> Result<Vec<Summary>> {
@@ -101,6 +367,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
     let tmp = std::env::temp_dir().join(format!("rackmem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let result = match args.which {
+        Which::Workloads(a) => run_workloads(a, &args.bench_dir, &tmp, args.json.as_deref()),
         Which::Floors { samples } => {
             let f = floors(samples)?;
             print_summaries("Floors (same run)", &f);

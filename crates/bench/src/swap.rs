@@ -1,0 +1,258 @@
+//! The peers a user would pick instead of rackmem: Linux swap to zram and to a swap file, with
+//! a memory cgroup limiting the program to the same local budget.
+//!
+//! [`SwapPeer::enable`] turns one swap backend on; [`SwapPeer::run_limited`] runs a command in a
+//! fresh memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`, whichever the machine
+//! has). Everything is undone on drop, also after an error; a benchmark interrupted by Ctrl-C
+//! stops its child and drops its peer. The machine is left as it was found: the swap device is
+//! switched off and reset, the swap file deleted, the cgroup removed.
+
+use crate::BenchError;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Which swap device backs the peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwapBackend {
+    /// `/dev/zram0`, compressed RAM (the kernel's own in-memory swap).
+    Zram,
+    /// A swap file on disk at this path.
+    File(PathBuf),
+}
+
+impl SwapBackend {
+    /// Short name for tables.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SwapBackend::Zram => "zram",
+            SwapBackend::File(_) => "swap file",
+        }
+    }
+}
+
+/// Which memory cgroup interface the machine offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cgroups {
+    /// cgroup v1 memory controller mounted here.
+    V1(PathBuf),
+    /// cgroup v2 unified hierarchy with the memory controller, here.
+    V2(PathBuf),
+}
+
+/// Finds the memory cgroup interface, or says why there is none.
+pub fn detect_cgroups() -> Result<Cgroups, BenchError> {
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    if v1.join("memory.limit_in_bytes").exists() {
+        return Ok(Cgroups::V1(v1.to_path_buf()));
+    }
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let r = Path::new(root);
+        if std::fs::read_to_string(r.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+        {
+            return Ok(Cgroups::V2(r.to_path_buf()));
+        }
+    }
+    Err(BenchError::Workload(
+        "no memory cgroup controller (neither cgroup v1 /sys/fs/cgroup/memory nor a cgroup v2 hierarchy with \
+         the memory controller): the swap peers cannot be limited to the local budget"
+            .into(),
+    ))
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<(), BenchError> {
+    let o = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| BenchError::Workload(format!("cannot run {cmd}: {e} (is util-linux installed?)")))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(BenchError::Workload(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )))
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<(), BenchError> {
+    std::fs::write(path, value).map_err(|e| BenchError::Workload(format!("writing {value} to {}: {e}", path.display())))
+}
+
+/// One swap backend, switched on for the life of this value.
+#[derive(Debug)]
+pub struct SwapPeer {
+    backend: SwapBackend,
+    device: PathBuf,
+    cgroups: Cgroups,
+    active: bool,
+}
+
+/// Refuses clearly without root.
+pub fn require_root(what: &str) -> Result<(), BenchError> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .unwrap_or("");
+    if euid == "0" {
+        Ok(())
+    } else {
+        Err(BenchError::Workload(format!(
+            "{what} needs root (it switches swap on and off and creates memory cgroups)"
+        )))
+    }
+}
+
+impl SwapPeer {
+    /// Switches the backend on with room for `size_bytes` of swapped pages.
+    pub fn enable(backend: SwapBackend, size_bytes: u64) -> Result<SwapPeer, BenchError> {
+        require_root("the swap peer")?;
+        let cgroups = detect_cgroups()?;
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if swaps.lines().count() > 1 {
+            return Err(BenchError::Workload(format!(
+                "swap is already on ({}); switch it off first so that the peers measure only their own device",
+                swaps
+                    .lines()
+                    .skip(1)
+                    .map(|l| l.split_whitespace().next().unwrap_or(""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let device = match &backend {
+            SwapBackend::Zram => {
+                let z = Path::new("/sys/block/zram0");
+                if !z.exists() {
+                    return Err(BenchError::Workload(
+                        "no /dev/zram0: this kernel has no zram device (modprobe zram)".into(),
+                    ));
+                }
+                if std::fs::read_to_string(z.join("initstate"))
+                    .map(|s| s.trim() != "0")
+                    .unwrap_or(true)
+                {
+                    return Err(BenchError::Workload(
+                        "/dev/zram0 is already in use; reset it or free it first".into(),
+                    ));
+                }
+                PathBuf::from("/dev/zram0")
+            }
+            SwapBackend::File(p) => p.clone(),
+        };
+        let mut peer = SwapPeer {
+            backend,
+            device,
+            cgroups,
+            active: true,
+        };
+        match &peer.backend {
+            SwapBackend::Zram => {
+                write(Path::new("/sys/block/zram0/disksize"), &size_bytes.to_string())?;
+                sh("mkswap", &[peer.dev()])?;
+                sh("swapon", &["-p", "100", peer.dev()])?;
+            }
+            SwapBackend::File(p) => {
+                let f = std::fs::File::create(p)
+                    .map_err(|e| BenchError::Workload(format!("creating {}: {e}", p.display())))?;
+                // A swap file must have its blocks allocated: write it rather than truncate.
+                use std::io::Write;
+                let mut w = std::io::BufWriter::new(f);
+                let zeros = vec![0u8; 1 << 20];
+                for _ in 0..size_bytes.div_ceil(1 << 20) {
+                    w.write_all(&zeros)
+                        .map_err(|e| BenchError::Workload(format!("writing {}: {e}", p.display())))?;
+                }
+                w.flush()
+                    .map_err(|e| BenchError::Workload(format!("writing {}: {e}", p.display())))?;
+                drop(w);
+                use std::os::unix::fs::PermissionsExt;
+                let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600));
+                sh("mkswap", &[peer.dev()])?;
+                sh("swapon", &[peer.dev()])?;
+            }
+        }
+        peer.active = true;
+        Ok(peer)
+    }
+
+    fn dev(&self) -> &str {
+        self.device.to_str().unwrap_or("")
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &SwapBackend {
+        &self.backend
+    }
+
+    /// Runs `cmd` in a new memory cgroup limited to `limit_bytes`; the cgroup is removed after.
+    pub fn run_limited(&self, limit_bytes: u64, program: &Path, args: &[String]) -> Result<Output, BenchError> {
+        let name = format!("rackmem-bench-{}", std::process::id());
+        let (dir, limit_file) = match &self.cgroups {
+            Cgroups::V1(root) => (root.join(&name), "memory.limit_in_bytes"),
+            Cgroups::V2(root) => {
+                let _ = write(&root.join("cgroup.subtree_control"), "+memory");
+                (root.join(&name), "memory.max")
+            }
+        };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir)
+            .map_err(|e| BenchError::Workload(format!("creating cgroup {}: {e}", dir.display())))?;
+        let guard = CgroupDir(dir.clone());
+        write(&dir.join(limit_file), &limit_bytes.to_string())?;
+        if let Cgroups::V1(_) = self.cgroups {
+            let _ = write(&dir.join("memory.swappiness"), "60");
+        }
+        let procs = dir.join("cgroup.procs");
+        let mut script = format!("echo $$ > '{}' && exec '{}'", procs.display(), program.display());
+        for a in args {
+            script.push_str(&format!(" '{a}'"));
+        }
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .map_err(|e| BenchError::Workload(format!("running {}: {e}", program.display())))?;
+        drop(guard);
+        Ok(out)
+    }
+}
+
+/// Removes a cgroup directory when dropped (after its process has exited).
+struct CgroupDir(PathBuf);
+
+impl Drop for CgroupDir {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!("rackmem bench: warning: could not remove cgroup {}", self.0.display());
+    }
+}
+
+impl Drop for SwapPeer {
+    fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        if let Err(e) = sh("swapoff", &[self.dev()]) {
+            eprintln!("rackmem bench: warning: {e}");
+        }
+        match &self.backend {
+            SwapBackend::Zram => {
+                if let Err(e) = write(Path::new("/sys/block/zram0/reset"), "1") {
+                    eprintln!("rackmem bench: warning: {e}");
+                }
+            }
+            SwapBackend::File(p) => {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        self.active = false;
+    }
+}

@@ -1,0 +1,158 @@
+//! The bench commands on tiny sizes: they run, write well-formed JSON and a chart, and leave the
+//! machine as they found it (no swap on, zram reset, no cgroup left), also when they fail.
+//! Figures are never asserted here.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn machine_state() -> (String, String, Vec<String>) {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let zram = std::fs::read_to_string("/sys/block/zram0/disksize").unwrap_or_default();
+    let mut cgroups: Vec<String> = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rackmem-bench"))
+        .collect();
+    cgroups.sort();
+    (swaps, zram, cgroups)
+}
+
+fn bench(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(rackmem());
+    c.arg("bench")
+        .args(args)
+        .arg("--bench-dir")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"));
+    run_with_deadline(c, Duration::from_secs(300))
+}
+
+#[test]
+fn floors_latency_and_scan_write_json() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("floors.json");
+    let o = bench(&["floors", "--samples", "400", "--json", j.to_str().expect("path")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let floors = v["floors"].as_array().expect("floors array");
+    assert_eq!(floors.len(), 6, "two uffd floors and four link floors: {v}");
+    assert!(floors
+        .iter()
+        .all(|f| f["p50_us"].as_f64().is_some_and(|x| x > 0.0) && f["samples"].as_u64() > Some(0)));
+
+    let j = dir.path().join("latency.json");
+    let o = bench(&[
+        "latency",
+        "--samples",
+        "400",
+        "--mib",
+        "16",
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    assert!(v["ratio_to_floors"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+
+    let j = dir.path().join("scan.json");
+    let o = bench(&[
+        "scan",
+        "--mib",
+        "16",
+        "--passes",
+        "1",
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    assert_eq!(v["scan"].as_array().map(Vec::len), Some(4), "{v}");
+}
+
+#[test]
+fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
+    require_root();
+    let before = machine_state();
+    assert_eq!(
+        before.0.lines().count(),
+        1,
+        "this test needs swap off to start with: {}",
+        before.0
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (j, svg) = (dir.path().join("w.json"), dir.path().join("w.svg"));
+    let o = bench(&[
+        "workloads",
+        "--scale",
+        "0.01",
+        "--only",
+        "scan,gups",
+        "--locals",
+        "25,100",
+        "--transports",
+        "unix,tcp",
+        "--peers",
+        "zram,file",
+        "--peer-locals",
+        "25",
+        "--swap-dir",
+        dir.path().to_str().expect("path"),
+        "--json",
+        j.to_str().expect("path"),
+        "--svg",
+        svg.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let rows = v["workloads"].as_array().expect("rows");
+    // Per workload: native, 2 locals × 2 transports, 2 peers × 1 local.
+    assert_eq!(rows.len(), 2 * (1 + 4 + 2), "{v}");
+    assert!(rows.iter().all(|r| r["value"].as_f64().is_some_and(|x| x > 0.0)));
+    assert!(
+        rows.iter().any(|r| r["speedup_vs_zram"].as_f64().is_some()),
+        "speed-ups against the peers: {v}"
+    );
+    let chart = std::fs::read_to_string(&svg).expect("chart");
+    assert!(chart.starts_with("<svg") && chart.contains("scan") && chart.contains("zram"));
+    assert_eq!(machine_state(), before, "the machine must be left as it was found");
+
+    // A failing peer (its swap file cannot be created) still leaves nothing behind.
+    let o = bench(&[
+        "workloads",
+        "--scale",
+        "0.01",
+        "--only",
+        "scan",
+        "--locals",
+        "25",
+        "--transports",
+        "unix",
+        "--peers",
+        "zram,file",
+        "--peer-locals",
+        "25",
+        "--swap-dir",
+        "/nonexistent/dir",
+    ]);
+    assert!(!o.status.success(), "a swap file in a missing directory must fail");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("/nonexistent/dir"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        machine_state(),
+        before,
+        "the machine must be left as it was found after a failure"
+    );
+}
