@@ -131,6 +131,8 @@ struct Row {
     vs_native: f64,
     speedup_vs_zram: Option<f64>,
     speedup_vs_swap_file: Option<f64>,
+    /// Why the run produced no figure (a peer killed by its cgroup's OOM killer).
+    error: Option<String>,
 }
 
 fn metric_of(w: &Workload, kv: &std::collections::BTreeMap<String, String>) -> f64 {
@@ -197,14 +199,14 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
         })?;
         pb.inc(1);
         let base = metric_of(w, &native);
-        let mut push = |setup: String, local: u32, kv: &std::collections::BTreeMap<String, String>| -> Result<()> {
+        let row_of = |setup: String, local: u32, kv: &std::collections::BTreeMap<String, String>| -> Result<Row> {
             anyhow::ensure!(
                 kv.get("checksum") == native.get("checksum"),
                 "{} under {setup} computed a different checksum than natively",
                 w.name
             );
             let v = metric_of(w, kv);
-            rows.push(Row {
+            Ok(Row {
                 workload: w.name.into(),
                 setup,
                 local_pct: local,
@@ -213,10 +215,10 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 vs_native: v / base,
                 speedup_vs_zram: None,
                 speedup_vs_swap_file: None,
-            });
-            Ok(())
+                error: None,
+            })
         };
-        push("native".into(), 100, &native)?;
+        rows.push(row_of("native".into(), 100, &native)?);
         for &local in &a.locals {
             for t in &a.transports {
                 anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
@@ -228,7 +230,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 }
                 let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
                 let kv = run(rackmem_run(&format!("{local}%"), &extra_ref, &prog, &w.args)?)?;
-                push(format!("rackmem {t}"), local, &kv)?;
+                rows.push(row_of(format!("rackmem {t}"), local, &kv)?);
                 pb.inc(1);
             }
         }
@@ -241,17 +243,30 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 pb.set_message(format!("{} {} {local}%", w.name, p.name()));
                 let limit = w.footprint * local as u64 / 100 + (8 << 20);
                 let out = peer.run_limited(limit, &prog, &w.args)?;
-                anyhow::ensure!(
-                    out.status.success(),
-                    "{} under {} at {local}% failed ({}; killed by the cgroup's OOM killer?): {}",
-                    w.name,
-                    p.name(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let kv = rackmem_bench::workloads::parse(&out.stdout)?;
-                push(p.name().to_string(), local, &kv)?;
                 pb.inc(1);
+                if !out.status.success() {
+                    // Kernel swap under a tight cgroup limit can be OOM-killed (no multi-gen LRU
+                    // on this kernel): that is a result, recorded as such, not a bench failure.
+                    let why = match std::os::unix::process::ExitStatusExt::signal(&out.status) {
+                        Some(9) => "killed (SIGKILL: the cgroup's OOM killer)".to_string(),
+                        _ => format!("failed: {} {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+                    };
+                    pb.println(format!("{} under {} at {local}%: {why}", w.name, p.name()));
+                    rows.push(Row {
+                        workload: w.name.into(),
+                        setup: p.name().to_string(),
+                        local_pct: local,
+                        metric: w.metric.into(),
+                        value: 0.0,
+                        vs_native: 0.0,
+                        speedup_vs_zram: None,
+                        speedup_vs_swap_file: None,
+                        error: Some(why),
+                    });
+                    continue;
+                }
+                let kv = rackmem_bench::workloads::parse(&out.stdout)?;
+                rows.push(row_of(p.name().to_string(), local, &kv)?);
             }
             drop(peer);
         }
@@ -289,7 +304,9 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             r.setup.clone(),
             format!("{}%", r.local_pct),
             r.metric.clone(),
-            format!("{:.1}", r.value),
+            r.error
+                .clone()
+                .map_or_else(|| format!("{:.1}", r.value), |_| "OOM-killed".into()),
             format!("{:.4}", r.vs_native),
             f(r.speedup_vs_zram),
             f(r.speedup_vs_swap_file),
@@ -299,7 +316,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     if let Some(p) = &a.svg {
         let bars: Vec<rackmem_bench::chart::Bar> = rows
             .iter()
-            .filter(|r| r.setup != "native")
+            .filter(|r| r.setup != "native" && r.error.is_none())
             .map(|r| rackmem_bench::chart::Bar {
                 group: r.workload.clone(),
                 label: format!("{} {}%", r.setup, r.local_pct),

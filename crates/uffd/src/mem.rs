@@ -1,29 +1,27 @@
-//! Raw memory calls: reserving anonymous mappings, `madvise`, reading mapped bytes, breaking
-//! copy-on-write sharing. All through system calls, not the C library (see the crate docs).
+//! Raw memory calls: owning anonymous mappings, `madvise`, copying bytes in and out of memory
+//! that other threads may be using, breaking copy-on-write sharing. All through system calls,
+//! not the C library (see the crate docs).
 
-use crate::UffdError;
+use crate::{os_error, UffdError};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-/// The base page size userfaultfd works in here (no huge pages in the window).
+/// The base page size userfaultfd works in here (no huge pages in a [`Mapping`]).
 pub const PAGE_SIZE: usize = 4096;
 
-fn check(op: &'static str, addr: usize, len: usize, r: libc::c_long) -> Result<libc::c_long, UffdError> {
-    if (-4095..0).contains(&r) || r == -1 {
-        Err(UffdError::Os {
-            op,
-            addr,
-            len,
-            errno: io::Error::last_os_error(),
-        })
+/// Returns the result of a raw system call, or the errno it set (`libc::syscall` returns -1).
+fn check(op: &'static str, addr: usize, len: usize, r: libc::c_long) -> Result<usize, UffdError> {
+    if r < 0 {
+        Err(os_error(op, addr, len, io::Error::last_os_error()))
     } else {
-        Ok(r)
+        Ok(r as usize)
     }
 }
 
-fn sys_mmap(addr: usize, len: usize, flags: i32) -> libc::c_long {
-    // SAFETY: an anonymous private mapping; with MAP_FIXED_NOREPLACE the kernel refuses to
-    // replace anything already mapped, so no existing memory is affected.
+fn sys_mmap(addr: usize, len: usize, flags: libc::c_int) -> libc::c_long {
+    // SAFETY: a new anonymous private mapping. Without MAP_FIXED the kernel picks an unused
+    // range; with MAP_FIXED_NOREPLACE it refuses to replace anything already mapped. Either way
+    // no existing memory is affected.
     unsafe {
         libc::syscall(
             libc::SYS_mmap,
@@ -37,14 +35,24 @@ fn sys_mmap(addr: usize, len: usize, flags: i32) -> libc::c_long {
     }
 }
 
+/// Unmaps a range this module mapped and owns (a [`Mapping`] or the trimmed parts of one).
 fn sys_munmap(addr: usize, len: usize) {
-    // SAFETY: only called on ranges this module mapped and owns.
+    // SAFETY: only called on ranges this module mapped and that nothing else references: the
+    // surplus of an over-sized reservation, or a Mapping being dropped.
+    // munmap of an owned, page-aligned range cannot fail in a way that leaves memory unsound;
+    // a failure only leaks address space.
     unsafe {
         libc::syscall(libc::SYS_munmap, addr, len);
     }
 }
 
-/// An anonymous private mapping owned by this value (unmapped on drop).
+/// An anonymous private mapping (read/write, lazily backed, no transparent huge pages), owned by
+/// this value and unmapped on drop.
+///
+/// Its bytes are never reached through Rust references, only through raw system calls and the
+/// word-atomic copies of [`read`](Mapping::read) and [`write`](Mapping::write); so other threads
+/// (C code of the program, userfaultfd ioctls) may use the memory concurrently without making
+/// this crate's accesses undefined behaviour. `Send + Sync`.
 #[derive(Debug)]
 pub struct Mapping {
     addr: usize,
@@ -52,17 +60,30 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// Reserves `len` bytes (rounded up to pages) aligned to `align` (a power of two), lazily
-    /// backed, with transparent huge pages off (userfaultfd resolves 4 KiB pages here).
+    /// Reserves `len` bytes (rounded up to pages) aligned to `align` (a power of two; less than a
+    /// page means a page): over-maps by `align`, trims both ends, then `MADV_NOHUGEPAGE`
+    /// (userfaultfd here resolves 4 KiB pages).
     pub fn reserve(len: usize, align: usize) -> Result<Mapping, UffdError> {
-        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let invalid = |what| os_error(what, 0, len, io::Error::from_raw_os_error(libc::EINVAL));
+        if len == 0 {
+            return Err(invalid("mmap (empty reservation)"));
+        }
+        if !align.is_power_of_two() && align != 0 {
+            return Err(invalid("mmap (alignment not a power of two)"));
+        }
         let align = align.max(PAGE_SIZE);
-        let raw = check("mmap", 0, len + align, sys_mmap(0, len + align, 0))? as usize;
-        let start = raw.div_ceil(align) * align;
+        let len = len
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or_else(|| invalid("mmap (length overflows)"))?;
+        let total = len
+            .checked_add(align)
+            .ok_or_else(|| invalid("mmap (length overflows)"))?;
+        let raw = check("mmap", 0, total, sys_mmap(0, total, 0))?;
+        let start = raw.next_multiple_of(align);
         if start > raw {
             sys_munmap(raw, start - raw);
         }
-        let tail = raw + len + align - (start + len);
+        let tail = raw + total - (start + len);
         if tail > 0 {
             sys_munmap(start + len, tail);
         }
@@ -71,23 +92,19 @@ impl Mapping {
         Ok(m)
     }
 
-    /// Maps `len` bytes at exactly `addr`, failing if anything is mapped there (a forked child
-    /// re-creates its parent's window at the same addresses).
+    /// Maps `len` bytes (rounded up to pages) at exactly `addr` (page-aligned), failing with
+    /// EEXIST if anything is mapped there (a forked child re-creates its parent's window at the
+    /// same addresses).
     pub fn reserve_at(addr: usize, len: usize) -> Result<Mapping, UffdError> {
-        let r = check(
-            "mmap(MAP_FIXED_NOREPLACE)",
-            addr,
-            len,
-            sys_mmap(addr, len, libc::MAP_FIXED_NOREPLACE),
-        )? as usize;
+        let op = "mmap(MAP_FIXED_NOREPLACE)";
+        let len = len
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or_else(|| os_error(op, addr, len, io::Error::from_raw_os_error(libc::EINVAL)))?;
+        let r = check(op, addr, len, sys_mmap(addr, len, libc::MAP_FIXED_NOREPLACE))?;
         if r != addr {
+            // Kernels before 4.17 ignore the flag and map elsewhere.
             sys_munmap(r, len);
-            return Err(UffdError::Os {
-                op: "mmap(MAP_FIXED_NOREPLACE)",
-                addr,
-                len,
-                errno: io::Error::from_raw_os_error(libc::EEXIST),
-            });
+            return Err(os_error(op, addr, len, io::Error::from_raw_os_error(libc::EEXIST)));
         }
         let m = Mapping { addr, len };
         m.nohugepage()?;
@@ -103,57 +120,84 @@ impl Mapping {
         self.addr
     }
 
-    /// Length in bytes.
+    /// Length in bytes (a multiple of [`PAGE_SIZE`]).
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// True for an empty mapping.
+    /// True for an empty mapping (never, for one made by [`reserve`](Mapping::reserve)).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Keeps the mapping for the life of the process.
+    /// True if `[addr, addr + len)` lies inside the mapping.
+    pub fn contains(&self, addr: usize, len: usize) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len)
+    }
+
+    /// Keeps the mapping for the life of the process; returns `(addr, len)`.
     pub fn leak(self) -> (usize, usize) {
         let r = (self.addr, self.len);
         std::mem::forget(self);
         r
     }
 
-    /// Copies `out.len()` bytes at `offset` into `out`. The pages read must be present (or the
-    /// mapping unregistered): reading a missing page of a userfaultfd-registered range from the
-    /// thread that serves it would wait forever. Other threads may write the bytes concurrently;
-    /// the copy then holds some mix of old and new bytes, which callers detect by checksum.
+    fn check_range(&self, offset: usize, len: usize, what: &str) {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "{what} of {len} bytes at offset {offset:#x} outside a mapping of {:#x} bytes",
+            self.len
+        );
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`.
+    ///
+    /// Sound with concurrent writers (other threads of the program, `UFFDIO_*` ioctls): the copy
+    /// is made of relaxed atomic loads (plain moves on x86_64), so a concurrent write yields some
+    /// mix of old and new bytes, never undefined behaviour. Callers that need a consistent page
+    /// write-protect or `MOVE` it first, or detect tearing by checksum.
+    ///
+    /// Blocking: reading a missing page of a range registered for missing faults waits for its
+    /// handler (forever, if the caller *is* the handler); a poisoned page raises SIGBUS.
     ///
     /// # Panics
     /// If the range is outside the mapping (a caller bug, not an input error).
     pub fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(
-            offset.checked_add(out.len()).is_some_and(|e| e <= self.len),
-            "read outside the mapping"
-        );
-        // SAFETY: the source range lies inside this live mapping (checked above); it is plain
-        // readable memory. Concurrent writers are other threads of the program writing raw
-        // bytes; a byte-wise volatile-free copy of memory shared with C code is how every
-        // userfaultfd handler reads pages, and the result is only used as bytes.
-        unsafe { std::ptr::copy_nonoverlapping((self.addr + offset) as *const u8, out.as_mut_ptr(), out.len()) }
+        self.check_range(offset, out.len(), "read");
+        // SAFETY: the range lies inside this live mapping (checked above), which stays mapped
+        // while `&self` lives (only Drop unmaps it) and is only accessed atomically here.
+        unsafe { atomic_load_bytes(self.addr + offset, out) }
     }
-}
 
-impl Mapping {
-    /// Copies `data` into the mapping at `offset` (a write access: a missing page of a
-    /// registered range faults to its handler, which must be another thread).
+    /// Copies `data` into the mapping at `offset` with relaxed atomic stores (see
+    /// [`read`](Mapping::read) for concurrency and blocking). A write to a write-protected page
+    /// of a `WP_ASYNC` range is recorded as written.
     ///
     /// # Panics
     /// If the range is outside the mapping (a caller bug, not an input error).
     pub fn write(&self, offset: usize, data: &[u8]) {
-        assert!(
-            offset.checked_add(data.len()).is_some_and(|e| e <= self.len),
-            "write outside the mapping"
-        );
-        // SAFETY: the destination lies inside this live, writable mapping (checked above), which
-        // no Rust reference aliases: its bytes are only reached through these raw copies.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.addr + offset) as *mut u8, data.len()) }
+        self.check_range(offset, data.len(), "write");
+        // SAFETY: the range lies inside this live, writable mapping (checked above); nothing
+        // references its bytes, which are only accessed atomically here.
+        unsafe { atomic_store_bytes(self.addr + offset, data) }
+    }
+
+    /// `madvise(MADV_DONTNEED)` of `[offset, offset + len)` (see [`madvise_dontneed`]).
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn dontneed(&self, offset: usize, len: usize) -> Result<(), UffdError> {
+        self.check_range(offset, len, "madvise(DONTNEED)");
+        madvise_dontneed(self.addr + offset, len)
+    }
+
+    /// Breaks copy-on-write sharing of the page at `offset` (see [`try_break_cow`]).
+    ///
+    /// # Panics
+    /// If the offset is outside the mapping (a caller bug, not an input error).
+    pub fn break_cow(&self, offset: usize) -> Result<(), UffdError> {
+        self.check_range(offset, 1, "break_cow");
+        try_break_cow(self.addr + offset)
     }
 }
 
@@ -163,33 +207,101 @@ impl Drop for Mapping {
     }
 }
 
-fn madvise(addr: usize, len: usize, advice: i32, op: &'static str) -> Result<(), UffdError> {
-    // SAFETY: madvise with advice that only drops or re-flags pages of the caller's range.
+/// Copies `out.len()` bytes from `src` with relaxed atomic loads: bytes up to 8-alignment, then
+/// words.
+///
+/// # Safety
+/// `[src, src + out.len())` must be mapped and readable for the duration of the call, and not be
+/// accessed non-atomically by Rust code.
+unsafe fn atomic_load_bytes(src: usize, out: &mut [u8]) {
+    let mut i = 0;
+    while i < out.len() {
+        let a = src + i;
+        if a % 8 == 0 && out.len() - i >= 8 {
+            // SAFETY: `a` is 8-aligned and the 8 bytes at it are mapped (caller's contract);
+            // AtomicU64 has the layout of u64.
+            let w = unsafe { &*(a as *const AtomicU64) }.load(Ordering::Relaxed);
+            out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+        } else {
+            // SAFETY: the byte at `a` is mapped (caller's contract).
+            out[i] = unsafe { &*(a as *const AtomicU8) }.load(Ordering::Relaxed);
+            i += 1;
+        }
+    }
+}
+
+/// Copies `data` to `dst` with relaxed atomic stores.
+///
+/// # Safety
+/// `[dst, dst + data.len())` must be mapped and writable for the duration of the call, and not be
+/// accessed non-atomically by Rust code.
+unsafe fn atomic_store_bytes(dst: usize, data: &[u8]) {
+    let mut i = 0;
+    while i < data.len() {
+        let a = dst + i;
+        if a % 8 == 0 && data.len() - i >= 8 {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&data[i..i + 8]);
+            // SAFETY: `a` is 8-aligned and the 8 bytes at it are mapped and writable (caller's
+            // contract); AtomicU64 has the layout of u64.
+            unsafe { &*(a as *const AtomicU64) }.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            i += 8;
+        } else {
+            // SAFETY: the byte at `a` is mapped and writable (caller's contract).
+            unsafe { &*(a as *const AtomicU8) }.store(data[i], Ordering::Relaxed);
+            i += 1;
+        }
+    }
+}
+
+fn madvise(addr: usize, len: usize, advice: libc::c_int, op: &'static str) -> Result<(), UffdError> {
+    // SAFETY: madvise(2) with the advice values this module uses (NOHUGEPAGE, DONTNEED,
+    // DONTFORK, POPULATE_WRITE) touches no memory through a pointer; the kernel validates the
+    // range and returns an error for unmapped addresses. What DONTNEED does to the contents is
+    // the caller's business (see `madvise_dontneed`).
     let r = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) };
     check(op, addr, len, r).map(|_| ())
 }
 
-/// `madvise(MADV_DONTNEED)`: drops the pages of the range (private anonymous memory then reads
-/// as zeros, or faults to userfaultfd if registered).
+/// `madvise(MADV_DONTNEED)`: drops the pages of `[addr, addr + len)` (page-aligned). Private
+/// anonymous memory then reads as zeros, or faults to its userfaultfd if registered for missing
+/// faults.
+///
+/// With a uffd that negotiated `EVENT_REMOVE` registered on the range, this call blocks until
+/// some thread reads the [`Event::Remove`](crate::Event::Remove) message, and while it is
+/// pending `COPY`/`MOVE` on that uffd fail with [`UffdError::Again`]: never call it from the only
+/// thread that reads that uffd.
+///
+/// Only for ranges this process set aside for userfaultfd (see the crate docs): pointed at
+/// memory Rust code references, it would change that memory under the references.
 pub fn madvise_dontneed(addr: usize, len: usize) -> Result<(), UffdError> {
     madvise(addr, len, libc::MADV_DONTNEED, "madvise(DONTNEED)")
 }
 
-/// `madvise(MADV_DONTFORK)`: a forked child does not inherit the range.
+/// `madvise(MADV_DONTFORK)`: a forked child does not inherit `[addr, addr + len)`.
 pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), UffdError> {
     madvise(addr, len, libc::MADV_DONTFORK, "madvise(DONTFORK)")
 }
 
-/// Forces a private copy of the page holding `addr` (breaking copy-on-write sharing, so that
-/// `UFFDIO_MOVE` stops returning EBUSY) without changing its contents, even if other threads
-/// write it at the same time: an atomic add of zero is a write access that stores what it read.
+/// Forces a private copy of the page holding `addr` (breaking copy-on-write sharing with a
+/// forked child, so that `UFFDIO_MOVE` stops failing with [`UffdError::Busy`]) without changing
+/// its contents, even if other threads write it at the same time.
 ///
-/// The caller promises that `addr` lies in a mapped, writable, present page of this process
-/// (a resident page of the window); otherwise the access faults like any other.
+/// It is `madvise(MADV_POPULATE_WRITE)` of that page (Linux 5.14): the kernel takes the write
+/// fault a store would take, without storing anything. This is sound for any address (no
+/// memory is accessed from Rust: an unmapped or read-only address is an error, not a crash),
+/// which a store such as an atomic `fetch_add(0)` would not be. As with a real write: a missing
+/// page of a range registered for missing faults waits for its handler (forever, if the caller
+/// is that handler), and a `WP_ASYNC` write-protected page is recorded as written.
+pub fn try_break_cow(addr: usize) -> Result<(), UffdError> {
+    let page = addr & !(PAGE_SIZE - 1);
+    madvise(page, PAGE_SIZE, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
+}
+
+/// [`try_break_cow`], ignoring failure: the caller retries the `UFFDIO_MOVE` that failed with
+/// [`UffdError::Busy`] and sees `Busy` again if the page could not be made private.
 pub fn break_cow(addr: usize) {
-    let word = addr & !7;
-    // SAFETY: per the contract above the aligned word is mapped and writable; an atomic RMW
-    // of 0 leaves every value a concurrent writer stores intact.
-    let a = unsafe { &*(word as *const AtomicU64) };
-    a.fetch_add(0, Ordering::SeqCst);
+    // Ignored by design (see above): the retry of MOVE is the check.
+    let _ = try_break_cow(addr);
 }

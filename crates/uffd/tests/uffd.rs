@@ -1,15 +1,29 @@
-//! The wrapper against the real kernel: faults served by a handler thread, COPY/ZEROPAGE/MOVE/
-//! POISON, WP_ASYNC dirty tracking through PAGEMAP_SCAN, and the REMOVE event. Needs root.
+//! The wrapper against the real kernel (these tests need root or another way to open a
+//! userfaultfd with kernel-mode faults): faults served by a handler thread, including a fault
+//! raised inside a system call; COPY/ZEROPAGE/MOVE/POISON and their partial-progress errors;
+//! WP_ASYNC dirty tracking through PAGEMAP_SCAN; the REMOVE event and EAGAIN while it is pending;
+//! EBUSY from MOVE after fork and break_cow.
 
 use rackmem_uffd::{
-    CopyMode, Event, Features, Mapping, MoveMode, OpenOptions, Pagemap, RegisterMode, Uffd, UffdError, PAGE_SIZE,
+    page_is, CopyMode, Event, Features, Mapping, MoveMode, OpenOptions, Pagemap, RegisterMode, ScanRequest, Uffd,
+    UffdError, PAGE_SIZE,
 };
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-const MW: RegisterMode = RegisterMode {
+const MISSING: RegisterMode = RegisterMode {
+    missing: true,
+    wp: false,
+    minor: false,
+};
+const MISSING_WP: RegisterMode = RegisterMode {
     missing: true,
     wp: true,
     minor: false,
+};
+const WP_INSTALL: CopyMode = CopyMode {
+    write_protect: true,
+    dontwake: false,
 };
 
 fn open(features: Features) -> Uffd {
@@ -20,19 +34,108 @@ fn open(features: Features) -> Uffd {
     .expect("userfaultfd (these tests need root: run ./scripts/test as root)")
 }
 
-fn all() -> Features {
-    Features::WP_ASYNC | Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP
+fn pattern(page: usize) -> Vec<u8> {
+    (0..PAGE_SIZE).map(|i| (i as u8) ^ (page as u8).wrapping_mul(37)).collect()
+}
+
+/// Pages of `m` whose categories include `category`, by index.
+fn pages_with(pm: &Pagemap, m: &Mapping, category: u64) -> Vec<usize> {
+    let mut out = Vec::new();
+    pm.scan(
+        &ScanRequest {
+            start: m.addr(),
+            end: m.addr() + m.len(),
+            category_mask: category,
+            return_mask: category,
+            ..ScanRequest::default()
+        },
+        &mut out,
+    )
+    .expect("scan");
+    out.iter()
+        .flat_map(|r| ((r.start - m.addr()) / PAGE_SIZE)..((r.end - m.addr()) / PAGE_SIZE))
+        .collect()
+}
+
+fn pipe() -> (i32, i32) {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    (fds[0], fds[1])
+}
+
+fn close(fd: i32) {
+    // SAFETY: closing a descriptor this test opened and no longer uses.
+    unsafe { libc::close(fd) };
+}
+
+/// Forks a child that runs `child` (async-signal-safe code only: the test process has other
+/// threads) and then `_exit(0)`s.
+fn fork_child(child: impl FnOnce()) -> libc::pid_t {
+    // SAFETY: the child only runs async-signal-safe code (raw reads and `_exit`).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        child();
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    pid
+}
+
+fn wait_child(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: waiting for our own child; `status` is a valid out-pointer.
+    let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(rc, pid, "waitpid: {}", std::io::Error::last_os_error());
+    status
 }
 
 #[test]
 fn features_are_negotiated_and_named() {
-    let u = open(all());
-    assert!(u.features().contains(Features::WP_ASYNC | Features::MOVE));
+    let wanted = Features::WP_ASYNC
+        | Features::MOVE
+        | Features::EVENT_REMOVE
+        | Features::EVENT_UNMAP
+        | Features::EVENT_REMAP
+        | Features::THREAD_ID
+        | Features::POISON;
+    let u = open(wanted);
+    assert!(u.features().contains(wanted), "{}", u.features());
+    // The kernel turns WP_UNPOPULATED on with WP_ASYNC, and the wrapper says so.
+    assert!(u.features().contains(Features::WP_UNPOPULATED));
     let s = u.features().to_string();
-    assert!(
-        s.contains("WP_ASYNC") && s.contains("MOVE") && s.contains("EVENT_REMOVE"),
-        "{s}"
-    );
+    for name in ["WP_ASYNC", "MOVE", "EVENT_REMOVE", "EVENT_UNMAP", "EVENT_REMAP", "THREAD_ID", "POISON"] {
+        assert!(s.split('|').any(|n| n == name), "{name} missing from {s}");
+    }
+}
+
+#[test]
+fn unknown_features_are_reported_by_name_and_bits() {
+    let wanted = Features::MOVE | Features(1 << 62);
+    match Uffd::open(&OpenOptions {
+        features: wanted,
+        nonblocking: false,
+    }) {
+        Err(UffdError::MissingFeatures {
+            wanted: w,
+            available,
+            missing,
+        }) => {
+            assert_eq!(w, wanted);
+            assert_eq!(missing, Features(1 << 62));
+            assert!(available.contains(Features::MOVE));
+            let msg = UffdError::MissingFeatures {
+                wanted: w,
+                available,
+                missing,
+            }
+            .to_string();
+            assert!(msg.contains("lacks 0x4000000000000000"), "{msg}");
+        }
+        other => panic!("expected MissingFeatures, got {other:?}"),
+    }
 }
 
 #[test]
@@ -41,220 +144,349 @@ fn permission_error_says_what_is_needed() {
         cause: std::io::Error::from_raw_os_error(libc::EPERM),
     };
     let m = e.to_string();
-    assert!(
-        m.contains("vm.unprivileged_userfaultfd=1") && m.contains("CAP_SYS_PTRACE") && m.contains("/dev/userfaultfd")
-    );
+    for needed in ["root", "CAP_SYS_PTRACE", "/dev/userfaultfd", "vm.unprivileged_userfaultfd=1"] {
+        assert!(m.contains(needed), "{needed} missing from: {m}");
+    }
+}
+
+/// A handler thread serving `n` faults on `m` with `pattern(page)`, write-protected; returns the
+/// (page, thread id) of each fault.
+fn serve(u: Arc<Uffd>, base: usize, n: usize) -> std::thread::JoinHandle<Vec<(usize, u32)>> {
+    std::thread::spawn(move || {
+        let mut served = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while served.len() < n {
+            assert!(Instant::now() < deadline, "faults not seen: {served:?}");
+            if !u.poll_readable(100).expect("poll") {
+                continue;
+            }
+            let mut ev = Vec::new();
+            u.read_events(&mut ev, 8).expect("read");
+            for e in ev {
+                let Event::Pagefault { addr, thread_id, .. } = e else {
+                    panic!("unexpected event {e:?}");
+                };
+                assert_eq!(addr % PAGE_SIZE, 0);
+                let page = (addr - base) / PAGE_SIZE;
+                match u.copy(addr, &pattern(page), WP_INSTALL) {
+                    Ok(len) => assert_eq!(len, PAGE_SIZE),
+                    // Another fault on the same page raced with ours: wake its thread.
+                    Err(UffdError::Exists { .. }) => u.wake(addr, PAGE_SIZE).expect("wake"),
+                    Err(e) => panic!("copy: {e}"),
+                }
+                served.push((page, thread_id));
+            }
+        }
+        served
+    })
 }
 
 #[test]
-fn a_fault_is_served_by_a_handler_thread() {
+fn faults_are_served_by_a_handler_thread_even_inside_system_calls() {
     // No EVENT_UNMAP here: unmapping at the end would wait for a reader that has finished.
-    let u = Arc::new(open(Features::WP_ASYNC));
+    let u = Arc::new(open(Features::WP_ASYNC | Features::THREAD_ID));
     let m = Mapping::reserve(16 * PAGE_SIZE, PAGE_SIZE).expect("map");
-    u.register(m.addr(), m.len(), MW).expect("register");
-    let base = m.addr();
-    let h = {
-        let u = u.clone();
-        std::thread::spawn(move || {
-            let mut served = 0;
-            while served < 2 {
-                u.poll_readable(5000).expect("poll");
-                let mut ev = Vec::new();
-                u.read_events(&mut ev, 8).expect("read");
-                for e in ev {
-                    if let Event::Pagefault { addr, .. } = e {
-                        let page = (addr - base) / PAGE_SIZE;
-                        let data = vec![page as u8 + 1; PAGE_SIZE];
-                        match u.copy(
-                            addr,
-                            &data,
-                            CopyMode {
-                                write_protect: true,
-                                dontwake: false,
-                            },
-                        ) {
-                            Ok(_) => served += 1,
-                            Err(UffdError::Exists { .. }) => u.wake(addr, PAGE_SIZE).expect("wake"),
-                            Err(e) => panic!("copy: {e}"),
-                        }
-                    }
-                }
-            }
-        })
-    };
-    let mut b = vec![0u8; 8];
+    u.register(m.addr(), m.len(), MISSING_WP).expect("register");
+    let handler = serve(u.clone(), m.addr(), 3);
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32;
+
+    let mut b = vec![0u8; 64];
     m.read(3 * PAGE_SIZE + 100, &mut b);
-    assert_eq!(b, vec![4u8; 8]);
+    assert_eq!(b, pattern(3)[100..164]);
     m.read(5 * PAGE_SIZE, &mut b);
-    assert_eq!(b, vec![6u8; 8]);
-    h.join().expect("handler");
-    // Copying onto a present page reports Exists.
-    match u.copy(base + 3 * PAGE_SIZE, &[0u8; PAGE_SIZE], CopyMode::default()) {
+    assert_eq!(b, pattern(5)[..64]);
+
+    // write(2) from a missing page: the kernel's copy faults and the handler serves it (a uffd
+    // opened with UFFD_USER_MODE_ONLY would make this fail with EFAULT).
+    let (r, w) = pipe();
+    // SAFETY: the source lies inside the live mapping `m`; the kernel reads it (faulting).
+    let n = unsafe { libc::write(w, (m.addr() + 7 * PAGE_SIZE) as *const libc::c_void, 256) };
+    assert_eq!(n, 256, "write from a missing page: {}", std::io::Error::last_os_error());
+    let mut got = [0u8; 256];
+    // SAFETY: reading into a local buffer of 256 bytes.
+    let n = unsafe { libc::read(r, got.as_mut_ptr().cast(), 256) };
+    assert_eq!(n, 256);
+    assert_eq!(got[..], pattern(7)[..256]);
+    close(r);
+    close(w);
+
+    let served = handler.join().expect("handler");
+    assert_eq!(served.iter().map(|s| s.0).collect::<Vec<_>>(), vec![3, 5, 7]);
+    assert!(served.iter().all(|s| s.1 == me), "thread ids {served:?}, faulting thread {me}");
+
+    // COPY onto a present page: Exists with nothing done.
+    match u.copy(m.addr() + 3 * PAGE_SIZE, &[0u8; PAGE_SIZE], CopyMode::default()) {
         Err(UffdError::Exists { done: 0 }) => {}
         other => panic!("expected Exists, got {other:?}"),
     }
+    // COPY of pages 2..4 where 3 is present: the kernel reports the partial progress as EAGAIN.
+    match u.copy(m.addr() + 2 * PAGE_SIZE, &[1u8; 2 * PAGE_SIZE], CopyMode::default()) {
+        Err(UffdError::Again { done }) => assert_eq!(done, PAGE_SIZE),
+        other => panic!("expected Again after one page, got {other:?}"),
+    }
+    m.read(2 * PAGE_SIZE, &mut b);
+    assert_eq!(b, vec![1u8; 64]);
+    m.read(3 * PAGE_SIZE, &mut b);
+    assert_eq!(b, pattern(3)[..64]);
 }
 
 #[test]
 fn zeropage_reads_zeros() {
-    let u = open(Features::default());
+    let u = open(Features::empty());
     let m = Mapping::reserve(4 * PAGE_SIZE, PAGE_SIZE).expect("map");
-    u.register(
-        m.addr(),
-        m.len(),
-        RegisterMode {
-            missing: true,
-            wp: false,
-            minor: false,
-        },
-    )
-    .expect("register");
-    assert_eq!(
-        u.zeropage(m.addr(), 4 * PAGE_SIZE, false).expect("zeropage"),
-        4 * PAGE_SIZE
-    );
+    u.register(m.addr(), m.len(), MISSING).expect("register");
+    assert_eq!(u.zeropage(m.addr(), 4 * PAGE_SIZE, false).expect("zeropage"), 4 * PAGE_SIZE);
     let mut b = vec![1u8; 4 * PAGE_SIZE];
     m.read(0, &mut b);
     assert!(b.iter().all(|&x| x == 0));
+    let pm = Pagemap::open().expect("pagemap");
+    assert_eq!(pages_with(&pm, &m, page_is::PFNZERO), vec![0, 1, 2, 3]);
+    assert!(matches!(
+        u.zeropage(m.addr(), PAGE_SIZE, false),
+        Err(UffdError::Exists { done: 0 })
+    ));
 }
 
 #[test]
 fn wp_async_and_pagemap_scan_find_exactly_the_written_pages() {
     let u = open(Features::WP_ASYNC);
     let m = Mapping::reserve(10 * PAGE_SIZE, PAGE_SIZE).expect("map");
-    u.register(m.addr(), m.len(), MW).expect("register");
-    u.copy(
-        m.addr(),
-        &vec![7u8; 10 * PAGE_SIZE],
-        CopyMode {
-            write_protect: true,
-            dontwake: true,
-        },
-    )
-    .expect("copy");
+    u.register(m.addr(), m.len(), MISSING_WP).expect("register");
+    let data: Vec<u8> = (0..10).flat_map(pattern).collect();
+    u.copy(m.addr(), &data, WP_INSTALL).expect("copy");
     let pm = Pagemap::open().expect("pagemap");
     let mut w = Vec::new();
-    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w)
-        .expect("scan");
+    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w).expect("scan");
     assert!(w.is_empty(), "nothing written yet: {w:?}");
     for p in [1usize, 4, 5] {
         m.write(p * PAGE_SIZE + 10, &[9u8; 3]);
     }
-    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w)
-        .expect("scan");
-    let pages: Vec<usize> = w
-        .iter()
-        .flat_map(|&(s, e)| ((s - m.addr()) / PAGE_SIZE)..((e - m.addr()) / PAGE_SIZE))
-        .collect();
-    assert_eq!(pages, vec![1, 4, 5]);
+    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w).expect("scan");
+    // 4 and 5 are adjacent: one range.
+    assert_eq!(
+        w,
+        vec![
+            (m.addr() + PAGE_SIZE, m.addr() + 2 * PAGE_SIZE),
+            (m.addr() + 4 * PAGE_SIZE, m.addr() + 6 * PAGE_SIZE)
+        ]
+    );
     w.clear();
-    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w)
-        .expect("scan");
+    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w).expect("scan");
     assert!(w.is_empty(), "the scan re-protected what it reported: {w:?}");
+    // The writes landed and nothing else changed.
+    let mut page = vec![0u8; PAGE_SIZE];
+    m.read(4 * PAGE_SIZE, &mut page);
+    assert_eq!(page[10..13], [9, 9, 9]);
+    assert_eq!(page[..10], pattern(4)[..10]);
+    m.read(6 * PAGE_SIZE, &mut page);
+    assert_eq!(page, pattern(6));
 }
 
 #[test]
-fn move_takes_a_page_out_atomically() {
+fn a_scan_with_more_regions_than_one_ioctl_returns_is_complete() {
+    // 3000 written pages, every other one: 1500 regions, several full vectors and more than
+    // one internal batch of the kernel (where walk_end goes stale).
+    let pages = 6000;
+    let u = open(Features::WP_ASYNC);
+    let m = Mapping::reserve(pages * PAGE_SIZE, PAGE_SIZE).expect("map");
+    u.register(m.addr(), m.len(), MISSING_WP).expect("register");
+    u.zeropage(m.addr(), m.len(), true).expect("zeropage");
+    u.write_protect(m.addr(), m.len(), true, true).expect("write-protect");
+    let pm = Pagemap::open().expect("pagemap");
+    let written: Vec<usize> = (0..pages).filter(|p| p % 2 == 1).collect();
+    for &p in &written {
+        m.write(p * PAGE_SIZE, &[1]);
+    }
+    for reprotect in [false, true] {
+        let mut w = Vec::new();
+        pm.scan_written(m.addr(), m.addr() + m.len(), reprotect, &mut w).expect("scan");
+        let got: Vec<usize> = w
+            .iter()
+            .flat_map(|&(s, e)| ((s - m.addr()) / PAGE_SIZE)..((e - m.addr()) / PAGE_SIZE))
+            .collect();
+        assert_eq!(got, written, "reprotect={reprotect}");
+    }
+    let mut w = Vec::new();
+    pm.scan_written(m.addr(), m.addr() + m.len(), true, &mut w).expect("scan");
+    assert!(w.is_empty(), "{} ranges left after re-protecting", w.len());
+}
+
+#[test]
+fn move_takes_a_page_out_and_leaves_the_source_missing() {
     let u = open(Features::MOVE);
     let win = Mapping::reserve(4 * PAGE_SIZE, PAGE_SIZE).expect("map");
     let stage = Mapping::reserve(4 * PAGE_SIZE, PAGE_SIZE).expect("map");
-    let r = RegisterMode {
-        missing: true,
-        wp: false,
-        minor: false,
-    };
-    u.register(win.addr(), win.len(), r).expect("register");
-    u.register(stage.addr(), stage.len(), r).expect("register");
-    u.copy(win.addr() + PAGE_SIZE, &vec![0x5au8; PAGE_SIZE], CopyMode::default())
-        .expect("copy");
-    u.move_pages(stage.addr(), win.addr() + PAGE_SIZE, PAGE_SIZE, MoveMode::default())
+    u.register(win.addr(), win.len(), MISSING).expect("register");
+    u.register(stage.addr(), stage.len(), MISSING).expect("register");
+    u.copy(win.addr() + PAGE_SIZE, &pattern(1), CopyMode::default()).expect("copy");
+    let pm = Pagemap::open().expect("pagemap");
+    assert_eq!(pages_with(&pm, &win, page_is::PRESENT), vec![1]);
+
+    let moved = u
+        .move_pages(stage.addr(), win.addr() + PAGE_SIZE, PAGE_SIZE, MoveMode::default())
         .expect("move");
+    assert_eq!(moved, PAGE_SIZE);
     let mut b = vec![0u8; PAGE_SIZE];
     stage.read(0, &mut b);
-    assert!(b.iter().all(|&x| x == 0x5a));
-    // The source is missing again: a copy there succeeds instead of reporting Exists.
-    u.copy(win.addr() + PAGE_SIZE, &vec![1u8; PAGE_SIZE], CopyMode::default())
-        .expect("source is empty after the move");
-    // Moving a hole fails unless holes are allowed.
-    assert!(u
-        .move_pages(
-            stage.addr() + PAGE_SIZE,
-            win.addr() + 2 * PAGE_SIZE,
-            PAGE_SIZE,
-            MoveMode::default()
-        )
-        .is_err());
+    assert_eq!(b, pattern(1));
+    // The source is missing (reading it would fault), the destination present.
+    assert!(pages_with(&pm, &win, page_is::PRESENT).is_empty());
+    assert_eq!(pages_with(&pm, &stage, page_is::PRESENT), vec![0]);
+
+    // Moving onto a present page: Exists.
+    u.copy(win.addr(), &pattern(0), CopyMode::default()).expect("copy");
+    assert!(matches!(
+        u.move_pages(stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default()),
+        Err(UffdError::Exists { done: 0 })
+    ));
+    // Moving a hole fails with ENOENT unless holes are allowed.
+    let hole = u.move_pages(
+        stage.addr() + PAGE_SIZE,
+        win.addr() + 2 * PAGE_SIZE,
+        PAGE_SIZE,
+        MoveMode::default(),
+    );
+    assert_eq!(hole.err().and_then(|e| e.raw_os_error()), Some(libc::ENOENT));
+    let allowed = MoveMode {
+        dontwake: false,
+        allow_src_holes: true,
+    };
+    assert_eq!(
+        u.move_pages(stage.addr() + PAGE_SIZE, win.addr() + 2 * PAGE_SIZE, PAGE_SIZE, allowed)
+            .expect("hole allowed"),
+        PAGE_SIZE
+    );
+    assert_eq!(pages_with(&pm, &stage, page_is::PRESENT), vec![0]);
 }
 
 #[test]
-fn madvise_dontneed_raises_a_remove_event() {
+fn move_of_a_page_shared_with_a_forked_child_is_busy_until_cow_is_broken() {
+    let u = open(Features::MOVE);
+    let win = Mapping::reserve(2 * PAGE_SIZE, PAGE_SIZE).expect("map");
+    let stage = Mapping::reserve(2 * PAGE_SIZE, PAGE_SIZE).expect("map");
+    u.register(win.addr(), win.len(), MISSING).expect("register");
+    u.register(stage.addr(), stage.len(), MISSING).expect("register");
+    u.copy(win.addr(), &pattern(0), CopyMode::default()).expect("copy");
+
+    let (r, w) = pipe();
+    let child = fork_child(|| {
+        let mut b = 0u8;
+        // SAFETY: a raw read into a local byte; returns when the parent closes the pipe.
+        unsafe { libc::read(r, (&mut b as *mut u8).cast(), 1) };
+    });
+    close(r);
+
+    let res = u.move_pages(stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default());
+    assert!(matches!(res, Err(UffdError::Busy { done: 0 })), "{res:?}");
+    win.break_cow(0).expect("break cow");
+    assert_eq!(
+        u.move_pages(stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default())
+            .expect("move after break_cow"),
+        PAGE_SIZE
+    );
+    let mut b = vec![0u8; PAGE_SIZE];
+    stage.read(0, &mut b);
+    assert_eq!(b, pattern(0));
+
+    close(w);
+    let status = wait_child(child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status:#x}");
+    // break_cow on an unmapped address is an error, not a crash.
+    assert!(rackmem_uffd::try_break_cow(8 * PAGE_SIZE).is_err());
+}
+
+#[test]
+fn madvise_dontneed_raises_a_remove_event_and_copy_waits_for_it() {
     let u = Arc::new(open(Features::EVENT_REMOVE));
     let m = Mapping::reserve(8 * PAGE_SIZE, PAGE_SIZE).expect("map");
-    u.register(
-        m.addr(),
-        m.len(),
-        RegisterMode {
-            missing: true,
-            wp: false,
-            minor: false,
-        },
-    )
-    .expect("register");
-    u.copy(m.addr(), &vec![3u8; 8 * PAGE_SIZE], CopyMode::default())
-        .expect("copy");
-    let (addr, len) = (m.addr(), m.len());
-    // madvise blocks until the event is read, so another thread reads it.
-    let reader = {
-        let u = u.clone();
-        std::thread::spawn(move || loop {
-            u.poll_readable(5000).expect("poll");
-            let mut ev = Vec::new();
-            u.read_events(&mut ev, 8).expect("read");
-            if let Some(Event::Remove { start, end }) = ev.into_iter().find(|e| matches!(e, Event::Remove { .. })) {
-                return (start, end);
-            }
-        })
-    };
-    rackmem_uffd::madvise_dontneed(addr + 2 * PAGE_SIZE, 3 * PAGE_SIZE).expect("madvise");
+    u.register(m.addr(), m.len(), MISSING).expect("register");
+    let data: Vec<u8> = (0..7).flat_map(pattern).collect();
+    u.copy(m.addr(), &data, CopyMode::default()).expect("copy");
+    let addr = m.addr();
+
+    // madvise blocks until the event is read, so it runs on another thread.
+    let advisor = std::thread::spawn(move || rackmem_uffd::madvise_dontneed(addr + 2 * PAGE_SIZE, 3 * PAGE_SIZE));
+    assert!(u.poll_readable(10_000).expect("poll"), "no REMOVE event");
+    // While the event is pending, COPY anywhere on this uffd is refused with EAGAIN.
+    match u.copy(addr + 7 * PAGE_SIZE, &pattern(7), CopyMode::default()) {
+        Err(UffdError::Again { done: 0 }) => {}
+        other => panic!("expected Again while REMOVE is pending, got {other:?}"),
+    }
+    let mut ev = Vec::new();
+    assert_eq!(u.read_events(&mut ev, 8).expect("read"), 1);
+    assert!(
+        matches!(ev[..], [Event::Remove { start, end }] if start == addr + 2 * PAGE_SIZE && end == addr + 5 * PAGE_SIZE),
+        "{ev:?}"
+    );
+    advisor.join().expect("advisor").expect("madvise");
+    // Once madvise has resumed, COPY works again.
     assert_eq!(
-        reader.join().expect("reader"),
-        (addr + 2 * PAGE_SIZE, addr + 5 * PAGE_SIZE)
+        u.copy(addr + 7 * PAGE_SIZE, &pattern(7), CopyMode::default()).expect("copy after the event"),
+        PAGE_SIZE
     );
     // The dropped pages are missing again; the others are intact.
-    u.copy(addr + 2 * PAGE_SIZE, &vec![0u8; PAGE_SIZE], CopyMode::default())
-        .expect("dropped page is missing");
+    let pm = Pagemap::open().expect("pagemap");
+    assert_eq!(pages_with(&pm, &m, page_is::PRESENT), vec![0, 1, 5, 6, 7]);
     let mut b = vec![0u8; PAGE_SIZE];
-    m.read(7 * PAGE_SIZE, &mut b);
-    assert!(b.iter().all(|&x| x == 3));
-    let _ = len;
+    m.read(6 * PAGE_SIZE, &mut b);
+    assert_eq!(b, pattern(6));
 }
 
 #[test]
-fn poison_marks_missing_pages_and_refuses_present_ones() {
+fn poison_makes_missing_pages_fatal_to_touch_and_refuses_present_ones() {
     let u = open(Features::POISON);
     let m = Mapping::reserve(2 * PAGE_SIZE, PAGE_SIZE).expect("map");
-    u.register(
-        m.addr(),
-        m.len(),
-        RegisterMode {
-            missing: true,
-            wp: false,
-            minor: false,
-        },
-    )
-    .expect("register");
+    u.register(m.addr(), m.len(), MISSING).expect("register");
+    // A present page in the same VMA (so a fork copies its page tables, poison markers included).
+    u.copy(m.addr() + PAGE_SIZE, &pattern(1), CopyMode::default()).expect("copy");
     assert_eq!(u.poison(m.addr(), PAGE_SIZE, false).expect("poison"), PAGE_SIZE);
-    u.copy(m.addr() + PAGE_SIZE, &vec![1u8; PAGE_SIZE], CopyMode::default())
-        .expect("copy");
     assert!(matches!(
         u.poison(m.addr() + PAGE_SIZE, PAGE_SIZE, false),
-        Err(UffdError::Exists { .. })
+        Err(UffdError::Exists { done: 0 })
     ));
+
+    // A system call touching the poisoned page fails with EFAULT.
+    let (r, w) = pipe();
+    // SAFETY: the source lies inside the live mapping `m`; the kernel validates the access.
+    let n = unsafe { libc::write(w, m.addr() as *const libc::c_void, 16) };
+    assert_eq!(n, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EFAULT));
+    close(r);
+    close(w);
+
+    // A load from it raises SIGBUS (in a child, which then dies of it).
+    let addr = m.addr();
+    let child = fork_child(|| {
+        // SAFETY: `addr` is mapped in the child (a copy of the parent's mapping); the load is
+        // expected to raise SIGBUS, which kills the child.
+        let _ = unsafe { std::ptr::read_volatile(addr as *const u8) };
+    });
+    let status = wait_child(child);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+        "child status {status:#x}"
+    );
+    // The present page is untouched.
+    let mut b = vec![0u8; PAGE_SIZE];
+    m.read(PAGE_SIZE, &mut b);
+    assert_eq!(b, pattern(1));
 }
 
 #[test]
-fn reserve_at_refuses_to_replace_a_mapping() {
-    let m = Mapping::reserve(4 * PAGE_SIZE, 1 << 21).expect("map");
+fn reserve_aligns_and_reserve_at_refuses_to_replace_a_mapping() {
+    let m = Mapping::reserve(4 * PAGE_SIZE + 1, 1 << 21).expect("map");
     assert_eq!(m.addr() % (1 << 21), 0);
+    assert_eq!(m.len(), 5 * PAGE_SIZE);
     assert!(Mapping::reserve_at(m.addr(), PAGE_SIZE).is_err());
+    assert!(Mapping::reserve(0, PAGE_SIZE).is_err());
+    assert!(Mapping::reserve(PAGE_SIZE, 3 * PAGE_SIZE).is_err());
+    // Unregistered anonymous memory reads zeros and keeps what is written.
+    m.write(5, b"hello");
+    let mut b = [0u8; 12];
+    m.read(1, &mut b);
+    assert_eq!(&b, b"\0\0\0\0hello\0\0\0");
+    let (addr, len) = m.leak();
+    let again = Mapping::reserve_at(addr + len, PAGE_SIZE).expect("next to a leaked mapping");
+    drop(again);
 }
