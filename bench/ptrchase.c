@@ -1,6 +1,7 @@
 /* ptrchase: a dependent random walk through a cyclic permutation (each load's address comes
  * from the previous load), the latency-bound extreme. usage: ptrchase [MiB=256] [steps=200000]
- * prints: result name=ptrchase bytes=.. steps=.. seconds=.. ns_per_step=.. checksum=.. */
+ * prints: result name=ptrchase bytes=.. steps=.. seconds=.. ns_per_step=.. rate=.. checksum=..
+ * (rate = steps per second) */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -32,8 +33,8 @@ int main(int argc, char **argv) {
     double t0 = now();
     for (size_t k = 0; k < steps; k++) p = next[p * 8];
     double dt = now() - t0;
-    printf("result name=ptrchase bytes=%zu steps=%zu seconds=%.4f ns_per_step=%.1f checksum=%016llx\n", n * 64, steps, dt,
-           dt * 1e9 / steps, (unsigned long long)p);
+    printf("result name=ptrchase bytes=%zu steps=%zu seconds=%.4f ns_per_step=%.1f rate=%.1f checksum=%016llx\n", n * 64, steps,
+           dt, dt * 1e9 / steps, steps / dt, (unsigned long long)p);
     free(next);
     return 0;
 }

@@ -2,7 +2,9 @@
  * malloc, so under rackmem they live in remote memory. Reports the best of N iterations per
  * kernel and a checksum of the final arrays (identical natively and under rackmem).
  * usage: stream [elements=10000000] [iterations=5]
- * prints: result name=stream elements=.. copy_mb_s=.. scale_mb_s=.. add_mb_s=.. triad_mb_s=.. checksum=.. */
+ * prints: result name=stream elements=.. bytes=.. seconds=.. copy_mb_s=.. scale_mb_s=.. add_mb_s=.. triad_mb_s=..
+ *         rate=.. checksum=..
+ * (bytes = footprint of the three arrays; seconds = best triad time; rate = triad_mb_s) */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -45,9 +47,10 @@ int main(int argc, char **argv) {
     double bytes[4] = { 16.0 * n, 16.0 * n, 24.0 * n, 24.0 * n };
     uint64_t h = 1469598103934665603ull;
     h = fnv(a, n * sizeof *a, h); h = fnv(b, n * sizeof *b, h); h = fnv(c, n * sizeof *c, h);
-    printf("result name=stream elements=%zu copy_mb_s=%.1f scale_mb_s=%.1f add_mb_s=%.1f triad_mb_s=%.1f checksum=%016llx\n", n,
-           bytes[0] / best[0] / 1e6, bytes[1] / best[1] / 1e6, bytes[2] / best[2] / 1e6, bytes[3] / best[3] / 1e6,
-           (unsigned long long)h);
+    printf("result name=stream elements=%zu bytes=%zu seconds=%.4f copy_mb_s=%.1f scale_mb_s=%.1f add_mb_s=%.1f triad_mb_s=%.1f "
+           "rate=%.1f checksum=%016llx\n",
+           n, 3 * n * sizeof(double), best[3], bytes[0] / best[0] / 1e6, bytes[1] / best[1] / 1e6, bytes[2] / best[2] / 1e6,
+           bytes[3] / best[3] / 1e6, bytes[3] / best[3] / 1e6, (unsigned long long)h);
     free(a); free(b); free(c);
     return 0;
 }

@@ -1,5 +1,7 @@
-/* daemonize: fills a remote buffer, forks; the parent exits at once, the child (now a daemon)
- * keeps using the remote memory and writes its checksum to RESULT when done.
+/* daemonize: fills a remote buffer, forks; the parent exits at once (status 0), the child
+ * setsid()s and, now a daemon whose parent and whose parent's runtime are gone, keeps working
+ * on the inherited remote buffer (verify + rewrite passes with pauses). It writes its checksum
+ * to RESULT atomically (RESULT.tmp, then rename) only if every pass verified.
  * usage: daemonize RESULT [MiB=32] */
 #include "common.h"
 #include <unistd.h>
@@ -14,18 +16,20 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid < 0) DIE("fork: %m");
     if (pid > 0) return 0; /* the parent exits; its remote memory goes with it */
-    setsid();
+    if (setsid() < 0) DIE("setsid: %m");
     usleep(200 * 1000); /* let the parent really be gone */
     for (int p = 0; p < 3; p++) {
         verify(a, words, 77 + (uint64_t)p, "daemon's buffer");
         fill(a, words, 78 + (uint64_t)p);
+        usleep(50 * 1000);
     }
+    verify(a, words, 80, "daemon's buffer after the last pass");
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", argv[1]);
     FILE *f = fopen(tmp, "w");
     if (!f) DIE("fopen %s: %m", tmp);
     fprintf(f, "checksum=%016llx\n", (unsigned long long)fnv1a(a, len, 0));
-    fclose(f);
+    if (fclose(f)) DIE("write %s: %m", tmp);
     if (rename(tmp, argv[1])) DIE("rename: %m");
     return 0;
 }

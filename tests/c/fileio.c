@@ -1,6 +1,7 @@
 /* fileio: read() from a file straight into a big malloc'd buffer (the kernel writes into pages
- * that are not present yet), modify it, write() it to another file from the buffer, and check
- * both files.  usage: fileio DIR [MiB=32] */
+ * that are not present yet), modify it, write() it to another file from the buffer (the kernel
+ * reads pages that may have been evicted), then re-read both files through a small buffer,
+ * verify every word and print a checksum of each.  usage: fileio DIR [MiB=32] */
 #include "common.h"
 #include <fcntl.h>
 #include <unistd.h>
@@ -29,22 +30,29 @@ int main(int argc, char **argv) {
     uint64_t *buf = malloc(len);
     if (!buf) DIE("malloc");
     fd = open(in, O_RDONLY);
+    if (fd < 0) DIE("open %s: %m", in);
     read_all(fd, buf, len); /* one big read into remote memory */
     close(fd);
     verify(buf, words, 7, "buffer after read()");
     for (size_t i = 0; i < words; i++) buf[i] = pattern(7, i) ^ i;
     fd = open(out, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    if (fd < 0) DIE("open %s: %m", out);
     write_all(fd, buf, len); /* one big write from remote memory */
     close(fd);
-    fd = open(out, O_RDONLY);
-    uint64_t h = 0;
+    uint64_t hin = 0, hout = 0;
+    int fin = open(in, O_RDONLY), fout = open(out, O_RDONLY);
+    if (fin < 0 || fout < 0) DIE("reopen: %m");
     for (size_t i = 0; i < words; i += 512) {
-        read_all(fd, chunk, sizeof chunk);
+        read_all(fin, chunk, sizeof chunk);
+        for (size_t k = 0; k < 512; k++) if (chunk[k] != pattern(7, i + k)) DIE("DATA CORRUPTION in input file at word %zu", i + k);
+        hin = fnv1a(chunk, sizeof chunk, hin);
+        read_all(fout, chunk, sizeof chunk);
         for (size_t k = 0; k < 512; k++) if (chunk[k] != (pattern(7, i + k) ^ (i + k))) DIE("DATA CORRUPTION in written file at word %zu", i + k);
-        h = fnv1a(chunk, sizeof chunk, h);
+        hout = fnv1a(chunk, sizeof chunk, hout);
     }
-    close(fd);
-    printf("checksum=%016llx\n", (unsigned long long)h);
+    close(fin);
+    close(fout);
+    printf("in checksum=%016llx\nout checksum=%016llx\n", (unsigned long long)hin, (unsigned long long)hout);
     free(buf);
     return 0;
 }

@@ -1,9 +1,22 @@
 /* realloc_grow: realloc growth from below the threshold to far above it (and shrinking), with
- * contents checked at every step; calloc zeros; the aligned allocators and malloc_usable_size.
+ * contents checked at every step (64 KiB, 256 KiB, 1 MiB, 4 MiB ... MAX); calloc of a big size
+ * reads as zeros, also when it reuses freed memory; posix_memalign, aligned_alloc, memalign,
+ * valloc and pvalloc of big sizes are aligned and have malloc_usable_size >= the request.
  * usage: realloc_grow [MiB=64] */
 #include "common.h"
 #include <malloc.h>
 #include <unistd.h>
+
+/* Checks alignment and usable size, writes and verifies the block, then frees it. */
+static void check_aligned(void *p, size_t align, size_t size, int seed, const char *what) {
+    if (!p) DIE("%s(%zu, %zu) returned NULL", what, align, size);
+    if ((uintptr_t)p % align) DIE("%s returned %p, not aligned to %zu", what, p, align);
+    if (malloc_usable_size(p) < size) DIE("%s: malloc_usable_size %zu < %zu", what, malloc_usable_size(p), size);
+    size_t words = size / 8;
+    fill(p, words, (uint64_t)seed);
+    verify(p, words, (uint64_t)seed, what);
+    free(p);
+}
 
 int main(int argc, char **argv) {
     size_t max = arg_mib(argc, argv, 1, 64);
@@ -26,6 +39,7 @@ int main(int argc, char **argv) {
     a = realloc(a, len / 3 / 8 * 8);
     if (!a) DIE("shrinking realloc failed");
     verify(a, len / 3 / 8, 3, "shrunk buffer");
+    h = fnv1a(a, len / 3 / 8 * 8, h);
     a = realloc(a, 100 << 10); /* back below the threshold */
     if (!a) DIE("realloc below threshold failed");
     verify(a, (100 << 10) / 8, 3, "buffer moved below the threshold");
@@ -37,18 +51,19 @@ int main(int argc, char **argv) {
     fill(z, max / 8, 5);
     free(z);
     z = calloc(max / 8, 8); /* likely the same window region: must be zero again */
+    if (!z) DIE("second calloc");
     for (size_t i = 0; i < max / 8; i++) if (z[i]) DIE("reused calloc memory not zero at word %zu", i);
     free(z);
 
+    /* The aligned allocators with big sizes: alignment, usable size, and the memory works. */
     size_t big = 8 << 20;
     void *p = 0;
-    if (posix_memalign(&p, 1 << 16, big) || ((uintptr_t)p & 0xffff)) DIE("posix_memalign");
-    memset(p, 1, big); free(p);
-    p = aligned_alloc(1 << 12, big); if (!p || ((uintptr_t)p & 0xfff)) DIE("aligned_alloc"); memset(p, 2, big); free(p);
-    p = memalign(1 << 21, big); if (!p || ((uintptr_t)p & 0x1fffff)) DIE("memalign"); memset(p, 3, big); free(p);
-    p = valloc(big); if (!p || ((uintptr_t)p & 0xfff)) DIE("valloc"); memset(p, 4, big);
-    if (malloc_usable_size(p) < big) DIE("usable size of valloc");
-    free(p);
+    if (posix_memalign(&p, 1 << 16, big)) DIE("posix_memalign failed");
+    check_aligned(p, 1 << 16, big, 1, "posix_memalign");
+    check_aligned(aligned_alloc(1 << 12, big), 1 << 12, big, 2, "aligned_alloc");
+    check_aligned(memalign(1 << 21, big + 4096), 1 << 21, big + 4096, 3, "memalign");
+    check_aligned(valloc(big), 4096, big, 4, "valloc");
+    check_aligned(pvalloc(big - 100), 4096, big - 100, 5, "pvalloc");
     printf("checksum=%016llx\n", (unsigned long long)h);
     return 0;
 }

@@ -279,7 +279,9 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
         let peer = |name: &str| {
             snapshot
                 .iter()
-                .find(|p| p.workload == r.workload && p.local_pct == r.local_pct && p.setup == name)
+                .find(|p| {
+                    p.workload == r.workload && p.local_pct == r.local_pct && p.setup == name && p.error.is_none()
+                })
                 .map(|p| r.value / p.value)
         };
         r.speedup_vs_zram = peer("zram");
@@ -399,7 +401,17 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 c.args(&pargs);
                 c
             })?;
-            let unix = run(rackmem_run("25%", &["--prefetch", "0"], &prog, &pargs)?)?;
+            let stats_path = tmp.join("latency-stats.jsonl");
+            let stats_arg = stats_path.to_string_lossy().into_owned();
+            let unix = run(rackmem_run(
+                "25%",
+                &["--prefetch", "0", "--stats-json", &stats_arg],
+                &prog,
+                &pargs,
+            )?)?;
+            let snap: Option<rackmem_runtime::stats::StatsSnapshot> = std::fs::read_to_string(&stats_path)
+                .ok()
+                .and_then(|t| t.lines().next().and_then(|l| serde_json::from_str(l).ok()));
             let mut rows = f.clone();
             for (name, kv) in [
                 ("touch, native (resident page)", &native),
@@ -425,9 +437,49 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 uffd,
                 link
             );
+            let mut breakdown = serde_json::Value::Null;
+            if let Some(sn) = &snap {
+                // Steps inside the handler (means, so they add up), and the rest of what the
+                // program saw: the kernel's fault delivery and the two wake-ups.
+                let us = |ns: u64| ns as f64 / 1000.0;
+                let steps = [
+                    (
+                        "make room (choose victims, wait for staging slots)",
+                        us(sn.step_make_room.mean_ns),
+                    ),
+                    ("stage victims (PAGEMAP_SCAN + UFFDIO_MOVE)", us(sn.step_stage.mean_ns)),
+                    ("fetch from the brick (link round trip)", us(sn.step_fetch.mean_ns)),
+                    ("install (checksum + UFFDIO_COPY + wake)", us(sn.step_install.mean_ns)),
+                ];
+                let handler: f64 = us(sn.fault_mean_ns);
+                let seen = num(&unix, "mean_us");
+                let mut t = comfy_table::Table::new();
+                t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+                t.set_header(vec!["step of a remote fault (means)", "µs", "share"]);
+                let mut parts: Vec<(String, f64)> = steps.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+                let other = handler - steps.iter().map(|s| s.1).sum::<f64>();
+                parts.push(("handler bookkeeping (state, locks, statistics)".into(), other.max(0.0)));
+                parts.push((
+                    "kernel fault delivery + wake-ups (program-observed − handler time)".into(),
+                    (seen - handler).max(0.0),
+                ));
+                for (n, v) in &parts {
+                    t.add_row(vec![n.clone(), format!("{v:.1}"), format!("{:.0}%", 100.0 * v / seen)]);
+                }
+                t.add_row(vec![
+                    "total seen by the program".to_string(),
+                    format!("{seen:.1}"),
+                    "100%".into(),
+                ]);
+                println!("Where a remote fault's time goes\n{t}");
+                breakdown = serde_json::json!(parts
+                    .iter()
+                    .map(|(n, v)| serde_json::json!({"step": n, "mean_us": v}))
+                    .collect::<Vec<_>>());
+            }
             write_json(
                 args.json.as_deref(),
-                &serde_json::json!({ "rows": rows, "ratio_to_floors": remote / (uffd + link) }),
+                &serde_json::json!({ "rows": rows, "ratio_to_floors": remote / (uffd + link), "breakdown": breakdown }),
             )
         }
         Which::Scan { mib, passes } => {

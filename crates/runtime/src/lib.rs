@@ -328,6 +328,11 @@ impl Runtime {
     /// Starts the runtime: connects to every brick, carves one segment from each, reserves and
     /// registers the window and starts the handler, write-back and watchdog threads.
     pub fn start(cfg: Config) -> Result<Arc<Runtime>, RuntimeError> {
+        // Runs on a program thread: a brick dying during start-up must be an error, not SIGPIPE.
+        sys::without_sigpipe(|| Self::start_inner(cfg))
+    }
+
+    fn start_inner(cfg: Config) -> Result<Arc<Runtime>, RuntimeError> {
         let links = connect_links(&cfg)?;
         let mut table = SegmentTable::default();
         let mut bricks = Vec::new();
@@ -446,6 +451,7 @@ impl Runtime {
                 .stack_size(256 << 10)
                 .spawn(move || {
                     RUNTIME_THREAD.with(|t| t.set(true));
+                    sys::block_sigpipe();
                     // A runtime thread that dies would leave the program waiting on a fault
                     // forever: stop the program instead, saying why.
                     let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
@@ -718,11 +724,11 @@ pub fn fork_prepare() {
     let inner = &rt.inner;
     handler::pause(inner);
     writeback::drain(inner);
-    let flushed = writeback::flush_dirty(inner);
+    let flushed = sys::without_sigpipe(|| writeback::flush_dirty(inner));
     let mut grants = Vec::new();
     let mut failure = None;
     for b in &inner.bricks {
-        match b.fault.clone_segment() {
+        match sys::without_sigpipe(|| b.fault.clone_segment()) {
             Ok(g) => grants.push(g),
             Err(e) => {
                 // The parent goes on; the child will stop with this message.
@@ -773,7 +779,7 @@ pub fn fork_child() {
         );
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     }
-    let result = (|| -> Result<Arc<Runtime>, RuntimeError> {
+    let result = sys::without_sigpipe(|| -> Result<Arc<Runtime>, RuntimeError> {
         let mut table = parent.table.clone();
         let mut bricks = Vec::new();
         for (i, b) in parent.bricks.iter().enumerate() {
@@ -817,7 +823,7 @@ pub fn fork_child() {
         };
         drop(c);
         Runtime::assemble(parent.cfg.clone(), window, table, bricks, Some(core))
-    })();
+    });
     match result {
         Ok(child) => {
             // The parent's runtime object stays allocated and unused in the child: its threads

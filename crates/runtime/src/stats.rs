@@ -90,6 +90,38 @@ impl Histogram {
     }
 }
 
+/// Where the handler's time goes for one fault, step by step (the way seed 001 splits a
+/// migration into Setup / Allocate / Transfer / Finalize).
+#[derive(Default)]
+pub struct Breakdown {
+    /// Choosing victims, including waiting for free staging slots.
+    pub make_room: Histogram,
+    /// PAGEMAP_SCAN and UFFDIO_MOVE of the victims.
+    pub stage: Histogram,
+    /// Reading the run from its bricks (the network round trip).
+    pub fetch: Histogram,
+    /// Checksums, UFFDIO_COPY and the wake-up of the faulting thread.
+    pub install: Histogram,
+}
+
+/// Mean and median of one step, in nanoseconds.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct StepSnapshot {
+    /// Median.
+    pub p50_ns: u64,
+    /// Mean.
+    pub mean_ns: u64,
+}
+
+impl StepSnapshot {
+    fn of(h: &Histogram) -> StepSnapshot {
+        StepSnapshot {
+            p50_ns: h.quantile_ns(0.5),
+            mean_ns: h.mean_ns(),
+        }
+    }
+}
+
 /// Counters of one process's runtime. All relaxed: they are statistics, not synchronisation.
 #[derive(Default)]
 pub struct Stats {
@@ -132,6 +164,8 @@ pub struct Stats {
     pub watchdog_reports: AtomicU64,
     /// Handler-side fault service time (message read to page installed).
     pub fault_latency: Histogram,
+    /// The same time split into steps.
+    pub breakdown: Breakdown,
 }
 
 /// A plain snapshot of [`Stats`], as written to the stats file and returned by the C API.
@@ -187,6 +221,18 @@ pub struct StatsSnapshot {
     pub fault_max_ns: u64,
     /// Fault service time, mean, ns.
     pub fault_mean_ns: u64,
+    /// Step: making room (choosing victims, waiting for staging slots).
+    #[serde(default)]
+    pub step_make_room: StepSnapshot,
+    /// Step: scanning and moving victims out.
+    #[serde(default)]
+    pub step_stage: StepSnapshot,
+    /// Step: fetching from the brick.
+    #[serde(default)]
+    pub step_fetch: StepSnapshot,
+    /// Step: installing and waking.
+    #[serde(default)]
+    pub step_install: StepSnapshot,
 }
 
 impl Stats {
@@ -230,6 +276,10 @@ impl Stats {
             fault_p99_ns: self.fault_latency.quantile_ns(0.99),
             fault_max_ns: self.fault_latency.max_ns(),
             fault_mean_ns: self.fault_latency.mean_ns(),
+            step_make_room: StepSnapshot::of(&self.breakdown.make_room),
+            step_stage: StepSnapshot::of(&self.breakdown.stage),
+            step_fetch: StepSnapshot::of(&self.breakdown.fetch),
+            step_install: StepSnapshot::of(&self.breakdown.install),
         }
     }
 }

@@ -22,3 +22,37 @@ pub fn close_inherited(fd: std::os::fd::RawFd) {
         libc::close(fd);
     }
 }
+
+/// Blocks SIGPIPE in the calling thread. The runtime writes to brick sockets from threads of a
+/// program whose SIGPIPE disposition is its own (the default kills it): a brick that dies must
+/// turn into an error the runtime reports (EPIPE), never a silent death by signal.
+pub fn block_sigpipe() {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset; pthread_sigmask only changes this
+    // thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Runs `f` with SIGPIPE blocked in the calling thread (a program thread, e.g. in the fork
+/// hooks), restoring the thread's mask afterwards.
+pub fn without_sigpipe<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: as in `block_sigpipe`; the old mask is saved and restored on this same thread.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    let r = f();
+    // SAFETY: restores the mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    r
+}

@@ -644,13 +644,15 @@ impl Uffd {
 
     /// `UFFDIO_WRITEPROTECT`: write-protects (`protect`) or un-protects `[start, start + len)`,
     /// a range registered with [`RegisterMode::wp`]. Un-protecting wakes the threads waiting on
-    /// write-protect faults there unless `dontwake`.
+    /// write-protect faults there unless `dontwake` (ignored when protecting, which wakes no one;
+    /// the kernel would refuse the combination with EINVAL).
     pub fn write_protect(&self, start: usize, len: usize, protect: bool, dontwake: bool) -> Result<(), UffdError> {
         let mut mode = 0u64;
         if protect {
             mode |= u64::from(UFFDIO_WRITEPROTECT_MODE_WP);
         }
-        if dontwake {
+        // The kernel refuses DONTWAKE with WP (EINVAL); protecting wakes nobody anyway.
+        if dontwake && !protect {
             mode |= u64::from(UFFDIO_WRITEPROTECT_MODE_DONTWAKE);
         }
         let mut w = sys::uffdio_writeprotect {
