@@ -224,13 +224,13 @@ impl Handler {
             return;
         }
         let page = ((addr - base) / PAGE_SIZE) as u64;
-        self.serve(page);
+        self.serve(page, t0);
         let t1 = inner.now_ns();
         inner.stats.fault_latency.record(t1 - t0);
         inner.fault_started_ns.store(0, Ordering::Release);
     }
 
-    fn serve(&mut self, page: u64) {
+    fn serve(&mut self, page: u64, t0: u64) {
         let inner = self.inner.clone();
         loop {
             let mut c = inner.lock();
@@ -309,11 +309,15 @@ impl Handler {
             let t_fetch = inner.now_ns();
             self.install(page, &kinds, epoch);
             let t_install = inner.now_ns();
-            let b = &inner.stats.breakdown;
-            b.make_room.record(t_choose - t_plan);
-            b.stage.record(t_stage - t_choose);
-            b.fetch.record(t_fetch - t_claim);
-            b.install.record(t_install - t_fetch);
+            // The breakdown describes remote faults only (a first touch fetches nothing).
+            if kinds[0] & loc::MASK == loc::REMOTE {
+                let b = &inner.stats.breakdown;
+                b.make_room.record(t_choose - t_plan);
+                b.stage.record(t_stage - t_choose);
+                b.fetch.record(t_fetch - t_claim);
+                b.install.record(t_install - t_fetch);
+                b.total.record(t_install - t0);
+            }
             return;
         }
     }

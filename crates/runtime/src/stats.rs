@@ -102,6 +102,8 @@ pub struct Breakdown {
     pub fetch: Histogram,
     /// Checksums, UFFDIO_COPY and the wake-up of the faulting thread.
     pub install: Histogram,
+    /// The handler's whole service time of a remote fault.
+    pub total: Histogram,
 }
 
 /// Mean and median of one step, in nanoseconds.
@@ -233,6 +235,9 @@ pub struct StatsSnapshot {
     /// Step: installing and waking.
     #[serde(default)]
     pub step_install: StepSnapshot,
+    /// The handler's whole service time of a remote fault.
+    #[serde(default)]
+    pub remote_fault_handler: StepSnapshot,
 }
 
 impl Stats {
@@ -280,6 +285,7 @@ impl Stats {
             step_stage: StepSnapshot::of(&self.breakdown.stage),
             step_fetch: StepSnapshot::of(&self.breakdown.fetch),
             step_install: StepSnapshot::of(&self.breakdown.install),
+            remote_fault_handler: StepSnapshot::of(&self.breakdown.total),
         }
     }
 }
