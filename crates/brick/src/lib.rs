@@ -22,5 +22,5 @@ pub use pool::CHUNK;
 pub use rackmem_proto::BrickStats;
 pub use server::{
     run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickStopper, ListenAddr, CLONE_GRACE,
-    MAX_CONNECTIONS,
+    DEFAULT_SPIN_US, MAX_CONNECTIONS,
 };
