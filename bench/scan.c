@@ -7,12 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "bench.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoull(argv[1], 0, 0) : 1024;
