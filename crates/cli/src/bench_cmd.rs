@@ -244,6 +244,11 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 let limit = w.footprint * local as u64 / 100 + (8 << 20);
                 let out = peer.run_limited(limit, &prog, &w.args)?;
                 pb.inc(1);
+                // Ctrl-C reaches the workload too: stop here, and let the peer's drop undo swap.
+                anyhow::ensure!(
+                    !stop.load(std::sync::atomic::Ordering::Relaxed),
+                    "interrupted; swap and cgroups were restored"
+                );
                 if !out.status.success() {
                     // Kernel swap under a tight cgroup limit can be OOM-killed (no multi-gen LRU
                     // on this kernel): that is a result, recorded as such, not a bench failure.
@@ -273,6 +278,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     }
     pb.finish_and_clear();
     drop(tcp_brick);
+    anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
     // Speed-ups against each peer at the same workload and local buffer.
     let snapshot = rows.clone();
     for r in rows.iter_mut().filter(|r| r.setup.starts_with("rackmem")) {

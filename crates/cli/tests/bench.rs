@@ -159,4 +159,60 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
         before,
         "the machine must be left as it was found after a failure"
     );
+
+    // Interrupted like Ctrl-C (SIGINT to the whole process group) while a peer runs: swap, zram
+    // and the cgroup are undone all the same, and the exit status says it did not finish.
+    let mut c = Command::new(rackmem());
+    c.args([
+        "bench",
+        "workloads",
+        "--scale",
+        "0.25",
+        "--only",
+        "scan",
+        "--locals",
+        "25",
+        "--transports",
+        "unix",
+        "--peers",
+        "zram",
+        "--peer-locals",
+        "25",
+        "--bench-dir",
+    ])
+    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"))
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    let mut g = Guard::spawn(&mut c);
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 2
+    {
+        assert!(
+            g.child().try_wait().expect("wait").is_none(),
+            "the bench ended before its swap peer started"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the swap peer never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let sent = Command::new("kill")
+        .args(["-INT", "--", &format!("-{}", g.id())])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = g
+        .wait_until(Duration::from_secs(120))
+        .expect("the bench stops after SIGINT");
+    assert!(!status.success(), "an interrupted bench must not report success");
+    assert_eq!(
+        machine_state(),
+        before,
+        "the machine must be left as it was found after an interruption"
+    );
 }
