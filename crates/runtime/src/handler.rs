@@ -481,19 +481,29 @@ impl Handler {
         let mut fetched_pages = 0u64;
         for BrickReads { brick, extents, starts } in &per_brick {
             let total: usize = extents.iter().map(|e| e.1 as usize).sum();
-            let mut tmp = vec![0u8; total];
-            if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
-                inner.brick_lost(
-                    *brick,
-                    &format!("fetching window page {:#x}", inner.page_addr(page)),
-                    &e,
-                );
-            }
-            let mut at = 0;
-            for (ext, &start) in extents.iter().zip(starts) {
-                let len = ext.1 as usize;
-                self.buf[start * PAGE_SIZE..start * PAGE_SIZE + len].copy_from_slice(&tmp[at..at + len]);
-                at += len;
+            let lost = |e: &dyn std::fmt::Display| {
+                inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), e)
+            };
+            if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
+                // The common case, one run on one brick: read straight into place.
+                let at = start * PAGE_SIZE;
+                if let Err(e) = inner.bricks[*brick]
+                    .fault
+                    .read_pages(&[*ext], &mut self.buf[at..at + total])
+                {
+                    lost(&e);
+                }
+            } else {
+                let mut tmp = vec![0u8; total];
+                if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
+                    lost(&e);
+                }
+                let mut at = 0;
+                for (ext, &start) in extents.iter().zip(starts) {
+                    let len = ext.1 as usize;
+                    self.buf[start * PAGE_SIZE..start * PAGE_SIZE + len].copy_from_slice(&tmp[at..at + len]);
+                    at += len;
+                }
             }
             fetched_pages += (total / PAGE_SIZE) as u64;
         }

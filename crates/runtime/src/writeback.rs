@@ -32,7 +32,6 @@ pub(crate) fn drain(inner: &Inner) {
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
-    let mut page = vec![0u8; PAGE_SIZE];
     loop {
         let job = {
             let mut q = inner.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -44,7 +43,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
         };
         match job {
-            Job::Evict { id, victims } => evict(&inner, id, &victims, &mut page),
+            Job::Evict { id, victims } => evict(&inner, id, &victims),
             Job::Discard { brick, offset, len } => {
                 if let Err(e) = inner.bricks[brick].writeback.discard(offset, len) {
                     inner.brick_lost(brick, "releasing freed memory", &e);
@@ -63,7 +62,7 @@ struct BrickWrites {
     data: Vec<u8>,
 }
 
-fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
+fn evict(inner: &Inner, id: u64, victims: &[Victim]) {
     // Per brick: extents and the data to write.
     let mut per_brick: Vec<BrickWrites> = (0..inner.bricks.len()).map(|_| BrickWrites::default()).collect();
     let mut dirty = vec![false; victims.len()];
@@ -72,25 +71,28 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], page: &mut [u8]) {
         if !v.moved {
             continue;
         }
-        inner.staging.read(v.slot as usize * PAGE_SIZE, page);
-        let changed = v.dirty_scan || xxh3_64(page) != v.hash;
+        let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
+            inner.internal_error(&format!("window page {} has no segment", v.page));
+        };
+        // Read the staged page straight into the brick's outgoing data; drop it again if clean.
+        let BrickWrites { extents: ext, data } = &mut per_brick[brick];
+        let at = data.len();
+        data.resize(at + PAGE_SIZE, 0);
+        inner.staging.read(v.slot as usize * PAGE_SIZE, &mut data[at..]);
+        let changed = v.dirty_scan || xxh3_64(&data[at..]) != v.hash;
         if changed && !v.dirty_scan {
             inner.stats.evictions_race_caught.fetch_add(1, Ordering::Relaxed);
         }
         if !changed {
+            data.truncate(at);
             clean += 1;
             continue;
         }
         dirty[k] = true;
-        let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
-            inner.internal_error(&format!("window page {} has no segment", v.page));
-        };
-        let BrickWrites { extents: ext, data } = &mut per_brick[brick];
         match ext.last_mut() {
             Some(last) if last.0 + last.1 as u64 == off => last.1 += PAGE_SIZE as u32,
             _ => ext.push((off, PAGE_SIZE as u32)),
         }
-        data.extend_from_slice(page);
     }
     for (brick, BrickWrites { extents: ext, data }) in per_brick.iter().enumerate() {
         if ext.is_empty() {
