@@ -16,6 +16,9 @@ pub struct BenchArgs {
     /// Where to write the JSON results.
     #[arg(long, global = true, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Where to write an SVG chart of the results.
+    #[arg(long, global = true, value_name = "FILE")]
+    svg: Option<PathBuf>,
     /// Directory with the C workloads.
     #[arg(long, global = true, value_name = "DIR", default_value = "bench")]
     bench_dir: PathBuf,
@@ -77,9 +80,6 @@ pub struct WorkloadArgs {
     /// Scale every workload's size (0.01 for a quick check).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Write an SVG chart here.
-    #[arg(long, value_name = "FILE")]
-    svg: Option<PathBuf>,
 }
 
 /// A workload: its program, arguments, footprint and the metric to compare (higher is better).
@@ -143,7 +143,7 @@ fn metric_of(w: &Workload, kv: &std::collections::BTreeMap<String, String>) -> f
     }
 }
 
-fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Path>) -> Result<()> {
+fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Path>, svg: Option<&Path>) -> Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     use rackmem_bench::swap::{SwapBackend, SwapPeer};
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -321,7 +321,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
         ]);
     }
     println!("Workloads (same run; \"× peer\" = rackmem's speed-up over the peer at the same local buffer)\n{t}");
-    if let Some(p) = &a.svg {
+    if let Some(p) = svg {
         let bars: Vec<rackmem_bench::chart::Bar> = rows
             .iter()
             .filter(|r| r.setup != "native" && r.error.is_none())
@@ -341,17 +341,50 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     write_json(json, &serde_json::json!({ "workloads": rows }))
 }
 
-fn floors(samples: usize) -> Result<Vec<Summary>> {
+/// Floors measured by [`floors`], for the progress bar's length.
+const FLOOR_STEPS: u64 = 6;
+
+fn progress(len: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+fn floors(samples: usize, pb: &indicatif::ProgressBar) -> Result<Vec<Summary>> {
     let mut v = Vec::new();
     for w in [Waiting::Blocking, Waiting::BusyPoll] {
+        pb.set_message(format!("userfaultfd floor, {w:?} handler"));
         v.push(uffd_floor(w, samples).context("userfaultfd floor")?);
+        pb.inc(1);
     }
     for t in ["unix", "tcp"] {
         for bytes in [4096, 65536] {
+            pb.set_message(format!("link floor, {t}, {} KiB", bytes / 1024));
             v.push(link_floor(t, bytes, samples / 4).context("link floor")?);
+            pb.inc(1);
         }
     }
     Ok(v)
+}
+
+fn write_latency_svg(path: Option<&Path>, title: &str, rows: &[Summary]) -> Result<()> {
+    if let Some(p) = path {
+        let bars: Vec<rackmem_bench::chart::LatencyBar> = rows
+            .iter()
+            .map(|s| rackmem_bench::chart::LatencyBar {
+                label: s.name.clone(),
+                p50_us: s.p50_us,
+                p99_us: s.p99_us,
+            })
+            .collect();
+        std::fs::write(p, rackmem_bench::chart::latency_svg(title, &bars))
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("rackmem bench: chart written to {}", p.display());
+    }
+    Ok(())
 }
 
 fn print_summaries(title: &str, rows: &[Summary]) {
@@ -392,14 +425,23 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
     let tmp = std::env::temp_dir().join(format!("rackmem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let result = match args.which {
-        Which::Workloads(a) => run_workloads(a, &args.bench_dir, &tmp, args.json.as_deref()),
+        Which::Workloads(a) => run_workloads(a, &args.bench_dir, &tmp, args.json.as_deref(), args.svg.as_deref()),
         Which::Floors { samples } => {
-            let f = floors(samples)?;
+            let pb = progress(FLOOR_STEPS);
+            let f = floors(samples, &pb)?;
+            pb.finish_and_clear();
             print_summaries("Floors (same run)", &f);
+            write_latency_svg(
+                args.svg.as_deref(),
+                "Floors: the best this machine can do (same run)",
+                &f,
+            )?;
             write_json(args.json.as_deref(), &serde_json::json!({ "floors": f }))
         }
         Which::Latency { samples, mib } => {
-            let f = floors(samples)?;
+            let pb = progress(FLOOR_STEPS + 2);
+            let f = floors(samples, &pb)?;
+            pb.set_message("fault_latency, native");
             let prog = build(&args.bench_dir, "fault_latency", &tmp)?;
             let pargs = vec![mib.to_string(), samples.to_string()];
             let native = run({
@@ -407,6 +449,8 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 c.args(&pargs);
                 c
             })?;
+            pb.inc(1);
+            pb.set_message("fault_latency, rackmem, 25% local");
             let stats_path = tmp.join("latency-stats.jsonl");
             let stats_arg = stats_path.to_string_lossy().into_owned();
             let unix = run(rackmem_run(
@@ -415,6 +459,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 &prog,
                 &pargs,
             )?)?;
+            pb.finish_and_clear();
             let snap: Option<rackmem_runtime::stats::StatsSnapshot> = std::fs::read_to_string(&stats_path)
                 .ok()
                 .and_then(|t| t.lines().next().and_then(|l| serde_json::from_str(l).ok()));
@@ -432,6 +477,11 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 });
             }
             print_summaries("Remote fault latency beside the floors (same run)", &rows);
+            write_latency_svg(
+                args.svg.as_deref(),
+                "Remote 4 KiB fault latency beside the floors (same run)",
+                &rows,
+            )?;
             let floor = |n: &str| f.iter().find(|s| s.name.contains(n)).map_or(f64::NAN, |s| s.p50_us);
             let uffd = floor("busy-polling").min(floor("blocking"));
             let link = floor("unix, 4 KiB");
@@ -508,6 +558,8 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             )
         }
         Which::Scan { mib, passes } => {
+            let pb = progress(4);
+            pb.set_message("scan, native");
             let prog = build(&args.bench_dir, "scan", &tmp)?;
             let pargs = vec![mib.to_string(), passes.to_string()];
             let native = run({
@@ -525,8 +577,12 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 "1.00".into(),
             ]);
             let mut json = vec![serde_json::json!({"setup": "native", "mb_per_s": base})];
+            let mut bars = Vec::new();
+            pb.inc(1);
             for local in ["100%", "50%", "25%"] {
+                pb.set_message(format!("scan, rackmem, {local} local"));
                 let kv = run(rackmem_run(local, &[], &prog, &pargs)?)?;
+                pb.inc(1);
                 if kv.get("checksum") != native.get("checksum") {
                     anyhow::bail!("scan under rackmem --local {local} computed a different checksum");
                 }
@@ -539,6 +595,20 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 json.push(
                     serde_json::json!({"setup": format!("rackmem {local}"), "mb_per_s": r, "vs_native": r / base}),
                 );
+                bars.push(rackmem_bench::chart::Bar {
+                    group: format!("scan, {mib} MiB"),
+                    label: format!("rackmem {local} local, unix"),
+                    fraction: r / base,
+                });
+            }
+            pb.finish_and_clear();
+            if let Some(p) = args.svg.as_deref() {
+                std::fs::write(
+                    p,
+                    rackmem_bench::chart::svg("Sequential scan under rackmem against all-local (same run)", &bars),
+                )
+                .with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("rackmem bench: chart written to {}", p.display());
             }
             println!("Sequential scan, {mib} MiB, {passes} passes (same run)\n{t}");
             write_json(args.json.as_deref(), &serde_json::json!({ "scan": json }))

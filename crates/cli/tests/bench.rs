@@ -38,8 +38,24 @@ fn floors_latency_and_scan_write_json() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
+    let chart = |name: &str, labels: &[&str]| {
+        let svg = std::fs::read_to_string(dir.path().join(name)).expect("chart written");
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+        for l in labels {
+            assert!(svg.contains(l), "chart {name} lacks {l}: {svg}");
+        }
+    };
+    let svg_arg = |name: &str| dir.path().join(name).to_str().expect("path").to_string();
     let j = dir.path().join("floors.json");
-    let o = bench(&["floors", "--samples", "400", "--json", j.to_str().expect("path")]);
+    let o = bench(&[
+        "floors",
+        "--samples",
+        "400",
+        "--json",
+        j.to_str().expect("path"),
+        "--svg",
+        &svg_arg("floors.svg"),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
@@ -48,6 +64,7 @@ fn floors_latency_and_scan_write_json() {
     assert!(floors
         .iter()
         .all(|f| f["p50_us"].as_f64().is_some_and(|x| x > 0.0) && f["samples"].as_u64() > Some(0)));
+    chart("floors.svg", &["uffd floor", "link floor, unix", "link floor, tcp"]);
 
     let j = dir.path().join("latency.json");
     let o = bench(&[
@@ -58,8 +75,11 @@ fn floors_latency_and_scan_write_json() {
         "16",
         "--json",
         j.to_str().expect("path"),
+        "--svg",
+        &svg_arg("latency.svg"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    chart("latency.svg", &["remote 4 KiB fault", "uffd floor"]);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
     assert!(v["ratio_to_floors"].as_f64().is_some_and(|r| r > 0.0), "{v}");
@@ -73,8 +93,11 @@ fn floors_latency_and_scan_write_json() {
         "1",
         "--json",
         j.to_str().expect("path"),
+        "--svg",
+        &svg_arg("scan.svg"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    chart("scan.svg", &["rackmem 25% local"]);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
     assert_eq!(v["scan"].as_array().map(Vec::len), Some(4), "{v}");
