@@ -479,6 +479,7 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
     let mut attached: Option<Attached> = None;
     let mut hdr = [0u8; HEADER_LEN];
     let mut payload = Vec::new();
+    let mut scratch = Vec::new();
     loop {
         if conn.io.read_exact(&mut hdr).is_err() {
             break;
@@ -495,7 +496,7 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
                     rackmem_proto::DecodeError::BadVersion(_) => Status::BadVersion,
                     _ => Status::BadRequest,
                 };
-                let _ = conn.send(op, tag, err(status, format!("malformed frame: {e}"), true), true);
+                let _ = conn.send(op, tag, &err(status, format!("malformed frame: {e}"), true), true);
                 break;
             }
         };
@@ -507,8 +508,22 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
             break;
         }
         shared.counters.requests.fetch_add(1, Relaxed);
-        let reply = match Request::decode(&h, &payload) {
-            Ok(r) => handle(shared, &mut attached, r),
+        // Page traffic skips the owned `Request`: WRITE stores straight from the receive
+        // buffer and READ fills a buffer the connection keeps, so no request allocates or
+        // copies its pages an extra time.
+        let decoded = match h.opcode {
+            Opcode::Write => rackmem_proto::decode_write(&payload).map(|(ext, data)| match attached.as_ref() {
+                Some(a) => write_pages(shared, a, &ext, data),
+                None => err(Status::NotAttached, "ATTACH or ALLOC before data requests", true),
+            }),
+            Opcode::Read => Request::decode(&h, &payload).map(|r| match (r, attached.as_ref()) {
+                (Request::Read(ext), Some(a)) => read_pages(shared, a, &ext, std::mem::take(&mut scratch)),
+                (r, _) => handle(shared, &mut attached, r),
+            }),
+            _ => Request::decode(&h, &payload).map(|r| handle(shared, &mut attached, r)),
+        };
+        let reply = match decoded {
+            Ok(r) => r,
             Err(e) => err(
                 Status::BadRequest,
                 format!("malformed {:?} request: {e}", h.opcode),
@@ -523,8 +538,11 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         // socket: a client may be waiting for this response before it sends the rest of the
         // next frame (a link draining responses while its send is blocked does exactly that).
         let flush = close || !whole_frame_buffered(conn.io.buffer());
-        if conn.send(h.opcode, h.tag, reply, flush).is_err() || close {
+        if conn.send(h.opcode, h.tag, &reply, flush).is_err() || close {
             break;
+        }
+        if reply.payload.capacity() >= DIRECT_BYTES {
+            scratch = reply.payload;
         }
     }
     if let Some(a) = attached {
@@ -574,7 +592,7 @@ struct Connection {
 }
 
 impl Connection {
-    fn send(&mut self, op: Opcode, tag: u32, r: Reply, flush: bool) -> io::Result<()> {
+    fn send(&mut self, op: Opcode, tag: u32, r: &Reply, flush: bool) -> io::Result<()> {
         let sock = &mut self.io.get_mut().0;
         if r.payload.len() >= DIRECT_BYTES {
             // Large payloads go out from their own buffer rather than through the queue.
@@ -706,6 +724,58 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
     }
 }
 
+fn out_of_range(a: &Attached, o: u64, l: u64) -> Reply {
+    err(
+        Status::OutOfRange,
+        format!("{o:#x}+{l:#x} is outside the segment of {:#x} bytes", a.size),
+        true,
+    )
+}
+
+/// READ into `buf` (a buffer the connection reuses, so large reads touch no fresh memory).
+fn read_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], mut buf: Vec<u8>) -> Reply {
+    if a.rights & rights::READ == 0 {
+        return err(Status::Forbidden, "grant does not allow reads", true);
+    }
+    let total = extents_bytes(ext);
+    if total > MAX_PAYLOAD as u64 {
+        return err(
+            Status::BadRequest,
+            format!("{total} bytes exceed the response limit"),
+            true,
+        );
+    }
+    if let Some(&(o, l)) = ext.iter().find(|&&(o, l)| !in_segment(a.size, o, l as u64)) {
+        return out_of_range(a, o, l as u64);
+    }
+    buf.clear();
+    buf.resize(total as usize, 0);
+    let mut at = 0usize;
+    for &(o, l) in ext {
+        shared.store.pool.read(a.offset + o, &mut buf[at..at + l as usize]);
+        at += l as usize;
+    }
+    shared.counters.bytes_read.fetch_add(total, Relaxed);
+    ok(buf)
+}
+
+/// WRITE of `data` (the extents' bytes, concatenated; length checked by the decoder).
+fn write_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], data: &[u8]) -> Reply {
+    if a.rights & rights::WRITE == 0 {
+        return err(Status::Forbidden, "grant does not allow writes", true);
+    }
+    if let Some(&(o, l)) = ext.iter().find(|&&(o, l)| !in_segment(a.size, o, l as u64)) {
+        return out_of_range(a, o, l as u64);
+    }
+    let mut at = 0usize;
+    for &(o, l) in ext {
+        shared.store.pool.write(a.offset + o, &data[at..at + l as usize]);
+        at += l as usize;
+    }
+    shared.counters.bytes_written.fetch_add(at as u64, Relaxed);
+    ok(Vec::new())
+}
+
 fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
     let store = &shared.store;
     let need = |r: u8| a.rights & r == r;
@@ -717,45 +787,8 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
         )
     };
     match req {
-        Request::Read(ext) => {
-            if !need(rights::READ) {
-                return err(Status::Forbidden, "grant does not allow reads", true);
-            }
-            let total = extents_bytes(&ext);
-            if total > MAX_PAYLOAD as u64 {
-                return err(
-                    Status::BadRequest,
-                    format!("{total} bytes exceed the response limit"),
-                    true,
-                );
-            }
-            let mut data = vec![0u8; total as usize];
-            let mut at = 0usize;
-            for (o, l) in ext {
-                if !in_segment(a.size, o, l as u64) {
-                    return out_of_range(o, l as u64);
-                }
-                store.pool.read(a.offset + o, &mut data[at..at + l as usize]);
-                at += l as usize;
-            }
-            shared.counters.bytes_read.fetch_add(total, Relaxed);
-            ok(data)
-        }
-        Request::Write { extents, data } => {
-            if !need(rights::WRITE) {
-                return err(Status::Forbidden, "grant does not allow writes", true);
-            }
-            if let Some(&(o, l)) = extents.iter().find(|&&(o, l)| !in_segment(a.size, o, l as u64)) {
-                return out_of_range(o, l as u64);
-            }
-            let mut at = 0usize;
-            for (o, l) in extents {
-                store.pool.write(a.offset + o, &data[at..at + l as usize]);
-                at += l as usize;
-            }
-            shared.counters.bytes_written.fetch_add(at as u64, Relaxed);
-            ok(Vec::new())
-        }
+        Request::Read(ext) => read_pages(shared, a, &ext, Vec::new()),
+        Request::Write { extents, data } => write_pages(shared, a, &extents, &data),
         Request::Discard { offset, len } => {
             if !need(rights::WRITE) {
                 return err(Status::Forbidden, "grant does not allow writes", true);

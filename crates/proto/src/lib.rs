@@ -580,6 +580,16 @@ fn encode_extents(extents: &[Extent], out: &mut Vec<u8>) {
     }
 }
 
+/// Decodes a WRITE payload without copying its data: the extents, and the bytes that follow
+/// them (exactly as many as the extents cover). A brick uses this to store pages straight from
+/// its receive buffer.
+pub fn decode_write(p: &[u8]) -> Result<(Vec<Extent>, &[u8]), DecodeError> {
+    let (ext, used) = decode_extents(p)?;
+    let want = extents_bytes(&ext) as usize;
+    exact(&p[used..], want)?;
+    Ok((ext, &p[used..]))
+}
+
 /// Decodes the extent list at the start of `b`; returns the extents and the bytes consumed.
 fn decode_extents(b: &[u8]) -> Result<(Vec<Extent>, usize), DecodeError> {
     if b.len() < 4 {
@@ -714,12 +724,10 @@ impl Request {
                 Ok(Request::Read(ext))
             }
             Opcode::Write => {
-                let (ext, used) = decode_extents(p)?;
-                let want = extents_bytes(&ext) as usize;
-                exact(&p[used..], want)?;
+                let (extents, data) = decode_write(p)?;
                 Ok(Request::Write {
-                    extents: ext,
-                    data: p[used..].to_vec(),
+                    extents,
+                    data: data.to_vec(),
                 })
             }
             Opcode::Discard => {

@@ -11,6 +11,7 @@
 //! staging slot, a page still being written back), which never waits for the handler.
 
 use crate::config::HandlerMode;
+use crate::recycle::{self, SpentRun};
 use crate::{loc, writeback, Core, Inner, Job, Victim, PAGE, PAGE_SIZE};
 use rackmem_uffd::{CopyMode, Event, MoveMode, UffdError};
 use std::collections::VecDeque;
@@ -302,12 +303,22 @@ impl Handler {
             }
             c.resident += n;
             let epoch = c.epoch;
+            // Receive into spent staging slots when a run of them is long enough (their pages
+            // then move into the window); else into our buffer, copied in.
+            let mut spent = recycle::take(&mut c, n as usize);
             drop(c);
             inner.stats.add_resident(n);
             let t_claim = inner.now_ns();
-            self.fetch(page, &kinds);
+            match spent.as_mut() {
+                Some(run) => fetch_into(&inner, page, &kinds, recycle::bytes(&inner, run)),
+                None => {
+                    self.buf.clear();
+                    self.buf.resize(n as usize * PAGE_SIZE, 0);
+                    fetch_into(&inner, page, &kinds, &mut self.buf);
+                }
+            }
             let t_fetch = inner.now_ns();
-            self.install(page, &kinds, epoch);
+            self.install(page, &kinds, epoch, spent);
             let t_install = inner.now_ns();
             // The breakdown describes remote faults only (a first touch fetches nothing).
             if kinds[0] & loc::MASK == loc::REMOTE {
@@ -340,7 +351,17 @@ impl Handler {
             .min(crate::STAGING_SLOTS / 2)
             .min(c.resident as usize);
         while c.free_slots.len() < want {
-            c = inner.core_cv.wait(c).unwrap_or_else(|e| e.into_inner());
+            if c.spent.is_empty() {
+                c = inner.core_cv.wait(c).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            // Spent slots hold pages kept for recycling; victims need empty slots more.
+            for (start, len) in recycle::take_all(&mut c) {
+                if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
+                    inner.internal_error(&format!("freeing staging slots: {e}"));
+                }
+                c.free_slots.extend((start..start + len).rev());
+            }
         }
         self.victims.clear();
         c.policy.victims(want, &mut self.victims);
@@ -439,100 +460,27 @@ impl Handler {
         writeback::submit(&inner, Job::Evict { id, victims });
     }
 
-    /// Reads the run's remote pages into `self.buf` (zeros for the others).
-    fn fetch(&mut self, page: u64, kinds: &[u8]) {
+    /// Installs the claimed run, write-protected so the kernel records the first write,
+    /// retrying after EAGAIN and skipping pages released meanwhile. The run's bytes are in the
+    /// spent slots `spent` (their pages are moved into the window) or in `self.buf` (copied).
+    fn install(&mut self, page: u64, kinds: &[u8], epoch: u64, mut spent: Option<SpentRun>) {
         let inner = self.inner.clone();
         let n = kinds.len();
-        self.buf.clear();
-        self.buf.resize(n * PAGE_SIZE, 0);
-        // Group remote pages per brick into extents, merging neighbours.
-        let mut per_brick: Vec<BrickReads> = Vec::new();
-        for (i, &s) in kinds.iter().enumerate() {
-            if s & loc::MASK != loc::REMOTE {
-                continue;
-            }
-            let Some((brick, off)) = inner.table.lookup(page + i as u64) else {
-                inner.internal_error(&format!("window page {} has no segment", page + i as u64));
+        let hashes: Vec<u64> = {
+            let src: &[u8] = match spent.as_mut() {
+                Some(run) => recycle::bytes(&inner, run),
+                None => &self.buf,
             };
-            let k = match per_brick.iter().position(|e| e.brick == brick) {
-                Some(k) => k,
-                None => {
-                    per_brick.push(BrickReads {
-                        brick,
-                        extents: Vec::new(),
-                        starts: Vec::new(),
-                    });
-                    per_brick.len() - 1
-                }
-            };
-            let e = &mut per_brick[k];
-            let contiguous = match (e.extents.last(), e.starts.last()) {
-                (Some(&(o, l)), Some(&st)) => o + l as u64 == off && st + l as usize / PAGE_SIZE == i,
-                _ => false,
-            };
-            match e.extents.last_mut() {
-                Some(last) if contiguous => last.1 += PAGE_SIZE as u32,
-                _ => {
-                    e.extents.push((off, PAGE_SIZE as u32));
-                    e.starts.push(i);
-                }
-            }
-        }
-        let mut fetched_pages = 0u64;
-        for BrickReads { brick, extents, starts } in &per_brick {
-            let total: usize = extents.iter().map(|e| e.1 as usize).sum();
-            let lost = |e: &dyn std::fmt::Display| {
-                inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), e)
-            };
-            if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
-                // The common case, one run on one brick: read straight into place.
-                let at = start * PAGE_SIZE;
-                if let Err(e) = inner.bricks[*brick]
-                    .fault
-                    .read_pages(&[*ext], &mut self.buf[at..at + total])
-                {
-                    lost(&e);
-                }
-            } else {
-                let mut tmp = vec![0u8; total];
-                if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
-                    lost(&e);
-                }
-                let mut at = 0;
-                for (ext, &start) in extents.iter().zip(starts) {
-                    let len = ext.1 as usize;
-                    self.buf[start * PAGE_SIZE..start * PAGE_SIZE + len].copy_from_slice(&tmp[at..at + len]);
-                    at += len;
-                }
-            }
-            fetched_pages += (total / PAGE_SIZE) as u64;
-        }
-        let s = &inner.stats;
-        if kinds[0] & loc::MASK == loc::REMOTE {
-            s.faults_remote.fetch_add(1, Ordering::Relaxed);
-            s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
-            s.bytes_prefetched
-                .fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
-        } else {
-            s.faults_zero.fetch_add(1, Ordering::Relaxed);
-            s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
-        }
-    }
-
-    /// Installs the claimed run from `self.buf`, write-protected so the kernel records the first
-    /// write, retrying after EAGAIN and skipping pages released meanwhile.
-    fn install(&mut self, page: u64, kinds: &[u8], epoch: u64) {
-        let inner = self.inner.clone();
-        let n = kinds.len();
-        let hashes: Vec<u64> = (0..n)
-            .map(|i| {
-                if kinds[i] & loc::MASK == loc::REMOTE {
-                    xxh3_64(&self.buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])
-                } else {
-                    self.zero_hash
-                }
-            })
-            .collect();
+            (0..n)
+                .map(|i| {
+                    if kinds[i] & loc::MASK == loc::REMOTE {
+                        xxh3_64(&src[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])
+                    } else {
+                        self.zero_hash
+                    }
+                })
+                .collect()
+        };
         {
             let mut c = inner.lock();
             for (i, &h) in hashes.iter().enumerate() {
@@ -541,6 +489,8 @@ impl Handler {
                 }
             }
         }
+        // Which slots of `spent` gave their page to the window (the others keep theirs).
+        let mut moved = vec![false; if spent.is_some() { n } else { 0 }];
         let mut i = 0usize;
         let mut cur_epoch = epoch;
         while i < n {
@@ -555,7 +505,7 @@ impl Handler {
                     break;
                 }
             }
-            // Copy the longest claimed stretch from i.
+            // Install the longest claimed stretch from i.
             let mut j = i + 1;
             {
                 let c = inner.lock();
@@ -564,16 +514,54 @@ impl Handler {
                 }
             }
             let dst = inner.page_addr(page + i as u64);
-            let src = &self.buf[i * PAGE_SIZE..j * PAGE_SIZE];
-            match inner.uffd.copy(
-                dst,
-                src,
-                CopyMode {
-                    write_protect: true,
-                    dontwake: false,
-                },
-            ) {
+            let r = match spent.as_ref() {
+                Some(run) => {
+                    let src = inner.slot_addr(run.start() + i as u32);
+                    let r = self.move_in(dst, src, (j - i) * PAGE_SIZE);
+                    let done = r.as_ref().map_or_else(UffdError::done, |d| *d);
+                    moved[i..i + done / PAGE_SIZE].fill(true);
+                    r
+                }
+                None => inner.uffd.copy(
+                    dst,
+                    &self.buf[i * PAGE_SIZE..j * PAGE_SIZE],
+                    CopyMode {
+                        write_protect: true,
+                        dontwake: false,
+                    },
+                ),
+            };
+            match r {
                 Ok(done) => i += done / PAGE_SIZE,
+                Err(UffdError::Exists { done }) if spent.is_some() => {
+                    // MOVE wants an empty page table entry; a write-protect marker left on a
+                    // hole (by a PAGEMAP_SCAN over unpopulated pages) is not empty for MOVE but
+                    // is for COPY. Copy that page from its slot; a page really mapped there
+                    // makes COPY fail the same way, and then its waiters are woken.
+                    i += done / PAGE_SIZE;
+                    let Some(run) = spent.as_mut() else { continue };
+                    let at = inner.page_addr(page + i as u64);
+                    let src = &recycle::bytes(&inner, run)[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+                    let copy = inner.uffd.copy(
+                        at,
+                        src,
+                        CopyMode {
+                            write_protect: true,
+                            dontwake: false,
+                        },
+                    );
+                    match copy {
+                        Ok(_) => i += 1,
+                        Err(UffdError::Exists { .. }) => {
+                            if let Err(e) = inner.uffd.wake(at, PAGE_SIZE) {
+                                inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
+                            }
+                            i += 1;
+                        }
+                        Err(UffdError::Again { .. }) => self.pump_events(),
+                        Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {at:#x}: {e}")),
+                    }
+                }
                 Err(UffdError::Exists { done }) => {
                     // Something is mapped there already: wake the waiters and go past it.
                     let at = dst + done;
@@ -586,8 +574,166 @@ impl Handler {
                     i += done / PAGE_SIZE;
                     self.pump_events();
                 }
+                Err(e) if spent.is_some() => {
+                    // MOVE refused the stretch (it should not): copy it from the slots instead.
+                    let done = e.done();
+                    i += done / PAGE_SIZE;
+                    let (Some(run), Some(k)) = (spent.as_mut(), (i < j).then_some(j)) else {
+                        continue;
+                    };
+                    if inner.cfg.verbose {
+                        eprintln!("rackmem: UFFDIO_MOVE into the window at {dst:#x}: {e}; copying instead");
+                    }
+                    let src = &recycle::bytes(&inner, run)[i * PAGE_SIZE..k * PAGE_SIZE];
+                    let at = inner.page_addr(page + i as u64);
+                    let copy = inner.uffd.copy(
+                        at,
+                        src,
+                        CopyMode {
+                            write_protect: true,
+                            dontwake: false,
+                        },
+                    );
+                    match copy {
+                        Ok(d) => i += d / PAGE_SIZE,
+                        Err(UffdError::Exists { done }) => {
+                            let _ = inner.uffd.wake(at + done, PAGE_SIZE);
+                            i += done / PAGE_SIZE + 1;
+                        }
+                        Err(UffdError::Again { done }) => {
+                            i += done / PAGE_SIZE;
+                            self.pump_events();
+                        }
+                        Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {at:#x}: {e}")),
+                    }
+                }
                 Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {dst:#x}: {e}")),
             }
         }
+        if let Some(run) = spent {
+            // Slots whose page moved are empty again: free for victims. The others still hold
+            // a page: spent again (or freed, past the cap).
+            let recycled = moved.iter().filter(|&&m| m).count() as u64;
+            inner.stats.pages_recycled.fetch_add(recycled, Ordering::Relaxed);
+            let mut c = inner.lock();
+            for k in (0..n).rev() {
+                let slot = run.start() + k as u32;
+                if moved[k] {
+                    c.free_slots.push(slot);
+                } else if !recycle::give(&mut c, slot, 1) {
+                    drop(c);
+                    if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(slot), PAGE_SIZE) {
+                        inner.internal_error(&format!("freeing a staging slot: {e}"));
+                    }
+                    c = inner.lock();
+                    c.free_slots.push(slot);
+                }
+            }
+            drop(c);
+            inner.core_cv.notify_all();
+        }
+    }
+
+    /// Moves fetched pages from staging slots into the window, write-protects them (a moved
+    /// page arrives writable, and the kernel must record the program's first write as it does
+    /// for a copied page), then wakes the waiters. Returns the bytes moved.
+    fn move_in(&mut self, dst: usize, src: usize, len: usize) -> Result<usize, UffdError> {
+        let inner = &self.inner;
+        let mode = MoveMode {
+            dontwake: true,
+            allow_src_holes: false,
+        };
+        let r = inner.uffd.move_pages(dst, src, len, mode);
+        let done = match &r {
+            Ok(d) => *d,
+            Err(e) => e.done(),
+        };
+        if done > 0 {
+            if let Err(e) = inner.uffd.write_protect(dst, done, true, false) {
+                inner.internal_error(&format!("UFFDIO_WRITEPROTECT of {dst:#x}+{done:#x}: {e}"));
+            }
+            if let Err(e) = inner.uffd.wake(dst, done) {
+                inner.internal_error(&format!("UFFDIO_WAKE at {dst:#x}: {e}"));
+            }
+        }
+        r
+    }
+}
+
+/// Reads the run's remote pages into `out` (one page per entry of `kinds`) and zeroes the others.
+fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
+    for (i, &s) in kinds.iter().enumerate() {
+        if s & loc::MASK != loc::REMOTE {
+            out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].fill(0);
+        }
+    }
+    // Group remote pages per brick into extents, merging neighbours.
+    let mut per_brick: Vec<BrickReads> = Vec::new();
+    for (i, &s) in kinds.iter().enumerate() {
+        if s & loc::MASK != loc::REMOTE {
+            continue;
+        }
+        let Some((brick, off)) = inner.table.lookup(page + i as u64) else {
+            inner.internal_error(&format!("window page {} has no segment", page + i as u64));
+        };
+        let k = match per_brick.iter().position(|e| e.brick == brick) {
+            Some(k) => k,
+            None => {
+                per_brick.push(BrickReads {
+                    brick,
+                    extents: Vec::new(),
+                    starts: Vec::new(),
+                });
+                per_brick.len() - 1
+            }
+        };
+        let e = &mut per_brick[k];
+        let contiguous = match (e.extents.last(), e.starts.last()) {
+            (Some(&(o, l)), Some(&st)) => o + l as u64 == off && st + l as usize / PAGE_SIZE == i,
+            _ => false,
+        };
+        match e.extents.last_mut() {
+            Some(last) if contiguous => last.1 += PAGE_SIZE as u32,
+            _ => {
+                e.extents.push((off, PAGE_SIZE as u32));
+                e.starts.push(i);
+            }
+        }
+    }
+    let mut fetched_pages = 0u64;
+    for BrickReads { brick, extents, starts } in &per_brick {
+        let total: usize = extents.iter().map(|e| e.1 as usize).sum();
+        let lost = |e: &dyn std::fmt::Display| {
+            inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), e)
+        };
+        if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
+            // The common case, one run on one brick: read straight into place.
+            let at = start * PAGE_SIZE;
+            if let Err(e) = inner.bricks[*brick].fault.read_pages(&[*ext], &mut out[at..at + total]) {
+                lost(&e);
+            }
+        } else {
+            let mut tmp = vec![0u8; total];
+            if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
+                lost(&e);
+            }
+            let mut at = 0;
+            for (ext, &start) in extents.iter().zip(starts) {
+                let len = ext.1 as usize;
+                out[start * PAGE_SIZE..start * PAGE_SIZE + len].copy_from_slice(&tmp[at..at + len]);
+                at += len;
+            }
+        }
+        fetched_pages += (total / PAGE_SIZE) as u64;
+    }
+    let s = &inner.stats;
+    if kinds[0] & loc::MASK == loc::REMOTE {
+        s.faults_remote.fetch_add(1, Ordering::Relaxed);
+        s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
+        s.bytes_prefetched
+            .fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
+    } else {
+        s.faults_zero.fetch_add(1, Ordering::Relaxed);
+        s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
     }
 }

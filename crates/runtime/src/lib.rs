@@ -22,6 +22,7 @@ pub mod config;
 mod handler;
 pub mod policy;
 pub mod prefetch;
+mod recycle;
 pub mod regions;
 pub mod segment;
 pub mod size;
@@ -128,9 +129,39 @@ pub(crate) struct Core {
     pub epoch: u64,
     /// Sequential streams, for prefetch.
     pub streams: prefetch::Streams,
+    /// Runs of spent staging slots, first slot → slots (see [`recycle`]).
+    pub spent: std::collections::BTreeMap<u32, u32>,
+    /// Slots in `spent`.
+    pub spent_pages: u32,
 }
 
 impl Core {
+    /// A core with the given page states and regions, and nothing resident.
+    fn new(pages: Vec<u8>, alloc: RegionAllocator) -> Core {
+        Core {
+            pages,
+            hashes: HashMap::new(),
+            policy: Box::new(Fifo::default()),
+            resident: 0,
+            alloc,
+            free_slots: (0..STAGING_SLOTS as u32).rev().collect(),
+            evicting: HashMap::new(),
+            next_job: 1,
+            epoch: 0,
+            streams: prefetch::Streams::default(),
+            spent: std::collections::BTreeMap::new(),
+            spent_pages: 0,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_tests(window_pages: u64) -> Core {
+        Core::new(
+            vec![loc::EMPTY; window_pages as usize],
+            RegionAllocator::new(window_pages),
+        )
+    }
+
     pub fn loc(&self, page: u64) -> u8 {
         self.pages.get(page as usize).map_or(loc::EMPTY, |s| s & loc::MASK)
     }
@@ -400,20 +431,14 @@ impl Runtime {
                 minor: false,
             },
         )?;
-        let core = inherited.unwrap_or_else(|| Core {
-            pages: vec![loc::EMPTY; window_pages as usize],
-            hashes: HashMap::new(),
-            policy: Box::new(Fifo::default()),
-            resident: 0,
-            alloc: RegionAllocator::new(window_pages),
-            free_slots: Vec::new(),
-            evicting: HashMap::new(),
-            next_job: 1,
-            epoch: 0,
-            streams: prefetch::Streams::default(),
+        // A forked child's core comes from the parent with nothing staged: the staging area is
+        // not inherited (MADV_DONTFORK), so every slot is free.
+        let core = inherited.unwrap_or_else(|| {
+            Core::new(
+                vec![loc::EMPTY; window_pages as usize],
+                RegionAllocator::new(window_pages),
+            )
         });
-        let mut core = core;
-        core.free_slots = (0..slots as u32).rev().collect();
         let stats = Stats::default();
         stats
             .window_bytes_allocated
@@ -780,6 +805,9 @@ pub fn fork_child() {
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     }
     let result = sys::without_sigpipe(|| -> Result<Arc<Runtime>, RuntimeError> {
+        // The window's addresses are free in the child (the window is MADV_DONTFORK): take
+        // them back before anything else maps memory, or a buffer could land there.
+        let window = Mapping::reserve_at(parent.window.addr(), parent.window.len())?;
         let mut table = parent.table.clone();
         let mut bricks = Vec::new();
         for (i, b) in parent.bricks.iter().enumerate() {
@@ -797,7 +825,6 @@ pub fn fork_child() {
                 writeback,
             });
         }
-        let window = Mapping::reserve_at(parent.window.addr(), parent.window.len())?;
         let c = parent.lock();
         let mut pages = c.pages.clone();
         for s in pages.iter_mut() {
@@ -809,18 +836,7 @@ pub fn fork_child() {
                 other => other | (*s & loc::BRICK_VALID),
             };
         }
-        let core = Core {
-            pages,
-            hashes: HashMap::new(),
-            policy: Box::new(Fifo::default()),
-            resident: 0,
-            alloc: c.alloc.clone(),
-            free_slots: Vec::new(),
-            evicting: HashMap::new(),
-            next_job: 1,
-            epoch: 0,
-            streams: prefetch::Streams::default(),
-        };
+        let core = Core::new(pages, c.alloc.clone());
         drop(c);
         Runtime::assemble(parent.cfg.clone(), window, table, bricks, Some(core))
     });
@@ -843,6 +859,19 @@ pub fn fork_child() {
         }
         Err(e) => {
             eprintln!("rackmem: the forked child cannot reach its remote memory: {e}");
+            if matches!(&e, RuntimeError::Uffd(u) if u.raw_os_error() == Some(libc::EEXIST)) {
+                // Name what occupies the window's addresses: that is what to fix.
+                let (lo, hi) = (parent.window.addr(), parent.window.addr() + parent.window.len());
+                for line in std::fs::read_to_string("/proc/self/maps").unwrap_or_default().lines() {
+                    let range = line.split_whitespace().next().unwrap_or("");
+                    let mut ends = range.split('-').map(|x| usize::from_str_radix(x, 16).unwrap_or(0));
+                    if let (Some(a), Some(b)) = (ends.next(), ends.next()) {
+                        if a < hi && b > lo {
+                            eprintln!("rackmem:   in the way: {line}");
+                        }
+                    }
+                }
+            }
             sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
         }
     }

@@ -148,6 +148,9 @@ pub struct Stats {
     /// Evicted pages that the PAGEMAP_SCAN reported clean but whose contents changed between the
     /// scan and the move: the write-back caught a concurrent write.
     pub evictions_race_caught: AtomicU64,
+    /// Fetched pages received into spent staging slots and moved into the window (no page
+    /// allocated or copied by the kernel; see the runtime's `recycle` module).
+    pub pages_recycled: AtomicU64,
     /// Resident pages now.
     pub resident_pages: AtomicU64,
     /// Largest number of resident pages seen.
@@ -197,6 +200,9 @@ pub struct StatsSnapshot {
     pub evictions_clean: u64,
     /// See [`Stats::evictions_race_caught`].
     pub evictions_race_caught: u64,
+    /// See [`Stats::pages_recycled`].
+    #[serde(default)]
+    pub pages_recycled: u64,
     /// Resident bytes at snapshot time.
     pub resident_bytes: u64,
     /// Largest resident bytes seen.
@@ -268,6 +274,7 @@ impl Stats {
             evictions: g(&self.evictions),
             evictions_clean: g(&self.evictions_clean),
             evictions_race_caught: g(&self.evictions_race_caught),
+            pages_recycled: g(&self.pages_recycled),
             resident_bytes: g(&self.resident_pages) * page_size,
             peak_resident_bytes: g(&self.peak_resident_pages) * page_size,
             budget_bytes: g(&self.budget_pages) * page_size,

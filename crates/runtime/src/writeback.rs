@@ -32,6 +32,9 @@ pub(crate) fn drain(inner: &Inner) {
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
+    // Kept across jobs: a fresh buffer per job would touch fresh pages, each several times
+    // dearer than a copy on virtual machines that hand freed memory back to their host.
+    let mut bufs: Vec<BrickWrites> = Vec::new();
     loop {
         let job = {
             let mut q = inner.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -43,7 +46,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
         };
         match job {
-            Job::Evict { id, victims } => evict(&inner, id, &victims),
+            Job::Evict { id, victims } => evict(&inner, id, &victims, &mut bufs),
             Job::Discard { brick, offset, len } => {
                 if let Err(e) = inner.bricks[brick].writeback.discard(offset, len) {
                     inner.brick_lost(brick, "releasing freed memory", &e);
@@ -62,9 +65,13 @@ struct BrickWrites {
     data: Vec<u8>,
 }
 
-fn evict(inner: &Inner, id: u64, victims: &[Victim]) {
+fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
     // Per brick: extents and the data to write.
-    let mut per_brick: Vec<BrickWrites> = (0..inner.bricks.len()).map(|_| BrickWrites::default()).collect();
+    per_brick.resize_with(inner.bricks.len(), BrickWrites::default);
+    for b in per_brick.iter_mut() {
+        b.extents.clear();
+        b.data.clear();
+    }
     let mut dirty = vec![false; victims.len()];
     let mut clean = 0u64;
     for (k, v) in victims.iter().enumerate() {
@@ -107,20 +114,34 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim]) {
             .fetch_add(data.len() as u64, Ordering::Relaxed);
     }
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
-    // Free the slots first (no event: the staging uffd has none), one madvise per run of
-    // neighbouring slots, then publish the new states.
+    // Runs of neighbouring moved slots: kept mapped as spent slots for the handler's next
+    // fetches (see `recycle`), or, past the cap, freed with one madvise per run (no event: the
+    // staging uffd has none).
     let mut slots: Vec<u32> = victims.iter().filter(|v| v.moved).map(|v| v.slot).collect();
     slots.sort_unstable();
-    let mut i = 0;
-    while i < slots.len() {
-        let mut j = i + 1;
-        while j < slots.len() && slots[j] == slots[j - 1] + 1 {
-            j += 1;
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &s in &slots {
+        match runs.last_mut() {
+            Some(r) if r.0 + r.1 == s => r.1 += 1,
+            _ => runs.push((s, 1)),
         }
-        if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(slots[i]), (j - i) * PAGE_SIZE) {
+    }
+    let mut kept = Vec::new();
+    {
+        let mut c = inner.lock();
+        for &(start, len) in &runs {
+            if crate::recycle::give(&mut c, start, len) {
+                kept.push((start, len));
+            }
+        }
+    }
+    for &(start, len) in &runs {
+        if kept.contains(&(start, len)) {
+            continue;
+        }
+        if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
             inner.internal_error(&format!("freeing staging slots: {e}"));
         }
-        i = j;
     }
     let mut c = inner.lock();
     for (k, v) in victims.iter().enumerate() {
@@ -134,7 +155,8 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim]) {
         }
     }
     // Highest first, so the handler pops ascending runs of neighbouring slots.
-    let mut freed: Vec<u32> = victims.iter().map(|v| v.slot).collect();
+    let in_spent = |s: u32| kept.iter().any(|&(a, l)| s >= a && s < a + l);
+    let mut freed: Vec<u32> = victims.iter().map(|v| v.slot).filter(|&s| !in_spent(s)).collect();
     freed.sort_unstable_by(|a, b| b.cmp(a));
     c.free_slots.extend(freed);
     drop(c);

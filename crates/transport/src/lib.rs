@@ -217,6 +217,8 @@ impl Write for Sock {
 struct Frame {
     header: Header,
     payload: Vec<u8>,
+    /// The payload went straight into the waiter's buffer (`payload` is empty).
+    delivered: bool,
 }
 
 /// Who reads the socket, and the responses read for others.
@@ -303,17 +305,7 @@ impl Ticket<'_> {
                 self.len
             )));
         }
-        let p = link.wait_for(self.tag, self.op)?;
-        if p.len() != out.len() {
-            return Err(link.lost(format!(
-                "{:?} answer of {} bytes, expected {}",
-                self.op,
-                p.len(),
-                out.len()
-            )));
-        }
-        out.copy_from_slice(&p);
-        Ok(())
+        link.wait_for_into(self.tag, self.op, out)
     }
 }
 
@@ -442,8 +434,10 @@ impl Link {
         }
     }
 
-    /// Reads one response frame; called only by the thread that set `RxState::reading`.
-    fn read_frame(&self) -> Result<Frame, LinkError> {
+    /// Reads one response frame; called only by the thread that set `RxState::reading`. A
+    /// successful response to `dest`'s tag of exactly its length is read straight into it,
+    /// sparing a buffer and a copy of every page fetched.
+    fn read_frame(&self, dest: Option<(u32, &mut [u8])>) -> Result<Frame, LinkError> {
         let mut sock = lock(&self.rx_sock);
         let mut hdr = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut hdr) {
@@ -461,10 +455,25 @@ impl Link {
         if !header.is_response() {
             return Err(self.lost("the peer sent a request where a response was due".into()));
         }
+        if let Some((tag, out)) = dest {
+            if header.tag == tag && header.status == Status::Ok.code() && header.payload_len as usize == out.len() {
+                sock.read_exact(out)
+                    .map_err(|e| self.lost(format!("truncated response: {e}")))?;
+                return Ok(Frame {
+                    header,
+                    payload: Vec::new(),
+                    delivered: true,
+                });
+            }
+        }
         let mut payload = vec![0u8; header.payload_len as usize];
         sock.read_exact(&mut payload)
             .map_err(|e| self.lost(format!("truncated response: {e}")))?;
-        Ok(Frame { header, payload })
+        Ok(Frame {
+            header,
+            payload,
+            delivered: false,
+        })
     }
 
     /// Moves responses off the socket until `done` yields, taking the reader's role when nobody
@@ -473,6 +482,7 @@ impl Link {
         &self,
         deadline: Instant,
         what: impl Fn() -> String,
+        mut dest: Option<(u32, &mut [u8])>,
         mut done: impl FnMut(&mut RxState) -> Option<T>,
     ) -> Result<T, LinkError> {
         let mut st = lock(&self.rx);
@@ -486,7 +496,7 @@ impl Link {
             if !st.reading {
                 st.reading = true;
                 drop(st);
-                let r = self.read_frame();
+                let r = self.read_frame(dest.as_mut().map(|(t, b)| (*t, &mut **b)));
                 st = lock(&self.rx);
                 st.reading = false;
                 match r {
@@ -532,7 +542,7 @@ impl Link {
         }
         st.reading = true;
         drop(st);
-        let r = self.read_frame();
+        let r = self.read_frame(None);
         let mut st = lock(&self.rx);
         st.reading = false;
         let r = r.map(|f| {
@@ -557,6 +567,7 @@ impl Link {
             self.pump(
                 deadline,
                 || format!("{MAX_IN_FLIGHT} requests in flight, none answered"),
+                None,
                 |_| (self.unread.load(Ordering::Acquire) < MAX_IN_FLIGHT).then_some(()),
             )?;
         }
@@ -604,10 +615,32 @@ impl Link {
 
     /// Waits for the response to `tag`; returns its payload or the brick's refusal.
     fn wait_for(&self, tag: u32, op: Opcode) -> Result<Vec<u8>, LinkError> {
+        let f = self.wait_frame(tag, op, None)?;
+        Ok(f.payload)
+    }
+
+    /// Waits for the response to `tag` and puts its payload, which must be `out.len()` bytes,
+    /// in `out`: straight from the socket when this thread reads it, else from where the thread
+    /// that read it parked it.
+    fn wait_for_into(&self, tag: u32, op: Opcode, out: &mut [u8]) -> Result<(), LinkError> {
+        let want = out.len();
+        let f = self.wait_frame(tag, op, Some(&mut *out))?;
+        if f.delivered {
+            return Ok(());
+        }
+        if f.payload.len() != want {
+            return Err(self.lost(format!("{op:?} answer of {} bytes, expected {want}", f.payload.len())));
+        }
+        out.copy_from_slice(&f.payload);
+        Ok(())
+    }
+
+    fn wait_frame(&self, tag: u32, op: Opcode, out: Option<&mut [u8]>) -> Result<Frame, LinkError> {
         let deadline = Instant::now() + self.timeout;
         let f = self.pump(
             deadline,
             || format!("no response to {op:?} (tag {tag})"),
+            out.map(|b| (tag, b)),
             |st| st.parked.remove(&tag),
         )?;
         let status = Status::from_u32(f.header.status);
@@ -625,7 +658,7 @@ impl Link {
                 f.header.opcode
             )));
         }
-        Ok(f.payload)
+        Ok(f)
     }
 
     fn call(&self, req: &Request) -> Result<Vec<u8>, LinkError> {

@@ -182,6 +182,26 @@ impl Mapping {
         unsafe { atomic_store_bytes(self.addr + offset, data) }
     }
 
+    /// The bytes `[offset, offset + len)` as a mutable slice, for receiving data straight into
+    /// the mapping (a socket read into pages that are then moved elsewhere with `UFFDIO_MOVE`).
+    ///
+    /// # Safety
+    /// For the lifetime of the slice nothing else may access the range: no other slice, no
+    /// [`read`](Mapping::read)/[`write`](Mapping::write), no ioctl moving or zapping its pages,
+    /// and no other thread. Every page of the range must be present (or not registered for
+    /// missing faults), or touching it waits for a handler that may be the caller.
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        self.check_range(offset, len, "bytes_mut");
+        // SAFETY: the range lies inside this live, writable mapping (checked above) that stays
+        // mapped while `&self` lives; exclusive access for the slice's lifetime is the caller's
+        // promise (see # Safety).
+        unsafe { std::slice::from_raw_parts_mut((self.addr + offset) as *mut u8, len) }
+    }
+
     /// `madvise(MADV_DONTNEED)` of `[offset, offset + len)` (see [`madvise_dontneed`]).
     ///
     /// # Panics
