@@ -18,6 +18,7 @@ fn brick(listen: ListenAddr, size_bytes: u64) -> (BrickHandle, BrickAddr) {
         size_bytes,
         key: b"k".to_vec(),
         secret: Some(SECRET.to_vec()),
+        managed: false,
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("brick address parses");
