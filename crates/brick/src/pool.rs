@@ -7,7 +7,7 @@
 //! reach memory that a later segment reuses.
 
 use rackmem_proto::PAGE_SIZE;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -351,6 +351,7 @@ impl Store {
     /// `listed_at` may be missing from a list drawn up before they existed, so they are judged
     /// by a later list.
     pub fn retain(&self, keep: &[(u64, u64, u64)], listed_at: Instant) -> Vec<u64> {
+        let keep: HashSet<&(u64, u64, u64)> = keep.iter().collect();
         let removed: Vec<(u64, Segment)> = {
             let mut segs = self.segs();
             let ids: Vec<u64> = segs

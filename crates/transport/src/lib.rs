@@ -376,7 +376,15 @@ impl Link {
         let r = link
             .call(&Request::Hello)
             .map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
-        link.info = BrickInfo::decode(&r).map_err(|e| unreachable(format!("bad HELLO answer: {e}")))?;
+        link.info = BrickInfo::decode(&r).map_err(|e| {
+            if r.len() == BrickInfo::LEN - NONCE_LEN {
+                unreachable(
+                    "the brick predates per-connection nonces (grants with proof of possession): upgrade it".into(),
+                )
+            } else {
+                unreachable(format!("bad HELLO answer: {e}"))
+            }
+        })?;
         Ok(link)
     }
 
