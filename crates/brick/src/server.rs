@@ -290,8 +290,9 @@ impl BrickHandle {
     /// `(segment_id, brick_offset, size_bytes)` (the control plane's heartbeat answer), and
     /// returns the ids released. A released segment's memory is discarded and its range returned
     /// to the free list once requests in flight on it finish; connections still attached to it
-    /// stay open, but their data requests fail with `NoSegment` (and close the connection), and
-    /// attaching to it again needs a new grant the control plane would place anew.
+    /// stay open, but their data requests fail with `NoSegment` (and close the connection). Its
+    /// grant, while unexpired, would create an empty segment again if its range is still free,
+    /// which the next list releases in turn: control planes should give grants an expiry.
     ///
     /// Segments created from grants after the list was drawn up are released too; a heartbeat
     /// should call [`BrickHandle::retain_segments_as_of`] with the time it sent its request.
