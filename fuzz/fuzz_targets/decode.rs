@@ -3,7 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rackmem_proto::{decode_request_frame, decode_response_frame, BrickInfo, BrickStats, Grant, Header, HEADER_LEN};
+use rackmem_proto::{
+    decode_request_frame, decode_response_frame, BrickInfo, BrickStats, Grant, Header, SegmentGrant, HEADER_LEN,
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok((h, req, used)) = decode_request_frame(data) {
@@ -16,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = BrickInfo::decode(payload);
         let _ = BrickStats::decode(payload);
         let _ = Grant::decode(payload);
+        let _ = SegmentGrant::decode(payload);
     }
     // The streaming path: header first, then the payload it announces.
     if let Ok(h) = Header::decode(data) {

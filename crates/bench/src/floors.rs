@@ -100,6 +100,7 @@ pub fn link_floor(transport: &str, bytes: u32, rounds: usize) -> Result<Summary,
         size_bytes: 64 << 20,
         key: b"k".to_vec(),
         secret: Some(b"s".to_vec()),
+        managed: false,
     })
     .map_err(|e| BenchError::Brick(e.to_string()))?;
     let addr: BrickAddr = brick

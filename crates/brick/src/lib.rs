@@ -1,9 +1,14 @@
 //! The memory brick: a passive server that lends a byte pool `[0, size)` as segments.
 //!
 //! A brick keeps no policy. In standalone mode a client that knows the shared secret carves a
-//! segment (ALLOC); otherwise a control plane hands out grants signed with the brick's key.
-//! Every connection is bound (ATTACH) to one segment by a grant, and every data request is
-//! bounds-checked against it. A malformed frame or a bad grant closes that connection only.
+//! segment (ALLOC) and gets its grant and session key; segments end with their last
+//! connection. In managed mode ([`BrickConfig::managed`]) a control plane hands out grants
+//! signed with the brick's key: a grant for a segment the brick has not seen creates it where
+//! the grant says, and segments live until the control plane stops listing them
+//! ([`BrickHandle::retain_segments`]). Every connection is bound (ATTACH) to one segment by a
+//! grant plus a proof that it holds the grant's session key, bound to its own HELLO nonce, and
+//! every data request is bounds-checked against it. A malformed frame or a bad grant closes that
+//! connection only.
 //!
 //! The pool is lazily backed: it is split in [`CHUNK`]-sized chunks allocated on first write, so
 //! a never-written range costs nothing and reads as zeros. Chunks are reference-counted, which

@@ -1,7 +1,13 @@
 //! The lazily backed, copy-on-write chunked pool and its segment allocator.
+//!
+//! Segments come from two places: standalone ALLOC and CLONE carve them from the free list
+//! ([`Segments::carve`]); a managed brick places them where its control plane's grants say
+//! ([`Segments::claim`]). Every segment has a [`Gate`] that its attached connections hold while
+//! they touch its memory, so releasing a segment waits for requests in flight and no request can
+//! reach memory that a later segment reuses.
 
 use rackmem_proto::PAGE_SIZE;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -101,6 +107,21 @@ impl Pool {
     }
 }
 
+/// Whether a segment is alive, shared by the segment and the connections attached to it. Data
+/// requests hold the read side for their whole duration; releasing the segment takes the write
+/// side, so it waits for them, and sets it to false, which later requests see.
+pub(crate) type Gate = Arc<RwLock<bool>>;
+
+/// Who decides when a segment ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifetime {
+    /// Standalone (ALLOC, CLONE): freed when its last connection detaches.
+    Connections,
+    /// Managed: lives until the control plane stops listing it ([`Store::retain`]), so a node
+    /// may reconnect after a network blip and find its data.
+    ControlPlane,
+}
+
 /// A live segment.
 #[derive(Debug, Clone)]
 pub(crate) struct Segment {
@@ -109,6 +130,50 @@ pub(crate) struct Segment {
     pub attached: u32,
     /// Freed if still unattached at this time (CLONE results waiting for their child).
     pub unattached_deadline: Option<Instant>,
+    pub lifetime: Lifetime,
+    pub gate: Gate,
+    pub created: Instant,
+}
+
+impl Segment {
+    fn new(offset: u64, size: u64, attached: u32, deadline: Option<Instant>, lifetime: Lifetime) -> Segment {
+        Segment {
+            offset,
+            size,
+            attached,
+            unattached_deadline: deadline,
+            lifetime,
+            gate: Arc::new(RwLock::new(true)),
+            created: Instant::now(),
+        }
+    }
+}
+
+/// Why a grant's range cannot become a segment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ClaimError {
+    #[error("segment {id} [{offset:#x}, +{size:#x}) is not a non-empty run of whole pages")]
+    Misaligned { id: u64, offset: u64, size: u64 },
+    #[error("segment {id} [{offset:#x}, +{size:#x}) lies outside this brick's pool of {usable:#x} bytes")]
+    OutsidePool {
+        id: u64,
+        offset: u64,
+        size: u64,
+        usable: u64,
+    },
+    #[error(
+        "segment {id} [{offset:#x}, +{size:#x}) overlaps live segment {other} [{other_offset:#x}, +{other_size:#x})"
+    )]
+    Overlaps {
+        id: u64,
+        offset: u64,
+        size: u64,
+        other: u64,
+        other_offset: u64,
+        other_size: u64,
+    },
+    #[error("segment {id} [{offset:#x}, +{size:#x}) overlaps a range still being released; retry shortly")]
+    Releasing { id: u64, offset: u64, size: u64 },
 }
 
 /// Free extents and live segments.
@@ -117,6 +182,8 @@ pub(crate) struct Segments {
     pub free: BTreeMap<u64, u64>,
     pub live: HashMap<u64, Segment>,
     pub next_id: u64,
+    /// Bytes of the pool that segments may use (whole chunks).
+    pub usable: u64,
 }
 
 impl Segments {
@@ -132,6 +199,7 @@ impl Segments {
             free,
             live: HashMap::new(),
             next_id: first_id.max(1),
+            usable,
         }
     }
 
@@ -149,16 +217,65 @@ impl Segments {
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.live.insert(
-            id,
-            Segment {
-                offset: start,
-                size,
-                attached,
-                unattached_deadline: deadline,
-            },
-        );
+        self.live
+            .insert(id, Segment::new(start, size, attached, deadline, Lifetime::Connections));
         Some((id, start, size))
+    }
+
+    /// Makes `[offset, offset + size)` the managed segment `id` (not yet attached), if that range
+    /// is inside the pool and free. The caller has checked that `id` is not live.
+    pub fn claim(&mut self, id: u64, offset: u64, size: u64) -> Result<&mut Segment, ClaimError> {
+        let page = PAGE_SIZE as u64;
+        if size == 0 || offset % page != 0 || size % page != 0 {
+            return Err(ClaimError::Misaligned { id, offset, size });
+        }
+        let end = match offset.checked_add(size) {
+            Some(e) if e <= self.usable => e,
+            _ => {
+                return Err(ClaimError::OutsidePool {
+                    id,
+                    offset,
+                    size,
+                    usable: self.usable,
+                })
+            }
+        };
+        // The free extent that starts at or before `offset` is the only one that can hold it.
+        let holder = self
+            .free
+            .range(..=offset)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .filter(|&(s, l)| s + l >= end);
+        let Some((start, len)) = holder else {
+            let other = self
+                .live
+                .iter()
+                .filter(|(_, s)| s.offset < end && offset < s.offset + s.size)
+                .min_by_key(|(_, s)| s.offset);
+            return Err(match other {
+                Some((&other, s)) => ClaimError::Overlaps {
+                    id,
+                    offset,
+                    size,
+                    other,
+                    other_offset: s.offset,
+                    other_size: s.size,
+                },
+                None => ClaimError::Releasing { id, offset, size },
+            });
+        };
+        self.free.remove(&start);
+        if offset > start {
+            self.free.insert(start, offset - start);
+        }
+        if start + len > end {
+            self.free.insert(end, start + len - end);
+        }
+        Ok(self
+            .live
+            .entry(id)
+            .or_insert_with(|| Segment::new(offset, size, 0, None, Lifetime::ControlPlane)))
     }
 
     /// Returns a range to the free list, coalescing with its neighbours.
@@ -196,33 +313,68 @@ impl Store {
         self.segments.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Frees a segment already removed from `live`: zeroes its memory (so a later tenant never
-    /// sees it) and only then returns its range to the free list, so no new segment can be
-    /// carved over memory still being cleared.
+    /// Frees a segment already removed from `live`: closes its gate (waiting for requests in
+    /// flight on it; later ones see it gone), zeroes its memory (so a later tenant never sees
+    /// it) and only then returns its range to the free list, so no new segment can be placed
+    /// over memory still being cleared.
     pub fn free_removed(&self, seg: Segment) {
+        *lock_w(&seg.gate) = false;
         self.pool.discard(seg.offset, seg.size);
         self.segs().give_back(seg.offset, seg.size);
     }
 
-    /// Drops one attachment of segment `id`; frees the segment when it was the last one.
-    pub fn detach(&self, id: u64) {
+    /// Drops one attachment of segment `id` (the attachment that holds `gate`: a connection of a
+    /// released segment must not count against a later one with the same id); frees a standalone
+    /// segment when it was the last one. Managed segments stay.
+    pub fn detach(&self, id: u64, gate: &Gate) {
         let removed = {
             let mut segs = self.segs();
             match segs.live.get_mut(&id) {
-                Some(s) => {
+                Some(s) if Arc::ptr_eq(&s.gate, gate) => {
                     s.attached = s.attached.saturating_sub(1);
-                    if s.attached == 0 {
+                    if s.attached == 0 && s.lifetime == Lifetime::Connections {
                         segs.live.remove(&id)
                     } else {
                         None
                     }
                 }
-                None => None,
+                _ => None,
             }
         };
         if let Some(seg) = removed {
             self.free_removed(seg);
         }
+    }
+
+    /// Releases every managed segment created before `listed_at` that `keep` does not list
+    /// exactly (id, offset, size), attached or not; returns their ids. Segments created since
+    /// `listed_at` may be missing from a list drawn up before they existed, so they are judged
+    /// by a later list.
+    pub fn retain(&self, keep: &[(u64, u64, u64)], listed_at: Instant) -> Vec<u64> {
+        let keep: HashSet<&(u64, u64, u64)> = keep.iter().collect();
+        let removed: Vec<(u64, Segment)> = {
+            let mut segs = self.segs();
+            let ids: Vec<u64> = segs
+                .live
+                .iter()
+                .filter(|(&id, s)| {
+                    s.lifetime == Lifetime::ControlPlane
+                        && s.created < listed_at
+                        && !keep.contains(&(id, s.offset, s.size))
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| segs.live.remove(&id).map(|s| (id, s)))
+                .collect()
+        };
+        removed
+            .into_iter()
+            .map(|(id, seg)| {
+                self.free_removed(seg);
+                id
+            })
+            .collect()
     }
 
     /// Frees segments nobody attached before their deadline (clones whose child never came).
@@ -296,7 +448,9 @@ mod tests {
         let (id, off, _) = st.segs().carve(CHUNK, 1, None).unwrap();
         assert_eq!(id, 7);
         st.pool.write(off, &[5u8; 4096]);
-        st.detach(id);
+        let gate = st.segs().live[&id].gate.clone();
+        st.detach(id, &gate);
+        assert!(!*lock_r(&gate), "a freed segment's gate is closed");
         assert_eq!(st.pool.resident_bytes(), 0);
         assert_eq!(st.segs().free_bytes(), 4 * CHUNK);
         let now = Instant::now();
@@ -306,5 +460,70 @@ mod tests {
         st.sweep(now + std::time::Duration::from_millis(1));
         assert!(!st.segs().live.contains_key(&c));
         assert_eq!(st.segs().free_bytes(), 4 * CHUNK);
+    }
+
+    #[test]
+    fn claims_place_segments_exactly_and_refuse_overlaps() {
+        let mut s = Segments::new(10 * CHUNK + 4096, 1);
+        assert_eq!(s.usable, 10 * CHUNK);
+        s.claim(100, 2 * CHUNK, 3 * CHUNK).unwrap();
+        assert_eq!(
+            s.free.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(),
+            vec![(0, 2 * CHUNK), (5 * CHUNK, 5 * CHUNK)]
+        );
+        match s.claim(101, 4 * CHUNK, 2 * CHUNK) {
+            Err(ClaimError::Overlaps { other: 100, .. }) => {}
+            other => panic!("expected an overlap with 100, got {other:?}"),
+        }
+        assert!(matches!(
+            s.claim(102, 0, 3 * CHUNK),
+            Err(ClaimError::Overlaps { other: 100, .. })
+        ));
+        assert!(matches!(
+            s.claim(103, 9 * CHUNK, 2 * CHUNK),
+            Err(ClaimError::OutsidePool { .. })
+        ));
+        assert!(matches!(
+            s.claim(104, u64::MAX - 4095, 8192),
+            Err(ClaimError::OutsidePool { .. })
+        ));
+        assert!(matches!(s.claim(105, 100, 4096), Err(ClaimError::Misaligned { .. })));
+        assert!(matches!(s.claim(106, 0, 0), Err(ClaimError::Misaligned { .. })));
+        // Exactly filling the gaps works: edges touch, nothing overlaps.
+        s.claim(107, 0, 2 * CHUNK).unwrap();
+        s.claim(108, 5 * CHUNK, 5 * CHUNK).unwrap();
+        assert_eq!(s.free_bytes(), 0);
+        assert_eq!(s.live[&108].lifetime, Lifetime::ControlPlane);
+    }
+
+    #[test]
+    fn managed_segments_outlive_detach_until_not_retained() {
+        let st = Store::new(8 * CHUNK, 1);
+        let gate = {
+            let mut segs = st.segs();
+            let seg = segs.claim(5, CHUNK, CHUNK).unwrap();
+            seg.attached += 1;
+            seg.gate.clone()
+        };
+        st.pool.write(CHUNK, &[3u8; 4096]);
+        st.detach(5, &gate);
+        assert!(
+            st.segs().live.contains_key(&5),
+            "a managed segment outlives its connections"
+        );
+        assert!(*lock_r(&gate));
+        let later = Instant::now() + std::time::Duration::from_secs(1);
+        assert!(st.retain(&[(5, CHUNK, CHUNK)], later).is_empty(), "listed: kept");
+        let created = st.segs().live[&5].created;
+        assert!(st.retain(&[], created).is_empty(), "newer than the list: kept");
+        assert_eq!(
+            st.retain(&[(5, CHUNK, 2 * CHUNK)], later),
+            vec![5],
+            "listed otherwise: dropped"
+        );
+        assert!(!*lock_r(&gate), "connections of a released segment see it gone");
+        assert_eq!(st.pool.resident_bytes(), 0);
+        assert_eq!(st.segs().free_bytes(), 8 * CHUNK);
+        assert_eq!(st.segs().free.len(), 1, "the range coalesces back");
     }
 }

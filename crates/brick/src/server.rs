@@ -6,11 +6,17 @@
 //! held back only while a whole further request is already buffered: a pipelined burst is
 //! answered with few system calls, a lone request at once, and the brick never sits on a
 //! response while it waits for more bytes from the client.
+//!
+//! ATTACH is where a connection earns access: the grant must verify under the brick's key, be
+//! unexpired, and come with a proof that the connection holds the grant's session key, bound to
+//! the nonce this connection got at HELLO (`docs/control-plane.md`, "Grants and proof of
+//! possession"). Each failure has its own status, and the connection is closed.
 
-use crate::pool::{in_segment, Store, CHUNK};
+use crate::pool::{in_segment, Gate, Store, CHUNK};
 use rackmem_proto::{
-    encode_response, extents_bytes, rights, BrickInfo, BrickStats, Grant, GrantError, Header, Opcode, Request, Status,
-    FLAG_RESPONSE, HEADER_LEN, MAX_MESSAGE, MAX_PAYLOAD, PAGE_SIZE,
+    constant_time_eq, encode_response, extents_bytes, rights, session_key, verify_attach_proof, BrickInfo, BrickStats,
+    DecodeError, Grant, GrantError, Header, Opcode, Request, SegmentGrant, Status, FLAG_RESPONSE, HEADER_LEN,
+    MAX_MESSAGE, MAX_PAYLOAD, NONCE_LEN, PAGE_SIZE,
 };
 use std::collections::HashMap;
 use std::fmt;
@@ -119,6 +125,12 @@ pub struct BrickConfig {
     pub key: Vec<u8>,
     /// Shared secret that allows ALLOC (standalone mode); `None` disables ALLOC.
     pub secret: Option<Vec<u8>>,
+    /// Managed by a control plane (`docs/control-plane.md`, "Managed segments"): ALLOC and CLONE
+    /// are refused whatever the secret, a valid proven grant for a segment id the brick has not
+    /// seen creates that segment at the grant's range, and segments outlive their connections
+    /// until [`BrickHandle::retain_segments`] no longer lists them. When false (standalone), a
+    /// segment is freed when its last connection detaches.
+    pub managed: bool,
 }
 
 #[derive(Default)]
@@ -272,6 +284,28 @@ impl BrickHandle {
     /// A handle that stops this brick from another thread.
     pub fn stopper(&self) -> BrickStopper {
         BrickStopper(self.shared.clone())
+    }
+
+    /// Managed mode: releases every managed segment that `keep` does not list as exactly
+    /// `(segment_id, brick_offset, size_bytes)` (the control plane's heartbeat answer), and
+    /// returns the ids released. A released segment's memory is discarded and its range returned
+    /// to the free list once requests in flight on it finish; connections still attached to it
+    /// stay open, but their data requests fail with `NoSegment` (and close the connection). Its
+    /// grant, while unexpired, would create an empty segment again if its range is still free,
+    /// which the next list releases in turn: control planes should give grants an expiry.
+    ///
+    /// Segments created from grants after the list was drawn up are released too; a heartbeat
+    /// should call [`BrickHandle::retain_segments_as_of`] with the time it sent its request.
+    /// Standalone segments are never touched.
+    pub fn retain_segments(&self, keep: &[(u64, u64, u64)]) -> Vec<u64> {
+        self.retain_segments_as_of(keep, Instant::now())
+    }
+
+    /// As [`BrickHandle::retain_segments`], but only for segments created before `listed_at`
+    /// (when the heartbeat that brought `keep` was sent): a grant the control plane issued after
+    /// drawing up the list may already have created its segment here, and must not lose it.
+    pub fn retain_segments_as_of(&self, keep: &[(u64, u64, u64)], listed_at: Instant) -> Vec<u64> {
+        self.shared.store.retain(keep, listed_at)
     }
 
     /// Stops accepting, closes every connection (their clients see the brick lost), joins the
@@ -433,8 +467,12 @@ impl Shared {
         }
     }
 
-    fn sign(&self, id: u64, offset: u64, size: u64) -> Grant {
-        Grant::sign(&self.cfg.key, id, offset, size, 0, rights::ALL, 0)
+    /// A standalone grant (ALLOC, CLONE) and its session key, for the connection that asked.
+    fn grant(&self, id: u64, offset: u64, size: u64) -> SegmentGrant {
+        SegmentGrant::new(
+            &self.cfg.key,
+            Grant::sign(&self.cfg.key, id, offset, size, 0, rights::ALL, 0),
+        )
     }
 }
 
@@ -444,6 +482,16 @@ struct Attached {
     offset: u64,
     size: u64,
     rights: u8,
+    /// Held (read side) while a request touches the segment's memory.
+    gate: Gate,
+}
+
+/// What a brick knows about one connection.
+#[derive(Default)]
+struct Session {
+    /// Returned at HELLO; ATTACH proofs on this connection are bound to it.
+    nonce: Option<[u8; NONCE_LEN]>,
+    attached: Option<Attached>,
 }
 
 struct Reply {
@@ -476,7 +524,7 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         io: BufReader::with_capacity(256 << 10, StreamIo(stream, shared.spin_us)),
         queued: Vec::with_capacity(64 << 10),
     };
-    let mut attached: Option<Attached> = None;
+    let mut session = Session::default();
     let mut hdr = [0u8; HEADER_LEN];
     let mut payload = Vec::new();
     let mut scratch = Vec::new();
@@ -512,18 +560,19 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         // buffer and READ fills a buffer the connection keeps, so no request allocates or
         // copies its pages an extra time.
         let decoded = match h.opcode {
-            Opcode::Write => rackmem_proto::decode_write(&payload).map(|(ext, data)| match attached.as_ref() {
-                Some(a) => write_pages(shared, a, &ext, data),
-                None => err(Status::NotAttached, "ATTACH or ALLOC before data requests", true),
+            Opcode::Write => rackmem_proto::decode_write(&payload)
+                .map(|(ext, data)| with_segment(session.attached.as_ref(), |a| write_pages(shared, a, &ext, data))),
+            Opcode::Read => Request::decode(&h, &payload).map(|r| match r {
+                Request::Read(ext) => with_segment(session.attached.as_ref(), |a| {
+                    read_pages(shared, a, &ext, std::mem::take(&mut scratch))
+                }),
+                r => handle(shared, &mut session, r),
             }),
-            Opcode::Read => Request::decode(&h, &payload).map(|r| match (r, attached.as_ref()) {
-                (Request::Read(ext), Some(a)) => read_pages(shared, a, &ext, std::mem::take(&mut scratch)),
-                (r, _) => handle(shared, &mut attached, r),
-            }),
-            _ => Request::decode(&h, &payload).map(|r| handle(shared, &mut attached, r)),
+            _ => Request::decode(&h, &payload).map(|r| handle(shared, &mut session, r)),
         };
         let reply = match decoded {
             Ok(r) => r,
+            Err(e @ DecodeError::MissingProof) => err(Status::GrantUnproven, e.to_string(), true),
             Err(e) => err(
                 Status::BadRequest,
                 format!("malformed {:?} request: {e}", h.opcode),
@@ -545,8 +594,8 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
             scratch = reply.payload;
         }
     }
-    if let Some(a) = attached {
-        shared.store.detach(a.id);
+    if let Some(a) = session.attached {
+        shared.store.detach(a.id, &a.gate);
     }
 }
 
@@ -624,23 +673,46 @@ fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Reply {
+fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
     let store = &shared.store;
+    let attached = &mut session.attached;
     match req {
-        Request::Hello => ok(BrickInfo {
-            pool_bytes: shared.cfg.size_bytes,
-            free_bytes: store.segs().free_bytes(),
-            page_size: PAGE_SIZE,
-            max_payload: MAX_PAYLOAD,
-            brick_id: shared.brick_id,
+        Request::Hello => {
+            if session.nonce.is_none() {
+                let mut nonce = [0u8; NONCE_LEN];
+                // A predictable nonce would let a proof seen on the wire be replayed: no
+                // randomness, no HELLO.
+                if let Err(e) = getrandom::fill(&mut nonce) {
+                    return err(
+                        Status::Internal,
+                        format!("no randomness for the HELLO nonce: {e}"),
+                        true,
+                    );
+                }
+                session.nonce = Some(nonce);
+            }
+            ok(BrickInfo {
+                pool_bytes: shared.cfg.size_bytes,
+                free_bytes: store.segs().free_bytes(),
+                page_size: PAGE_SIZE,
+                max_payload: MAX_PAYLOAD,
+                brick_id: shared.brick_id,
+                nonce: session.nonce.unwrap_or_default(),
+            }
+            .encode())
         }
-        .encode()),
         Request::Ping => ok(Vec::new()),
         Request::Stats => ok(shared.stats().encode()),
         Request::Alloc { size_bytes, secret } => {
-            let allowed = shared.cfg.secret.as_ref().is_some_and(|s| {
-                s.len() == secret.len() && s.iter().zip(&secret).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
-            });
+            if shared.cfg.managed {
+                return err(
+                    Status::Denied,
+                    "this brick takes its segments from its control plane: ALLOC is disabled; \
+                     ask the control plane for an allocation",
+                    true,
+                );
+            }
+            let allowed = shared.cfg.secret.as_ref().is_some_and(|s| constant_time_eq(s, &secret));
             if !allowed {
                 return err(
                     Status::Denied,
@@ -662,7 +734,12 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
                 );
             }
             // ALLOC attaches the requesting connection at once: no grace period needed.
-            let Some((id, off, size)) = store.segs().carve(size_bytes, 1, None) else {
+            let carved = {
+                let mut segs = store.segs();
+                segs.carve(size_bytes, 1, None)
+                    .and_then(|(id, off, size)| Some((id, off, size, segs.live.get(&id)?.gate.clone())))
+            };
+            let Some((id, off, size, gate)) = carved else {
                 return err(Status::NoSpace, format!("no free extent of {size_bytes} bytes"), false);
             };
             *attached = Some(Attached {
@@ -670,47 +747,75 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
                 offset: off,
                 size,
                 rights: rights::ALL,
+                gate,
             });
-            ok(shared.sign(id, off, size).encode())
+            ok(shared.grant(id, off, size).encode())
         }
-        Request::Attach(g) => {
-            match g.verify(&shared.cfg.key, now_unix()) {
+        Request::Attach { grant: g, proof } => {
+            let Some(nonce) = session.nonce else {
+                return err(
+                    Status::BadRequest,
+                    "ATTACH before HELLO: the attach proof is bound to the nonce HELLO returns; say HELLO first",
+                    true,
+                );
+            };
+            let now = now_unix();
+            match g.verify(&shared.cfg.key, now) {
                 Ok(()) => {}
-                Err(GrantError::Expired) => return err(Status::GrantExpired, "grant expired", true),
-                Err(GrantError::BadSignature) => {
-                    return err(Status::GrantInvalid, "grant signature does not verify", true)
+                Err(GrantError::Expired) => {
+                    return err(
+                        Status::GrantExpired,
+                        format!(
+                            "grant for segment {} expired at {} (now {now}); ask its issuer for a new one",
+                            g.segment_id, g.expiry_unix_s
+                        ),
+                        true,
+                    )
                 }
+                Err(GrantError::BadSignature) => {
+                    return err(
+                        Status::GrantInvalid,
+                        format!(
+                            "grant for segment {} does not verify under this brick's key \
+                             (forged, altered, or signed for another brick)",
+                            g.segment_id
+                        ),
+                        true,
+                    )
+                }
+            }
+            let key = session_key(&shared.cfg.key, &g);
+            if !verify_attach_proof(&key, &nonce, g.segment_id, &proof) {
+                return err(
+                    Status::GrantUnproven,
+                    format!(
+                        "grant for segment {} is not proven: the proof does not match the grant's \
+                         session key and this connection's HELLO nonce (a grant is usable only by \
+                         whoever holds its session key, on the connection the proof was made for)",
+                        g.segment_id
+                    ),
+                    true,
+                );
             }
             if attached.is_some() {
                 return err(Status::BadRequest, "connection already attached to a segment", false);
             }
-            {
-                let mut segs = store.segs();
-                match segs.live.get_mut(&g.segment_id) {
-                    Some(s) if s.offset == g.brick_offset && s.size == g.size_bytes => {
-                        s.attached += 1;
-                        s.unattached_deadline = None;
-                    }
-                    _ => {
-                        return err(
-                            Status::NoSegment,
-                            format!("segment {} does not exist on this brick", g.segment_id),
-                            true,
-                        )
-                    }
-                }
-            }
+            let gate = match bind(shared, &g) {
+                Ok(gate) => gate,
+                Err(reply) => return reply,
+            };
             *attached = Some(Attached {
                 id: g.segment_id,
                 offset: g.brick_offset,
                 size: g.size_bytes,
                 rights: g.rights,
+                gate,
             });
             ok(Vec::new())
         }
         Request::Detach => match attached.take() {
             Some(a) => {
-                shared.store.detach(a.id);
+                shared.store.detach(a.id, &a.gate);
                 ok(Vec::new())
             }
             None => err(Status::NotAttached, "not attached", false),
@@ -719,9 +824,80 @@ fn handle(shared: &Shared, attached: &mut Option<Attached>, req: Request) -> Rep
             let Some(a) = attached.as_ref() else {
                 return err(Status::NotAttached, "ATTACH or ALLOC before data requests", true);
             };
-            data_op(shared, a, other)
+            if matches!(other, Request::Clone) && shared.cfg.managed {
+                // The control plane places every segment of a managed brick and accounts for its
+                // space; a clone it never heard of would be overwritten by its next placement.
+                // Kept open: the node may go on using its segment.
+                return err(
+                    Status::Denied,
+                    "this brick takes its segments from its control plane: CLONE is disabled; \
+                     ask the control plane for a new allocation",
+                    false,
+                );
+            }
+            with_segment(Some(a), |a| data_op(shared, a, other))
         }
     }
+}
+
+/// Runs a data operation on the connection's segment: refused before ATTACH, and after the
+/// control plane released the segment. The segment's gate is held across the operation, so a
+/// release waits for operations in flight.
+fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attached) -> Reply) -> Reply {
+    let Some(a) = attached else {
+        return err(Status::NotAttached, "ATTACH or ALLOC before data requests", true);
+    };
+    let alive = a.gate.read().unwrap_or_else(|e| e.into_inner());
+    if !*alive {
+        return err(
+            Status::NoSegment,
+            format!(
+                "segment {} was released by the control plane; ask it for a new allocation",
+                a.id
+            ),
+            true,
+        );
+    }
+    op(a)
+}
+
+/// Counts one more attachment of the grant's segment, creating it first on a managed brick that
+/// has not seen it; returns the segment's gate.
+fn bind(shared: &Shared, g: &Grant) -> Result<Gate, Reply> {
+    let mut segs = shared.store.segs();
+    let seg = match segs.live.get_mut(&g.segment_id) {
+        Some(s) if s.offset == g.brick_offset && s.size == g.size_bytes => s,
+        Some(s) if shared.cfg.managed => {
+            return Err(err(
+                Status::Conflict,
+                format!(
+                    "segment {} lives at [{:#x}, +{:#x}) on this brick, but the grant says [{:#x}, +{:#x})",
+                    g.segment_id, s.offset, s.size, g.brick_offset, g.size_bytes
+                ),
+                true,
+            ))
+        }
+        None if shared.cfg.managed => match segs.claim(g.segment_id, g.brick_offset, g.size_bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(err(
+                    Status::Conflict,
+                    format!("cannot place the grant's segment: {e}"),
+                    true,
+                ))
+            }
+        },
+        _ => {
+            return Err(err(
+                Status::NoSegment,
+                format!("segment {} does not exist on this brick", g.segment_id),
+                true,
+            ))
+        }
+    };
+    seg.attached += 1;
+    seg.unattached_deadline = None;
+    Ok(seg.gate.clone())
 }
 
 fn out_of_range(a: &Attached, o: u64, l: u64) -> Reply {
@@ -833,7 +1009,7 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
                 );
             };
             store.pool.share(a.offset, off, a.size);
-            ok(shared.sign(id, off, a.size).encode())
+            ok(shared.grant(id, off, a.size).encode())
         }
         _ => err(Status::BadRequest, "unexpected request", true),
     }

@@ -3,7 +3,7 @@
 //! only ever loses its own connection.
 
 use rackmem_brick::{Brick, BrickConfig, BrickHandle, ListenAddr};
-use rackmem_proto::{rights, Grant, Header, Opcode, Status, HEADER_LEN, MAGIC};
+use rackmem_proto::{rights, session_key, Grant, Header, Opcode, Status, HEADER_LEN, MAGIC};
 use rackmem_transport::{BrickAddr, Link, LinkError};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -21,6 +21,7 @@ fn unix_brick(dir: &tempfile::TempDir) -> (BrickHandle, BrickAddr) {
         size_bytes: 256 << 20,
         key: KEY.to_vec(),
         secret: Some(SECRET.to_vec()),
+        managed: false,
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");
@@ -33,6 +34,7 @@ fn tcp_brick() -> (BrickHandle, BrickAddr) {
         size_bytes: 256 << 20,
         key: KEY.to_vec(),
         secret: Some(SECRET.to_vec()),
+        managed: false,
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");
@@ -104,7 +106,7 @@ fn clone_is_copy_on_write_and_isolated() {
     parent.write_pages(&[(0, 4096)], &page(1)).expect("write");
     let g = parent.clone_segment().expect("clone");
     let child = Link::connect(&a, T).expect("connect");
-    child.attach(&g).expect("attach clone");
+    child.attach(&g.grant, &g.session_key).expect("attach clone");
     let mut b = vec![0u8; 4096];
     child.read_pages(&[(0, 4096)], &mut b).expect("read");
     assert_eq!(b, page(1), "the clone starts with the parent's data");
@@ -134,12 +136,13 @@ fn out_of_range_and_grant_violations_close_only_that_connection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_h, a) = unix_brick(&dir);
     let good = Link::connect(&a, T).expect("connect");
-    let g = good.alloc_segment(SECRET, 2 << 20).expect("alloc");
+    let sg = good.alloc_segment(SECRET, 2 << 20).expect("alloc");
+    let g = &sg.grant;
     good.write_pages(&[(0, 4096)], &page(9)).expect("write");
 
     // Past the end of the segment.
     let bad = Link::connect(&a, T).expect("connect");
-    bad.attach(&g).expect("attach");
+    bad.attach(g, &sg.session_key).expect("attach");
     let mut b = vec![0u8; 4096];
     match bad.read_pages(&[(2 << 20, 4096)], &mut b) {
         Err(LinkError::Refused {
@@ -153,11 +156,12 @@ fn out_of_range_and_grant_violations_close_only_that_connection() {
         "the offending connection is closed"
     );
 
-    // A forged grant: someone else's segment, or a bigger size, or another brick's key.
+    // A forged grant: someone else's segment, or a bigger size, or another brick's key (more
+    // of these in tests/grants.rs).
     let mut forged = g.clone();
     forged.size_bytes *= 2;
     assert_refused(
-        Link::connect(&a, T).expect("connect").attach(&forged),
+        Link::connect(&a, T).expect("connect").attach(&forged, &sg.session_key),
         Status::GrantInvalid,
     );
     let foreign = Grant::sign(
@@ -170,17 +174,22 @@ fn out_of_range_and_grant_violations_close_only_that_connection() {
         0,
     );
     assert_refused(
-        Link::connect(&a, T).expect("connect").attach(&foreign),
+        Link::connect(&a, T)
+            .expect("connect")
+            .attach(&foreign, &session_key(b"another brick", &foreign)),
         Status::GrantInvalid,
     );
     let expired = Grant::sign(KEY, g.segment_id, g.brick_offset, g.size_bytes, 0, rights::ALL, 1);
     assert_refused(
-        Link::connect(&a, T).expect("connect").attach(&expired),
+        Link::connect(&a, T)
+            .expect("connect")
+            .attach(&expired, &session_key(KEY, &expired)),
         Status::GrantExpired,
     );
     let read_only = Grant::sign(KEY, g.segment_id, g.brick_offset, g.size_bytes, 0, rights::READ, 0);
     let ro = Link::connect(&a, T).expect("connect");
-    ro.attach(&read_only).expect("attach read-only");
+    ro.attach(&read_only, &session_key(KEY, &read_only))
+        .expect("attach read-only");
     assert_refused(ro.write_pages(&[(0, 4096)], &page(1)), Status::Forbidden);
 
     // Wrong secret, and data before attach.
@@ -284,6 +293,7 @@ fn address_in_use_is_a_clear_error() {
         size_bytes: 64 << 20,
         key: KEY.to_vec(),
         secret: None,
+        managed: false,
     })
     .err()
     .expect("second brick on the same socket must fail");
@@ -296,6 +306,7 @@ fn address_in_use_is_a_clear_error() {
         size_bytes: 64 << 20,
         key: KEY.to_vec(),
         secret: None,
+        managed: false,
     })
     .err()
     .expect("port in use");

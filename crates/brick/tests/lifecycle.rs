@@ -10,6 +10,7 @@ fn cfg(listen: ListenAddr) -> BrickConfig {
         size_bytes: 8 << 20,
         key: b"k".to_vec(),
         secret: Some(b"s".to_vec()),
+        managed: false,
     }
 }
 

@@ -176,6 +176,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 size_bytes: 256 << 30,
                 key: b"bench".to_vec(),
                 secret: Some(b"bench".to_vec()),
+                managed: false,
             })
             .context("starting the TCP brick")?,
         )

@@ -98,6 +98,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         size_bytes: args.size,
         key,
         secret,
+        managed: false,
     })
     .with_context(|| format!("starting the brick on {}", args.listen))?;
     eprintln!(

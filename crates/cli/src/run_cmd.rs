@@ -120,6 +120,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             size_bytes: args.embedded_size,
             key: random_hex(32)?.into_bytes(),
             secret: Some(secret.clone().into_bytes()),
+            managed: false,
         })
         .context("starting the embedded brick")?;
         let addr: BrickAddr = handle.local_addr().parse().context("embedded brick address")?;

@@ -6,7 +6,9 @@
 //! responses out of order. Page data moves in batches: one READ or WRITE names up to
 //! [`MAX_EXTENTS`] page-aligned extents. A brick trusts nothing in a frame: [`Header::decode`]
 //! validates magic, version, opcode and lengths before the payload is read or allocated, and
-//! [`Request::decode`] validates the payload's structure. Grants are HMAC-SHA256 signed.
+//! [`Request::decode`] validates the payload's structure. Grants are HMAC-SHA256 signed, and a
+//! connection proves it holds a grant's session key ([`session_key`], [`attach_proof`]) bound to
+//! the nonce of its own HELLO, so a grant seen on the wire cannot be used by someone else.
 //! The format is documented in `docs/protocol.md`.
 
 use hmac::{Hmac, Mac};
@@ -30,6 +32,10 @@ pub const FLAG_RESPONSE: u16 = 0x8000;
 pub const MAX_SECRET: usize = 1024;
 /// Largest error message in a response.
 pub const MAX_MESSAGE: usize = 1024;
+/// Length of the per-connection nonce a brick returns at HELLO.
+pub const NONCE_LEN: usize = 16;
+/// Length of a session key and of an attach proof (HMAC-SHA256 outputs).
+pub const KEY_LEN: usize = 32;
 
 /// Operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,7 +45,7 @@ pub enum Opcode {
     Hello = 1,
     /// Standalone mode: carve a segment, presenting the brick's shared secret.
     Alloc = 2,
-    /// Bind the connection to a segment with a [`Grant`].
+    /// Bind the connection to a segment with a [`Grant`] and a proof of its session key.
     Attach = 3,
     /// Batched read of extents of the attached segment.
     Read = 4,
@@ -49,7 +55,7 @@ pub enum Opcode {
     Discard = 6,
     /// Copy within the attached segment.
     Copy = 7,
-    /// Copy-on-write clone of the attached segment; the response carries a new grant.
+    /// Copy-on-write clone of the attached segment; the response carries a [`SegmentGrant`].
     Clone = 8,
     /// Unbind from the segment.
     Detach = 9,
@@ -108,11 +114,17 @@ pub enum Status {
     Internal = 10,
     /// The brick does not speak this version.
     BadVersion = 11,
+    /// The grant verifies but the connection did not prove it holds the grant's session key
+    /// (no proof, or a proof for another grant or another connection's nonce).
+    GrantUnproven = 12,
+    /// The grant's range cannot become a segment here: it overlaps a live segment, lies outside
+    /// the pool, or contradicts the segment already known under its id.
+    Conflict = 13,
 }
 
 impl Status {
     /// Every status, in code order.
-    pub const ALL: [Status; 12] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotAttached,
@@ -125,6 +137,8 @@ impl Status {
         Status::Forbidden,
         Status::Internal,
         Status::BadVersion,
+        Status::GrantUnproven,
+        Status::Conflict,
     ];
 
     /// The code on the wire.
@@ -147,6 +161,8 @@ impl Status {
             8 => NoSegment,
             9 => Forbidden,
             11 => BadVersion,
+            12 => GrantUnproven,
+            13 => Conflict,
             _ => Internal,
         }
     }
@@ -203,6 +219,14 @@ pub enum DecodeError {
     /// A field value is out of its domain.
     #[error("invalid field: {0}")]
     Invalid(&'static str),
+    /// An ATTACH carrying a grant but no proof of possession: a client older than session keys.
+    #[error(
+        "ATTACH carries a grant but no proof of possession ({} bytes where {} are expected); \
+         the client predates session keys: upgrade it",
+        Grant::LEN,
+        Grant::LEN + KEY_LEN
+    )]
+    MissingProof,
 }
 
 /// The fixed frame header.
@@ -231,9 +255,12 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
 fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
+    u64::from_le_bytes(array_at(b, o))
+}
+fn array_at<const N: usize>(b: &[u8], o: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[o..o + N]);
+    a
 }
 
 impl Header {
@@ -303,11 +330,14 @@ pub struct BrickInfo {
     pub max_payload: u32,
     /// Brick identity (random per start).
     pub brick_id: u64,
+    /// Random per connection: an ATTACH proof on this connection is bound to it, so a proof seen
+    /// on the wire cannot be replayed on another connection.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl BrickInfo {
     /// Encoded length.
-    pub const LEN: usize = 32;
+    pub const LEN: usize = 32 + NONCE_LEN;
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(Self::LEN);
@@ -316,6 +346,7 @@ impl BrickInfo {
         v.extend_from_slice(&self.page_size.to_le_bytes());
         v.extend_from_slice(&self.max_payload.to_le_bytes());
         v.extend_from_slice(&self.brick_id.to_le_bytes());
+        v.extend_from_slice(&self.nonce);
         v
     }
     /// Decodes.
@@ -327,6 +358,7 @@ impl BrickInfo {
             page_size: u32_at(b, 16),
             max_payload: u32_at(b, 20),
             brick_id: u64_at(b, 24),
+            nonce: array_at(b, 32),
         })
     }
 }
@@ -454,9 +486,7 @@ impl Grant {
     }
 
     fn compute_mac(&self, key: &[u8]) -> Hmac<Sha256> {
-        // HMAC accepts keys of any length; new_from_slice cannot fail for HMAC.
-        let mut m =
-            <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        let mut m = hmac(key);
         m.update(b"rackmem-grant-v1");
         m.update(&self.signed_bytes());
         m
@@ -506,8 +536,6 @@ impl Grant {
     /// Decodes.
     pub fn decode(b: &[u8]) -> Result<Grant, DecodeError> {
         exact(b, Self::LEN)?;
-        let mut mac = [0u8; 32];
-        mac.copy_from_slice(&b[41..73]);
         Ok(Grant {
             segment_id: u64_at(b, 0),
             brick_offset: u64_at(b, 8),
@@ -515,7 +543,105 @@ impl Grant {
             node: u64_at(b, 24),
             rights: b[32],
             expiry_unix_s: u64_at(b, 33),
-            mac,
+            mac: array_at(b, 41),
+        })
+    }
+}
+
+fn hmac(key: &[u8]) -> Hmac<Sha256> {
+    // HMAC accepts keys of any length; new_from_slice cannot fail for HMAC.
+    <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"))
+}
+
+/// The session key of a grant: `HMAC-SHA256(brick_key, "rackmem-session-v1" || grant.mac)`.
+///
+/// Whoever holds the brick's key (the brick, its control plane) can derive it; a node receives
+/// it only along with its own grant (ALLOC and CLONE replies, or the control plane's allocation
+/// reply). The grant alone, which crosses the network in clear at every ATTACH, does not reveal
+/// it. Keep it as secret as the data in the segment.
+pub fn session_key(brick_key: &[u8], grant: &Grant) -> [u8; KEY_LEN] {
+    let mut m = hmac(brick_key);
+    m.update(b"rackmem-session-v1");
+    m.update(&grant.mac);
+    m.finalize().into_bytes().into()
+}
+
+fn proof_mac(session_key: &[u8; KEY_LEN], nonce: &[u8; NONCE_LEN], segment_id: u64) -> Hmac<Sha256> {
+    let mut m = hmac(session_key);
+    m.update(b"rackmem-attach-v1");
+    m.update(nonce);
+    m.update(&segment_id.to_le_bytes());
+    m
+}
+
+/// The proof an ATTACH carries: `HMAC-SHA256(session_key, "rackmem-attach-v1" || nonce ||
+/// segment_id as u64 LE)`, where `nonce` is the one the brick returned at this connection's
+/// HELLO ([`BrickInfo::nonce`]). Valid on that connection only.
+pub fn attach_proof(session_key: &[u8; KEY_LEN], nonce: &[u8; NONCE_LEN], segment_id: u64) -> [u8; KEY_LEN] {
+    proof_mac(session_key, nonce, segment_id).finalize().into_bytes().into()
+}
+
+/// True if `proof` is [`attach_proof`] of these inputs; compared in constant time, so a peer
+/// cannot learn a valid proof byte by byte from response timing.
+pub fn verify_attach_proof(
+    session_key: &[u8; KEY_LEN],
+    nonce: &[u8; NONCE_LEN],
+    segment_id: u64,
+    proof: &[u8; KEY_LEN],
+) -> bool {
+    proof_mac(session_key, nonce, segment_id).verify_slice(proof).is_ok()
+}
+
+/// Compares two byte strings in time that depends on their lengths only, never on where they
+/// differ (for secrets and MACs).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A grant with its session key: what ALLOC and CLONE return, and what a node needs to attach.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SegmentGrant {
+    /// The grant.
+    pub grant: Grant,
+    /// Its session key ([`session_key`]).
+    pub session_key: [u8; KEY_LEN],
+}
+
+// Hand-written so the session key never lands in a log.
+impl std::fmt::Debug for SegmentGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentGrant")
+            .field("grant", &self.grant)
+            .field("session_key", &"<secret>")
+            .finish()
+    }
+}
+
+impl SegmentGrant {
+    /// Encoded length: the grant, then the key.
+    pub const LEN: usize = Grant::LEN + KEY_LEN;
+
+    /// The grant and the session key derived from it with `brick_key`.
+    pub fn new(brick_key: &[u8], grant: Grant) -> SegmentGrant {
+        SegmentGrant {
+            session_key: session_key(brick_key, &grant),
+            grant,
+        }
+    }
+
+    /// Encodes as `grant || session_key`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.grant.encode();
+        v.extend_from_slice(&self.session_key);
+        v
+    }
+
+    /// Decodes `grant || session_key`.
+    pub fn decode(b: &[u8]) -> Result<SegmentGrant, DecodeError> {
+        exact(b, Self::LEN)?;
+        Ok(SegmentGrant {
+            grant: Grant::decode(&b[..Grant::LEN])?,
+            session_key: array_at(b, Grant::LEN),
         })
     }
 }
@@ -535,8 +661,13 @@ pub enum Request {
         /// Shared secret.
         secret: Vec<u8>,
     },
-    /// ATTACH.
-    Attach(Grant),
+    /// ATTACH with a grant and the proof that this connection holds its session key.
+    Attach {
+        /// The grant.
+        grant: Grant,
+        /// [`attach_proof`] for this connection's HELLO nonce and the grant's segment.
+        proof: [u8; KEY_LEN],
+    },
     /// READ of extents.
     Read(Vec<Extent>),
     /// WRITE of extents; `data` holds their bytes in order.
@@ -629,7 +760,7 @@ impl Request {
         match self {
             Request::Hello => Opcode::Hello,
             Request::Alloc { .. } => Opcode::Alloc,
-            Request::Attach(_) => Opcode::Attach,
+            Request::Attach { .. } => Opcode::Attach,
             Request::Read(_) => Opcode::Read,
             Request::Write { .. } => Opcode::Write,
             Request::Discard { .. } => Opcode::Discard,
@@ -658,7 +789,10 @@ impl Request {
                 offset = *size_bytes;
                 payload.extend_from_slice(secret);
             }
-            Request::Attach(g) => payload = g.encode(),
+            Request::Attach { grant, proof } => {
+                payload = grant.encode();
+                payload.extend_from_slice(proof);
+            }
             Request::Read(ext) => encode_extents(ext, &mut payload),
             // Encoded above, without the intermediate payload.
             Request::Write { .. } => {}
@@ -717,7 +851,16 @@ impl Request {
                     secret: p.to_vec(),
                 })
             }
-            Opcode::Attach => Ok(Request::Attach(Grant::decode(p)?)),
+            Opcode::Attach => {
+                if p.len() == Grant::LEN {
+                    return Err(DecodeError::MissingProof);
+                }
+                exact(p, Grant::LEN + KEY_LEN)?;
+                Ok(Request::Attach {
+                    grant: Grant::decode(&p[..Grant::LEN])?,
+                    proof: array_at(p, Grant::LEN),
+                })
+            }
             Opcode::Read => {
                 let (ext, used) = decode_extents(p)?;
                 exact(&p[used..], 0)?;
@@ -862,7 +1005,7 @@ mod tests {
             Just(Request::Stats),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64))
                 .prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
-            grant().prop_map(Request::Attach),
+            (grant(), any::<[u8; 32]>()).prop_map(|(grant, proof)| Request::Attach { grant, proof }),
             extents().prop_map(Request::Read),
             (extents(), any::<u8>()).prop_map(|(extents, fill)| {
                 let n = extents_bytes(&extents) as usize;
@@ -912,7 +1055,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn response_round_trip(op in 1u8..12, code in 0u32..12, tag in any::<u32>(), payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn response_round_trip(op in 1u8..12, code in 0u32..14, tag in any::<u32>(), payload in proptest::collection::vec(any::<u8>(), 0..300)) {
             let op = Opcode::from_u8(op).unwrap();
             let status = Status::from_u32(code);
             prop_assert_eq!(status.code(), code);
@@ -926,9 +1069,11 @@ mod tests {
         }
 
         #[test]
-        fn info_and_stats_round_trip(v in proptest::collection::vec(any::<u64>(), 8), small in any::<(u32, u32)>()) {
-            let info = BrickInfo { pool_bytes: v[0], free_bytes: v[1], page_size: small.0, max_payload: small.1, brick_id: v[2] };
+        fn info_and_stats_round_trip(v in proptest::collection::vec(any::<u64>(), 8), small in any::<(u32, u32)>(), nonce in any::<[u8; 16]>()) {
+            let info = BrickInfo { pool_bytes: v[0], free_bytes: v[1], page_size: small.0, max_payload: small.1, brick_id: v[2], nonce };
             prop_assert_eq!(BrickInfo::decode(&info.encode()).unwrap(), info);
+            // A HELLO answer from a brick without nonces is refused, not misread.
+            prop_assert!(BrickInfo::decode(&info.encode()[..32]).is_err());
             let stats = BrickStats {
                 bytes_read: v[0], bytes_written: v[1], requests: v[2], connections: v[3],
                 errors: v[4], resident_bytes: v[5], segments: v[6], free_bytes: v[7],
@@ -945,6 +1090,44 @@ mod tests {
             frame.extend_from_slice(&data);
             let (_, back, _) = decode_request_frame(&frame).unwrap();
             prop_assert_eq!(back, Request::Write { extents: ext, data });
+        }
+
+        #[test]
+        fn segment_grant_round_trip(g in grant(), key in any::<[u8; 32]>()) {
+            let sg = SegmentGrant { grant: g, session_key: key };
+            let bytes = sg.encode();
+            prop_assert_eq!(bytes.len(), SegmentGrant::LEN);
+            prop_assert_eq!(SegmentGrant::decode(&bytes).unwrap(), sg);
+            prop_assert!(SegmentGrant::decode(&bytes[..Grant::LEN]).is_err());
+        }
+
+        #[test]
+        fn segment_grant_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
+            let _ = SegmentGrant::decode(&bytes);
+            let _ = BrickInfo::decode(&bytes);
+        }
+
+        #[test]
+        fn proofs_bind_key_nonce_and_segment(
+            g in grant(),
+            brick_key in proptest::collection::vec(any::<u8>(), 1..64),
+            nonce in any::<[u8; 16]>(),
+            flip in 0usize..16,
+        ) {
+            let g = Grant::sign(&brick_key, g.segment_id, g.brick_offset, g.size_bytes, g.node, g.rights, 0);
+            let key = session_key(&brick_key, &g);
+            let proof = attach_proof(&key, &nonce, g.segment_id);
+            prop_assert!(verify_attach_proof(&key, &nonce, g.segment_id, &proof));
+            let mut other_nonce = nonce;
+            other_nonce[flip] ^= 1;
+            prop_assert!(!verify_attach_proof(&key, &other_nonce, g.segment_id, &proof), "replayed on another connection");
+            prop_assert!(!verify_attach_proof(&key, &nonce, g.segment_id ^ 1, &proof), "used for another segment");
+            let other = Grant::sign(&brick_key, g.segment_id ^ 1, g.brick_offset, g.size_bytes, g.node, g.rights, 0);
+            prop_assert_ne!(session_key(&brick_key, &other), key, "every grant has its own session key");
+            let mut other_brick = brick_key.clone();
+            // Not a trailing zero: HMAC pads short keys with zeros, so "k" and "k\0" are one key.
+            other_brick[0] ^= 1;
+            prop_assert_ne!(session_key(&other_brick, &g), key);
         }
 
         #[test]
@@ -1017,6 +1200,75 @@ mod tests {
             Request::decode(&h, &p),
             Err(DecodeError::TooManyExtents(MAX_EXTENTS + 1))
         );
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Pins the derivations of `docs/control-plane.md` to values computed independently (Python's
+    /// `hmac`), so a control plane written in another language agrees with the brick.
+    #[test]
+    fn session_key_and_proof_known_answers() {
+        let g = Grant::sign(b"brick-key", 7, 1 << 20, 2 << 20, 3, rights::ALL, 0);
+        assert_eq!(
+            g.mac.to_vec(),
+            unhex("aa7ff9e506f8a4fe226fba0815ec7abdf3fdfbf1daac31d9b3afdc2d9c5232cf")
+        );
+        let key = session_key(b"brick-key", &g);
+        assert_eq!(
+            key.to_vec(),
+            unhex("350aedf7471a46fbe2b3a106b9364984a115e1ca2e4c7b4b87bf1b4ae2f564d2")
+        );
+        let nonce: [u8; 16] = std::array::from_fn(|i| i as u8);
+        assert_eq!(
+            attach_proof(&key, &nonce, 7).to_vec(),
+            unhex("bb3079a8beeaec30d7596aea3b8f2fca9cd1d1df60e9dea6e40d0c5f6f538ade")
+        );
+    }
+
+    #[test]
+    fn attach_without_proof_is_a_clear_error() {
+        let g = Grant::sign(b"k", 1, 0, 4096, 2, rights::ALL, 0);
+        let p = g.encode();
+        let h = Header {
+            opcode: Opcode::Attach,
+            flags: 0,
+            tag: 1,
+            status: 0,
+            offset: 0,
+            length: 0,
+            payload_len: p.len() as u32,
+        };
+        let e = Request::decode(&h, &p).unwrap_err();
+        assert_eq!(e, DecodeError::MissingProof);
+        assert!(e.to_string().contains("upgrade"), "{e}");
+        let h = Header {
+            payload_len: p.len() as u32 - 1,
+            ..h
+        };
+        assert!(matches!(
+            Request::decode(&h, &p[1..]),
+            Err(DecodeError::PayloadSize { want: 105, have: 72 })
+        ));
+    }
+
+    #[test]
+    fn constant_time_eq_compares() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn segment_grant_debug_hides_the_key() {
+        let sg = SegmentGrant::new(b"k", Grant::sign(b"k", 1, 0, 4096, 2, rights::ALL, 0));
+        let shown = format!("{sg:?}");
+        assert!(!shown.contains(&format!("{:?}", sg.session_key)), "{shown}");
     }
 
     #[test]

@@ -372,7 +372,7 @@ impl Runtime {
             let pool = fault.info().pool_bytes;
             let mut want = per_brick.unwrap_or((pool / DEFAULT_SEGMENT_DIVISOR).min(DEFAULT_SEGMENT_CAP));
             want = want / (2 << 20) * (2 << 20);
-            let grant = loop {
+            let seg = loop {
                 match fault.alloc_segment(&cfg.secret, want) {
                     Ok(g) => break g,
                     Err(e) if per_brick.is_none() && want > 32 << 20 && e.is_no_space() => want /= 2,
@@ -380,8 +380,8 @@ impl Runtime {
                 }
             };
             let writeback = Link::connect(&addr, cfg.timeout)?;
-            writeback.attach(&grant)?;
-            table.push(i, grant.size_bytes / PAGE, grant);
+            writeback.attach(&seg.grant, &seg.session_key)?;
+            table.push(i, seg.grant.size_bytes / PAGE, seg.grant);
             bricks.push(BrickLinks { addr, fault, writeback });
         }
         let window_pages = table.total_pages();
@@ -729,7 +729,7 @@ fn watchdog(inner: Arc<Inner>) {
 
 /// What the parent prepared for the child of a `fork`.
 struct ForkState {
-    grants: Vec<rackmem_proto::Grant>,
+    grants: Vec<rackmem_proto::SegmentGrant>,
     failure: Option<String>,
 }
 
@@ -811,13 +811,13 @@ pub fn fork_child() {
         let mut table = parent.table.clone();
         let mut bricks = Vec::new();
         for (i, b) in parent.bricks.iter().enumerate() {
-            let grant = state.grants[i].clone();
+            let seg = state.grants[i].clone();
             let fault = Link::connect(&b.addr, parent.cfg.timeout)?;
-            fault.attach(&grant)?;
+            fault.attach(&seg.grant, &seg.session_key)?;
             let writeback = Link::connect(&b.addr, parent.cfg.timeout)?;
-            writeback.attach(&grant)?;
+            writeback.attach(&seg.grant, &seg.session_key)?;
             if let Some(idx) = table.entries().iter().position(|e| e.brick == i) {
-                table.set_grant(idx, grant);
+                table.set_grant(idx, seg.grant);
             }
             bricks.push(BrickLinks {
                 addr: b.addr.clone(),

@@ -22,8 +22,8 @@
 //! of data.
 
 use rackmem_proto::{
-    encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, Status, HEADER_LEN, MAX_EXTENTS,
-    MAX_PAYLOAD,
+    attach_proof, encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, SegmentGrant,
+    Status, HEADER_LEN, KEY_LEN, MAX_EXTENTS, MAX_PAYLOAD, NONCE_LEN,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -353,6 +353,7 @@ impl Link {
                 page_size: rackmem_proto::PAGE_SIZE,
                 max_payload: MAX_PAYLOAD,
                 brick_id: 0,
+                nonce: [0; NONCE_LEN],
             },
             timeout,
             tx: Mutex::new(tx),
@@ -367,7 +368,15 @@ impl Link {
         let r = link
             .call(&Request::Hello)
             .map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
-        link.info = BrickInfo::decode(&r).map_err(|e| unreachable(format!("bad HELLO answer: {e}")))?;
+        link.info = BrickInfo::decode(&r).map_err(|e| {
+            if r.len() == BrickInfo::LEN - NONCE_LEN {
+                unreachable(
+                    "the brick predates per-connection nonces (grants with proof of possession): upgrade it".into(),
+                )
+            } else {
+                unreachable(format!("bad HELLO answer: {e}"))
+            }
+        })?;
         Ok(link)
     }
 
@@ -387,7 +396,8 @@ impl Link {
         &self.addr
     }
 
-    /// What the brick said at HELLO.
+    /// What the brick said at HELLO, including this connection's nonce (which
+    /// [`Link::attach`] proofs are bound to).
     pub fn info(&self) -> &BrickInfo {
         &self.info
     }
@@ -667,19 +677,26 @@ impl Link {
     }
 
     /// Standalone mode: carves a segment of at least `size_bytes` (rounded up to the brick's
-    /// chunk) with the brick's shared secret, and attaches this link to it.
-    pub fn alloc_segment(&self, secret: &[u8], size_bytes: u64) -> Result<Grant, LinkError> {
+    /// chunk) with the brick's shared secret, and attaches this link to it. Returns the grant
+    /// and its session key, which other links need to attach to the segment.
+    pub fn alloc_segment(&self, secret: &[u8], size_bytes: u64) -> Result<SegmentGrant, LinkError> {
         let p = self.call(&Request::Alloc {
             size_bytes,
             secret: secret.to_vec(),
         })?;
-        Grant::decode(&p).map_err(|e| self.lost(format!("bad grant in ALLOC answer: {e}")))
+        SegmentGrant::decode(&p).map_err(|e| self.lost(format!("bad grant in ALLOC answer: {e}")))
     }
 
-    /// Binds this link to the grant's segment. A bad or expired grant is refused and the brick
-    /// closes the connection.
-    pub fn attach(&self, grant: &Grant) -> Result<(), LinkError> {
-        self.call(&Request::Attach(grant.clone())).map(|_| ())
+    /// Binds this link to the grant's segment, proving with `session_key` (which never leaves
+    /// this process) that it holds the grant, for this connection only. A forged, expired or
+    /// unproven grant is refused with its own status and the brick closes the connection.
+    pub fn attach(&self, grant: &Grant, session_key: &[u8; KEY_LEN]) -> Result<(), LinkError> {
+        let proof = attach_proof(session_key, &self.info.nonce, grant.segment_id);
+        self.call(&Request::Attach {
+            grant: grant.clone(),
+            proof,
+        })
+        .map(|_| ())
     }
 
     /// Unbinds this link from its segment (the brick frees the segment when nobody is attached).
@@ -687,11 +704,12 @@ impl Link {
         self.call(&Request::Detach).map(|_| ())
     }
 
-    /// Copy-on-write clone of the attached segment; the grant is for the new segment, which the
-    /// brick frees if nobody attaches to it within its grace period.
-    pub fn clone_segment(&self) -> Result<Grant, LinkError> {
+    /// Copy-on-write clone of the attached segment; the grant (with its session key) is for the
+    /// new segment, which the brick frees if nobody attaches to it within its grace period.
+    /// Bricks managed by a control plane refuse it (`Denied`).
+    pub fn clone_segment(&self) -> Result<SegmentGrant, LinkError> {
         let p = self.call(&Request::Clone)?;
-        Grant::decode(&p).map_err(|e| self.lost(format!("bad grant in CLONE answer: {e}")))
+        SegmentGrant::decode(&p).map_err(|e| self.lost(format!("bad grant in CLONE answer: {e}")))
     }
 
     /// Cuts extents longer than one batch may carry into batch-sized pieces.

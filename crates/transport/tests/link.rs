@@ -18,6 +18,7 @@ fn brick(listen: ListenAddr, size_bytes: u64) -> (BrickHandle, BrickAddr) {
         size_bytes,
         key: b"k".to_vec(),
         secret: Some(SECRET.to_vec()),
+        managed: false,
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("brick address parses");
@@ -280,4 +281,45 @@ fn connecting_to_nothing_names_the_address() {
     let e = Link::connect(&addr, Duration::from_secs(1)).expect_err("nothing listens");
     let text = e.to_string();
     assert!(text.starts_with(&format!("cannot reach brick {addr}")), "{text}");
+}
+
+/// The runtime's pattern: one link carves the segment, a second (its write-back link) attaches
+/// with the grant and session key; a link without the key cannot, and a broken attach names the
+/// status the brick gave.
+#[test]
+fn links_attach_with_the_session_key_from_alloc_and_clone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (_h, addr) in both(&dir, 32 << 20) {
+        let fault = Link::connect(&addr, T).expect("connect");
+        let seg = fault.alloc_segment(SECRET, 4 << 20).expect("alloc");
+        let writeback = Link::connect(&addr, T).expect("connect");
+        assert_ne!(fault.info().nonce, writeback.info().nonce, "per-connection nonces");
+        writeback
+            .attach(&seg.grant, &seg.session_key)
+            .expect("attach with the session key");
+        let data = pages(0, 4, 1);
+        writeback.write_pages(&[(0, 4 * 4096)], &data).expect("write");
+        let mut back = vec![0u8; data.len()];
+        fault.read_pages(&[(0, 4 * 4096)], &mut back).expect("read");
+        assert_eq!(checksum(&back), checksum(&data));
+
+        let clone = fault.clone_segment().expect("clone");
+        let child = Link::connect(&addr, T).expect("connect");
+        child
+            .attach(&clone.grant, &clone.session_key)
+            .expect("attach the clone");
+        child.read_pages(&[(0, 4 * 4096)], &mut back).expect("read the clone");
+        assert_eq!(checksum(&back), checksum(&data));
+
+        let thief = Link::connect(&addr, T).expect("connect");
+        match thief.attach(&seg.grant, &clone.session_key) {
+            Err(
+                e @ LinkError::Refused {
+                    status: Status::GrantUnproven,
+                    ..
+                },
+            ) => assert!(e.to_string().contains(&addr.to_string()), "{e}"),
+            other => panic!("expected GrantUnproven, got {other:?}"),
+        }
+    }
 }
