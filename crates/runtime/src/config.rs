@@ -67,6 +67,11 @@ pub struct Config {
     pub stats_file: Option<String>,
     /// `RACKMEM_VERBOSE`: print start-up and fork details on stderr.
     pub verbose: bool,
+    /// `RACKMEM_AGENT`: the node agent's socket; memory then comes from the control plane as
+    /// the program's allocations grow, instead of from `RACKMEM_BRICKS` at start.
+    pub agent: Option<String>,
+    /// `RACKMEM_GROW`: smallest allocation asked of the agent (default 256 MiB).
+    pub grow_bytes: u64,
 }
 
 /// A configuration variable that cannot be used.
@@ -88,14 +93,18 @@ fn var(name: &str) -> Option<String> {
 }
 
 impl Config {
-    /// Reads the configuration; `Ok(None)` when `RACKMEM_BRICKS` is unset (the runtime stays off
-    /// and every allocation goes to the C library).
+    /// Reads the configuration; `Ok(None)` when neither `RACKMEM_BRICKS` nor `RACKMEM_AGENT` is
+    /// set (the runtime stays off and every allocation goes to the C library).
     pub fn from_env() -> Result<Option<Config>, ConfigError> {
-        let Some(bricks) = var("RACKMEM_BRICKS") else {
-            return Ok(None);
+        let agent = var("RACKMEM_AGENT");
+        let bricks = match (var("RACKMEM_BRICKS"), &agent) {
+            (Some(b), _) => b,
+            (None, Some(_)) => String::new(),
+            (None, None) => return Ok(None),
         };
         let bricks = bricks
             .split(',')
+            .filter(|b| !b.trim().is_empty())
             .map(|b| {
                 b.trim()
                     .parse::<BrickAddr>()
@@ -127,6 +136,8 @@ impl Config {
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),
             stats_file: var("RACKMEM_STATS_FILE"),
             verbose: var("RACKMEM_VERBOSE").is_some_and(|v| v != "0"),
+            grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),
+            agent,
         }))
     }
 }

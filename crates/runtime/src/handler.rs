@@ -709,12 +709,16 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
         if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
             // The common case, one run on one brick: read straight into place.
             let at = start * PAGE_SIZE;
-            if let Err(e) = inner.bricks[*brick].fault.read_pages(&[*ext], &mut out[at..at + total]) {
+            let seg = segment_or_die(inner, *brick);
+            seg.limiter.acquire(total as u64);
+            if let Err(e) = seg.fault.read_pages(&[*ext], &mut out[at..at + total]) {
                 lost(&e);
             }
         } else {
             let mut tmp = vec![0u8; total];
-            if let Err(e) = inner.bricks[*brick].fault.read_pages(extents, &mut tmp) {
+            let seg = segment_or_die(inner, *brick);
+            seg.limiter.acquire(total as u64);
+            if let Err(e) = seg.fault.read_pages(extents, &mut tmp) {
                 lost(&e);
             }
             let mut at = 0;
@@ -735,5 +739,13 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
     } else {
         s.faults_zero.fetch_add(1, Ordering::Relaxed);
         s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
+    }
+}
+
+/// The segment at `index`; its absence is a bug (pages of the window always have one).
+pub(crate) fn segment_or_die(inner: &Inner, index: usize) -> std::sync::Arc<crate::segment::Segment> {
+    match inner.table.get(index) {
+        Some(s) => s,
+        None => inner.internal_error(&format!("segment {index} is not attached")),
     }
 }

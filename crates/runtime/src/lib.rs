@@ -18,10 +18,12 @@
 //! What this crate is not: it knows no C ABI (that is `rackmem-preload`), no REST, no policy of
 //! which brick to use beyond the list it is given.
 
+pub mod agent;
 pub mod config;
 mod handler;
 pub mod policy;
 pub mod prefetch;
+mod ratelimit;
 mod recycle;
 pub mod regions;
 pub mod segment;
@@ -35,7 +37,7 @@ use policy::{EvictionPolicy, Fifo};
 use rackmem_transport::{BrickAddr, Link, LinkError};
 use rackmem_uffd::{Features, Mapping, OpenOptions, Pagemap, RegisterMode, Uffd, UffdError};
 use regions::RegionAllocator;
-use segment::SegmentTable;
+use segment::{Segment, SegmentTable};
 use stats::{Stats, StatsSnapshot};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -50,6 +52,8 @@ const MIN_BUDGET_PAGES: u64 = 32;
 /// Staging slots bound the pages in flight to the write-back thread: enough for several
 /// eviction batches, small next to any budget worth having.
 const STAGING_SLOTS: usize = 1024;
+/// Default window with an agent: address space only; memory is attached as it is used.
+const DEFAULT_AGENT_WINDOW: u64 = 64 << 30;
 /// Largest default window per brick.
 const DEFAULT_SEGMENT_CAP: u64 = 16 << 30;
 /// Default window per brick as a fraction of its pool, leaving room for other processes and
@@ -87,6 +91,9 @@ pub enum RuntimeError {
     /// The bricks gave no memory.
     #[error("no brick could give a segment of at least 16 MiB: {0}")]
     NoSegment(String),
+    /// The node agent could not be reached or refused.
+    #[error(transparent)]
+    Agent(#[from] agent::AgentError),
 }
 
 /// One staged victim on its way to the write-back thread.
@@ -109,7 +116,7 @@ pub(crate) enum Job {
     /// Write back the dirty victims, then release their staging slots.
     Evict { id: u64, victims: Vec<Victim> },
     /// Release brick memory behind a range the program freed (hygiene, not correctness).
-    Discard { brick: usize, offset: u64, len: u64 },
+    Discard { seg: usize, offset: u64, len: u64 },
 }
 
 /// Mutable state shared by the fault handler, the write-back thread and allocating threads.
@@ -189,14 +196,6 @@ impl Core {
     }
 }
 
-/// The links to one brick: one for faults, one for write-back, so a long write never delays a
-/// fault behind it.
-pub(crate) struct BrickLinks {
-    pub addr: BrickAddr,
-    pub fault: Link,
-    pub writeback: Link,
-}
-
 /// Everything the runtime threads share.
 pub(crate) struct Inner {
     pub cfg: Config,
@@ -209,7 +208,8 @@ pub(crate) struct Inner {
     pub stage_uffd: Uffd,
     pub pagemap: Pagemap,
     pub table: SegmentTable,
-    pub bricks: Vec<BrickLinks>,
+    /// The node agent, when memory comes from the control plane.
+    pub agent: Option<agent::Agent>,
     pub core: Mutex<Core>,
     pub core_cv: Condvar,
     pub jobs: Mutex<VecDeque<Job>>,
@@ -254,8 +254,8 @@ impl Inner {
     }
 
     /// The remote memory is gone: say which brick and why, then stop the process.
-    pub fn brick_lost(&self, brick: usize, what: &str, err: &dyn std::fmt::Display) -> ! {
-        let addr = self.bricks.get(brick).map(|b| b.addr.to_string()).unwrap_or_default();
+    pub fn brick_lost(&self, seg: usize, what: &str, err: &dyn std::fmt::Display) -> ! {
+        let addr = self.table.get(seg).map(|s| s.addr.to_string()).unwrap_or_default();
         eprintln!(
             "rackmem: lost memory brick {addr} while {what}: {err}\n\
              rackmem: pages of this program live on that brick and cannot be recovered; stopping \
@@ -316,6 +316,14 @@ pub fn set_global(rt: Arc<Runtime>) {
     *GLOBAL.write().unwrap_or_else(|e| e.into_inner()) = Some(rt);
 }
 
+/// Leaves the process without a runtime, keeping the window's bounds known so that `free` of a
+/// window pointer is still recognised (and ignored). Used in a forked child that cannot have
+/// its parent's remote memory; the caller keeps the old runtime alive (its destructors would
+/// act on the parent's connections).
+fn clear_global() {
+    *GLOBAL.write().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
 /// True if `addr` lies in the window (a lock-free check for `free` of any pointer).
 pub fn in_window(addr: usize) -> bool {
     let a = addr as u64;
@@ -364,11 +372,18 @@ impl Runtime {
     }
 
     fn start_inner(cfg: Config) -> Result<Arc<Runtime>, RuntimeError> {
+        if let Some(path) = cfg.agent.clone() {
+            // Memory comes from the control plane as allocations grow: reserve address space
+            // only; `ensure_backed` attaches segments.
+            let agent = agent::Agent::connect(&path, cfg.timeout)?;
+            let bytes = cfg.window_bytes.unwrap_or(DEFAULT_AGENT_WINDOW) / (2 << 20) * (2 << 20);
+            let window = Mapping::reserve(bytes.max(2 << 20) as usize, 2 << 20)?;
+            return Self::assemble(cfg, window, SegmentTable::default(), Some(agent), None);
+        }
         let links = connect_links(&cfg)?;
-        let mut table = SegmentTable::default();
-        let mut bricks = Vec::new();
+        let table = SegmentTable::default();
         let per_brick = cfg.window_bytes.map(|w| w / links.len().max(1) as u64);
-        for (i, (addr, fault)) in links.into_iter().enumerate() {
+        for (addr, fault) in links {
             let pool = fault.info().pool_bytes;
             let mut want = per_brick.unwrap_or((pool / DEFAULT_SEGMENT_DIVISOR).min(DEFAULT_SEGMENT_CAP));
             want = want / (2 << 20) * (2 << 20);
@@ -381,15 +396,24 @@ impl Runtime {
             };
             let writeback = Link::connect(&addr, cfg.timeout)?;
             writeback.attach(&seg.grant, &seg.session_key)?;
-            table.push(i, seg.grant.size_bytes / PAGE, seg.grant);
-            bricks.push(BrickLinks { addr, fault, writeback });
+            let pages = seg.grant.size_bytes / PAGE;
+            table.push(pages, |first_page| Segment {
+                first_page,
+                pages,
+                addr,
+                grant: seg.grant,
+                fault,
+                writeback,
+                allocation: None,
+                limiter: ratelimit::RateLimiter::new(0),
+            });
         }
         let window_pages = table.total_pages();
         if window_pages == 0 {
             return Err(RuntimeError::NoSegment("no bricks configured".into()));
         }
         let window = Mapping::reserve(window_pages as usize * PAGE_SIZE, 2 << 20)?;
-        Self::assemble(cfg, window, table, bricks, None)
+        Self::assemble(cfg, window, table, None, None)
     }
 
     /// Builds the runtime over an already reserved window (also used by a forked child).
@@ -397,7 +421,7 @@ impl Runtime {
         cfg: Config,
         window: Mapping,
         table: SegmentTable,
-        bricks: Vec<BrickLinks>,
+        agent: Option<agent::Agent>,
         inherited: Option<Core>,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
@@ -451,7 +475,7 @@ impl Runtime {
             uffd,
             stage_uffd,
             table,
-            bricks,
+            agent,
             core: Mutex::new(core),
             core_cv: Condvar::new(),
             jobs: Mutex::new(VecDeque::new()),
@@ -491,11 +515,16 @@ impl Runtime {
         spawn("rackmem-watchdog", watchdog).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
         if inner.cfg.verbose {
             eprintln!(
-                "rackmem[{}]: window {:#x}+{} on {} brick(s), local buffer {}, handler {:?}",
+                "rackmem[{}]: window {:#x}+{} on {} segment(s){}, local buffer {}, handler {:?}",
                 std::process::id(),
                 inner.window.addr(),
                 size::format_size(inner.window.len() as u64),
-                inner.bricks.len(),
+                inner.table.len(),
+                if inner.agent.is_some() {
+                    " (more from the node agent as needed)"
+                } else {
+                    ""
+                },
                 inner.cfg.budget,
                 inner.cfg.handler
             );
@@ -531,11 +560,167 @@ impl Runtime {
         };
         let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
+        if !self.ensure_backed(first + pages) {
+            let mut c = self.inner.lock();
+            c.alloc.free_range(first, pages);
+            return None;
+        }
         let s = &self.inner.stats;
         s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
         s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
         s.window_allocations.fetch_add(1, Ordering::Relaxed);
         Some(self.inner.page_addr(first))
+    }
+
+    /// Makes sure segments back the window up to page `end`, asking the node agent for more
+    /// memory if needed (in steps of at least `RACKMEM_GROW`, and at least half of what is
+    /// attached, so a growing program attaches few segments). False if that memory cannot be
+    /// had: the caller keeps the allocation local.
+    fn ensure_backed(&self, end: u64) -> bool {
+        let inner = &self.inner;
+        if end <= inner.table.total_pages() {
+            return true;
+        }
+        let Some(agent) = inner.agent.as_ref() else {
+            return false;
+        };
+        let _change = inner.table.change_lock();
+        let window_pages = (inner.window.len() / PAGE_SIZE) as u64;
+        while inner.table.total_pages() < end {
+            let backed = inner.table.total_pages() * PAGE;
+            let room = window_pages * PAGE - backed;
+            let want = (end * PAGE - backed)
+                .max(inner.cfg.grow_bytes)
+                .max(backed / 2)
+                .next_multiple_of(1 << 20)
+                .min(room);
+            if let Err(e) = sys::without_sigpipe(|| self.attach_allocation(agent, want)) {
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "rackmem: warning: no more remote memory ({e}); allocations beyond {} stay in local memory",
+                        size::format_size(backed)
+                    );
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Asks the agent for `bytes` and attaches every segment of the allocation at the end of
+    /// the window, or none of them (the allocation is returned if any fails).
+    fn attach_allocation(&self, agent: &agent::Agent, bytes: u64) -> Result<(), RuntimeError> {
+        let inner = &self.inner;
+        let a = agent.grow(bytes)?;
+        // Pages, address, grant, fault and write-back links, rate: a segment ready to publish.
+        type Ready = (u64, BrickAddr, rackmem_proto::Grant, Link, Link, u64);
+        let attach = || -> Result<Vec<Ready>, RuntimeError> {
+            let mut out = Vec::new();
+            let window_pages = (inner.window.len() / PAGE_SIZE) as u64;
+            let mut end = inner.table.total_pages();
+            for s in &a.segments {
+                let bad = |why: String| agent::AgentError::Malformed { op: "grow", why };
+                let (grant, key) = s.credentials().map_err(bad)?;
+                let addr: BrickAddr = s.brick_address.parse().map_err(|e: LinkError| bad(e.to_string()))?;
+                let pages = grant.size_bytes / PAGE;
+                end += pages;
+                if pages == 0 || end > window_pages || inner.table.len() + out.len() >= segment::MAX_SEGMENTS {
+                    return Err(RuntimeError::NoSegment(format!(
+                        "the agent's allocation does not fit the window of {}",
+                        size::format_size(inner.window.len() as u64)
+                    )));
+                }
+                let fault = Link::connect(&addr, inner.cfg.timeout)?;
+                fault.attach(&grant, &key)?;
+                let writeback = Link::connect(&addr, inner.cfg.timeout)?;
+                writeback.attach(&grant, &key)?;
+                out.push((pages, addr, grant, fault, writeback, s.rate_limit_bps));
+            }
+            Ok(out)
+        };
+        match attach() {
+            Ok(segs) => {
+                for (pages, addr, grant, fault, writeback, rate) in segs {
+                    inner.table.push(pages, |first_page| Segment {
+                        first_page,
+                        pages,
+                        addr,
+                        grant,
+                        fault,
+                        writeback,
+                        allocation: Some(a.allocation),
+                        limiter: ratelimit::RateLimiter::new(rate),
+                    });
+                }
+                if inner.cfg.verbose {
+                    eprintln!(
+                        "rackmem[{}]: attached allocation {} ({} segment(s)); window backed up to {}",
+                        std::process::id(),
+                        a.allocation,
+                        a.segments.len(),
+                        size::format_size(inner.table.total_pages() * PAGE)
+                    );
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let _ = agent.release(a.allocation);
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns trailing allocations the program's allocations no longer reach (keeping one
+    /// growth step of slack, so a program that frees and allocates again does not ask each
+    /// time). Write-back is drained first: no queued job may refer to a segment being detached.
+    fn shrink(&self) {
+        let inner = &self.inner;
+        let Some(agent) = inner.agent.as_ref() else {
+            return;
+        };
+        let slack = inner.cfg.grow_bytes / PAGE;
+        let high = inner.lock().alloc.high_water();
+        let Some(last) = inner.table.get(inner.table.len().wrapping_sub(1)) else {
+            return;
+        };
+        if last.first_page < high + slack {
+            return;
+        }
+        let _change = inner.table.change_lock();
+        writeback::drain(inner);
+        loop {
+            let n = inner.table.len();
+            let Some(last) = inner.table.get(n.wrapping_sub(1)) else {
+                return;
+            };
+            let Some(id) = last.allocation else {
+                return;
+            };
+            // The allocation's segments are neighbours at the end of the window.
+            let mut k = n - 1;
+            while k > 0 && inner.table.get(k - 1).is_some_and(|s| s.allocation == Some(id)) {
+                k -= 1;
+            }
+            let first = inner.table.bounds(k).map_or(0, |b| b.0);
+            let high = inner.lock().alloc.high_water();
+            if first < high + slack {
+                return;
+            }
+            for _ in k..n {
+                drop(inner.table.pop());
+            }
+            if let Err(e) = sys::without_sigpipe(|| agent.release(id)) {
+                eprintln!("rackmem: warning: returning allocation {id} to the node agent: {e}");
+            }
+            if inner.cfg.verbose {
+                eprintln!(
+                    "rackmem[{}]: returned allocation {id}; window backed up to {}",
+                    std::process::id(),
+                    size::format_size(inner.table.total_pages() * PAGE)
+                );
+            }
+        }
     }
 
     /// The usable size of the window allocation starting at `addr`, if it is one.
@@ -577,9 +762,15 @@ impl Runtime {
             return true;
         }
         let mut c = self.inner.lock();
-        let ok = c.alloc.resize_in_place(page, new_pages);
-        let allocated = c.alloc.allocated_pages() * PAGE;
+        let mut ok = c.alloc.resize_in_place(page, new_pages);
         drop(c);
+        if ok && !self.ensure_backed(page + new_pages) {
+            // No memory behind the grown part: undo the growth; the caller moves the data.
+            let mut c = self.inner.lock();
+            c.alloc.resize_in_place(page, old);
+            ok = false;
+        }
+        let allocated = self.inner.lock().alloc.allocated_pages() * PAGE;
         self.inner
             .stats
             .window_bytes_allocated
@@ -616,6 +807,7 @@ impl Runtime {
         for (s, n) in freed {
             self.queue_discard(s, n);
         }
+        self.shrink();
     }
 
     /// `madvise(MADV_DONTNEED)` semantics on window pages: afterwards they read as zeros.
@@ -646,20 +838,14 @@ impl Runtime {
         let mut p = first;
         let end = first + pages;
         while p < end {
-            let Some((brick, off)) = self.inner.table.lookup(p) else {
+            let Some((seg, off)) = self.inner.table.lookup(p) else {
                 return;
             };
-            let seg = self
-                .inner
-                .table
-                .entries()
-                .iter()
-                .find(|e| e.brick == brick && p >= e.first_page);
-            let seg_end = seg.map_or(end, |e| e.first_page + e.pages).min(end);
+            let seg_end = self.inner.table.bounds(seg).map_or(end, |b| b.1).min(end);
             writeback::submit(
                 &self.inner,
                 Job::Discard {
-                    brick,
+                    seg,
                     offset: off,
                     len: (seg_end - p) * PAGE,
                 },
@@ -701,8 +887,22 @@ impl Runtime {
 fn watchdog(inner: Arc<Inner>) {
     let limit = inner.cfg.watchdog.as_nanos() as u64;
     let mut reported = 0u64;
+    let mut last_rates = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(250));
+        if let Some(agent) = inner.agent.as_ref() {
+            // Rate limits change as other allocations come and go: follow them.
+            if last_rates.elapsed() >= Duration::from_secs(1) && !inner.table.is_empty() {
+                last_rates = Instant::now();
+                if let Ok(rates) = agent.rates() {
+                    for s in inner.table.all() {
+                        if let Some(r) = rates.iter().find(|r| r.segment_id == s.grant.segment_id) {
+                            s.limiter.set_rate(r.rate_limit_bps);
+                        }
+                    }
+                }
+            }
+        }
         let started = inner.fault_started_ns.load(Ordering::Acquire);
         if started == 0 {
             continue;
@@ -711,17 +911,14 @@ fn watchdog(inner: Arc<Inner>) {
         if waited > limit && started != reported {
             reported = started;
             inner.stats.watchdog_reports.fetch_add(1, Ordering::Relaxed);
+            let mut bricks: Vec<String> = inner.table.all().iter().map(|b| b.addr.to_string()).collect();
+            bricks.dedup();
             eprintln!(
                 "rackmem: watchdog: the fault at {:#x} has waited {:.1} s (limit {:.1} s); bricks: {}",
                 inner.fault_addr.load(Ordering::Relaxed),
                 waited as f64 / 1e9,
                 limit as f64 / 1e9,
-                inner
-                    .bricks
-                    .iter()
-                    .map(|b| b.addr.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                bricks.join(", ")
             );
         }
     }
@@ -752,7 +949,7 @@ pub fn fork_prepare() {
     let flushed = sys::without_sigpipe(|| writeback::flush_dirty(inner));
     let mut grants = Vec::new();
     let mut failure = None;
-    for b in &inner.bricks {
+    for b in inner.table.all() {
         match sys::without_sigpipe(|| b.fault.clone_segment()) {
             Ok(g) => grants.push(g),
             Err(e) => {
@@ -785,6 +982,21 @@ pub fn fork_parent() {
     FORKING.store(false, Ordering::Release);
 }
 
+/// Closes, in a forked child, the descriptors of the parent's runtime (its links, uffds and
+/// agent connection), so that bricks and agent see the parent's connections end when it exits.
+fn close_parent_fds(parent: &Inner) {
+    for b in parent.table.all() {
+        for fd in b.fault.raw_fds().into_iter().chain(b.writeback.raw_fds()) {
+            sys::close_inherited(fd);
+        }
+    }
+    if let Some(a) = &parent.agent {
+        sys::close_inherited(a.raw_fd());
+    }
+    sys::close_inherited(parent.uffd.as_raw_fd());
+    sys::close_inherited(parent.stage_uffd.as_raw_fd());
+}
+
 /// `pthread_atfork` child hook: build the child's own runtime over the same window addresses,
 /// with its own userfaultfd, links and threads, on the cloned segments.
 pub fn fork_child() {
@@ -797,6 +1009,22 @@ pub fn fork_child() {
         eprintln!("rackmem: fork child without prepared state");
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     };
+    if let (Some(why), Some(_)) = (&state.failure, &parent.agent) {
+        // Segments from a control plane cannot be cloned (yet): the child goes on without its
+        // parent's remote memory. It may exec (what most forking programs do); touching the
+        // window, which the child does not have, stops it with SIGSEGV, never with zeros.
+        if parent.cfg.verbose {
+            eprintln!(
+                "rackmem: the forked child (pid {}) has no access to its parent's remote memory: {why}",
+                std::process::id()
+            );
+        }
+        close_parent_fds(parent);
+        std::mem::forget(rt);
+        clear_global();
+        FORKING.store(false, Ordering::Release);
+        return;
+    }
     if let Some(why) = state.failure {
         eprintln!(
             "rackmem: the forked child (pid {}) cannot have its own copy of remote memory: {why}",
@@ -808,21 +1036,22 @@ pub fn fork_child() {
         // The window's addresses are free in the child (the window is MADV_DONTFORK): take
         // them back before anything else maps memory, or a buffer could land there.
         let window = Mapping::reserve_at(parent.window.addr(), parent.window.len())?;
-        let mut table = parent.table.clone();
-        let mut bricks = Vec::new();
-        for (i, b) in parent.bricks.iter().enumerate() {
+        let table = SegmentTable::default();
+        for (i, b) in parent.table.all().iter().enumerate() {
             let seg = state.grants[i].clone();
             let fault = Link::connect(&b.addr, parent.cfg.timeout)?;
             fault.attach(&seg.grant, &seg.session_key)?;
             let writeback = Link::connect(&b.addr, parent.cfg.timeout)?;
             writeback.attach(&seg.grant, &seg.session_key)?;
-            if let Some(idx) = table.entries().iter().position(|e| e.brick == i) {
-                table.set_grant(idx, seg.grant);
-            }
-            bricks.push(BrickLinks {
+            table.push(b.pages, |first_page| Segment {
+                first_page,
+                pages: b.pages,
                 addr: b.addr.clone(),
+                grant: seg.grant,
                 fault,
                 writeback,
+                allocation: None,
+                limiter: ratelimit::RateLimiter::new(0),
             });
         }
         let c = parent.lock();
@@ -838,7 +1067,7 @@ pub fn fork_child() {
         }
         let core = Core::new(pages, c.alloc.clone());
         drop(c);
-        Runtime::assemble(parent.cfg.clone(), window, table, bricks, Some(core))
+        Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))
     });
     match result {
         Ok(child) => {
@@ -846,13 +1075,7 @@ pub fn fork_child() {
             // do not exist here, and dropping it would run destructors against the parent's
             // brick connections (shared sockets). Its descriptors are closed, so the brick sees
             // the parent's connections end when the parent exits.
-            for b in &parent.bricks {
-                for fd in b.fault.raw_fds().into_iter().chain(b.writeback.raw_fds()) {
-                    sys::close_inherited(fd);
-                }
-            }
-            sys::close_inherited(parent.uffd.as_raw_fd());
-            sys::close_inherited(parent.stage_uffd.as_raw_fd());
+            close_parent_fds(parent);
             std::mem::forget(rt);
             set_global(child);
             FORKING.store(false, Ordering::Release);

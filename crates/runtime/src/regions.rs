@@ -37,6 +37,11 @@ impl RegionAllocator {
         self.allocated_pages
     }
 
+    /// One past the last allocated page (0 when nothing is allocated).
+    pub fn high_water(&self) -> u64 {
+        self.live.last_key_value().map_or(0, |(&s, &l)| s + l)
+    }
+
     /// The size of the managed range.
     pub fn total_pages(&self) -> u64 {
         self.total_pages

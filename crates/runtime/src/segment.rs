@@ -1,64 +1,163 @@
-//! The segment table: which brick, link and remote offset back each page of the window.
+//! The segment table: which segment, brick and links back each page of the window.
 //!
 //! REMAP (seed 000, section III) keeps a Segment Table from local ranges to remote offsets and
-//! link ids; this is its software form. The window is the concatenation of segments, one per
-//! brick in the order given; a lookup is a binary search over a handful of entries.
+//! link ids; this is its software form. The window is the concatenation of segments in the order
+//! they were attached. Standalone, that is one segment per brick, carved at start. With an agent,
+//! the table grows while the program runs (seed 000, section IV: memory attached on demand) and
+//! its trailing segments are returned when the program's allocations no longer reach them.
+//!
+//! Lookups run on every fetch and write-back while a program thread may be attaching a segment,
+//! so the table is a fixed array of slots published with an atomic count: a lookup is a binary
+//! search over atomics and never waits for an attach in progress.
 
+use crate::ratelimit::RateLimiter;
 use rackmem_proto::Grant;
+use rackmem_transport::{BrickAddr, Link};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-/// One segment: a window range backed by a range of one brick's pool.
-#[derive(Debug, Clone)]
-pub struct SegmentEntry {
+/// Most segments one process can attach.
+pub const MAX_SEGMENTS: usize = 1024;
+
+/// One attached segment: a window range backed by a range of one brick's pool, with the links
+/// that reach it (one for faults, one for write-back, so a long write never delays a fault).
+pub struct Segment {
     /// First window page backed by this segment.
     pub first_page: u64,
     /// Pages in the segment.
     pub pages: u64,
-    /// Index of the brick (and of its links) in the runtime's brick list.
-    pub brick: usize,
-    /// The grant the brick issued for the segment (offsets in requests are relative to it).
+    /// The brick's address.
+    pub addr: BrickAddr,
+    /// The grant for the segment (offsets in requests are relative to it).
     pub grant: Grant,
+    /// Link for faults.
+    pub fault: Link,
+    /// Link for write-back.
+    pub writeback: Link,
+    /// The agent's allocation this segment belongs to (none when standalone).
+    pub allocation: Option<u64>,
+    /// The link's rate limit (unlimited when standalone).
+    pub limiter: RateLimiter,
 }
 
-/// Window page → (brick, offset inside the segment).
-#[derive(Debug, Clone, Default)]
+/// Window page → segment; see the module documentation.
 pub struct SegmentTable {
-    entries: Vec<SegmentEntry>,
+    slots: Box<[RwLock<Option<Arc<Segment>>>]>,
+    /// End page (exclusive) of each published slot.
+    ends: Box<[AtomicU64]>,
+    count: AtomicUsize,
+    /// Serialises attaching and detaching (lookups never take it).
+    change: Mutex<()>,
+}
+
+impl Default for SegmentTable {
+    fn default() -> Self {
+        SegmentTable {
+            slots: (0..MAX_SEGMENTS).map(|_| RwLock::new(None)).collect(),
+            ends: (0..MAX_SEGMENTS).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicUsize::new(0),
+            change: Mutex::new(()),
+        }
+    }
 }
 
 impl SegmentTable {
-    /// Appends a segment right after the last one; returns its first window page.
-    pub fn push(&mut self, brick: usize, pages: u64, grant: Grant) -> u64 {
-        let first_page = self.total_pages();
-        self.entries.push(SegmentEntry {
-            first_page,
-            pages,
-            brick,
-            grant,
-        });
-        first_page
+    /// Held while attaching or detaching segments, so that two threads growing the window do
+    /// not both ask for memory.
+    pub fn change_lock(&self) -> MutexGuard<'_, ()> {
+        self.change.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Segments attached.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// True when no segment is attached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Pages covered by all segments.
     pub fn total_pages(&self) -> u64 {
-        self.entries.last().map_or(0, |e| e.first_page + e.pages)
-    }
-
-    /// The segments in window order.
-    pub fn entries(&self) -> &[SegmentEntry] {
-        &self.entries
-    }
-
-    /// Replaces the grants (after a fork, the child's segments are clones with new grants).
-    pub fn set_grant(&mut self, index: usize, grant: Grant) {
-        if let Some(e) = self.entries.get_mut(index) {
-            e.grant = grant;
+        match self.len() {
+            0 => 0,
+            n => self.ends[n - 1].load(Ordering::Acquire),
         }
     }
 
-    /// The brick and byte offset within its segment that back window page `page`.
+    /// Appends a segment of `pages` pages right after the last one; `make` builds it given its
+    /// first window page. Returns the new segment's index, or `None` if the table is full.
+    pub fn push(&self, pages: u64, make: impl FnOnce(u64) -> Segment) -> Option<usize> {
+        let n = self.len();
+        if n >= MAX_SEGMENTS {
+            return None;
+        }
+        let first = self.total_pages();
+        let seg = make(first);
+        debug_assert_eq!((seg.first_page, seg.pages), (first, pages));
+        *self.slots[n].write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(seg));
+        self.ends[n].store(first + pages, Ordering::Release);
+        self.count.store(n + 1, Ordering::Release);
+        Some(n)
+    }
+
+    /// Detaches the last segment and returns it.
+    pub fn pop(&self) -> Option<Arc<Segment>> {
+        let n = self.len();
+        if n == 0 {
+            return None;
+        }
+        self.count.store(n - 1, Ordering::Release);
+        self.slots[n - 1].write().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The segment at `index`.
+    pub fn get(&self, index: usize) -> Option<Arc<Segment>> {
+        if index >= self.len() {
+            return None;
+        }
+        self.slots[index].read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Every attached segment, in window order.
+    pub fn all(&self) -> Vec<Arc<Segment>> {
+        (0..self.len()).filter_map(|i| self.get(i)).collect()
+    }
+
+    /// The segment index and byte offset within it that back window page `page`.
     pub fn lookup(&self, page: u64) -> Option<(usize, u64)> {
-        let i = self.entries.partition_point(|e| e.first_page + e.pages <= page);
-        let e = self.entries.get(i)?;
-        (page >= e.first_page).then(|| (e.brick, (page - e.first_page) * crate::PAGE_SIZE as u64))
+        let n = self.len();
+        let (mut lo, mut hi) = (0usize, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.ends[mid].load(Ordering::Acquire) <= page {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo >= n {
+            return None;
+        }
+        let first = if lo == 0 {
+            0
+        } else {
+            self.ends[lo - 1].load(Ordering::Acquire)
+        };
+        Some((lo, (page - first) * crate::PAGE_SIZE as u64))
+    }
+
+    /// The window pages `[first, end)` of segment `index`.
+    pub fn bounds(&self, index: usize) -> Option<(u64, u64)> {
+        if index >= self.len() {
+            return None;
+        }
+        let first = if index == 0 {
+            0
+        } else {
+            self.ends[index - 1].load(Ordering::Acquire)
+        };
+        Some((first, self.ends[index].load(Ordering::Acquire)))
     }
 }

@@ -47,9 +47,13 @@ pub(crate) fn run(inner: Arc<Inner>) {
         };
         match job {
             Job::Evict { id, victims } => evict(&inner, id, &victims, &mut bufs),
-            Job::Discard { brick, offset, len } => {
-                if let Err(e) = inner.bricks[brick].writeback.discard(offset, len) {
-                    inner.brick_lost(brick, "releasing freed memory", &e);
+            Job::Discard { seg, offset, len } => {
+                // The segment may have been returned since (see `Runtime::shrink`).
+                if let Some(s) = inner.table.get(seg) {
+                    s.limiter.acquire(len.min(1 << 20));
+                    if let Err(e) = s.writeback.discard(offset, len) {
+                        inner.brick_lost(seg, "releasing freed memory", &e);
+                    }
                 }
             }
         }
@@ -67,7 +71,7 @@ struct BrickWrites {
 
 fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
     // Per brick: extents and the data to write.
-    per_brick.resize_with(inner.bricks.len(), BrickWrites::default);
+    per_brick.resize_with(inner.table.len(), BrickWrites::default);
     for b in per_brick.iter_mut() {
         b.extents.clear();
         b.data.clear();
@@ -105,7 +109,9 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
         if ext.is_empty() {
             continue;
         }
-        if let Err(e) = inner.bricks[brick].writeback.write_pages(ext, data) {
+        let seg = crate::handler::segment_or_die(inner, brick);
+        seg.limiter.acquire(data.len() as u64);
+        if let Err(e) = seg.writeback.write_pages(ext, data) {
             inner.brick_lost(brick, "writing back evicted pages", &e);
         }
         inner
@@ -190,7 +196,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
             let Some((brick, off)) = inner.table.lookup(p) else {
                 continue;
             };
-            if let Err(err) = inner.bricks[brick]
+            if let Err(err) = crate::handler::segment_or_die(inner, brick)
                 .writeback
                 .write_pages(&[(off, PAGE_SIZE as u32)], &page)
             {

@@ -1,0 +1,223 @@
+//! The runtime's side of the node agent's protocol (JSON lines on a Unix socket; see the
+//! control-plane document): hello, grow, release, rates.
+//!
+//! The connection stays open for the life of the process: the agent returns every allocation
+//! of a connection that closes, so memory comes back even when the program is killed.
+
+use rackmem_proto::{Grant, KEY_LEN};
+use serde::Deserialize;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Errors talking to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The socket could not be reached or broke.
+    #[error("node agent at {path}: {cause}")]
+    Unreachable {
+        /// Socket path.
+        path: String,
+        /// What failed.
+        cause: String,
+    },
+    /// The agent (or the control plane behind it) refused.
+    #[error("node agent refused {op}: {code}: {message}")]
+    Refused {
+        /// The request.
+        op: &'static str,
+        /// Error code (the control plane's, when it refused).
+        code: String,
+        /// Message.
+        message: String,
+    },
+    /// The agent answered something this runtime does not understand.
+    #[error("node agent sent a malformed answer to {op}: {why}")]
+    Malformed {
+        /// The request.
+        op: &'static str,
+        /// What was wrong.
+        why: String,
+    },
+}
+
+/// One segment of an allocation, as the agent hands it over.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AgentSegment {
+    /// Brick address (`tcp://H:P` or `unix:PATH`).
+    pub brick_address: String,
+    /// Segment id.
+    pub segment_id: u64,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// `Grant::encode`, hex.
+    pub grant_hex: String,
+    /// Session key, hex.
+    pub session_key_hex: String,
+    /// Rate limit in bytes per second (0: none).
+    #[serde(default)]
+    pub rate_limit_bps: u64,
+}
+
+impl AgentSegment {
+    /// The decoded grant and session key.
+    pub fn credentials(&self) -> Result<(Grant, [u8; KEY_LEN]), String> {
+        let g = hex::decode(&self.grant_hex).map_err(|e| format!("grant is not hex: {e}"))?;
+        let grant = Grant::decode(&g).map_err(|e| format!("grant does not decode: {e}"))?;
+        let k = hex::decode(&self.session_key_hex).map_err(|e| format!("session key is not hex: {e}"))?;
+        let key: [u8; KEY_LEN] = k
+            .try_into()
+            .map_err(|_| format!("session key is not {KEY_LEN} bytes"))?;
+        if grant.segment_id != self.segment_id || grant.size_bytes != self.size_bytes {
+            return Err("grant does not match the segment it came with".into());
+        }
+        Ok((grant, key))
+    }
+}
+
+/// A granted allocation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AgentAllocation {
+    /// Allocation id (to release it).
+    pub allocation: u64,
+    /// Its segments, in order.
+    pub segments: Vec<AgentSegment>,
+}
+
+/// A segment's current rate limit.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AgentRate {
+    /// Segment id.
+    pub segment_id: u64,
+    /// Bytes per second (0: none).
+    pub rate_limit_bps: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    ok: bool,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A connection to the node agent.
+pub struct Agent {
+    path: String,
+    conn: Mutex<(UnixStream, BufReader<UnixStream>)>,
+    node: u64,
+}
+
+impl Agent {
+    /// Connects and says hello.
+    pub fn connect(path: &str, timeout: Duration) -> Result<Agent, AgentError> {
+        let unreachable = |cause: String| AgentError::Unreachable {
+            path: path.to_string(),
+            cause,
+        };
+        let s = UnixStream::connect(path).map_err(|e| unreachable(e.to_string()))?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| unreachable(e.to_string()))?;
+        s.set_write_timeout(Some(timeout))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let r = s.try_clone().map_err(|e| unreachable(e.to_string()))?;
+        let mut a = Agent {
+            path: path.to_string(),
+            conn: Mutex::new((s, BufReader::new(r))),
+            node: 0,
+        };
+        let program = std::env::args().next().unwrap_or_default();
+        let rest = a.call(
+            "hello",
+            serde_json::json!({"op": "hello", "pid": std::process::id(), "program": program}),
+        )?;
+        a.node = rest.get("node").and_then(|v| v.as_u64()).ok_or(AgentError::Malformed {
+            op: "hello",
+            why: "no node id".into(),
+        })?;
+        Ok(a)
+    }
+
+    /// The node id the agent registered.
+    pub fn node(&self) -> u64 {
+        self.node
+    }
+
+    /// The socket's file descriptor (a forked child closes it).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).0.as_raw_fd()
+    }
+
+    fn call(
+        &self,
+        op: &'static str,
+        req: serde_json::Value,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, AgentError> {
+        let broken = |cause: String| AgentError::Unreachable {
+            path: self.path.clone(),
+            cause,
+        };
+        let mut line = serde_json::to_string(&req).map_err(|e| broken(e.to_string()))?;
+        line.push('\n');
+        let mut c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        c.0.write_all(line.as_bytes())
+            .map_err(|e| broken(format!("sending {op}: {e}")))?;
+        let mut answer = String::new();
+        match c.1.read_line(&mut answer) {
+            Ok(0) => return Err(broken(format!("the agent closed the connection during {op}"))),
+            Ok(_) => {}
+            Err(e) => return Err(broken(format!("waiting for the answer to {op}: {e}"))),
+        }
+        drop(c);
+        let r: Reply = serde_json::from_str(&answer).map_err(|e| AgentError::Malformed { op, why: e.to_string() })?;
+        if !r.ok {
+            let e = r.error.unwrap_or(ErrorBody {
+                code: "unknown".into(),
+                message: "no error given".into(),
+            });
+            return Err(AgentError::Refused {
+                op,
+                code: e.code,
+                message: e.message,
+            });
+        }
+        Ok(r.rest)
+    }
+
+    /// Asks for an allocation of at least `bytes`.
+    pub fn grow(&self, bytes: u64) -> Result<AgentAllocation, AgentError> {
+        let rest = self.call("grow", serde_json::json!({"op": "grow", "bytes": bytes}))?;
+        serde_json::from_value(serde_json::Value::Object(rest)).map_err(|e| AgentError::Malformed {
+            op: "grow",
+            why: e.to_string(),
+        })
+    }
+
+    /// Returns an allocation.
+    pub fn release(&self, allocation: u64) -> Result<(), AgentError> {
+        self.call(
+            "release",
+            serde_json::json!({"op": "release", "allocation": allocation}),
+        )
+        .map(|_| ())
+    }
+
+    /// The current rate limits of this node's segments.
+    pub fn rates(&self) -> Result<Vec<AgentRate>, AgentError> {
+        let rest = self.call("rates", serde_json::json!({"op": "rates"}))?;
+        let v = rest.get("rates").cloned().unwrap_or(serde_json::Value::Array(vec![]));
+        serde_json::from_value(v).map_err(|e| AgentError::Malformed {
+            op: "rates",
+            why: e.to_string(),
+        })
+    }
+}
