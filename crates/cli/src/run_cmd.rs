@@ -23,6 +23,11 @@ pub struct RunArgs {
     /// embedded brick serves this run and stops after it.
     #[arg(long = "brick", value_name = "ADDR")]
     bricks: Vec<BrickAddr>,
+    /// The node agent's socket: memory then comes from the control plane, attached as the
+    /// program's allocations grow and returned when they shrink or the program exits. Without
+    /// --agent or --brick, an embedded brick serves this run.
+    #[arg(long, value_name = "SOCKET", env = "RACKMEM_AGENT", conflicts_with = "bricks")]
+    agent: Option<PathBuf>,
     /// Shared secret of the bricks given with --brick.
     #[arg(long, value_name = "SECRET", env = "RACKMEM_SECRET", hide_env_values = true)]
     secret: Option<String>,
@@ -112,7 +117,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let _cleanup = RemoveDir(tmp.clone());
 
     let mut embedded = None;
-    let (bricks, secret) = if args.bricks.is_empty() {
+    let (bricks, secret) = if let Some(sock) = &args.agent {
+        std::os::unix::net::UnixStream::connect(sock)
+            .map_err(|e| Unreachable(format!("cannot reach the node agent at {}: {e}", sock.display())))?;
+        (Vec::new(), String::new())
+    } else if args.bricks.is_empty() {
         let secret = random_hex(16)?;
         let sock = tmp.join("brick.sock");
         let handle = Brick::start(BrickConfig {
@@ -159,6 +168,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
         )
         .env("RACKMEM_SECRET", &secret)
+        .env("RACKMEM_AGENT", args.agent.as_deref().unwrap_or(Path::new("")))
         .env("RACKMEM_LOCAL", args.local.to_string().replace(' ', ""))
         .env("RACKMEM_THRESHOLD", args.threshold.to_string());
     if let Budget::Bytes(b) = args.local {
@@ -182,7 +192,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
             "rackmem: running {:?} with local buffer {} on {}",
             args.command,
             args.local,
-            bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+            match &args.agent {
+                Some(a) => format!("memory from the node agent at {}", a.display()),
+                None => bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", "),
+            }
         );
     }
 
