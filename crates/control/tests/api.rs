@@ -1,6 +1,9 @@
 //! End-to-end tests of the control plane: a real server on an ephemeral port, a real SQLite file
 //! in a temporary directory, real HTTP.
 
+// The helpers below are test code too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use rackmem_control::api::*;
 use rackmem_control::client::{Client, ClientError};
 use rackmem_control::grant;
