@@ -1138,4 +1138,67 @@ mod tests {
         assert!(a.segments.iter().all(|s| s.size_bytes == 2 * M));
         assert_eq!(a.segments[0].rate_limit_bps, 500, "two segments share the node port");
     }
+
+    /// A store whose commits fail while `fail` is set.
+    struct FlakyStore {
+        inner: MemoryStore,
+        fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Store for FlakyStore {
+        fn describe(&self) -> String {
+            "flaky".into()
+        }
+        fn load(&mut self) -> Result<crate::store::Snapshot, StoreError> {
+            self.inner.load()
+        }
+        fn commit(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+            if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(StoreError::Backend {
+                    store: "flaky".into(),
+                    message: "disk on fire".into(),
+                });
+            }
+            self.inner.commit(ops)
+        }
+    }
+
+    #[test]
+    fn a_failed_commit_leaves_nothing_reserved() {
+        let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = FlakyStore {
+            inner: MemoryStore::default(),
+            fail: fail.clone(),
+        };
+        let mut p = ControlPlane::open(Box::new(store), None, Duration::from_secs(10), Duration::from_secs(1)).unwrap();
+        brick(&mut p, "b1", 8 * M);
+        brick(&mut p, "b2", 8 * M);
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = AllocationRequest {
+            node: n,
+            size_bytes: 4 * M,
+            stripe: Some(2),
+            bandwidth_bps: Some(100),
+            ..AllocationRequest::default()
+        };
+        let a = p.allocate(req.clone()).unwrap();
+        let before = p.graph();
+        fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(p.allocate(req.clone()), Err(PlaneError::Store(_))));
+        assert!(matches!(p.resize(a.id, 12 * M), Err(PlaneError::Store(_))));
+        assert!(matches!(p.resize(a.id, M), Err(PlaneError::Store(_))));
+        assert!(matches!(p.free(a.id), Err(PlaneError::Store(_))));
+        assert_eq!(p.graph(), before, "nothing changed");
+        assert_eq!(p.allocation(a.id).unwrap(), a);
+        fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        let b = p.allocate(req).unwrap();
+        assert_eq!(b.id, a.id + 1, "ids of failed attempts are not burnt");
+        assert_eq!(b.segments[0].segment_id, a.segments[1].segment_id + 1);
+    }
 }

@@ -622,7 +622,11 @@ async fn expire_bricks(plane: Arc<Mutex<ControlPlane>>, period: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let down = lock(&plane).expire_bricks(Instant::now());
+        // The lock may be held by a commit in progress: wait for it off the async workers.
+        let p = plane.clone();
+        let down = tokio::task::spawn_blocking(move || lock(&p).expire_bricks(Instant::now()))
+            .await
+            .unwrap_or_default();
         for name in down {
             tracing::warn!(brick = %name, "brick missed its heartbeats: marked down");
         }
