@@ -3,6 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};
+use rackmem_control::api::{BrickRegistration, LiveSegment, PortSpec};
+use rackmem_control::client::Client;
 use rackmem_runtime::size::{format_size, parse_size};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,6 +32,83 @@ pub struct BrickArgs {
     /// File holding the key grants are signed with (created with a random key if absent).
     #[arg(long, value_name = "PATH")]
     key_file: Option<std::path::PathBuf>,
+    /// Control plane URL(s), comma-separated: register there, send heartbeats, and serve the
+    /// segments it grants (a managed brick). Without it the brick is standalone.
+    #[arg(long, value_name = "URL[,URL...]")]
+    control: Option<String>,
+    /// Name to register under, unique in the control plane (default: HOSTNAME-PORT).
+    #[arg(long, value_name = "NAME", requires = "control")]
+    name: Option<String>,
+    /// A port of this brick: NAME:RATE[:SWITCH], rate in bytes/s; repeatable. Default: one port
+    /// `p0:10GB/s` on the switch the control plane's topology gives it (else `rack`).
+    #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = crate::ctl_cmd::parse_port, requires = "control")]
+    ports: Vec<PortSpec>,
+    /// Milliseconds between heartbeats to the control plane.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    heartbeat_ms: u64,
+    /// Address nodes reach this brick at, as registered (default: the listening address, with
+    /// this host's name when listening on all interfaces).
+    #[arg(long, value_name = "ADDR", requires = "control")]
+    advertise: Option<String>,
+}
+
+/// The port a brick registers when none is given: 10 GB/s, a common NIC.
+const DEFAULT_PORT: &str = "p0:10GB/s";
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Registration names allow letters, digits, `-`, `_` and `.`.
+fn sanitize_name(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+/// What the brick registers: its address as nodes reach it, and a name.
+fn advertised(local_addr: &str) -> (String, String) {
+    if let Some(hp) = local_addr.strip_prefix("tcp://") {
+        if let Some((host, port)) = hp.rsplit_once(':') {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let reachable = if host == "0.0.0.0" || host == "::" {
+                hostname()
+            } else {
+                host.to_string()
+            };
+            let shown = if reachable.contains(':') {
+                format!("[{reachable}]")
+            } else {
+                reachable
+            };
+            return (
+                format!("tcp://{shown}:{port}"),
+                sanitize_name(&format!("{}-{port}", hostname())),
+            );
+        }
+    }
+    let base = local_addr.rsplit('/').next().unwrap_or("brick");
+    (local_addr.to_string(), sanitize_name(&format!("{}-{base}", hostname())))
+}
+
+/// What the brick does with the segments the control plane lists in each heartbeat reply:
+/// (segment id, offset, size).
+fn on_live_segments(live: &[(u64, u64, u64)], last_count: &mut Option<usize>) {
+    if *last_count != Some(live.len()) {
+        eprintln!("rackmem brick: the control plane lists {} live segments", live.len());
+        *last_count = Some(live.len());
+    }
 }
 
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -93,6 +172,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
+    let key_hex = hex::encode(&key);
     let handle = Brick::start(BrickConfig {
         listen,
         size_bytes: args.size,
@@ -106,10 +186,51 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         format_size(args.size),
         handle.local_addr()
     );
+    let heartbeat = match &args.control {
+        None => None,
+        Some(urls) => {
+            let client = Client::new(&Client::parse_urls(urls)).with_context(|| format!("--control {urls}"))?;
+            let (address, default_name) = advertised(&handle.local_addr());
+            let ports = if args.ports.is_empty() {
+                vec![crate::ctl_cmd::parse_port(DEFAULT_PORT).map_err(anyhow::Error::msg)?]
+            } else {
+                args.ports
+            };
+            let registration = BrickRegistration {
+                name: args.name.unwrap_or(default_name),
+                address: args.advertise.unwrap_or(address),
+                capacity_bytes: args.size,
+                ports,
+                key_hex,
+            };
+            eprintln!(
+                "rackmem brick: managed by the control plane at {urls} as {} ({})",
+                registration.name, registration.address
+            );
+            let mut last_count = None;
+            Some(
+                rackmem_control::heartbeat::spawn_brick_heartbeat(
+                    client,
+                    registration,
+                    std::time::Duration::from_millis(args.heartbeat_ms),
+                    move |segs: &[LiveSegment]| {
+                        let live: Vec<(u64, u64, u64)> = segs.iter().map(|s| (s.id, s.offset, s.size_bytes)).collect();
+                        // The one place a heartbeat reply reaches the brick: with managed
+                        // segments this becomes the brick handle's retain_segments(&live).
+                        on_live_segments(&live, &mut last_count);
+                    },
+                )
+                .context("starting the heartbeat thread")?,
+            )
+        }
+    };
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     eprintln!("rackmem brick: stopping");
+    if let Some(h) = heartbeat {
+        h.stop();
+    }
     handle.shutdown();
     Ok(0)
 }

@@ -6,6 +6,8 @@
 
 mod bench_cmd;
 mod brick_cmd;
+mod control_cmd;
+mod ctl_cmd;
 mod run_cmd;
 mod sys;
 
@@ -48,14 +50,28 @@ enum Command {
     Brick(brick_cmd::BrickArgs),
     /// Measure: floors, remote fault latency, workloads against native runs.
     Bench(bench_cmd::BenchArgs),
+    /// Serve the control plane: bricks register with it, it allocates segments to nodes.
+    Control(control_cmd::ControlArgs),
+    /// Look at and change the control plane's state (bricks, nodes, allocations, graph).
+    Ctl(ctl_cmd::CtlArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Brick(_) | Command::Control(_)) {
+        use std::io::IsTerminal;
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .init();
+    }
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Brick(args) => brick_cmd::run(args),
         Command::Bench(args) => bench_cmd::run_bench(args),
+        Command::Control(args) => control_cmd::run(args),
+        Command::Ctl(args) => ctl_cmd::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

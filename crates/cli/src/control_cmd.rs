@@ -1,0 +1,124 @@
+//! `rackmem control`: serve the control plane.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rackmem_control::graph::Topology;
+use rackmem_control::server::{spawn, ServerConfig};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args)]
+#[command(
+    long_about = "Serve the control plane: bricks register and send heartbeats, agents and \
+        `rackmem ctl` allocate segments for nodes, and every change is stored before it is answered.\n\n\
+        Example (two bricks in one rack):\n  \
+        rackmem control --listen 0.0.0.0:7080 --store sqlite:/var/lib/rackmem/control.db\n  \
+        rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --control http://ctl:7080 --name mem1\n  \
+        rackmem ctl --control http://ctl:7080 bricks\n\n\
+        The REST API is described by GET /openapi.json; metrics are at GET /metrics."
+)]
+pub struct ControlArgs {
+    /// Address and port to listen on (HTTP).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7080")]
+    listen: std::net::SocketAddr,
+    /// Where the state lives: sqlite:PATH (default: $XDG_STATE_HOME/rackmem/control.db, else
+    /// ~/.local/state/rackmem/control.db, else ./rackmem-control.db).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// JSON file declaring switches, the links between them and which port goes to which switch
+    /// (see docs/control-plane.md). Without it every port is on one switch, `rack`.
+    #[arg(long, value_name = "FILE")]
+    topology: Option<PathBuf>,
+    /// A brick without heartbeat for this long is marked down (no new segments go there).
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    brick_timeout: Duration,
+    /// How often bricks are told to send heartbeats.
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = parse_duration)]
+    heartbeat_interval: Duration,
+}
+
+/// `500ms`, `10s`, `2m`, `1.5s`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration: use e.g. 500ms, 10s, 2m"))?;
+    let secs = match unit.trim() {
+        "ms" => v / 1000.0,
+        "" | "s" => v,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
+}
+
+fn default_store() -> String {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/state"))
+        });
+    match state {
+        Some(dir) => format!("sqlite:{}", dir.join("rackmem/control.db").display()),
+        None => "sqlite:rackmem-control.db".to_string(),
+    }
+}
+
+pub fn run(args: ControlArgs) -> Result<i32> {
+    if args.brick_timeout.is_zero() || args.heartbeat_interval.is_zero() {
+        bail!("--brick-timeout and --heartbeat-interval must be positive");
+    }
+    let topology = match &args.topology {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the topology file {}", path.display()))?;
+            Some(Topology::parse(&text).with_context(|| format!("topology file {}", path.display()))?)
+        }
+        None => None,
+    };
+    let url = args.store.unwrap_or_else(default_store);
+    let store = rackmem_control::store::open(&url).with_context(|| format!("opening the store {url}"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let mut config = ServerConfig::new(args.listen, store);
+    config.topology = topology;
+    config.brick_timeout = args.brick_timeout;
+    config.heartbeat_interval = args.heartbeat_interval;
+    let server = spawn(config).context("starting the control plane")?;
+    eprintln!(
+        "rackmem control: serving on {} (store {url}; brick timeout {:?}; SIGTERM or Ctrl-C stops it)",
+        server.url(),
+        args.brick_timeout
+    );
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("rackmem control: stopping");
+    server.stop().context("stopping the control plane")?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 weeks").is_err());
+        assert!(parse_duration("1e400s").is_err());
+    }
+}

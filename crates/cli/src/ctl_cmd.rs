@@ -1,0 +1,367 @@
+//! `rackmem ctl`: look at and change the control plane's state from a shell.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use rackmem_control::api::{AllocationRequest, NodeRegistration, PortSpec};
+use rackmem_control::client::{Client, ClientError};
+use rackmem_runtime::size::{format_size, parse_size};
+use serde::Serialize;
+
+/// Exit statuses of `rackmem ctl`.
+pub mod exit {
+    /// The control plane reported an error (not found, no capacity, ...).
+    pub const SERVER_ERROR: i32 = 1;
+    /// The input is wrong (bad URL, unknown node name); clap's own usage errors exit with 2.
+    pub const BAD_INPUT: i32 = 65;
+    /// No control plane could be reached.
+    pub const UNREACHABLE: i32 = 69;
+}
+
+#[derive(Args)]
+#[command(
+    long_about = "Look at and change the control plane's state.\n\n\
+        Examples:\n  \
+        rackmem ctl bricks\n  \
+        rackmem ctl add-node --name web1 --port eth0:10GB/s\n  \
+        rackmem ctl alloc --node web1 --size 8GiB --stripe 2 --bandwidth 2GB/s\n  \
+        rackmem ctl --json allocations | jq '.[].segments[].brick_address'\n  \
+        rackmem ctl free 7\n\n\
+        Exit status: 0 done; 1 the control plane refused (the message says why); 2 or 65 bad \
+        input; 69 no control plane reachable.",
+    after_help = "Sizes: 4096, 64MiB, 8GiB, 1.5G. Rates are bytes per second: 10GB/s, 1.25G, 500MB/s."
+)]
+pub struct CtlArgs {
+    /// Control plane URL(s), comma-separated: the next one is tried when one is unreachable.
+    #[arg(
+        long,
+        value_name = "URL[,URL...]",
+        env = "RACKMEM_CONTROL",
+        default_value = "http://127.0.0.1:7080"
+    )]
+    control: String,
+    /// Print JSON (the API's own objects) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// List the bricks: capacity, free space, state.
+    Bricks,
+    /// List the nodes.
+    Nodes,
+    /// List the allocations and their segments.
+    Allocations,
+    /// Show the resource graph: switches and links with reserved bandwidth.
+    Graph,
+    /// Allocate memory for a node.
+    Alloc {
+        /// Node id or name.
+        #[arg(long, value_name = "NODE")]
+        node: String,
+        /// How much.
+        #[arg(long, value_name = "SIZE", value_parser = crate::brick_cmd::parse_size_arg)]
+        size: u64,
+        /// Over how many bricks to spread it.
+        #[arg(long, value_name = "K")]
+        stripe: Option<u32>,
+        /// Bandwidth to reserve on every link of each segment's path.
+        #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+        bandwidth: Option<u64>,
+        /// Use this brick (by id); repeat to stripe over several.
+        #[arg(long = "brick", value_name = "ID")]
+        bricks: Vec<u64>,
+    },
+    /// Release an allocation.
+    Free {
+        /// Allocation id.
+        id: u64,
+    },
+    /// Grow or shrink an allocation.
+    Resize {
+        /// Allocation id.
+        id: u64,
+        /// The new size.
+        #[arg(long, value_name = "SIZE", value_parser = crate::brick_cmd::parse_size_arg)]
+        size: u64,
+    },
+    /// Register a node by hand (agents do this themselves).
+    AddNode {
+        /// Unique name.
+        #[arg(long)]
+        name: String,
+        /// A port: NAME:RATE[:SWITCH]; repeatable.
+        #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = parse_port, default_value = "eth0:10GB/s")]
+        ports: Vec<PortSpec>,
+    },
+}
+
+/// A rate in bytes per second: a size with an optional `/s`.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    parse_size(t).map_err(|e| format!("{e} (rates are bytes per second, e.g. 10GB/s)"))
+}
+
+/// `NAME:RATE[:SWITCH]`.
+pub fn parse_port(s: &str) -> Result<PortSpec, String> {
+    let mut parts = s.split(':');
+    let (Some(name), Some(rate)) = (parts.next(), parts.next()) else {
+        return Err(format!(
+            "`{s}`: a port is NAME:RATE[:SWITCH], e.g. p0:10GB/s or p0:10GB/s:tor-a"
+        ));
+    };
+    let switch = parts.next().map(str::to_string);
+    if parts.next().is_some() || name.is_empty() || switch.as_deref() == Some("") {
+        return Err(format!("`{s}`: a port is NAME:RATE[:SWITCH]"));
+    }
+    Ok(PortSpec {
+        name: name.to_string(),
+        bandwidth_bps: parse_rate(rate)?,
+        switch,
+    })
+}
+
+fn rate(bps: u64) -> String {
+    if bps == 0 {
+        "0".to_string()
+    } else if bps >= 1_000_000_000 {
+        format!("{:.1} GB/s", bps as f64 / 1e9)
+    } else {
+        format!("{:.1} MB/s", bps as f64 / 1e6)
+    }
+}
+
+fn table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header(header.to_vec());
+    t
+}
+
+fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce(&T) -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        println!("{}", human(value));
+    }
+    Ok(())
+}
+
+fn resolve_node(c: &Client, node: &str) -> Result<u64, CtlError> {
+    if let Ok(id) = node.parse::<u64>() {
+        return Ok(id);
+    }
+    c.nodes()?
+        .into_iter()
+        .find(|n| n.name == node)
+        .map(|n| n.id)
+        .ok_or_else(|| CtlError::BadInput(format!("no node is named {node:?} (rackmem ctl nodes lists them)")))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CtlError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    BadInput(String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+pub fn run(args: CtlArgs) -> Result<i32> {
+    let r = Client::new(&Client::parse_urls(&args.control))
+        .map_err(CtlError::from)
+        .and_then(|c| run_with(&c, args.json, args.command));
+    Ok(match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rackmem ctl: {e}");
+            match e {
+                CtlError::Client(ClientError::Unreachable { .. }) => exit::UNREACHABLE,
+                CtlError::Client(ClientError::BadUrl(_)) | CtlError::BadInput(_) => exit::BAD_INPUT,
+                _ => exit::SERVER_ERROR,
+            }
+        }
+    })
+}
+
+fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
+    match cmd {
+        CtlCommand::Bricks => print(json, &c.bricks()?, |bricks| {
+            let mut t = table(&[
+                "id", "name", "address", "state", "capacity", "free", "segments", "ports",
+            ]);
+            for b in bricks {
+                t.add_row(vec![
+                    b.id.to_string(),
+                    b.name.clone(),
+                    b.address.clone(),
+                    format!("{:?}", b.state).to_lowercase(),
+                    format_size(b.capacity_bytes),
+                    format_size(b.free_bytes),
+                    b.segments.to_string(),
+                    b.ports
+                        .iter()
+                        .map(|p| format!("{} {} @{}", p.name, rate(p.bandwidth_bps), p.switch))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ]);
+            }
+            t.to_string()
+        })?,
+        CtlCommand::Nodes => print(json, &c.nodes()?, |nodes| {
+            let mut t = table(&["id", "name", "allocations", "allocated", "ports"]);
+            for n in nodes {
+                t.add_row(vec![
+                    n.id.to_string(),
+                    n.name.clone(),
+                    n.allocations.to_string(),
+                    format_size(n.allocated_bytes),
+                    n.ports
+                        .iter()
+                        .map(|p| format!("{} {} @{}", p.name, rate(p.bandwidth_bps), p.switch))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ]);
+            }
+            t.to_string()
+        })?,
+        CtlCommand::Allocations => print(json, &c.allocations()?, |allocs| {
+            let mut t = table(&[
+                "id",
+                "node",
+                "size",
+                "segment",
+                "brick",
+                "offset",
+                "seg size",
+                "rate limit",
+            ]);
+            for a in allocs {
+                for (i, s) in a.segments.iter().enumerate() {
+                    let first = i == 0;
+                    t.add_row(vec![
+                        if first { a.id.to_string() } else { String::new() },
+                        if first { a.node.to_string() } else { String::new() },
+                        if first {
+                            format_size(a.size_bytes)
+                        } else {
+                            String::new()
+                        },
+                        s.segment_id.to_string(),
+                        format!("{} {}", s.brick_id, s.brick_address),
+                        s.offset.to_string(),
+                        format_size(s.size_bytes),
+                        rate(s.rate_limit_bps),
+                    ]);
+                }
+            }
+            t.to_string()
+        })?,
+        CtlCommand::Graph => print(json, &c.graph()?, |g| {
+            let mut t = table(&["link", "from", "to", "capacity", "reserved", "free", "segments"]);
+            let end = |e: &rackmem_control::api::Endpoint| match e {
+                rackmem_control::api::Endpoint::Node { id } => format!("node {id}"),
+                rackmem_control::api::Endpoint::Brick { id } => format!("brick {id}"),
+                rackmem_control::api::Endpoint::Switch { name } => format!("switch {name}"),
+            };
+            for l in &g.links {
+                t.add_row(vec![
+                    l.id.clone(),
+                    end(&l.a),
+                    end(&l.b),
+                    rate(l.capacity_bps),
+                    rate(l.reserved_bps),
+                    rate(l.free_bps),
+                    l.segments.to_string(),
+                ]);
+            }
+            format!(
+                "{} nodes, {} bricks, switches: {}\n{t}",
+                g.nodes.len(),
+                g.bricks.len(),
+                g.switches
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?,
+        CtlCommand::Alloc {
+            node,
+            size,
+            stripe,
+            bandwidth,
+            bricks,
+        } => {
+            let node = resolve_node(c, &node)?;
+            let a = c.allocate(&AllocationRequest {
+                node,
+                size_bytes: size,
+                stripe,
+                bandwidth_bps: bandwidth,
+                bricks: (!bricks.is_empty()).then_some(bricks),
+                links: None,
+            })?;
+            print(json, &a, |a| {
+                let mut t = table(&["segment", "brick", "offset", "size", "rate limit"]);
+                for s in &a.segments {
+                    t.add_row(vec![
+                        s.segment_id.to_string(),
+                        format!("{} {}", s.brick_id, s.brick_address),
+                        s.offset.to_string(),
+                        format_size(s.size_bytes),
+                        rate(s.rate_limit_bps),
+                    ]);
+                }
+                format!(
+                    "allocation {} for node {}: {}\n{t}",
+                    a.id,
+                    a.node,
+                    format_size(a.size_bytes)
+                )
+            })?
+        }
+        CtlCommand::Free { id } => print(json, &c.free(id)?, |r| {
+            format!("released allocation {} ({} segments)", r.id, r.extents.len())
+        })?,
+        CtlCommand::Resize { id, size } => print(json, &c.resize(id, size)?, |a| {
+            format!(
+                "allocation {} is now {} in {} segments",
+                a.id,
+                format_size(a.size_bytes),
+                a.segments.len()
+            )
+        })?,
+        CtlCommand::AddNode { name, ports } => {
+            print(json, &c.register_node(&NodeRegistration { name, ports })?, |r| {
+                format!("node id {}", r.id)
+            })?
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_and_rates() {
+        assert_eq!(parse_rate("10GB/s"), Ok(10_000_000_000));
+        assert_eq!(parse_rate("1GiB"), Ok(1 << 30));
+        assert!(parse_rate("fast").is_err());
+        let p = parse_port("p0:10GB/s:tor-a").unwrap();
+        assert_eq!(
+            (p.name.as_str(), p.bandwidth_bps, p.switch.as_deref()),
+            ("p0", 10_000_000_000, Some("tor-a"))
+        );
+        assert_eq!(parse_port("p0:1G").unwrap().switch, None);
+        assert!(parse_port("p0").is_err());
+        assert!(parse_port("p0:1G:a:b").is_err());
+        assert!(parse_port(":1G").is_err());
+    }
+}

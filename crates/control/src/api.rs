@@ -1,0 +1,373 @@
+//! The types of the REST API, shared by the server, the client and the OpenAPI document.
+//!
+//! Every body is JSON. Sizes are in bytes (`*_bytes`), bandwidths in bytes per second (`*_bps`),
+//! times in milliseconds since the Unix epoch (`*_unix_ms`). Grants and keys travel as hex.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The name of the switch every port attaches to when neither its registration nor the topology
+/// file names one.
+pub const DEFAULT_SWITCH: &str = "rack";
+
+/// A port as a brick or a node declares it when it registers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PortSpec {
+    /// Name, unique on its brick or node (`p0`, `eth1`).
+    pub name: String,
+    /// What the port carries, in bytes per second.
+    pub bandwidth_bps: u64,
+    /// The switch the port is cabled to; when absent, the topology file decides, else `rack`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<String>,
+}
+
+/// A port once the control plane has attached it to a switch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Port {
+    /// Name, unique on its brick or node.
+    pub name: String,
+    /// What the port carries, in bytes per second.
+    pub bandwidth_bps: u64,
+    /// The switch the port is cabled to.
+    pub switch: String,
+    /// Id of the link between this port and its switch (see `GET /v1/graph`).
+    pub link: String,
+}
+
+/// Whether a brick answers its heartbeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BrickState {
+    /// Heartbeats arrive: new segments may be placed on it.
+    Up,
+    /// No heartbeat for longer than the brick timeout: no new segments go there.
+    Down,
+}
+
+/// `POST /v1/bricks`: a brick announces itself. Re-registering the same name returns the same id
+/// and replaces address, capacity, ports and key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrickRegistration {
+    /// Unique name of the brick.
+    pub name: String,
+    /// Where nodes reach it: `tcp://HOST:PORT` or `unix:PATH`.
+    pub address: String,
+    /// Size of the pool it lends.
+    pub capacity_bytes: u64,
+    /// Its ports (at least one).
+    pub ports: Vec<PortSpec>,
+    /// Hex of the exact bytes the brick signs grants with (its grant key).
+    pub key_hex: String,
+}
+
+/// Reply to a brick registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BrickRegistered {
+    /// The brick's id, stable across re-registrations of the same name.
+    pub id: u64,
+    /// How often the control plane expects a heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// After how long without a heartbeat the brick is marked down.
+    pub brick_timeout_ms: u64,
+}
+
+/// A brick as the control plane sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Brick {
+    /// Id.
+    pub id: u64,
+    /// Unique name.
+    pub name: String,
+    /// Where nodes reach it.
+    pub address: String,
+    /// Size of its pool.
+    pub capacity_bytes: u64,
+    /// Bytes not in any segment (whole MiB only are ever handed out).
+    pub free_bytes: u64,
+    /// The largest free extent: the largest segment that could still be placed here.
+    pub largest_free_bytes: u64,
+    /// Live segments on it.
+    pub segments: u64,
+    /// Its ports.
+    pub ports: Vec<Port>,
+    /// Up or down.
+    pub state: BrickState,
+    /// When the last heartbeat arrived (absent: none since this control plane started).
+    pub last_heartbeat_unix_ms: Option<u64>,
+    /// What the brick reported in its last heartbeat.
+    pub stats: Option<HeartbeatStats>,
+}
+
+/// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatStats {
+    /// Bytes of the pool the brick has backed with memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_bytes: Option<u64>,
+    /// Segments the brick holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<u64>,
+}
+
+/// One segment the control plane believes lives on a brick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LiveSegment {
+    /// Segment id (as in its grant).
+    pub id: u64,
+    /// Where it starts in the brick's pool.
+    pub offset: u64,
+    /// Its size.
+    pub size_bytes: u64,
+}
+
+/// Reply to a heartbeat: every segment that must stay; the brick releases the others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatReply {
+    /// Live segments on this brick, by id.
+    pub segments: Vec<LiveSegment>,
+}
+
+/// `POST /v1/nodes`: an agent announces its node. Re-registering a name returns the same id and
+/// replaces the ports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRegistration {
+    /// Unique name of the node.
+    pub name: String,
+    /// Its ports (at least one).
+    pub ports: Vec<PortSpec>,
+}
+
+/// Reply to a node registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeRegistered {
+    /// The node's id; it appears in every grant issued for the node.
+    pub id: u64,
+}
+
+/// A node as the control plane sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    /// Id.
+    pub id: u64,
+    /// Unique name.
+    pub name: String,
+    /// Its ports.
+    pub ports: Vec<Port>,
+    /// Its live allocations.
+    pub allocations: u64,
+    /// Bytes in its segments.
+    pub allocated_bytes: u64,
+}
+
+/// `POST /v1/allocations`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AllocationRequest {
+    /// Id of the node the memory is for.
+    pub node: u64,
+    /// How much memory; each of the `stripe` segments gets `size_bytes / stripe` rounded up to
+    /// whole MiB.
+    pub size_bytes: u64,
+    /// Over how many bricks to spread it (default 1, or the number of `bricks` given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe: Option<u32>,
+    /// Bandwidth reserved on every link of each segment's path (default: none, fair share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_bps: Option<u64>,
+    /// The bricks to use (default: the control plane picks the bricks with most free space).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bricks: Option<Vec<u64>>,
+    /// Ids of the only links paths may use (default: any link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<Vec<String>>,
+}
+
+/// `PATCH /v1/allocations/{id}`: grow (adds segments) or shrink (drops whole segments from the
+/// end while the rest still covers the new size).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    /// The new size.
+    pub size_bytes: u64,
+}
+
+/// One segment of an allocation: everything a node needs to attach it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Segment {
+    /// Brick that holds it.
+    pub brick_id: u64,
+    /// Where the node reaches that brick.
+    pub brick_address: String,
+    /// Segment id, unique across the control plane and never reused.
+    pub segment_id: u64,
+    /// Where it starts in the brick's pool.
+    pub offset: u64,
+    /// Its size (whole MiB).
+    pub size_bytes: u64,
+    /// The grant (73 bytes of `rackmem_proto::Grant::encode`), hex.
+    pub grant_hex: String,
+    /// The grant's session key, hex: `HMAC-SHA256(brick_key, "rackmem-session-v1" || grant.mac)`.
+    pub session_key_hex: String,
+    /// Bandwidth reserved for it on every link of its path (0: none).
+    pub bandwidth_bps: u64,
+    /// What the node may send to it, in bytes per second, now.
+    pub rate_limit_bps: u64,
+    /// Link ids of its path, node port first, brick port last.
+    pub links: Vec<String>,
+}
+
+/// An allocation: memory of one node spread over segments of one or more bricks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Allocation {
+    /// Id.
+    pub id: u64,
+    /// The node it is for.
+    pub node: u64,
+    /// The size asked for (the segments cover at least this much).
+    pub size_bytes: u64,
+    /// Over how many bricks each growth step is spread.
+    pub stripe: u32,
+    /// Bandwidth reserved on each segment's path.
+    pub bandwidth_bps: u64,
+    /// Its segments, in window order.
+    pub segments: Vec<Segment>,
+    /// When it was created.
+    pub created_unix_ms: u64,
+}
+
+/// Brief of the allocation that `DELETE /v1/allocations/{id}` released.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Released {
+    /// Id of the deleted allocation.
+    pub id: u64,
+    /// The extents given back to their bricks.
+    pub extents: Vec<ReleasedExtent>,
+}
+
+/// An extent given back to a brick.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReleasedExtent {
+    /// The brick.
+    pub brick_id: u64,
+    /// The segment that held it.
+    pub segment_id: u64,
+    /// Start in the brick's pool.
+    pub offset: u64,
+    /// Size.
+    pub size_bytes: u64,
+}
+
+/// The rate limit of one segment of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SegmentRate {
+    /// Allocation the segment belongs to.
+    pub allocation: u64,
+    /// Segment id.
+    pub segment_id: u64,
+    /// Brick.
+    pub brick_id: u64,
+    /// Node port link the segment's traffic leaves by.
+    pub link: String,
+    /// What the node may send to it, in bytes per second.
+    pub rate_limit_bps: u64,
+}
+
+/// `GET /v1/nodes/{id}/rates`: what the agent sets its token buckets to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeRates {
+    /// The node.
+    pub node: u64,
+    /// One entry per live segment of the node.
+    pub segments: Vec<SegmentRate>,
+}
+
+/// A switch of the resource graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Switch {
+    /// Name.
+    pub name: String,
+    /// Ids of the links that end on it.
+    pub links: Vec<String>,
+}
+
+/// One end of a link.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Endpoint {
+    /// A node (through one of its ports).
+    Node {
+        /// Node id.
+        id: u64,
+    },
+    /// A brick (through one of its ports).
+    Brick {
+        /// Brick id.
+        id: u64,
+    },
+    /// A switch.
+    Switch {
+        /// Switch name.
+        name: String,
+    },
+}
+
+/// A link of the resource graph: a port's cable to its switch, or a cable between two switches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Link {
+    /// Id (`node:ID:PORT`, `brick:ID:PORT`, `switch:A:B`).
+    pub id: String,
+    /// One end (the node or brick for a port link).
+    pub a: Endpoint,
+    /// The other end (a switch).
+    pub b: Endpoint,
+    /// What it carries, bytes per second.
+    pub capacity_bps: u64,
+    /// Reserved by allocations with a bandwidth.
+    pub reserved_bps: u64,
+    /// `capacity_bps - reserved_bps`: shared fairly by the segments without a reservation.
+    pub free_bps: u64,
+    /// Segments whose path crosses it.
+    pub segments: u64,
+}
+
+/// `GET /v1/graph`: the whole resource graph with what is reserved on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Graph {
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Bricks.
+    pub bricks: Vec<Brick>,
+    /// Switches.
+    pub switches: Vec<Switch>,
+    /// Links.
+    pub links: Vec<Link>,
+}
+
+/// Every error reply: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The content of an error reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code (`bad_request`, `not_found`, `conflict`, `invalid`,
+    /// `insufficient_capacity`, `insufficient_bandwidth`, `payload_too_large`, `store`).
+    pub code: String,
+    /// What a human should know, naming the object involved.
+    pub message: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` when the control plane answers.
+    pub status: String,
+    /// Which store holds the state (`sqlite:PATH`).
+    pub store: String,
+}

@@ -1,0 +1,274 @@
+//! A small blocking client of the control plane's REST API, for `rackmem ctl`, for managed
+//! bricks and for agents.
+//!
+//! It takes one or several control plane URLs: a request that cannot reach one (connection
+//! refused, name not found, timeout) is sent to the next, and the client keeps using the one that
+//! answered. A reply with an error status is not retried elsewhere: it is the control plane's
+//! answer, returned as [`ClientError::Server`] with the server's code and message.
+
+use crate::api::*;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Default time limit of one request.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No control plane URL is usable.
+    #[error("control plane URL {0:?} is not valid: use http://HOST:PORT")]
+    BadUrl(String),
+    /// None of the control planes answered.
+    #[error("no control plane reachable at {urls}: {message}")]
+    Unreachable {
+        /// The URLs tried.
+        urls: String,
+        /// The last failure.
+        message: String,
+    },
+    /// The control plane answered with an error.
+    #[error("control plane {url} answered {status} {code}: {message}")]
+    Server {
+        /// Which control plane.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// The error code (`not_found`, `insufficient_capacity`, ...).
+        code: String,
+        /// What it said.
+        message: String,
+    },
+    /// The reply could not be understood.
+    #[error("control plane {url} sent a reply that cannot be read: {message}")]
+    BadReply {
+        /// Which control plane.
+        url: String,
+        /// Why.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// The HTTP status, for a server-reported error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Server { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A client of one or several control planes.
+#[derive(Debug)]
+pub struct Client {
+    agent: ureq::Agent,
+    urls: Vec<String>,
+    current: AtomicUsize,
+}
+
+enum Method {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+impl Client {
+    /// A client of `urls` (each `http://HOST:PORT`, tried in order).
+    pub fn new<S: AsRef<str>>(urls: &[S]) -> Result<Client, ClientError> {
+        Client::with_timeout(urls, DEFAULT_TIMEOUT)
+    }
+
+    /// Like [`Client::new`], with a time limit for each request.
+    pub fn with_timeout<S: AsRef<str>>(urls: &[S], timeout: Duration) -> Result<Client, ClientError> {
+        let mut v = Vec::new();
+        for u in urls {
+            let u = u.as_ref().trim().trim_end_matches('/');
+            let rest = u
+                .strip_prefix("http://")
+                .ok_or_else(|| ClientError::BadUrl(u.to_string()))?;
+            if rest.is_empty() || rest.contains('/') {
+                return Err(ClientError::BadUrl(u.to_string()));
+            }
+            v.push(u.to_string());
+        }
+        if v.is_empty() {
+            return Err(ClientError::BadUrl(String::new()));
+        }
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build();
+        Ok(Client {
+            agent: config.into(),
+            urls: v,
+            current: AtomicUsize::new(0),
+        })
+    }
+
+    /// Splits `URL[,URL...]`.
+    pub fn parse_urls(list: &str) -> Vec<String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The URLs, in order.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    fn request<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let n = self.urls.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut last = String::new();
+        for i in 0..n {
+            let idx = (first + i) % n;
+            let base = &self.urls[idx];
+            let url = format!("{base}{path}");
+            let r = match (&method, body) {
+                (Method::Get, _) => self.agent.get(&url).call(),
+                (Method::Delete, _) => self.agent.delete(&url).call(),
+                (Method::Post, Some(b)) => self.agent.post(&url).send_json(b),
+                (Method::Post, None) => self.agent.post(&url).send_empty(),
+                (Method::Put, Some(b)) => self.agent.put(&url).send_json(b),
+                (Method::Put, None) => self.agent.put(&url).send_empty(),
+                (Method::Patch, Some(b)) => self.agent.patch(&url).send_json(b),
+                (Method::Patch, None) => self.agent.patch(&url).send_empty(),
+            };
+            let mut resp = match r {
+                Ok(resp) => resp,
+                Err(e) => {
+                    // Transport failures move on to the next control plane.
+                    last = format!("{base}: {e}");
+                    continue;
+                }
+            };
+            self.current.store(idx, Ordering::Relaxed);
+            let status = resp.status().as_u16();
+            let text = resp
+                .body_mut()
+                .with_config()
+                .limit(64 << 20)
+                .read_to_string()
+                .map_err(|e| ClientError::BadReply {
+                    url: base.clone(),
+                    message: e.to_string(),
+                })?;
+            if (200..300).contains(&status) {
+                return serde_json::from_str(&text).map_err(|e| ClientError::BadReply {
+                    url: base.clone(),
+                    message: format!("{e}: {}", text.chars().take(200).collect::<String>()),
+                });
+            }
+            let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
+                Ok(b) => (b.error.code, b.error.message),
+                Err(_) => ("http".to_string(), text.chars().take(500).collect()),
+            };
+            return Err(ClientError::Server {
+                url: base.clone(),
+                status,
+                code,
+                message,
+            });
+        }
+        Err(ClientError::Unreachable {
+            urls: self.urls.join(","),
+            message: last,
+        })
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.request::<(), T>(Method::Get, path, None)
+    }
+
+    /// `POST /v1/bricks`.
+    pub fn register_brick(&self, reg: &BrickRegistration) -> Result<BrickRegistered, ClientError> {
+        self.request(Method::Post, "/v1/bricks", Some(reg))
+    }
+
+    /// `PUT /v1/bricks/{id}/heartbeat`.
+    pub fn heartbeat(&self, brick: u64, stats: &HeartbeatStats) -> Result<HeartbeatReply, ClientError> {
+        self.request(Method::Put, &format!("/v1/bricks/{brick}/heartbeat"), Some(stats))
+    }
+
+    /// `GET /v1/bricks`.
+    pub fn bricks(&self) -> Result<Vec<Brick>, ClientError> {
+        self.get("/v1/bricks")
+    }
+
+    /// `GET /v1/bricks/{id}`.
+    pub fn brick(&self, id: u64) -> Result<Brick, ClientError> {
+        self.get(&format!("/v1/bricks/{id}"))
+    }
+
+    /// `POST /v1/nodes`.
+    pub fn register_node(&self, reg: &NodeRegistration) -> Result<NodeRegistered, ClientError> {
+        self.request(Method::Post, "/v1/nodes", Some(reg))
+    }
+
+    /// `GET /v1/nodes`.
+    pub fn nodes(&self) -> Result<Vec<Node>, ClientError> {
+        self.get("/v1/nodes")
+    }
+
+    /// `GET /v1/nodes/{id}`.
+    pub fn node(&self, id: u64) -> Result<Node, ClientError> {
+        self.get(&format!("/v1/nodes/{id}"))
+    }
+
+    /// `GET /v1/nodes/{id}/rates`.
+    pub fn rates(&self, node: u64) -> Result<NodeRates, ClientError> {
+        self.get(&format!("/v1/nodes/{node}/rates"))
+    }
+
+    /// `POST /v1/allocations`.
+    pub fn allocate(&self, req: &AllocationRequest) -> Result<Allocation, ClientError> {
+        self.request(Method::Post, "/v1/allocations", Some(req))
+    }
+
+    /// `GET /v1/allocations`.
+    pub fn allocations(&self) -> Result<Vec<Allocation>, ClientError> {
+        self.get("/v1/allocations")
+    }
+
+    /// `GET /v1/allocations/{id}`.
+    pub fn allocation(&self, id: u64) -> Result<Allocation, ClientError> {
+        self.get(&format!("/v1/allocations/{id}"))
+    }
+
+    /// `PATCH /v1/allocations/{id}`.
+    pub fn resize(&self, id: u64, size_bytes: u64) -> Result<Allocation, ClientError> {
+        self.request(
+            Method::Patch,
+            &format!("/v1/allocations/{id}"),
+            Some(&ResizeRequest { size_bytes }),
+        )
+    }
+
+    /// `DELETE /v1/allocations/{id}`.
+    pub fn free(&self, id: u64) -> Result<Released, ClientError> {
+        self.request::<(), _>(Method::Delete, &format!("/v1/allocations/{id}"), None)
+    }
+
+    /// `GET /v1/graph`.
+    pub fn graph(&self) -> Result<Graph, ClientError> {
+        self.get("/v1/graph")
+    }
+
+    /// `GET /healthz`.
+    pub fn health(&self) -> Result<Health, ClientError> {
+        self.get("/healthz")
+    }
+}

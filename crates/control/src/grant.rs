@@ -1,0 +1,64 @@
+//! Grants the control plane issues on behalf of bricks, and their session keys.
+//!
+//! The control plane knows every brick's grant key (bricks send it when they register), so it
+//! signs the same 73-byte [`Grant`] a standalone brick would, and derives the session key the
+//! node must prove it holds when it attaches (see the contract in `docs/control-plane.md`).
+
+use hmac::{Hmac, Mac};
+use rackmem_proto::{rights, Grant};
+use sha2::Sha256;
+
+/// Domain separation of the session-key derivation (part of the contract).
+pub const SESSION_KEY_LABEL: &[u8] = b"rackmem-session-v1";
+
+/// `HMAC-SHA256(brick_key, "rackmem-session-v1" || grant.mac)`.
+pub fn session_key(brick_key: &[u8], grant: &Grant) -> [u8; 32] {
+    // HMAC takes keys of any length: new_from_slice cannot fail.
+    let mut m =
+        <Hmac<Sha256> as Mac>::new_from_slice(brick_key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+    m.update(SESSION_KEY_LABEL);
+    m.update(&grant.mac);
+    m.finalize().into_bytes().into()
+}
+
+/// A signed grant for one segment and its session key, both hex, as the API returns them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Issued {
+    /// The encoded grant.
+    pub grant_hex: String,
+    /// Its session key.
+    pub session_key_hex: String,
+}
+
+/// Signs a grant giving `node` every right on `[offset, offset + size_bytes)` of the brick,
+/// never expiring (the control plane revokes by dropping the segment from the heartbeat reply).
+pub fn issue(brick_key: &[u8], segment_id: u64, offset: u64, size_bytes: u64, node: u64) -> Issued {
+    let g = Grant::sign(brick_key, segment_id, offset, size_bytes, node, rights::ALL, 0);
+    Issued {
+        grant_hex: hex::encode(g.encode()),
+        session_key_hex: hex::encode(session_key(brick_key, &g)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issued_grant_verifies_and_session_key_follows_the_formula() {
+        let key = b"0123456789abcdef0123456789abcdef";
+        let i = issue(key, 7, 1 << 20, 4 << 20, 3);
+        let g = Grant::decode(&hex::decode(&i.grant_hex).unwrap()).unwrap();
+        g.verify(key, 1).unwrap();
+        assert_eq!(
+            (g.segment_id, g.brick_offset, g.size_bytes, g.node),
+            (7, 1 << 20, 4 << 20, 3)
+        );
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap();
+        m.update(b"rackmem-session-v1");
+        m.update(&g.mac);
+        let want: [u8; 32] = m.finalize().into_bytes().into();
+        assert_eq!(i.session_key_hex, hex::encode(want));
+        assert!(g.verify(b"another key", 1).is_err());
+    }
+}

@@ -1,0 +1,730 @@
+//! The REST API of the control plane (axum on tokio), its OpenAPI document and its metrics.
+//!
+//! Requests run the [`ControlPlane`] state machine on a blocking thread while holding its lock
+//! (the store commits synchronously), so changes are serialized and each is durable before its
+//! reply. A background task marks bricks down when their heartbeats stop. Every error reply is
+//! JSON, `{"error": {"code", "message"}}`:
+//!
+//! | status | code | when |
+//! |---|---|---|
+//! | 400 | `bad_request` | malformed JSON, wrong types, negative or out-of-range numbers, bad path ids |
+//! | 404 | `not_found` | unknown node, brick, allocation or route |
+//! | 405 | `method_not_allowed` | known route, other method |
+//! | 409 | `conflict` | a registration contradicts the state (address taken, live segments orphaned) |
+//! | 409 | `insufficient_capacity` | not enough free memory on up bricks now |
+//! | 409 | `insufficient_bandwidth` | no path with the bandwidth asked for now |
+//! | 413 | `payload_too_large` | body over the limit |
+//! | 415 | `unsupported_media_type` | body without `Content-Type: application/json` |
+//! | 422 | `invalid` | a request that can never succeed as written (size 0, stripe 0, bad name or key) |
+//! | 503 | `store` | the store failed; nothing changed |
+
+use crate::api::*;
+use crate::graph::Topology;
+use crate::plane::{ControlPlane, PlaneError};
+use crate::store::{Store, StoreError};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request, State};
+use axum::http::{header, request::Parts, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use utoipa::OpenApi;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+/// Default limit of a request body.
+pub const DEFAULT_BODY_LIMIT_BYTES: usize = 64 << 10;
+
+/// How the control plane serves.
+pub struct ServerConfig {
+    /// Where to listen (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Where the state lives.
+    pub store: Box<dyn Store>,
+    /// Switches and cabling; `None`: every port on switch `rack`.
+    pub topology: Option<Topology>,
+    /// A brick without heartbeat for longer is marked down.
+    pub brick_timeout: Duration,
+    /// How often bricks are asked to send heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Largest request body accepted.
+    pub body_limit_bytes: usize,
+}
+
+impl ServerConfig {
+    /// Defaults for everything but where to listen and the store: brick timeout 10 s,
+    /// heartbeat every second, bodies up to 64 KiB.
+    pub fn new(listen: SocketAddr, store: Box<dyn Store>) -> ServerConfig {
+        ServerConfig {
+            listen,
+            store,
+            topology: None,
+            brick_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
+        }
+    }
+}
+
+/// Why the server cannot start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The state could not be loaded.
+    #[error("loading the control plane's state: {0}")]
+    Load(#[from] PlaneError),
+    /// The store failed to open.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The listening socket or the runtime failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors and extractors
+
+/// An error reply.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl From<PlaneError> for ApiError {
+    fn from(e: PlaneError) -> Self {
+        let (status, code) = match &e {
+            PlaneError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            PlaneError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            PlaneError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            PlaneError::InsufficientCapacity(_) => (StatusCode::CONFLICT, "insufficient_capacity"),
+            PlaneError::InsufficientBandwidth(_) => (StatusCode::CONFLICT, "insufficient_bandwidth"),
+            PlaneError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// A JSON body whose rejections are JSON errors (400, 413, 415) instead of axum's plain text.
+struct ApiJson<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(json_rejection(&r)),
+        }
+    }
+}
+
+fn json_rejection(r: &JsonRejection) -> ApiError {
+    match r.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(r.status(), "payload_too_large", r.body_text()),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(r.status(), "unsupported_media_type", r.body_text()),
+        _ => ApiError::bad_request(r.body_text()),
+    }
+}
+
+/// A numeric id from the path; anything else is a JSON 400.
+struct Id(u64);
+
+impl<S: Send + Sync> FromRequestParts<S> for Id {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<u64>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(id)) => Ok(Id(id)),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "the id in the path must be a number: {e}"
+            ))),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+/// Upper bounds (seconds) of the allocation latency histogram buckets.
+const LATENCY_BUCKETS_S: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; LATENCY_BUCKETS_S.len()],
+    count: u64,
+    sum_s: f64,
+}
+
+#[derive(Default)]
+struct Metrics {
+    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    allocation_latency: Mutex<Histogram>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock cannot leave these structures half-updated in a way that
+    // matters more than refusing all further requests would.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Metrics {
+    fn observe_allocation(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let mut h = lock(&self.allocation_latency);
+        for (i, le) in LATENCY_BUCKETS_S.iter().enumerate() {
+            if s <= *le {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum_s += s;
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// State and helpers
+
+#[derive(Clone)]
+struct AppState {
+    plane: Arc<Mutex<ControlPlane>>,
+    metrics: Arc<Metrics>,
+    openapi_json: Arc<String>,
+    store: Arc<String>,
+}
+
+/// Runs `f` on the control plane on a blocking thread (it may commit to the store).
+async fn with_plane<T, F>(st: &AppState, f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut ControlPlane) -> Result<T, PlaneError> + Send + 'static,
+{
+    let plane = st.plane.clone();
+    match tokio::task::spawn_blocking(move || f(&mut lock(&plane))).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the request failed inside the control plane: {e}"),
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+/// Registers a brick (or re-registers it by name).
+#[utoipa::path(post, path = "/v1/bricks", tag = "bricks", request_body = BrickRegistration,
+    responses(
+        (status = 200, description = "Registered; the id is stable across re-registrations", body = BrickRegistered),
+        (status = 400, description = "Malformed body", body = ErrorBody),
+        (status = 409, description = "Address taken by another brick, or live segments would be orphaned", body = ErrorBody),
+        (status = 422, description = "Invalid name, address, key, capacity or ports", body = ErrorBody),
+    ))]
+async fn register_brick(
+    State(st): State<AppState>,
+    ApiJson(reg): ApiJson<BrickRegistration>,
+) -> Result<Json<BrickRegistered>, ApiError> {
+    with_plane(&st, move |p| p.register_brick(reg)).await.map(Json)
+}
+
+/// Lists the bricks.
+#[utoipa::path(get, path = "/v1/bricks", tag = "bricks", responses((status = 200, body = Vec<Brick>)))]
+async fn list_bricks(State(st): State<AppState>) -> Result<Json<Vec<Brick>>, ApiError> {
+    with_plane(&st, |p| Ok(p.bricks())).await.map(Json)
+}
+
+/// One brick.
+#[utoipa::path(get, path = "/v1/bricks/{id}", tag = "bricks",
+    params(("id" = u64, Path, description = "Brick id")),
+    responses((status = 200, body = Brick), (status = 404, body = ErrorBody)))]
+async fn get_brick(State(st): State<AppState>, Id(id): Id) -> Result<Json<Brick>, ApiError> {
+    with_plane(&st, move |p| p.brick(id)).await.map(Json)
+}
+
+/// A brick's heartbeat; the reply lists the segments it must keep (it releases the others).
+#[utoipa::path(put, path = "/v1/bricks/{id}/heartbeat", tag = "bricks",
+    params(("id" = u64, Path, description = "Brick id")),
+    request_body(content = Option<HeartbeatStats>, description = "Optional statistics (the body may be empty)"),
+    responses((status = 200, body = HeartbeatReply), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn heartbeat(
+    State(st): State<AppState>,
+    Id(id): Id,
+    body: axum::body::Bytes,
+) -> Result<Json<HeartbeatReply>, ApiError> {
+    let stats = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        Some(
+            serde_json::from_slice::<HeartbeatStats>(&body)
+                .map_err(|e| ApiError::bad_request(format!("heartbeat body is not valid: {e}")))?,
+        )
+    };
+    with_plane(&st, move |p| p.heartbeat(id, stats)).await.map(Json)
+}
+
+/// Registers a node (or re-registers it by name).
+#[utoipa::path(post, path = "/v1/nodes", tag = "nodes", request_body = NodeRegistration,
+    responses(
+        (status = 200, body = NodeRegistered),
+        (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+async fn register_node(
+    State(st): State<AppState>,
+    ApiJson(reg): ApiJson<NodeRegistration>,
+) -> Result<Json<NodeRegistered>, ApiError> {
+    with_plane(&st, move |p| p.register_node(reg)).await.map(Json)
+}
+
+/// Lists the nodes.
+#[utoipa::path(get, path = "/v1/nodes", tag = "nodes", responses((status = 200, body = Vec<Node>)))]
+async fn list_nodes(State(st): State<AppState>) -> Result<Json<Vec<Node>>, ApiError> {
+    with_plane(&st, |p| Ok(p.nodes())).await.map(Json)
+}
+
+/// One node.
+#[utoipa::path(get, path = "/v1/nodes/{id}", tag = "nodes",
+    params(("id" = u64, Path, description = "Node id")),
+    responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
+async fn get_node(State(st): State<AppState>, Id(id): Id) -> Result<Json<Node>, ApiError> {
+    with_plane(&st, move |p| p.node(id)).await.map(Json)
+}
+
+/// The rate limit of each segment of a node, for its agent's token buckets.
+#[utoipa::path(get, path = "/v1/nodes/{id}/rates", tag = "nodes",
+    params(("id" = u64, Path, description = "Node id")),
+    responses((status = 200, body = NodeRates), (status = 404, body = ErrorBody)))]
+async fn node_rates(State(st): State<AppState>, Id(id): Id) -> Result<Json<NodeRates>, ApiError> {
+    with_plane(&st, move |p| p.rates(id)).await.map(Json)
+}
+
+/// Allocates memory for a node: all segments or none.
+#[utoipa::path(post, path = "/v1/allocations", tag = "allocations", request_body = AllocationRequest,
+    responses(
+        (status = 201, description = "Allocated", body = Allocation),
+        (status = 400, description = "Malformed body", body = ErrorBody),
+        (status = 404, description = "Unknown node or brick", body = ErrorBody),
+        (status = 409, description = "Not enough free memory or bandwidth now", body = ErrorBody),
+        (status = 422, description = "Can never succeed as written", body = ErrorBody),
+    ))]
+async fn create_allocation(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<AllocationRequest>,
+) -> Result<(StatusCode, Json<Allocation>), ApiError> {
+    let start = Instant::now();
+    let r = with_plane(&st, move |p| p.allocate(req)).await;
+    st.metrics.observe_allocation(start.elapsed());
+    r.map(|a| (StatusCode::CREATED, Json(a)))
+}
+
+/// Query of `GET /v1/allocations`.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+struct AllocationQuery {
+    /// Only the allocations of this node.
+    node: Option<u64>,
+}
+
+/// Lists the allocations.
+#[utoipa::path(get, path = "/v1/allocations", tag = "allocations", params(AllocationQuery),
+    responses((status = 200, body = Vec<Allocation>), (status = 400, body = ErrorBody)))]
+async fn list_allocations(
+    State(st): State<AppState>,
+    q: Result<axum::extract::Query<AllocationQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Allocation>>, ApiError> {
+    let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let node = q.node;
+    with_plane(&st, move |p| Ok(p.allocations(node))).await.map(Json)
+}
+
+/// One allocation, with current rate limits.
+#[utoipa::path(get, path = "/v1/allocations/{id}", tag = "allocations",
+    params(("id" = u64, Path, description = "Allocation id")),
+    responses((status = 200, body = Allocation), (status = 404, body = ErrorBody)))]
+async fn get_allocation(State(st): State<AppState>, Id(id): Id) -> Result<Json<Allocation>, ApiError> {
+    with_plane(&st, move |p| p.allocation(id)).await.map(Json)
+}
+
+/// Releases an allocation; the reply lists the extents given back.
+#[utoipa::path(delete, path = "/v1/allocations/{id}", tag = "allocations",
+    params(("id" = u64, Path, description = "Allocation id")),
+    responses((status = 200, body = Released), (status = 404, body = ErrorBody)))]
+async fn delete_allocation(State(st): State<AppState>, Id(id): Id) -> Result<Json<Released>, ApiError> {
+    with_plane(&st, move |p| p.free(id)).await.map(Json)
+}
+
+/// Grows (adds segments) or shrinks (drops whole segments from the end) an allocation.
+#[utoipa::path(patch, path = "/v1/allocations/{id}", tag = "allocations", request_body = ResizeRequest,
+    params(("id" = u64, Path, description = "Allocation id")),
+    responses(
+        (status = 200, body = Allocation),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+async fn resize_allocation(
+    State(st): State<AppState>,
+    Id(id): Id,
+    ApiJson(req): ApiJson<ResizeRequest>,
+) -> Result<Json<Allocation>, ApiError> {
+    with_plane(&st, move |p| p.resize(id, req.size_bytes)).await.map(Json)
+}
+
+/// The resource graph with reserved and free bandwidth per link.
+#[utoipa::path(get, path = "/v1/graph", tag = "graph", responses((status = 200, body = Graph)))]
+async fn get_graph(State(st): State<AppState>) -> Result<Json<Graph>, ApiError> {
+    with_plane(&st, |p| Ok(p.graph())).await.map(Json)
+}
+
+/// Liveness of the control plane.
+#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, body = Health)))]
+async fn healthz(State(st): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".to_string(),
+        store: st.store.to_string(),
+    })
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+async fn openapi_json(State(st): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        st.openapi_json.to_string(),
+    )
+        .into_response()
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain")))]
+async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let g = with_plane(&st, |p| Ok(p.gauges())).await?;
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, rows: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (labels, v) in rows {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    gauge(
+        "rackmem_control_allocations",
+        "Live allocations.",
+        &[(String::new(), g.allocations)],
+    );
+    gauge(
+        "rackmem_control_segments",
+        "Live segments.",
+        &[(String::new(), g.segments)],
+    );
+    gauge(
+        "rackmem_control_nodes",
+        "Registered nodes.",
+        &[(String::new(), g.nodes)],
+    );
+    gauge(
+        "rackmem_control_bricks",
+        "Registered bricks by state.",
+        &[
+            ("{state=\"up\"}".to_string(), g.bricks_up),
+            ("{state=\"down\"}".to_string(), g.bricks_down),
+        ],
+    );
+    let per_brick = |f: fn(&(String, u64, u64, u64)) -> u64| -> Vec<(String, u64)> {
+        g.bricks
+            .iter()
+            .map(|b| (format!("{{brick=\"{}\"}}", escape_label(&b.0)), f(b)))
+            .collect()
+    };
+    gauge(
+        "rackmem_control_brick_capacity_bytes",
+        "Pool size of each brick.",
+        &per_brick(|b| b.1),
+    );
+    gauge(
+        "rackmem_control_brick_free_bytes",
+        "Bytes in no segment, per brick.",
+        &per_brick(|b| b.2),
+    );
+    gauge(
+        "rackmem_control_brick_allocated_bytes",
+        "Bytes in segments, per brick.",
+        &per_brick(|b| b.3),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP rackmem_control_requests_total HTTP requests by route, method and status.\n\
+         # TYPE rackmem_control_requests_total counter"
+    );
+    for ((route, method, status), n) in lock(&st.metrics.requests).iter() {
+        let _ = writeln!(
+            out,
+            "rackmem_control_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
+            escape_label(route)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rackmem_control_allocation_seconds Time to serve POST /v1/allocations.\n\
+         # TYPE rackmem_control_allocation_seconds histogram"
+    );
+    {
+        let h = lock(&st.metrics.allocation_latency);
+        for (le, n) in LATENCY_BUCKETS_S.iter().zip(h.counts) {
+            let _ = writeln!(out, "rackmem_control_allocation_seconds_bucket{{le=\"{le}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "rackmem_control_allocation_seconds_bucket{{le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(out, "rackmem_control_allocation_seconds_sum {}", h.sum_s);
+        let _ = writeln!(out, "rackmem_control_allocation_seconds_count {}", h.count);
+    }
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route (see /openapi.json)")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method (see /openapi.json)",
+    )
+}
+
+async fn count_requests(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    *lock(&st.metrics.requests)
+        .entry((route, method, resp.status().as_u16()))
+        .or_insert(0) += 1;
+    resp
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "rackmem control plane",
+        description = "Bricks, nodes, the resource graph and allocations of segments with grants. \
+                       The contract is docs/control-plane.md."
+    ),
+    tags(
+        (name = "bricks", description = "Memory bricks: registration and heartbeats"),
+        (name = "nodes", description = "Nodes (compute bricks) and their rate limits"),
+        (name = "allocations", description = "Segments of bricks granted to nodes"),
+        (name = "graph", description = "The resource graph"),
+        (name = "meta", description = "Health, metrics, this document"),
+    ),
+    components(schemas(ErrorBody, ErrorDetail, Endpoint, BrickState, PortSpec, Port, LiveSegment, Segment))
+)]
+struct ApiDoc;
+
+/// Every route, each with its OpenAPI operation.
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(register_brick, list_bricks))
+        .routes(routes!(get_brick))
+        .routes(routes!(heartbeat))
+        .routes(routes!(register_node, list_nodes))
+        .routes(routes!(get_node))
+        .routes(routes!(node_rates))
+        .routes(routes!(create_allocation, list_allocations))
+        .routes(routes!(get_allocation, delete_allocation, resize_allocation))
+        .routes(routes!(get_graph))
+        .routes(routes!(healthz))
+        .routes(routes!(openapi_json))
+        .routes(routes!(metrics))
+}
+
+/// The router, and the control plane it serves.
+fn build(plane: ControlPlane, body_limit_bytes: usize) -> (axum::Router, Arc<Mutex<ControlPlane>>) {
+    let (router, api) = api_router().split_for_parts();
+    let openapi_json = api
+        .to_json()
+        .unwrap_or_else(|e| format!("{{\"error\":{{\"code\":\"internal\",\"message\":\"{e}\"}}}}"));
+    let store = plane.store_description();
+    let plane = Arc::new(Mutex::new(plane));
+    let state = AppState {
+        plane: plane.clone(),
+        metrics: Arc::new(Metrics::default()),
+        openapi_json: Arc::new(openapi_json),
+        store: Arc::new(store),
+    };
+    let router = router
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit_bytes))
+        .with_state(state);
+    (router, plane)
+}
+
+/// The OpenAPI document, as `GET /openapi.json` serves it.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().split_for_parts().1
+}
+
+async fn expire_bricks(plane: Arc<Mutex<ControlPlane>>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // The lock may be held by a commit in progress: wait for it off the async workers.
+        let p = plane.clone();
+        let down = tokio::task::spawn_blocking(move || lock(&p).expire_bricks(Instant::now()))
+            .await
+            .unwrap_or_default();
+        for name in down {
+            tracing::warn!(brick = %name, "brick missed its heartbeats: marked down");
+        }
+    }
+}
+
+/// A running control plane.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
+}
+
+impl ServerHandle {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving (requests in flight finish) and waits for the server thread.
+    pub fn stop(mut self) -> Result<(), ServerError> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<(), ServerError> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(ServerError::Io {
+                what: "the control plane's server thread".to_string(),
+                source: std::io::Error::other("panicked"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}
+
+/// Loads the state, binds `config.listen` and serves on a thread of its own (with its own tokio
+/// runtime) until [`ServerHandle::stop`].
+pub fn spawn(config: ServerConfig) -> Result<ServerHandle, ServerError> {
+    let plane = ControlPlane::open(
+        config.store,
+        config.topology,
+        config.brick_timeout,
+        config.heartbeat_interval,
+    )?;
+    let io = |what: String| move |source| ServerError::Io { what, source };
+    let listener = std::net::TcpListener::bind(config.listen).map_err(io(format!("listening on {}", config.listen)))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(io("making the listening socket non-blocking".to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io("reading the bound address".to_string()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rackmem-control")
+        .enable_all()
+        .build()
+        .map_err(io("starting the tokio runtime".to_string()))?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let body_limit = config.body_limit_bytes;
+    let expiry_period = (config.brick_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let thread = std::thread::Builder::new()
+        .name("rackmem-control".to_string())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .map_err(io("registering the listening socket".to_string()))?;
+                let (router, plane) = build(plane, body_limit);
+                let expiry = tokio::spawn(expire_bricks(plane, expiry_period));
+                let r = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.await;
+                    })
+                    .await
+                    .map_err(io(format!("serving on {addr}")));
+                expiry.abort();
+                r
+            })
+        })
+        .map_err(io("starting the server thread".to_string()))?;
+    Ok(ServerHandle {
+        addr,
+        stop: Some(tx),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,337 @@
+//! Where the control plane's state lives between restarts.
+//!
+//! The control plane keeps its whole state in memory and writes every change through a
+//! [`Store`] as one atomic batch of typed records ([`Op::Put`] / [`Op::Delete`]) before it
+//! answers. At start it reads everything back with [`Store::load`]. A backend only needs a
+//! key-value map with atomic multi-key writes: [`Key::path`] names each record
+//! (`bricks/12`, `allocations/7`, `meta/counters`) and the record bodies are JSON
+//! ([`Record::to_json`]). SQLite ([`sqlite::SqliteStore`]) is the default; an etcd backend goes
+//! behind the cargo feature `etcd`.
+//!
+//! Brick liveness is never stored: after a restart every brick counts as up until its
+//! heartbeat timeout passes.
+
+pub mod sqlite;
+
+use crate::api::Port;
+use serde::{Deserialize, Serialize};
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store URL is not understood.
+    #[error("store {0:?} is not understood: use sqlite:PATH (or etcd:URL[,URL...] with the etcd feature)")]
+    BadUrl(String),
+    /// The backend failed (I/O, database, network).
+    #[error("store {store}: {message}")]
+    Backend {
+        /// Which store (`sqlite:PATH`).
+        store: String,
+        /// What failed.
+        message: String,
+    },
+    /// A stored record cannot be read back.
+    #[error("store {store}: record {key} is corrupt: {message}")]
+    Corrupt {
+        /// Which store.
+        store: String,
+        /// The record's key path.
+        key: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// A registered brick, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrickRecord {
+    /// Id.
+    pub id: u64,
+    /// Unique name.
+    pub name: String,
+    /// Where nodes reach it.
+    pub address: String,
+    /// Size of its pool.
+    pub capacity_bytes: u64,
+    /// Its ports, cabled.
+    pub ports: Vec<Port>,
+    /// Hex of its grant key.
+    pub key_hex: String,
+}
+
+/// A registered node, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Id.
+    pub id: u64,
+    /// Unique name.
+    pub name: String,
+    /// Its ports, cabled.
+    pub ports: Vec<Port>,
+}
+
+/// A switch created on demand by a registration (the topology file's switches are read anew).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchRecord {
+    /// Name.
+    pub name: String,
+}
+
+/// One segment of an allocation, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRecord {
+    /// Brick.
+    pub brick_id: u64,
+    /// Segment id.
+    pub segment_id: u64,
+    /// Start in the brick's pool.
+    pub offset: u64,
+    /// Size.
+    pub size_bytes: u64,
+    /// Reserved bandwidth on its path (0: none).
+    pub bandwidth_bps: u64,
+    /// Link ids of its path.
+    pub links: Vec<String>,
+    /// Encoded grant, hex.
+    pub grant_hex: String,
+    /// Session key, hex.
+    pub session_key_hex: String,
+}
+
+/// An allocation, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    /// Id.
+    pub id: u64,
+    /// Node.
+    pub node: u64,
+    /// Size asked for.
+    pub size_bytes: u64,
+    /// Stripe width.
+    pub stripe: u32,
+    /// Bandwidth reserved per segment.
+    pub bandwidth_bps: u64,
+    /// Links paths may use (none: any).
+    pub links: Option<Vec<String>>,
+    /// Segments in window order.
+    pub segments: Vec<SegmentRecord>,
+    /// Creation time.
+    pub created_unix_ms: u64,
+}
+
+/// The id counters; ids are never reused, segment ids above all (a brick must never mistake a
+/// new grant for a segment it still holds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Next brick id.
+    pub next_brick: u64,
+    /// Next node id.
+    pub next_node: u64,
+    /// Next allocation id.
+    pub next_allocation: u64,
+    /// Next segment id.
+    pub next_segment: u64,
+}
+
+/// A typed record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// A brick.
+    Brick(BrickRecord),
+    /// A node.
+    Node(NodeRecord),
+    /// A switch.
+    Switch(SwitchRecord),
+    /// An allocation.
+    Allocation(AllocationRecord),
+    /// The id counters (one record).
+    Counters(Counters),
+}
+
+/// The key of a record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// A brick by id.
+    Brick(u64),
+    /// A node by id.
+    Node(u64),
+    /// A switch by name.
+    Switch(String),
+    /// An allocation by id.
+    Allocation(u64),
+    /// The id counters.
+    Counters,
+}
+
+impl Key {
+    /// The record kind: `bricks`, `nodes`, `switches`, `allocations`, `meta`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Key::Brick(_) => "bricks",
+            Key::Node(_) => "nodes",
+            Key::Switch(_) => "switches",
+            Key::Allocation(_) => "allocations",
+            Key::Counters => "meta",
+        }
+    }
+
+    /// The name within the kind (an id, a switch name, `counters`).
+    pub fn name(&self) -> String {
+        match self {
+            Key::Brick(i) | Key::Node(i) | Key::Allocation(i) => i.to_string(),
+            Key::Switch(s) => s.clone(),
+            Key::Counters => "counters".to_string(),
+        }
+    }
+
+    /// `KIND/NAME`, e.g. `allocations/7`: a key for key-value backends.
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.kind(), self.name())
+    }
+}
+
+impl Record {
+    /// The record's key.
+    pub fn key(&self) -> Key {
+        match self {
+            Record::Brick(b) => Key::Brick(b.id),
+            Record::Node(n) => Key::Node(n.id),
+            Record::Switch(s) => Key::Switch(s.name.clone()),
+            Record::Allocation(a) => Key::Allocation(a.id),
+            Record::Counters(_) => Key::Counters,
+        }
+    }
+
+    /// The body, JSON.
+    pub fn to_json(&self) -> String {
+        let r = match self {
+            Record::Brick(b) => serde_json::to_string(b),
+            Record::Node(n) => serde_json::to_string(n),
+            Record::Switch(s) => serde_json::to_string(s),
+            Record::Allocation(a) => serde_json::to_string(a),
+            Record::Counters(c) => serde_json::to_string(c),
+        };
+        // These types serialize plain fields only: serde_json cannot fail on them.
+        r.unwrap_or_else(|e| unreachable!("record serialization failed: {e}"))
+    }
+
+    /// Reads a body back, given the kind of its key (`bricks`, ...).
+    pub fn from_json(kind: &str, body: &str) -> Result<Record, String> {
+        let e = |e: serde_json::Error| e.to_string();
+        Ok(match kind {
+            "bricks" => Record::Brick(serde_json::from_str(body).map_err(e)?),
+            "nodes" => Record::Node(serde_json::from_str(body).map_err(e)?),
+            "switches" => Record::Switch(serde_json::from_str(body).map_err(e)?),
+            "allocations" => Record::Allocation(serde_json::from_str(body).map_err(e)?),
+            "meta" => Record::Counters(serde_json::from_str(body).map_err(e)?),
+            other => return Err(format!("unknown record kind {other:?}")),
+        })
+    }
+}
+
+/// One change of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Insert or replace a record.
+    Put(Record),
+    /// Remove a record (absent: no error).
+    Delete(Key),
+}
+
+/// Everything a store holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Bricks.
+    pub bricks: Vec<BrickRecord>,
+    /// Nodes.
+    pub nodes: Vec<NodeRecord>,
+    /// Switches created on demand.
+    pub switches: Vec<SwitchRecord>,
+    /// Allocations.
+    pub allocations: Vec<AllocationRecord>,
+    /// Id counters (zero on a new store).
+    pub counters: Counters,
+}
+
+impl Snapshot {
+    /// Files a record into the snapshot (for backends that read records one by one).
+    pub fn add(&mut self, r: Record) {
+        match r {
+            Record::Brick(b) => self.bricks.push(b),
+            Record::Node(n) => self.nodes.push(n),
+            Record::Switch(s) => self.switches.push(s),
+            Record::Allocation(a) => self.allocations.push(a),
+            Record::Counters(c) => self.counters = c,
+        }
+    }
+}
+
+/// Durable state of the control plane.
+///
+/// The control plane calls the store from one thread at a time, with its state locked: a
+/// backend needs no locking of its own. `commit` must apply all of `ops` or none, and must
+/// return only once the batch is durable (the control plane answers the request right after).
+pub trait Store: Send + 'static {
+    /// What to show users: `sqlite:PATH`, `etcd:URL,...`.
+    fn describe(&self) -> String;
+    /// Reads the whole state.
+    fn load(&mut self) -> Result<Snapshot, StoreError>;
+    /// Applies a batch atomically.
+    fn commit(&mut self, ops: &[Op]) -> Result<(), StoreError>;
+}
+
+/// Opens a store by URL: `sqlite:PATH` (created if absent).
+pub fn open(url: &str) -> Result<Box<dyn Store>, StoreError> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        if path.is_empty() {
+            return Err(StoreError::BadUrl(url.to_string()));
+        }
+        return Ok(Box::new(sqlite::SqliteStore::open(std::path::Path::new(path))?));
+    }
+    if url.starts_with("etcd:") {
+        return Err(StoreError::Backend {
+            store: url.to_string(),
+            message: "the etcd store is not built into this binary (cargo feature `etcd`)".to_string(),
+        });
+    }
+    Err(StoreError::BadUrl(url.to_string()))
+}
+
+/// A store in memory only, for tests and for trying the control plane out.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    records: std::collections::BTreeMap<String, (String, String)>,
+}
+
+impl Store for MemoryStore {
+    fn describe(&self) -> String {
+        "memory".to_string()
+    }
+
+    fn load(&mut self) -> Result<Snapshot, StoreError> {
+        let mut s = Snapshot::default();
+        for (path, (kind, body)) in &self.records {
+            s.add(Record::from_json(kind, body).map_err(|message| StoreError::Corrupt {
+                store: self.describe(),
+                key: path.clone(),
+                message,
+            })?);
+        }
+        Ok(s)
+    }
+
+    fn commit(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        for op in ops {
+            match op {
+                Op::Put(r) => {
+                    let k = r.key();
+                    self.records.insert(k.path(), (k.kind().to_string(), r.to_json()));
+                }
+                Op::Delete(k) => {
+                    self.records.remove(&k.path());
+                }
+            }
+        }
+        Ok(())
+    }
+}

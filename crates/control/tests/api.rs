@@ -1,0 +1,741 @@
+//! End-to-end tests of the control plane: a real server on an ephemeral port, a real SQLite file
+//! in a temporary directory, real HTTP.
+
+// The helpers below are test code too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use rackmem_control::api::*;
+use rackmem_control::client::{Client, ClientError};
+use rackmem_control::grant;
+use rackmem_control::graph::Topology;
+use rackmem_control::heartbeat::spawn_brick_heartbeat;
+use rackmem_control::server::{spawn, ServerConfig, ServerHandle};
+use rackmem_control::store;
+use rackmem_proto::Grant;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GBPS: u64 = 1_000_000_000;
+
+fn start(db: &Path, configure: impl FnOnce(&mut ServerConfig)) -> (ServerHandle, Client) {
+    let store = store::open(&format!("sqlite:{}", db.display())).unwrap();
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), store);
+    configure(&mut cfg);
+    let server = spawn(cfg).unwrap();
+    let client = Client::new(&[server.url()]).unwrap();
+    (server, client)
+}
+
+fn key_of(name: &str) -> Vec<u8> {
+    format!("key-of-{name}-0123456789abcdef").into_bytes()
+}
+
+fn brick_reg(name: &str, capacity: u64, bw: u64) -> BrickRegistration {
+    BrickRegistration {
+        name: name.into(),
+        address: format!("tcp://{name}.example:7070"),
+        capacity_bytes: capacity,
+        ports: vec![PortSpec {
+            name: "p0".into(),
+            bandwidth_bps: bw,
+            switch: None,
+        }],
+        key_hex: hex::encode(key_of(name)),
+    }
+}
+
+fn node_reg(name: &str, bw: u64) -> NodeRegistration {
+    NodeRegistration {
+        name: name.into(),
+        ports: vec![PortSpec {
+            name: "eth0".into(),
+            bandwidth_bps: bw,
+            switch: None,
+        }],
+    }
+}
+
+fn server_err(r: Result<impl std::fmt::Debug, ClientError>) -> (u16, String, String) {
+    match r {
+        Err(ClientError::Server {
+            status, code, message, ..
+        }) => (status, code, message),
+        other => panic!("expected a server error, got {other:?}"),
+    }
+}
+
+/// Sends a raw body; returns status and parsed JSON.
+fn raw(url: &str, method: &str, path: &str, content_type: Option<&str>, body: &str) -> (u16, serde_json::Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let full = format!("{url}{path}");
+    let r = match method {
+        "POST" => {
+            let mut b = agent.post(&full);
+            if let Some(ct) = content_type {
+                b = b.content_type(ct);
+            }
+            b.send(body)
+        }
+        "PUT" => agent.put(&full).content_type("application/json").send(body),
+        "PATCH" => agent.patch(&full).content_type("application/json").send(body),
+        "DELETE" => agent.delete(&full).call(),
+        _ => agent.get(&full).call(),
+    };
+    let mut resp = r.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap();
+    let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    (status, v)
+}
+
+fn assert_json_error(v: &serde_json::Value, code: &str) {
+    assert_eq!(v["error"]["code"], code, "error body: {v}");
+    assert!(
+        v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "error without message: {v}"
+    );
+}
+
+fn extents_disjoint(allocs: &[Allocation]) {
+    let mut by_brick: std::collections::HashMap<u64, Vec<(u64, u64)>> = Default::default();
+    for a in allocs {
+        for s in &a.segments {
+            by_brick.entry(s.brick_id).or_default().push((s.offset, s.size_bytes));
+        }
+    }
+    for (b, mut v) in by_brick {
+        v.sort();
+        for w in v.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "brick {b}: extents overlap: {w:?}");
+        }
+    }
+}
+
+fn verify_segment(s: &Segment, node: u64) {
+    let g = Grant::decode(&hex::decode(&s.grant_hex).unwrap()).unwrap();
+    let name = s
+        .brick_address
+        .strip_prefix("tcp://")
+        .and_then(|a| a.split('.').next())
+        .unwrap();
+    let key = key_of(name);
+    g.verify(&key, 1_700_000_000).unwrap();
+    assert!(g.verify(b"some other brick's key!!", 1_700_000_000).is_err());
+    assert_eq!(
+        (g.segment_id, g.brick_offset, g.size_bytes, g.node),
+        (s.segment_id, s.offset, s.size_bytes, node)
+    );
+    assert_eq!(s.session_key_hex, hex::encode(grant::session_key(&key, &g)));
+}
+
+#[test]
+fn register_allocate_stripe_free_and_resize() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, c) = start(&dir.path().join("control.db"), |_| {});
+    let b1 = c.register_brick(&brick_reg("b1", 64 * MIB, 10 * GBPS)).unwrap().id;
+    let b2 = c.register_brick(&brick_reg("b2", 64 * MIB, 10 * GBPS)).unwrap().id;
+    let b3 = c.register_brick(&brick_reg("b3", 32 * MIB, 10 * GBPS)).unwrap().id;
+    assert_eq!(
+        c.register_brick(&brick_reg("b1", 64 * MIB, 10 * GBPS)).unwrap().id,
+        b1,
+        "same name, same id"
+    );
+    let n = c.register_node(&node_reg("n1", 10 * GBPS)).unwrap().id;
+    assert_eq!(c.bricks().unwrap().len(), 3);
+    assert_eq!(c.node(n).unwrap().name, "n1");
+
+    // Striped over two bricks: both segments, distinct bricks, whole MiB, valid grants.
+    let a = c
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: 10 * MIB + 1,
+            stripe: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(a.segments.len(), 2);
+    assert_ne!(a.segments[0].brick_id, a.segments[1].brick_id);
+    assert!(a.segments.iter().all(|s| s.size_bytes == 6 * MIB));
+    for s in &a.segments {
+        verify_segment(s, n);
+        assert!(s.rate_limit_bps > 0 && s.rate_limit_bps <= 10 * GBPS);
+    }
+    // Many more: extents never overlap, free bytes add up.
+    let mut all = vec![a.clone()];
+    for i in 0..12 {
+        all.push(
+            c.allocate(&AllocationRequest {
+                node: n,
+                size_bytes: (1 + i % 3) * MIB,
+                stripe: Some(1 + (i % 2) as u32),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+    }
+    extents_disjoint(&all);
+    let used: u64 = all.iter().flat_map(|a| a.segments.iter().map(|s| s.size_bytes)).sum();
+    let free: u64 = c.bricks().unwrap().iter().map(|b| b.free_bytes).sum();
+    assert_eq!(used + free, 160 * MIB);
+
+    // Explicit bricks.
+    let e = c
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: 2 * MIB,
+            bricks: Some(vec![b3, b2]),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(e.segments.iter().map(|s| s.brick_id).collect::<Vec<_>>(), vec![b3, b2]);
+
+    // Delete returns the extents.
+    let before = c.brick(b3).unwrap().free_bytes;
+    let released = c.free(e.id).unwrap();
+    assert_eq!(released.extents.len(), 2);
+    assert_eq!(released.extents[0].brick_id, b3);
+    assert_eq!(released.extents[0].offset, e.segments[0].offset);
+    assert_eq!(c.brick(b3).unwrap().free_bytes, before + MIB);
+    assert_eq!(server_err(c.allocation(e.id)).0, 404);
+    assert_eq!(server_err(c.free(e.id)).0, 404);
+
+    // Grow adds segments with new ids; shrink drops whole segments from the end.
+    let g = c.resize(a.id, 20 * MIB).unwrap();
+    assert_eq!(g.segments.len(), 4);
+    let no_rate = |v: &[Segment]| -> Vec<Segment> {
+        v.iter()
+            .cloned()
+            .map(|mut s| {
+                s.rate_limit_bps = 0;
+                s
+            })
+            .collect()
+    };
+    assert_eq!(
+        no_rate(&g.segments[..2]),
+        no_rate(&a.segments),
+        "existing segments are kept as they are"
+    );
+    assert!(g.segments[2].segment_id > a.segments[1].segment_id);
+    for s in &g.segments {
+        verify_segment(s, n);
+    }
+    let s = c.resize(a.id, 7 * MIB).unwrap();
+    assert_eq!(s.segments.len(), 2, "12 MiB of segments still cover 7 MiB");
+    assert_eq!(s.size_bytes, 7 * MIB);
+    let s = c.resize(a.id, MIB).unwrap();
+    assert_eq!(s.segments.len(), 1);
+    assert_eq!(no_rate(&s.segments), no_rate(&a.segments[..1]));
+    let (st, code, _) = server_err(c.resize(a.id, 0));
+    assert_eq!((st, code.as_str()), (422, "invalid"));
+
+    // Heartbeat lists exactly the live segments of the brick.
+    let hb = c.heartbeat(b1, &HeartbeatStats::default()).unwrap();
+    let live = c.allocations().unwrap();
+    let mut want: Vec<u64> = live
+        .iter()
+        .flat_map(|a| a.segments.iter())
+        .filter(|s| s.brick_id == b1)
+        .map(|s| s.segment_id)
+        .collect();
+    want.sort();
+    assert_eq!(hb.segments.iter().map(|s| s.id).collect::<Vec<_>>(), want);
+    let rates = c.rates(n).unwrap();
+    assert_eq!(
+        rates.segments.len(),
+        live.iter().map(|a| a.segments.len()).sum::<usize>()
+    );
+}
+
+#[test]
+fn failed_allocation_reserves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, c) = start(&dir.path().join("control.db"), |_| {});
+    c.register_brick(&brick_reg("big", 64 * MIB, 10 * GBPS)).unwrap();
+    c.register_brick(&brick_reg("small", 4 * MIB, 10 * GBPS)).unwrap();
+    let n = c.register_node(&node_reg("n", 10 * GBPS)).unwrap().id;
+    let before = c.graph().unwrap();
+    // 2 x 16 MiB: the big brick is carved first, the small one cannot hold its half.
+    let (status, code, msg) = server_err(c.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: 32 * MIB,
+        stripe: Some(2),
+        bandwidth_bps: Some(GBPS),
+        ..Default::default()
+    }));
+    assert_eq!((status, code.as_str()), (409, "insufficient_capacity"), "{msg}");
+    assert_eq!(c.graph().unwrap(), before, "nothing reserved after a failed allocation");
+    // More than any brick lends.
+    let (status, code, _) = server_err(c.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: 1 << 40,
+        ..Default::default()
+    }));
+    assert_eq!((status, code.as_str()), (409, "insufficient_capacity"));
+    // Not representable in whole MiB.
+    let (status, code, _) = server_err(c.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: u64::MAX,
+        ..Default::default()
+    }));
+    assert_eq!((status, code.as_str()), (422, "invalid"));
+    assert_eq!(c.graph().unwrap(), before);
+    assert!(c.allocations().unwrap().is_empty());
+}
+
+#[test]
+fn bandwidth_reservations_exhaust_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, c) = start(&dir.path().join("control.db"), |_| {});
+    c.register_brick(&brick_reg("b1", 256 * MIB, 10 * GBPS)).unwrap();
+    c.register_brick(&brick_reg("b2", 256 * MIB, 10 * GBPS)).unwrap();
+    // The node's port (4 GB/s) is the bottleneck.
+    let n = c.register_node(&node_reg("n", 4 * GBPS)).unwrap().id;
+    let mk = |bw| AllocationRequest {
+        node: n,
+        size_bytes: 8 * MIB,
+        bandwidth_bps: Some(bw),
+        ..Default::default()
+    };
+    let unreserved = c
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: MIB,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(unreserved.segments[0].rate_limit_bps, 4 * GBPS);
+    let a = c.allocate(&mk(3 * GBPS)).unwrap();
+    assert_eq!(a.segments[0].rate_limit_bps, 3 * GBPS);
+    assert_eq!(a.segments[0].bandwidth_bps, 3 * GBPS);
+    let (status, code, msg) = server_err(c.allocate(&mk(2 * GBPS)));
+    assert_eq!((status, code.as_str()), (409, "insufficient_bandwidth"), "{msg}");
+    // The unreserved segment now shares what is left.
+    assert_eq!(c.allocation(unreserved.id).unwrap().segments[0].rate_limit_bps, GBPS);
+    let link = c
+        .graph()
+        .unwrap()
+        .links
+        .into_iter()
+        .find(|l| l.id == format!("node:{n}:eth0"))
+        .unwrap();
+    assert_eq!((link.reserved_bps, link.free_bps, link.segments), (3 * GBPS, GBPS, 2));
+    c.allocate(&mk(GBPS)).unwrap();
+    c.free(a.id).unwrap();
+    c.allocate(&mk(3 * GBPS)).unwrap();
+    // The sum of the limits on the node port never exceeds its bandwidth.
+    let total: u64 = c.rates(n).unwrap().segments.iter().map(|s| s.rate_limit_bps).sum();
+    assert!(total <= 4 * GBPS, "{total}");
+}
+
+#[test]
+fn topology_paths_cross_switches() {
+    let dir = tempfile::tempdir().unwrap();
+    let topo = Topology::parse(
+        r#"{"switches": ["tor-a", "tor-b", "spine"],
+            "links": [{"a": "tor-a", "b": "spine", "bandwidth_bps": 2000000000},
+                      {"a": "tor-b", "b": "spine", "bandwidth_bps": 2000000000}],
+            "ports": {"far:p0": "tor-b"},
+            "default_switch": "tor-a"}"#,
+    )
+    .unwrap();
+    let (_server, c) = start(&dir.path().join("control.db"), |cfg| cfg.topology = Some(topo));
+    let far = c.register_brick(&brick_reg("far", 64 * MIB, 10 * GBPS)).unwrap().id;
+    let n = c.register_node(&node_reg("n", 10 * GBPS)).unwrap().id;
+    let a = c
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: MIB,
+            bandwidth_bps: Some(GBPS),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        a.segments[0].links,
+        vec![
+            format!("node:{n}:eth0"),
+            "switch:tor-a:spine".to_string(),
+            "switch:tor-b:spine".to_string(),
+            format!("brick:{far}:p0")
+        ]
+    );
+    let (status, code, _) = server_err(c.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: MIB,
+        bandwidth_bps: Some(GBPS + 1),
+        ..Default::default()
+    }));
+    assert_eq!((status, code.as_str()), (409, "insufficient_bandwidth"));
+    let mut bad = brick_reg("x", 64 * MIB, GBPS);
+    bad.ports[0].switch = Some("nowhere".into());
+    let (status, code, _) = server_err(c.register_brick(&bad));
+    assert_eq!((status, code.as_str()), (422, "invalid"));
+    let g = c.graph().unwrap();
+    assert_eq!(
+        g.switches.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        vec!["spine", "tor-a", "tor-b"]
+    );
+}
+
+#[test]
+fn bad_requests_get_json_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, c) = start(&dir.path().join("control.db"), |cfg| cfg.body_limit_bytes = 4096);
+    let url = server.url();
+    c.register_brick(&brick_reg("b", 64 * MIB, GBPS)).unwrap();
+    let n = c.register_node(&node_reg("n", GBPS)).unwrap().id;
+    let ct = Some("application/json");
+    for (body, want) in [
+        ("{not json", 400),
+        (r#"{"node": 1, "size_bytes": -5}"#, 400),
+        (r#"{"node": 1, "size_bytes": "big"}"#, 400),
+        (r#"{"node": 1, "size_bytes": 1e30}"#, 400),
+        (r#"{"node": 1, "size_bytes": 99999999999999999999999}"#, 400),
+        (r#"{"node": 1}"#, 400),
+        (r#"{"node": 1, "size_bytes": 1048576, "surprise": true}"#, 400),
+        (r#"[]"#, 400),
+        ("", 400),
+    ] {
+        let (status, v) = raw(&url, "POST", "/v1/allocations", ct, body);
+        assert_eq!(status, want, "{body}: {v}");
+        assert_json_error(&v, "bad_request");
+    }
+    let (status, v) = raw(&url, "POST", "/v1/allocations", None, r#"{"node": 1, "size_bytes": 1}"#);
+    assert_eq!(status, 415, "{v}");
+    assert_json_error(&v, "unsupported_media_type");
+    let huge = format!(r#"{{"node": 1, "size_bytes": 1, "links": ["{}"]}}"#, "x".repeat(10_000));
+    let (status, v) = raw(&url, "POST", "/v1/allocations", ct, &huge);
+    assert_eq!(status, 413, "{v}");
+    assert_json_error(&v, "payload_too_large");
+
+    let body = |node: u64, size: u64, extra: &str| format!(r#"{{"node": {node}, "size_bytes": {size}{extra}}}"#);
+    let (status, v) = raw(&url, "POST", "/v1/allocations", ct, &body(n, 0, ""));
+    assert_eq!(status, 422, "{v}");
+    assert_json_error(&v, "invalid");
+    let (status, v) = raw(&url, "POST", "/v1/allocations", ct, &body(n, MIB, r#", "stripe": 0"#));
+    assert_eq!(status, 422, "{v}");
+    let (status, v) = raw(&url, "POST", "/v1/allocations", ct, &body(999, MIB, ""));
+    assert_eq!(status, 404, "{v}");
+    assert_json_error(&v, "not_found");
+    let (status, v) = raw(
+        &url,
+        "POST",
+        "/v1/allocations",
+        ct,
+        &body(n, MIB, r#", "bricks": [77]"#),
+    );
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = raw(&url, "POST", "/v1/allocations", ct, &body(n, MIB, r#", "stripe": 5"#));
+    assert_eq!(status, 409, "only one brick: {v}");
+    assert_json_error(&v, "insufficient_capacity");
+
+    for (m, path) in [
+        ("GET", "/v1/allocations/12345"),
+        ("DELETE", "/v1/allocations/12345"),
+        ("GET", "/v1/bricks/999"),
+        ("GET", "/v1/nodes/999"),
+        ("GET", "/v1/nodes/999/rates"),
+        ("GET", "/v1/nothing-here"),
+    ] {
+        let (status, v) = raw(&url, m, path, None, "");
+        assert_eq!(status, 404, "{m} {path}: {v}");
+        assert_json_error(&v, "not_found");
+    }
+    let (status, v) = raw(&url, "GET", "/v1/allocations/abc", None, "");
+    assert_eq!(status, 400, "{v}");
+    assert_json_error(&v, "bad_request");
+    let (status, v) = raw(&url, "GET", "/v1/allocations/-1", None, "");
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = raw(&url, "PATCH", "/v1/allocations/1", None, r#"{"size_bytes": "x"}"#);
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = raw(&url, "DELETE", "/v1/bricks", None, "");
+    assert_eq!(status, 405, "{v}");
+    assert_json_error(&v, "method_not_allowed");
+    let (status, v) = raw(&url, "PUT", "/v1/bricks/999/heartbeat", None, "");
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = raw(&url, "PUT", "/v1/bricks/1/heartbeat", None, "{oops");
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = raw(&url, "PUT", "/v1/bricks/1/heartbeat", None, r#"{"segments": 3}"#);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(c.brick(1).unwrap().stats.unwrap().segments, Some(3));
+
+    // Registrations: invalid fields are 422, a conflicting address is 409.
+    let mut r = brick_reg("b2", 64 * MIB, GBPS);
+    r.key_hex = "zz".into();
+    assert_eq!(server_err(c.register_brick(&r)).0, 422);
+    let mut r = brick_reg("b2", 0, GBPS);
+    r.capacity_bytes = 0;
+    assert_eq!(server_err(c.register_brick(&r)).0, 422);
+    let mut r = brick_reg("b2", 64 * MIB, GBPS);
+    r.address = "b.example:7070".into();
+    assert_eq!(server_err(c.register_brick(&r)).0, 422);
+    let mut r = brick_reg("b2", 64 * MIB, GBPS);
+    r.address = brick_reg("b", 64 * MIB, GBPS).address;
+    let (status, code, _) = server_err(c.register_brick(&r));
+    assert_eq!((status, code.as_str()), (409, "conflict"));
+    let mut r = brick_reg("bad name!", 64 * MIB, GBPS);
+    r.ports.clear();
+    assert_eq!(server_err(c.register_brick(&r)).0, 422);
+    // A re-registration that would orphan live segments is refused.
+    let a = c
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: 32 * MIB,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(a.segments[0].offset, 0);
+    let (status, code, _) = server_err(c.register_brick(&brick_reg("b", 16 * MIB, GBPS)));
+    assert_eq!((status, code.as_str()), (409, "conflict"));
+    let mut moved = node_reg("n", GBPS);
+    moved.ports[0].name = "eth9".into();
+    assert_eq!(server_err(c.register_node(&moved)).0, 409);
+    assert!(c.health().is_ok(), "the server survived all of it");
+}
+
+#[test]
+fn state_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state/control.db");
+    let (server, c) = start(&db, |_| {});
+    c.register_brick(&brick_reg("b1", 64 * MIB, 10 * GBPS)).unwrap();
+    c.register_brick(&brick_reg("b2", 64 * MIB, 10 * GBPS)).unwrap();
+    let n = c.register_node(&node_reg("n", 10 * GBPS)).unwrap().id;
+    let mut before = Vec::new();
+    for i in 0..6u64 {
+        before.push(
+            c.allocate(&AllocationRequest {
+                node: n,
+                size_bytes: (i + 1) * MIB,
+                stripe: Some(1 + (i % 2) as u32),
+                bandwidth_bps: (i == 3).then_some(GBPS),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+    }
+    let freed = before.remove(1);
+    c.free(freed.id).unwrap();
+    c.resize(before[0].id, 5 * MIB).unwrap();
+    // Rate limits move with every allocation: compare against the state right before the stop.
+    let before = c.allocations().unwrap();
+    let graph_before = c.graph().unwrap();
+    server.stop().unwrap();
+    assert!(c.health().is_err(), "stopped");
+
+    let (_server, c) = start(&db, |_| {});
+    let after = c.allocations().unwrap();
+    assert_eq!(after, before, "every allocation, segment and grant is intact");
+    for a in &after {
+        for s in &a.segments {
+            verify_segment(s, n);
+        }
+    }
+    let mut g = c.graph().unwrap();
+    for b in &mut g.bricks {
+        assert_eq!(b.state, BrickState::Up, "up until the heartbeat timeout passes");
+        b.last_heartbeat_unix_ms = None;
+    }
+    assert_eq!(g, graph_before);
+    // New allocations neither overlap old extents nor reuse ids.
+    let max_seg = after
+        .iter()
+        .flat_map(|a| a.segments.iter())
+        .map(|s| s.segment_id)
+        .max()
+        .unwrap();
+    let max_id = after.iter().map(|a| a.id).max().unwrap().max(freed.id);
+    let mut all = after.clone();
+    for _ in 0..8 {
+        let a = c
+            .allocate(&AllocationRequest {
+                node: n,
+                size_bytes: 3 * MIB,
+                stripe: Some(2),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(a.id > max_id);
+        assert!(a.segments.iter().all(|s| s.segment_id > max_seg));
+        all.push(a);
+    }
+    extents_disjoint(&all);
+    assert_eq!(c.register_node(&node_reg("n", 10 * GBPS)).unwrap().id, n);
+}
+
+#[test]
+fn silent_bricks_go_down_and_are_avoided() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, c) = start(&dir.path().join("control.db"), |cfg| {
+        cfg.brick_timeout = Duration::from_millis(300);
+    });
+    let quiet = c.register_brick(&brick_reg("quiet", 256 * MIB, GBPS)).unwrap().id;
+    let n = c.register_node(&node_reg("n", GBPS)).unwrap().id;
+    // `live` heartbeats through the library thread; `quiet` never does.
+    let urls = vec![c.urls()[0].clone()];
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<LiveSegment>>::new()));
+    let s2 = seen.clone();
+    let hb = spawn_brick_heartbeat(
+        Client::new(&urls).unwrap(),
+        brick_reg("live", 64 * MIB, GBPS),
+        Duration::from_millis(50),
+        move |segs| s2.lock().unwrap().push(segs.to_vec()),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.brick(quiet).unwrap().state != BrickState::Down {
+        assert!(Instant::now() < deadline, "the silent brick was never marked down");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let live = hb.brick_id().unwrap();
+    assert_eq!(c.brick(live).unwrap().state, BrickState::Up);
+    // The quiet brick has more room, but it is down: the allocation goes to the live one.
+    let a = c
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: MIB,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(a.segments[0].brick_id, live);
+    let (status, code, _) = server_err(c.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: MIB,
+        bricks: Some(vec![quiet]),
+        ..Default::default()
+    }));
+    assert_eq!((status, code.as_str()), (409, "insufficient_capacity"));
+    // The heartbeat reply carries the new segment to the brick.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = seen.lock().unwrap().last().cloned().unwrap_or_default();
+        if last.iter().any(|s| s.id == a.segments[0].segment_id) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the heartbeat never listed the new segment");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    hb.stop();
+    // A heartbeat brings a down brick back.
+    c.heartbeat(quiet, &HeartbeatStats::default()).unwrap();
+    assert_eq!(c.brick(quiet).unwrap().state, BrickState::Up);
+}
+
+#[test]
+fn heartbeat_thread_waits_for_the_control_plane() {
+    // Register against a port nobody listens on yet; start the control plane there later.
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let hb = spawn_brick_heartbeat(
+        Client::with_timeout(&[url], Duration::from_secs(2)).unwrap(),
+        brick_reg("late", 64 * MIB, GBPS),
+        Duration::from_millis(50),
+        |_| {},
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(hb.brick_id(), None);
+    let store = store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
+    let server = spawn(ServerConfig::new(format!("127.0.0.1:{port}").parse().unwrap(), store)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while hb.brick_id().is_none() {
+        assert!(Instant::now() < deadline, "never registered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = Client::new(&[server.url()]).unwrap();
+    assert_eq!(c.bricks().unwrap()[0].name, "late");
+    hb.stop();
+}
+
+#[test]
+fn client_fails_over_to_the_next_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _) = start(&dir.path().join("control.db"), |_| {});
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let c = Client::new(&[dead.clone(), server.url()]).unwrap();
+    assert_eq!(c.health().unwrap().status, "ok");
+    let only_dead = Client::new(&[dead]).unwrap();
+    assert!(matches!(only_dead.health(), Err(ClientError::Unreachable { .. })));
+    assert!(matches!(Client::new(&["ftp://x"]), Err(ClientError::BadUrl(_))));
+}
+
+#[test]
+fn openapi_lists_every_route_and_metrics_have_the_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, c) = start(&dir.path().join("control.db"), |_| {});
+    let url = server.url();
+    c.register_brick(&brick_reg("b", 64 * MIB, GBPS)).unwrap();
+    let n = c.register_node(&node_reg("n", GBPS)).unwrap().id;
+    c.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: MIB,
+        ..Default::default()
+    })
+    .unwrap();
+    let _ = c.allocation(999);
+
+    let (status, doc) = raw(&url, "GET", "/openapi.json", None, "");
+    assert_eq!(status, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, methods) in [
+        ("/v1/bricks", &["get", "post"][..]),
+        ("/v1/bricks/{id}", &["get"]),
+        ("/v1/bricks/{id}/heartbeat", &["put"]),
+        ("/v1/nodes", &["get", "post"]),
+        ("/v1/nodes/{id}", &["get"]),
+        ("/v1/nodes/{id}/rates", &["get"]),
+        ("/v1/allocations", &["get", "post"]),
+        ("/v1/allocations/{id}", &["get", "delete", "patch"]),
+        ("/v1/graph", &["get"]),
+        ("/healthz", &["get"]),
+        ("/metrics", &["get"]),
+        ("/openapi.json", &["get"]),
+    ] {
+        let p = paths
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} missing from the OpenAPI document"));
+        for m in methods {
+            assert!(p.get(*m).is_some(), "{m} {path} missing");
+        }
+    }
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for s in [
+        "Allocation",
+        "AllocationRequest",
+        "Segment",
+        "Brick",
+        "ErrorBody",
+        "Graph",
+        "Link",
+    ] {
+        assert!(schemas.contains_key(s), "schema {s} missing");
+    }
+    assert_eq!(rackmem_control::server::openapi().paths.paths.len(), paths.len());
+
+    let (status, v) = raw(&url, "GET", "/metrics", None, "");
+    assert_eq!(status, 200);
+    let text = v.as_str().unwrap();
+    for series in [
+        "rackmem_control_allocations 1",
+        "rackmem_control_segments 1",
+        "rackmem_control_bricks{state=\"up\"} 1",
+        "rackmem_control_bricks{state=\"down\"} 0",
+        "rackmem_control_brick_free_bytes{brick=\"b\"} 66060288",
+        "rackmem_control_brick_allocated_bytes{brick=\"b\"} 1048576",
+        "rackmem_control_requests_total{route=\"/v1/allocations\",method=\"POST\",status=\"201\"} 1",
+        "rackmem_control_requests_total{route=\"/v1/allocations/{id}\",method=\"GET\",status=\"404\"} 1",
+        "rackmem_control_allocation_seconds_count 1",
+        "rackmem_control_allocation_seconds_bucket{le=\"+Inf\"} 1",
+    ] {
+        assert!(text.contains(series), "{series} missing from:\n{text}");
+    }
+}
