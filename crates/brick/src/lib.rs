@@ -26,6 +26,6 @@ mod server;
 pub use pool::CHUNK;
 pub use rackmem_proto::BrickStats;
 pub use server::{
-    run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickStopper, ListenAddr, CLONE_GRACE,
+    run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickManager, BrickStopper, ListenAddr, CLONE_GRACE,
     DEFAULT_SPIN_US, MAX_CONNECTIONS,
 };

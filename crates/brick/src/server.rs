@@ -176,6 +176,23 @@ impl Conn {
     }
 }
 
+/// What a heartbeat thread needs of a running brick: its statistics, and the segment list the
+/// control plane sends back (see [`BrickHandle::retain_segments_as_of`]).
+#[derive(Clone)]
+pub struct BrickManager(Arc<Shared>);
+
+impl BrickManager {
+    /// Statistics so far.
+    pub fn stats(&self) -> BrickStats {
+        self.0.stats()
+    }
+
+    /// See [`BrickHandle::retain_segments_as_of`].
+    pub fn retain_segments_as_of(&self, keep: &[(u64, u64, u64)], listed_at: Instant) -> Vec<u64> {
+        self.0.store.retain(keep, listed_at)
+    }
+}
+
 /// A running brick. Dropping it stops the brick, as [`BrickHandle::shutdown`] does.
 pub struct BrickHandle {
     shared: Arc<Shared>,
@@ -299,6 +316,11 @@ impl BrickHandle {
     /// Standalone segments are never touched.
     pub fn retain_segments(&self, keep: &[(u64, u64, u64)]) -> Vec<u64> {
         self.retain_segments_as_of(keep, Instant::now())
+    }
+
+    /// A handle for another thread (a heartbeat) to manage segments and read statistics.
+    pub fn manager(&self) -> BrickManager {
+        BrickManager(self.shared.clone())
     }
 
     /// As [`BrickHandle::retain_segments`], but only for segments created before `listed_at`

@@ -104,7 +104,10 @@ fn advertised(local_addr: &str) -> (String, String) {
 
 /// What the brick does with the segments the control plane lists in each heartbeat reply:
 /// (segment id, offset, size).
-fn on_live_segments(live: &[(u64, u64, u64)], last_count: &mut Option<usize>) {
+fn on_live_segments(live: &[(u64, u64, u64)], dropped: &[u64], last_count: &mut Option<usize>) {
+    if !dropped.is_empty() {
+        eprintln!("rackmem brick: released segments {dropped:?}: the control plane no longer lists them");
+    }
     if *last_count != Some(live.len()) {
         eprintln!("rackmem brick: the control plane lists {} live segments", live.len());
         *last_count = Some(live.len());
@@ -178,7 +181,8 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         size_bytes: args.size,
         key,
         secret,
-        managed: false,
+        // With a control plane, segments come from its grants and live until it drops them.
+        managed: args.control.is_some(),
     })
     .with_context(|| format!("starting the brick on {}", args.listen))?;
     eprintln!(
@@ -208,16 +212,25 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                 registration.name, registration.address
             );
             let mut last_count = None;
+            let (manager, stats_of) = (handle.manager(), handle.manager());
             Some(
-                rackmem_control::heartbeat::spawn_brick_heartbeat(
+                rackmem_control::heartbeat::spawn_brick_heartbeat_with_stats(
                     client,
                     registration,
                     std::time::Duration::from_millis(args.heartbeat_ms),
-                    move |segs: &[LiveSegment]| {
+                    move || {
+                        let s = stats_of.stats();
+                        rackmem_control::api::HeartbeatStats {
+                            resident_bytes: Some(s.resident_bytes),
+                            segments: Some(s.segments),
+                        }
+                    },
+                    move |segs: &[LiveSegment], listed_at| {
                         let live: Vec<(u64, u64, u64)> = segs.iter().map(|s| (s.id, s.offset, s.size_bytes)).collect();
-                        // The one place a heartbeat reply reaches the brick: with managed
-                        // segments this becomes the brick handle's retain_segments(&live).
-                        on_live_segments(&live, &mut last_count);
+                        // Segments the control plane no longer lists are dropped; one created
+                        // since the request went out may be newer than the list and stays.
+                        let dropped = manager.retain_segments_as_of(&live, listed_at);
+                        on_live_segments(&live, &dropped, &mut last_count);
                     },
                 )
                 .context("starting the heartbeat thread")?,

@@ -72,12 +72,12 @@ impl Drop for BrickHeartbeat {
 }
 
 /// Registers `registration` and sends heartbeats every `interval` on a thread of its own,
-/// calling `on_live_segments` with every reply.
+/// calling `on_live_segments` with every reply and the instant its request was sent.
 pub fn spawn_brick_heartbeat(
     client: Client,
     registration: BrickRegistration,
     interval: Duration,
-    on_live_segments: impl FnMut(&[LiveSegment]) + Send + 'static,
+    on_live_segments: impl FnMut(&[LiveSegment], std::time::Instant) + Send + 'static,
 ) -> std::io::Result<BrickHeartbeat> {
     spawn_brick_heartbeat_with_stats(
         client,
@@ -95,7 +95,7 @@ pub fn spawn_brick_heartbeat_with_stats(
     registration: BrickRegistration,
     interval: Duration,
     stats: impl FnMut() -> HeartbeatStats + Send + 'static,
-    on_live_segments: impl FnMut(&[LiveSegment]) + Send + 'static,
+    on_live_segments: impl FnMut(&[LiveSegment], std::time::Instant) + Send + 'static,
 ) -> std::io::Result<BrickHeartbeat> {
     let stop = Arc::new(Stop {
         stopped: Mutex::new(false),
@@ -153,7 +153,7 @@ fn run(
     stop: &Stop,
     id_cell: &OnceLock<u64>,
     mut stats: impl FnMut() -> HeartbeatStats,
-    mut on_live_segments: impl FnMut(&[LiveSegment]),
+    mut on_live_segments: impl FnMut(&[LiveSegment], std::time::Instant),
 ) {
     let Some(mut id) = register(client, reg, stop) else {
         return;
@@ -161,13 +161,16 @@ fn run(
     let _ = id_cell.set(id);
     let mut lost = false;
     loop {
+        // The reply lists what the control plane held when it answered; a segment the brick
+        // created after this instant may be newer than the list (see `retain_segments_as_of`).
+        let sent = std::time::Instant::now();
         match client.heartbeat(id, &stats()) {
             Ok(reply) => {
                 if lost {
                     tracing::info!(brick = %reg.name, "control plane reachable again");
                     lost = false;
                 }
-                on_live_segments(&reply.segments);
+                on_live_segments(&reply.segments, sent);
             }
             Err(ClientError::Server { status: 404, .. }) => {
                 tracing::warn!(brick = %reg.name, id, "control plane does not know this brick: registering again");

@@ -580,7 +580,7 @@ fn silent_bricks_go_down_and_are_avoided() {
         Client::new(&urls).unwrap(),
         brick_reg("live", 64 * MIB, GBPS),
         Duration::from_millis(50),
-        move |segs| s2.lock().unwrap().push(segs.to_vec()),
+        move |segs, _| s2.lock().unwrap().push(segs.to_vec()),
     )
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -635,7 +635,7 @@ fn heartbeat_thread_waits_for_the_control_plane() {
         Client::with_timeout(&[url], Duration::from_secs(2)).unwrap(),
         brick_reg("late", 64 * MIB, GBPS),
         Duration::from_millis(50),
-        |_| {},
+        |_, _| {},
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));
