@@ -377,6 +377,42 @@ impl Store {
             .collect()
     }
 
+    /// Releases the control-plane segments that overlap `[offset, offset + size)` and are older
+    /// than segment `id` (ids from a control plane only grow). A control plane hands a range out
+    /// again only after it released the old segment there, so a valid grant for a newer segment
+    /// proves the overlapping older ones dead, even if the heartbeat that says so has not come
+    /// yet. Newer overlapping segments are left alone (the grant is the stale one). Returns the
+    /// released ids.
+    pub fn supersede(&self, id: u64, offset: u64, size: u64) -> Vec<u64> {
+        let end = offset.saturating_add(size);
+        let removed: Vec<(u64, Segment)> = {
+            let mut segs = self.segs();
+            let page = PAGE_SIZE as u64;
+            if size == 0 || offset % page != 0 || size % page != 0 || end > segs.usable {
+                // A grant that cannot be placed anyway releases nothing.
+                return Vec::new();
+            }
+            let ids: Vec<u64> = segs
+                .live
+                .iter()
+                .filter(|(&other, s)| {
+                    s.lifetime == Lifetime::ControlPlane && other < id && s.offset < end && offset < s.offset + s.size
+                })
+                .map(|(&other, _)| other)
+                .collect();
+            ids.into_iter()
+                .filter_map(|other| segs.live.remove(&other).map(|s| (other, s)))
+                .collect()
+        };
+        removed
+            .into_iter()
+            .map(|(other, seg)| {
+                self.free_removed(seg);
+                other
+            })
+            .collect()
+    }
+
     /// Frees segments nobody attached before their deadline (clones whose child never came).
     pub fn sweep(&self, now: Instant) {
         let removed: Vec<Segment> = {

@@ -886,6 +886,11 @@ fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attached) -> Reply
 /// Counts one more attachment of the grant's segment, creating it first on a managed brick that
 /// has not seen it; returns the segment's gate.
 fn bind(shared: &Shared, g: &Grant) -> Result<Gate, Reply> {
+    if shared.cfg.managed && !shared.store.segs().live.contains_key(&g.segment_id) {
+        // The control plane may reuse a released range before our heartbeat learns of the
+        // release: the newer grant settles it.
+        shared.store.supersede(g.segment_id, g.brick_offset, g.size_bytes);
+    }
     let mut segs = shared.store.segs();
     let seg = match segs.live.get_mut(&g.segment_id) {
         Some(s) if s.offset == g.brick_offset && s.size == g.size_bytes => s,

@@ -464,10 +464,11 @@ fn overlapping_or_misplaced_grants_conflict() {
     let dir = tempfile::tempdir().expect("tempdir");
     for unix in [true, false] {
         let (h, a) = brick(&dir, unix, true);
-        let _first = attach(&a, &issue(10, 0, 4 * CHUNK, 1, rights::ALL));
+        let first = attach(&a, &issue(10, 0, 4 * CHUNK, 1, rights::ALL));
         let conflict = |sg: &SegmentGrant| refusal(mine_link_attach(&a, &sg.grant, &sg.session_key));
 
-        let (st, msg) = conflict(&issue(12, 2 * CHUNK, 4 * CHUNK, 2, rights::ALL));
+        // A grant older than the live segment it overlaps is stale.
+        let (st, msg) = conflict(&issue(8, 2 * CHUNK, 4 * CHUNK, 2, rights::ALL));
         assert_eq!(st, Status::Conflict, "{msg}");
         assert!(
             msg.contains("overlaps live segment 10"),
@@ -485,6 +486,19 @@ fn overlapping_or_misplaced_grants_conflict() {
         // Touching is not overlapping.
         let _next = attach(&a, &issue(15, 4 * CHUNK, 4 * CHUNK, 2, rights::ALL));
         assert_eq!(h.stats().segments, 2);
+
+        // A newer grant over segment 10's range proves 10 released (the control plane reused
+        // the range before the heartbeat said so): 10 goes, its connection learns it.
+        first.write_pages(&[(0, 4096)], &page(7)).expect("write to segment 10");
+        let newer = attach(&a, &issue(16, 0, 2 * CHUNK, 3, rights::ALL));
+        assert_eq!(h.stats().segments, 2, "segment 10 replaced by 16");
+        let mut back = vec![1u8; 4096];
+        newer.read_pages(&[(0, 4096)], &mut back).expect("read segment 16");
+        assert!(back.iter().all(|&b| b == 0), "the new segment starts zeroed");
+        assert!(
+            first.read_pages(&[(0, 4096)], &mut back).is_err(),
+            "segment 10's connection is refused"
+        );
     }
 }
 

@@ -4,6 +4,7 @@
 //! memory, `rackmem-transport` reaches bricks, `librackmem.so` (`rackmem-preload` over
 //! `rackmem-runtime`) does the work inside the program.
 
+mod agent_cmd;
 mod bench_cmd;
 mod brick_cmd;
 mod control_cmd;
@@ -54,11 +55,13 @@ enum Command {
     Control(control_cmd::ControlArgs),
     /// Look at and change the control plane's state (bricks, nodes, allocations, graph).
     Ctl(ctl_cmd::CtlArgs),
+    /// Run the node agent: hands memory from the control plane to this machine's programs.
+    Agent(agent_cmd::AgentArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Brick(_) | Command::Control(_)) {
+    if matches!(cli.command, Command::Brick(_) | Command::Control(_) | Command::Agent(_)) {
         use std::io::IsTerminal;
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
@@ -72,6 +75,7 @@ fn main() {
         Command::Bench(args) => bench_cmd::run_bench(args),
         Command::Control(args) => control_cmd::run(args),
         Command::Ctl(args) => ctl_cmd::run(args),
+        Command::Agent(args) => agent_cmd::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -5,52 +5,7 @@
 mod common;
 use common::*;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
-
-const START_LIMIT: Duration = Duration::from_secs(30);
-
-/// Starts `rackmem control` on an ephemeral port; returns the guard and its URL.
-fn start_control(db: &std::path::Path) -> (Guard, String) {
-    let mut cmd = Command::new(rackmem());
-    cmd.args(["control", "--listen", "127.0.0.1:0", "--brick-timeout", "5s", "--store"])
-        .arg(format!("sqlite:{}", db.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut g = Guard::spawn(&mut cmd);
-    let lines = lines_of(g.child().stderr.take().expect("stderr"));
-    let deadline = Instant::now() + START_LIMIT;
-    let mut seen = Vec::new();
-    loop {
-        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(l) => {
-                if let Some(url) = l.split_whitespace().find(|w| w.starts_with("http://")) {
-                    let url = url.to_string();
-                    std::thread::spawn(move || for _ in lines {});
-                    return (g, url);
-                }
-                seen.push(l);
-            }
-            Err(RecvTimeoutError::Timeout) => panic!("rackmem control announced no URL: {seen:?}"),
-            Err(RecvTimeoutError::Disconnected) => panic!("rackmem control exited: {seen:?}"),
-        }
-    }
-}
-
-fn ctl(url: &str, args: &[&str]) -> std::process::Output {
-    let mut c = Command::new(rackmem());
-    c.args(["ctl", "--control", url]).args(args);
-    run_with_deadline(c, Duration::from_secs(60))
-}
-
-fn ctl_json(url: &str, args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let o = ctl(url, &all);
-    assert!(o.status.success(), "ctl {args:?}: {}", show(&o));
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ctl {args:?} printed no JSON ({e}): {}", show(&o)))
-}
 
 #[test]
 fn ctl_against_a_real_control_plane_and_managed_brick() {

@@ -7,11 +7,13 @@
 //! - [`grant`]: grants signed with a brick's key and their session keys;
 //! - [`server`]: the REST API (axum) with its OpenAPI document and Prometheus metrics;
 //! - [`client`]: a small blocking client of that API, with fail-over between control planes;
-//! - [`heartbeat`]: the thread a managed brick runs to register and send heartbeats.
+//! - [`heartbeat`]: the thread a managed brick runs to register and send heartbeats;
+//! - [`agent`]: the node agent, which hands segments to the node's processes.
 //!
 //! It does not move memory: bricks serve segments, agents on nodes attach them with the grants
 //! issued here. The contract between the parts is `docs/control-plane.md`.
 
+pub mod agent;
 pub mod alloc;
 pub mod api;
 pub mod client;

@@ -411,3 +411,54 @@ pub fn start_brick(listen: &str, size: &str, secret: &str) -> (Guard, String) {
         }
     }
 }
+
+// --- Control plane processes -------------------------------------------------------------
+
+pub const START_LIMIT: Duration = Duration::from_secs(30);
+
+/// Starts `rackmem control` on an ephemeral port; returns the guard and its URL.
+pub fn start_control(db: &std::path::Path) -> (Guard, String) {
+    start_control_on(db, "127.0.0.1:0")
+}
+
+/// Starts `rackmem control` listening on `listen` (a fixed port survives a restart).
+pub fn start_control_on(db: &std::path::Path, listen: &str) -> (Guard, String) {
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["control", "--listen", listen, "--brick-timeout", "5s", "--store"])
+        .arg(format!("sqlite:{}", db.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut g = Guard::spawn(&mut cmd);
+    let lines = lines_of(g.child().stderr.take().expect("stderr"));
+    let deadline = Instant::now() + START_LIMIT;
+    let mut seen = Vec::new();
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => {
+                if let Some(url) = l.split_whitespace().find(|w| w.starts_with("http://")) {
+                    let url = url.to_string();
+                    std::thread::spawn(move || for _ in lines {});
+                    return (g, url);
+                }
+                seen.push(l);
+            }
+            Err(RecvTimeoutError::Timeout) => panic!("rackmem control announced no URL: {seen:?}"),
+            Err(RecvTimeoutError::Disconnected) => panic!("rackmem control exited: {seen:?}"),
+        }
+    }
+}
+
+pub fn ctl(url: &str, args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(rackmem());
+    c.args(["ctl", "--control", url]).args(args);
+    run_with_deadline(c, Duration::from_secs(60))
+}
+
+pub fn ctl_json(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let o = ctl(url, &all);
+    assert!(o.status.success(), "ctl {args:?}: {}", show(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ctl {args:?} printed no JSON ({e}): {}", show(&o)))
+}

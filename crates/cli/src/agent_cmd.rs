@@ -1,0 +1,87 @@
+//! `rackmem agent`: the node agent; see `rackmem_control::agent`.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rackmem_control::agent::{Agent, AgentConfig};
+use rackmem_control::api::{NodeRegistration, PortSpec};
+use rackmem_control::client::Client;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Where processes find the agent unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/rackmem/agent.sock";
+
+#[derive(Args)]
+#[command(
+    long_about = "Run the node agent: it registers this machine (a node) with the control plane and \
+        hands memory segments to local programs as they need them.\n\n\
+        Programs reach it through its Unix socket:\n  \
+        rackmem agent --control http://ctl:7080 &\n  \
+        rackmem run --agent /run/rackmem/agent.sock --local 25% -- ./app\n\n\
+        Each program's memory grows in steps as it allocates, and everything it was given goes \
+        back to the control plane when it exits, crashes or is killed."
+)]
+pub struct AgentArgs {
+    /// The control plane's URL; several (comma-separated) for replicated control planes.
+    #[arg(long, value_name = "URL[,URL...]")]
+    control: String,
+    /// The Unix socket programs connect to.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The node's name (unique in the control plane); default: the host name.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// A port of this node: NAME:BANDWIDTH[:SWITCH] (e.g. eth0:10GB/s); repeat for several.
+    #[arg(long = "port", value_name = "NAME:BW[:SWITCH]", value_parser = crate::ctl_cmd::parse_port)]
+    ports: Vec<PortSpec>,
+    /// Spread each allocation over this many bricks.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    stripe: u32,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+pub fn run(args: AgentArgs) -> Result<i32> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let client =
+        Client::new(&Client::parse_urls(&args.control)).with_context(|| format!("--control {}", args.control))?;
+    let ports = if args.ports.is_empty() {
+        vec![crate::ctl_cmd::parse_port("eth0:10GB/s").map_err(anyhow::Error::msg)?]
+    } else {
+        args.ports
+    };
+    let name = args.name.unwrap_or_else(host_name);
+    let agent = Agent::start(
+        client,
+        AgentConfig {
+            socket: args.socket.clone(),
+            registration: NodeRegistration {
+                name: name.clone(),
+                ports,
+            },
+            stripe: args.stripe,
+        },
+    )
+    .context("starting the agent")?;
+    eprintln!(
+        "rackmem agent: node {name} (id {}) serving programs on {} (SIGTERM or Ctrl-C stops it)",
+        agent.node(),
+        args.socket.display()
+    );
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    eprintln!("rackmem agent: stopping");
+    agent.stop();
+    Ok(0)
+}
