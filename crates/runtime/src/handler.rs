@@ -63,11 +63,41 @@ struct BrickReads {
     starts: Vec<usize>,
 }
 
+/// A read of the next run of a sequential stream, sent when the current run was installed so
+/// that the brick works while the program consumes this one (seed 000's prefetcher keeps the
+/// link busy the same way). Used if the next fault is at `page`, nothing was released since,
+/// and the pages are still remote; else dropped.
+struct Ahead {
+    /// The prefetch stream it serves (interleaved streams each keep their own).
+    stream: usize,
+    /// Order of sending: the oldest goes first when too many are in flight.
+    seq: u64,
+    page: u64,
+    n: usize,
+    seg: usize,
+    epoch: u64,
+    ticket: rackmem_transport::DetachedTicket,
+    /// Where the pages land: spent slots, or a buffer of its own.
+    spent: Option<SpentRun>,
+    own: Option<Vec<u8>>,
+}
+
+/// Read-aheads in flight at most: two, so that the next run is always on its way while the
+/// handler installs the current one (with one, the read of run k+1 goes out only after run k
+/// is installed, and the next fault comes sooner than the brick answers).
+const AHEAD_DEPTH: usize = 2;
+/// Read-aheads in flight over all streams.
+const AHEAD_MAX: usize = 8;
+
 struct Handler {
     inner: Arc<Inner>,
     pending: VecDeque<Event>,
     events: Vec<Event>,
     buf: Vec<u8>,
+    ahead: Vec<Ahead>,
+    ahead_seq: u64,
+    /// Buffers for read-aheads that found no spent slots.
+    spare_bufs: Vec<Vec<u8>>,
     zero_hash: u64,
     victims: Vec<u32>,
 }
@@ -79,6 +109,9 @@ pub(crate) fn run(inner: Arc<Inner>) {
         pending: VecDeque::new(),
         events: Vec::with_capacity(READ_BATCH),
         buf: Vec::new(),
+        ahead: Vec::new(),
+        ahead_seq: 0,
+        spare_bufs: Vec::new(),
         zero_hash,
         victims: Vec::new(),
     };
@@ -269,6 +302,11 @@ impl Handler {
                 }
                 n += 1;
             }
+            // The read-ahead sent at the previous fault of this stream, if it covers this run.
+            self.drop_stale_ahead(&mut c, page);
+            if let Some(a) = self.ahead.iter().find(|a| a.page == page) {
+                n = a.n as u64;
+            }
             c.streams.advance(stream, page + n);
             // Make room; may wait for staging slots.
             let t_plan = inner.now_ns();
@@ -303,23 +341,77 @@ impl Handler {
             }
             c.resident += n;
             let epoch = c.epoch;
+            // The read-ahead holds exactly this run if nothing changed while we staged.
+            let ahead = match self.ahead.iter().position(|a| a.page == page) {
+                Some(i) => {
+                    let a = self.ahead.swap_remove(i);
+                    if a.n == kinds.len() && a.epoch == epoch && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
+                        Some(a)
+                    } else {
+                        self.drop_ahead(&mut c, a);
+                        None
+                    }
+                }
+                None => None,
+            };
+            // A read-ahead of any page claimed now would go stale: the page may be written and
+            // written back before that read-ahead's fault comes.
+            let mut i = 0;
+            while i < self.ahead.len() {
+                let a = &self.ahead[i];
+                if a.page < page + n && page < a.page + a.n as u64 {
+                    let a = self.ahead.swap_remove(i);
+                    self.drop_ahead(&mut c, a);
+                } else {
+                    i += 1;
+                }
+            }
             // Receive into spent staging slots when a run of them is long enough (their pages
             // then move into the window); else into our buffer, copied in.
-            let mut spent = recycle::take(&mut c, n as usize);
+            let mut spent = match &ahead {
+                Some(_) => None,
+                None => recycle::take(&mut c, n as usize),
+            };
             drop(c);
             inner.stats.add_resident(n);
             let t_claim = inner.now_ns();
-            match spent.as_mut() {
-                Some(run) => fetch_into(&inner, page, &kinds, recycle::bytes(&inner, run)),
-                None => {
-                    self.buf.clear();
-                    self.buf.resize(n as usize * PAGE_SIZE, 0);
-                    fetch_into(&inner, page, &kinds, &mut self.buf);
+            if let Some(a) = ahead {
+                self.collect_ahead(page, a, &mut spent);
+            } else {
+                match spent.as_mut() {
+                    Some(run) => fetch_into(&inner, page, &kinds, recycle::bytes(&inner, run)),
+                    None => {
+                        self.buf.clear();
+                        self.buf.resize(n as usize * PAGE_SIZE, 0);
+                        fetch_into(&inner, page, &kinds, &mut self.buf);
+                    }
                 }
             }
             let t_fetch = inner.now_ns();
             self.install(page, &kinds, epoch, spent);
             let t_install = inner.now_ns();
+            if run > 1 && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
+                // Keep the stream's next runs on their way.
+                let want = (run * 2).min(inner.cfg.prefetch_pages.max(1));
+                loop {
+                    let mine = self.ahead.iter().filter(|a| a.stream == stream);
+                    let (count, next) = mine.fold((0, page + n), |(k, e), a| (k + 1, e.max(a.page + a.n as u64)));
+                    if count >= AHEAD_DEPTH {
+                        break;
+                    }
+                    if self.ahead.len() >= AHEAD_MAX {
+                        // A stream that went quiet (or whose slot was reused) holds the oldest.
+                        if let Some(i) = (0..self.ahead.len()).min_by_key(|&i| self.ahead[i].seq) {
+                            let a = self.ahead.swap_remove(i);
+                            let mut c = inner.lock();
+                            self.drop_ahead(&mut c, a);
+                        }
+                    }
+                    if !self.send_ahead(stream, next, want) {
+                        break;
+                    }
+                }
+            }
             // The breakdown describes remote faults only (a first touch fetches nothing).
             if kinds[0] & loc::MASK == loc::REMOTE {
                 let b = &inner.stats.breakdown;
@@ -333,6 +425,159 @@ impl Handler {
         }
     }
 
+    /// Waits for the read-ahead `a` (of the run at `page`) into its buffer: its spent slots
+    /// become `spent`, or its own buffer becomes `self.buf`.
+    fn collect_ahead(&mut self, page: u64, mut a: Ahead, spent: &mut Option<SpentRun>) {
+        let inner = self.inner.clone();
+        let seg = segment_or_die(&inner, a.seg);
+        let r = match (a.spent.as_mut(), a.own.take()) {
+            (Some(run), _) => seg.fault.wait_detached(a.ticket, recycle::bytes(&inner, run)),
+            (None, own) => {
+                // The read-ahead's buffer becomes the install buffer; ours is kept for later.
+                let old = std::mem::replace(&mut self.buf, own.unwrap_or_default());
+                self.spare_bufs.push(old);
+                seg.fault.wait_detached(a.ticket, &mut self.buf)
+            }
+        };
+        if let Err(e) = r {
+            inner.brick_lost(a.seg, &format!("fetching window page {:#x}", inner.page_addr(page)), &e);
+        }
+        *spent = a.spent;
+        let s = &inner.stats;
+        s.faults_remote.fetch_add(1, Ordering::Relaxed);
+        s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
+        s.bytes_prefetched.fetch_add((a.n as u64 - 1) * PAGE, Ordering::Relaxed);
+        s.pages_read_ahead.fetch_add(a.n as u64, Ordering::Relaxed);
+    }
+
+    /// Drops the read-aheads that can no longer be used: pages were released since they were
+    /// sent, or the fault at `page` falls inside one rather than at its start (the stream
+    /// jumped; its pages will be fetched the ordinary way).
+    fn drop_stale_ahead(&mut self, c: &mut Core, page: u64) {
+        let mut i = 0;
+        while i < self.ahead.len() {
+            let a = &self.ahead[i];
+            let inside = page > a.page && page < a.page + a.n as u64;
+            if a.epoch != c.epoch || inside {
+                let a = self.ahead.swap_remove(i);
+                self.drop_ahead(c, a);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Drops a read-ahead nobody will use: its response is discarded on arrival (nothing is
+    /// written to its buffer), its spent slots are spent again.
+    fn drop_ahead(&mut self, c: &mut Core, a: Ahead) {
+        if let Some(v) = a.own {
+            self.spare_bufs.push(v);
+        }
+        if let Some(seg) = self.inner.table.get(a.seg) {
+            seg.fault.abandon_detached(a.ticket);
+        }
+        if let Some(run) = a.spent {
+            self.drop_ahead_slots(c, run);
+        }
+    }
+
+    /// Spent slots of a dropped read-ahead: spent again, or freed past the cap.
+    fn drop_ahead_slots(&mut self, c: &mut Core, run: SpentRun) {
+        if !recycle::give(c, run.start(), run.count()) {
+            // Past the cap: free them (under the core lock; rare).
+            let addr = self.inner.slot_addr(run.start());
+            if let Err(e) = rackmem_uffd::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+                self.inner.internal_error(&format!("freeing staging slots: {e}"));
+            }
+            c.free_slots.extend((run.start()..run.start() + run.count()).rev());
+        }
+    }
+
+    /// Sends the read of the `want` pages from `page` if they are all remote on one segment (a
+    /// shorter read if the remote stretch ends sooner), to be collected at a later fault.
+    /// Returns whether it sent one.
+    fn send_ahead(&mut self, stream: usize, page: u64, want: usize) -> bool {
+        let inner = self.inner.clone();
+        let mut c = inner.lock();
+        let region_end = c.alloc.region_containing(page).map_or(page, |(s, l)| s + l);
+        let budget = inner.budget_pages(&c);
+        let limit = (want as u64)
+            .min((budget / 4).max(1))
+            .min(region_end.saturating_sub(page));
+        let mut n = 0u64;
+        while n < limit && c.loc(page + n) == loc::REMOTE {
+            n += 1;
+        }
+        if n < 2 {
+            return false;
+        }
+        let Some((seg, off)) = inner.table.lookup(page) else {
+            return false;
+        };
+        // One segment, one extent: else the ordinary fetch does it at the fault.
+        let Some((_, seg_end)) = inner.table.bounds(seg) else {
+            return false;
+        };
+        let n = n.min(seg_end - page) as usize;
+        let epoch = c.epoch;
+        // Read-aheads may hold a quarter of the staging slots; past that they use buffers.
+        let held: usize = self
+            .ahead
+            .iter()
+            .filter_map(|a| a.spent.as_ref())
+            .map(|r| r.count() as usize)
+            .sum();
+        let spent = if held + n <= crate::STAGING_SLOTS / 4 {
+            recycle::take(&mut c, n)
+        } else {
+            None
+        };
+        drop(c);
+        let Some(s) = inner.table.get(seg) else {
+            if let Some(run) = spent {
+                let mut c = inner.lock();
+                self.drop_ahead_slots(&mut c, run);
+            }
+            return false;
+        };
+        let own = match spent {
+            Some(_) => None,
+            None => {
+                let mut v = self.spare_bufs.pop().unwrap_or_default();
+                v.clear();
+                v.resize(n * PAGE_SIZE, 0);
+                Some(v)
+            }
+        };
+        s.limiter.acquire((n * PAGE_SIZE) as u64);
+        let sent = s
+            .fault
+            .submit_read(&[(off, (n * PAGE_SIZE) as u32)])
+            .map(rackmem_transport::Ticket::detach);
+        match sent {
+            Ok(ticket) => {
+                self.ahead_seq += 1;
+                self.ahead.push(Ahead {
+                    seq: self.ahead_seq,
+                    stream,
+                    page,
+                    n,
+                    seg,
+                    epoch,
+                    ticket,
+                    spent,
+                    own,
+                });
+                true
+            }
+            Err(e) => inner.brick_lost(
+                seg,
+                &format!("reading ahead at window page {:#x}", inner.page_addr(page)),
+                &e,
+            ),
+        }
+    }
+
     /// Picks victims so that `need` more pages fit in the budget, marks them EVICTING and gives
     /// each a staging slot. Returns the guard (it may have waited for slots).
     fn choose_victims<'a>(
@@ -340,7 +585,7 @@ impl Handler {
         mut c: MutexGuard<'a, Core>,
         need: u64,
     ) -> (MutexGuard<'a, Core>, Option<(u64, Vec<Victim>)>) {
-        let inner = &self.inner;
+        let inner = self.inner.clone();
         let budget = inner.budget_pages(&c);
         if c.resident + need <= budget {
             return (c, None);
@@ -352,6 +597,13 @@ impl Handler {
             .min(c.resident as usize);
         while c.free_slots.len() < want {
             if c.spent.is_empty() {
+                if self.ahead.iter().any(|a| a.spent.is_some()) {
+                    // Read-aheads hold the slots victims need: they go first.
+                    while let Some(a) = self.ahead.pop() {
+                        self.drop_ahead(&mut c, a);
+                    }
+                    continue;
+                }
                 c = inner.core_cv.wait(c).unwrap_or_else(|e| e.into_inner());
                 continue;
             }

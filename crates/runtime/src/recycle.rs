@@ -35,6 +35,11 @@ impl SpentRun {
     pub fn len(&self) -> usize {
         self.len as usize
     }
+
+    /// Slots in the run, as a slot count.
+    pub fn count(&self) -> u32 {
+        self.len
+    }
 }
 
 /// Records `[start, start + len)` as spent: written back, still mapped, nobody's. Merges it

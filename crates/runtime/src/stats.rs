@@ -151,6 +151,9 @@ pub struct Stats {
     /// Fetched pages received into spent staging slots and moved into the window (no page
     /// allocated or copied by the kernel; see the runtime's `recycle` module).
     pub pages_recycled: AtomicU64,
+    /// Pages that arrived by read-ahead: sent at the previous fault of a sequential stream, in
+    /// flight while the program worked.
+    pub pages_read_ahead: AtomicU64,
     /// Resident pages now.
     pub resident_pages: AtomicU64,
     /// Largest number of resident pages seen.
@@ -203,6 +206,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::pages_recycled`].
     #[serde(default)]
     pub pages_recycled: u64,
+    /// See [`Stats::pages_read_ahead`].
+    #[serde(default)]
+    pub pages_read_ahead: u64,
     /// Resident bytes at snapshot time.
     pub resident_bytes: u64,
     /// Largest resident bytes seen.
@@ -275,6 +281,7 @@ impl Stats {
             evictions_clean: g(&self.evictions_clean),
             evictions_race_caught: g(&self.evictions_race_caught),
             pages_recycled: g(&self.pages_recycled),
+            pages_read_ahead: g(&self.pages_read_ahead),
             resident_bytes: g(&self.resident_pages) * page_size,
             peak_resident_bytes: g(&self.peak_resident_pages) * page_size,
             budget_bytes: g(&self.budget_pages) * page_size,

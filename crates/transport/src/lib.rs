@@ -309,6 +309,42 @@ impl Ticket<'_> {
     }
 }
 
+impl<'a> Ticket<'a> {
+    /// Detaches the ticket from its borrow of the link, for a holder that cannot keep one (a
+    /// read-ahead kept across faults next to the link's owner). Collect it with
+    /// [`Link::wait_detached`] or drop the response with [`Link::abandon_detached`]; a detached
+    /// ticket that is simply dropped leaves its response parked on the link.
+    pub fn detach(mut self) -> DetachedTicket {
+        self.done = true;
+        DetachedTicket {
+            tag: self.tag,
+            op: self.op,
+            len: self.len,
+        }
+    }
+}
+
+/// A [`Ticket`] without its borrow of the link (see [`Ticket::detach`]).
+#[derive(Debug)]
+#[must_use = "wait for it or abandon it on its link"]
+pub struct DetachedTicket {
+    tag: u32,
+    op: Opcode,
+    len: usize,
+}
+
+impl DetachedTicket {
+    /// Bytes the response carries.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a response without payload.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if !self.done {
@@ -764,6 +800,20 @@ impl Link {
             return Err(self.invalid(format!("{buf_len} byte buffer for {total} bytes of extents")));
         }
         Ok(buf_len)
+    }
+
+    /// Waits for a detached ticket's response (see [`Ticket::wait`]); it must come from this link.
+    pub fn wait_detached(&self, t: DetachedTicket, out: &mut [u8]) -> Result<(), LinkError> {
+        if out.len() != t.len {
+            self.abandon(t.tag);
+            return Err(self.invalid(format!("{} byte buffer for a response of {} bytes", out.len(), t.len)));
+        }
+        self.wait_for_into(t.tag, t.op, out)
+    }
+
+    /// Drops a detached ticket's response when it arrives; nothing is written to any buffer.
+    pub fn abandon_detached(&self, t: DetachedTicket) {
+        self.abandon(t.tag);
     }
 
     /// Sends one batched READ without waiting; the extents must fit one request
