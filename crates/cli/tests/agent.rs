@@ -269,3 +269,28 @@ fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
     assert_eq!(r["ok"], true, "{r}");
     assert!(live_allocations(&c.url).is_empty());
 }
+
+#[test]
+fn a_forking_program_on_agent_memory_execs_its_children() {
+    if !is_root() {
+        return;
+    }
+    // The children exec (a shell, then this program again, which gets memory of its own from
+    // the agent); the parent's data survives both.
+    let c = cluster();
+    let want = checksums(&native(&program("fork_exec"), &["16"]));
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("run")
+        .arg("--agent")
+        .arg(&c.socket)
+        .args(["--local", "25%", "--"])
+        .arg(program("fork_exec"))
+        .arg("16")
+        .env("RACKMEM_GROW", "16MiB");
+    let o = run_with_deadline(cmd, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(checksums(&o), want, "{}", show(&o));
+    wait_for("every allocation to be returned", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
