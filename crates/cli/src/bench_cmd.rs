@@ -506,7 +506,10 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                     ),
                     ("stage victims (PAGEMAP_SCAN + UFFDIO_MOVE)", us(sn.step_stage.mean_ns)),
                     ("fetch from the brick (link round trip)", us(sn.step_fetch.mean_ns)),
-                    ("install (checksum + UFFDIO_COPY + wake)", us(sn.step_install.mean_ns)),
+                    (
+                        "install (checksum, UFFDIO_COPY or MOVE + write-protect, wake)",
+                        us(sn.step_install.mean_ns),
+                    ),
                 ];
                 let handler_mean = us(sn.remote_fault_handler.mean_ns);
                 let handler_p50 = us(sn.remote_fault_handler.p50_ns);
