@@ -38,6 +38,9 @@ pub struct AgentArgs {
     /// Spread each allocation over this many bricks.
     #[arg(long, value_name = "K", default_value_t = 1)]
     stripe: u32,
+    /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9101.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn host_name() -> String {
@@ -78,10 +81,24 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         agent.node(),
         args.socket.display()
     );
+    let agent = Arc::new(agent);
+    if let Some(addr) = args.metrics {
+        let a = agent.clone();
+        let bound = rackmem_control::agent::serve_metrics(addr, move || a.metrics_text())
+            .with_context(|| format!("serving metrics on {addr}"))?;
+        eprintln!("rackmem agent: metrics at http://{bound}/metrics");
+    }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     eprintln!("rackmem agent: stopping");
-    agent.stop();
+    match Arc::try_unwrap(agent) {
+        Ok(a) => a.stop(),
+        // The metrics thread still holds it: the socket goes when the process exits.
+        Err(a) => {
+            let _ = std::fs::remove_file(&args.socket);
+            drop(a);
+        }
+    }
     Ok(0)
 }

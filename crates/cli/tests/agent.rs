@@ -19,6 +19,7 @@ struct Cluster {
     _bricks: Vec<Guard>,
     _agent: Guard,
     socket: PathBuf,
+    metrics: String,
 }
 
 fn free_port() -> String {
@@ -56,12 +57,24 @@ fn cluster() -> Cluster {
         ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) == 2
     });
     let socket = dir.path().join("agent.sock");
+    let metrics = free_port();
     let mut cmd = Command::new(rackmem());
-    cmd.args(["agent", "--control", &url, "--name", "n1", "--stripe", "2", "--socket"])
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.args([
+        "agent",
+        "--control",
+        &url,
+        "--name",
+        "n1",
+        "--stripe",
+        "2",
+        "--metrics",
+        &metrics,
+        "--socket",
+    ])
+    .arg(&socket)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
     let agent = Guard::spawn(&mut cmd);
     wait_for("the agent's socket", || UnixStream::connect(&socket).is_ok());
     Cluster {
@@ -72,6 +85,7 @@ fn cluster() -> Cluster {
         _bricks: bricks,
         _agent: agent,
         socket,
+        metrics,
     }
 }
 
@@ -220,6 +234,17 @@ fn a_killed_program_gives_its_memory_back() {
     });
 }
 
+/// The agent's metrics page.
+fn scrape(addr: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
 /// One request line to the agent, one JSON reply.
 fn ask(conn: &mut (UnixStream, BufReader<UnixStream>), line: &str) -> serde_json::Value {
     conn.0.write_all(line.as_bytes()).expect("send");
@@ -265,6 +290,15 @@ fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
     let id = r["allocation"].as_u64().expect("allocation id");
     let r = ask(&mut conn, r#"{"op":"rates"}"#);
     assert_eq!(r["rates"].as_array().map(Vec::len), Some(2), "{r}");
+    let m = scrape(&c.metrics);
+    for line in [
+        "rackmem_agent_processes 1",
+        "rackmem_agent_allocations 1",
+        "rackmem_agent_allocated_bytes 4194304",
+    ] {
+        assert!(m.lines().any(|l| l == line), "metrics lack {line:?}: {m}");
+    }
+    assert!(m.contains("rackmem_agent_refusals_total "), "{m}");
     let r = ask(&mut conn, &format!(r#"{{"op":"release","allocation":{id}}}"#));
     assert_eq!(r["ok"], true, "{r}");
     assert!(live_allocations(&c.url).is_empty());
