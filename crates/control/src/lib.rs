@@ -7,7 +7,8 @@
 //! - [`grant`]: grants signed with a brick's key and their session keys;
 //! - [`server`]: the REST API (axum) with its OpenAPI document and Prometheus metrics;
 //! - [`client`]: a small blocking client of that API, with fail-over between control planes;
-//! - [`heartbeat`]: the thread a managed brick runs to register and send heartbeats.
+//! - [`heartbeat`]: the thread a managed brick runs to register and send heartbeats;
+//! - [`etcd_server`]: a throwaway etcd server for tests and benchmarks.
 //!
 //! It does not move memory: bricks serve segments, agents on nodes attach them with the grants
 //! issued here. The contract between the parts is `docs/control-plane.md`.
@@ -15,6 +16,7 @@
 pub mod alloc;
 pub mod api;
 pub mod client;
+pub mod etcd_server;
 pub mod grant;
 pub mod graph;
 pub mod heartbeat;
