@@ -5,6 +5,7 @@
 //! `rackmem-runtime`) does the work inside the program.
 
 mod bench_cmd;
+mod bench_control;
 mod brick_cmd;
 mod control_cmd;
 mod ctl_cmd;
