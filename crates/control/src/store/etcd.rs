@@ -6,9 +6,10 @@
 //! `/rackmem/leader` (outside the record prefix) holds the leader's advertised URL and is
 //! attached to that control plane's lease (TTL [`LEASE_TTL_S`] s, kept alive every third of it).
 //!
-//! Election: every replica holds a lease and, every [`CAMPAIGN_PERIOD`], runs one transaction
-//! "if the leader key does not exist, create it with my URL on my lease, else read it". The one
-//! that creates it leads; the key's creation revision is its *term*. When the leader dies its
+//! Election: every replica holds a lease and, every [`CAMPAIGN_PERIOD`], reads the leader key;
+//! when it is absent it runs one transaction "if the leader key does not exist, create it with
+//! my URL on my lease, else read it". The one that creates it leads; the key's creation
+//! revision is its *term*. When the leader dies its
 //! lease expires, etcd deletes the key, and the next replica to campaign takes over.
 //!
 //! Fencing: a commit is a transaction guarded by "the leader key's creation revision is my term",
@@ -440,32 +441,39 @@ impl Election {
             }
         }
         let id = lease.id;
-        let txn = Txn::new()
-            .when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                LEADER_KEY,
-                self.advertise.clone(),
-                Some(PutOptions::new().with_lease(id)),
-            )])
-            .or_else([TxnOp::get(LEADER_KEY, None)]);
+        // A plain read first: while a leader holds the key (nearly always) this costs etcd no
+        // write, where the campaign transaction below goes through its log.
         let mut kv = self.client.kv_client();
-        let resp = limited("campaigning", kv.txn(txn)).await?;
-        if resp.succeeded() {
-            let term = resp.header().map_or(0, |h| h.revision());
-            self.leadership.won(term, &self.advertise);
-            return Ok(());
-        }
-        let holder = resp.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-            _ => None,
-        });
+        let current = limited("reading the leader key", kv.get(LEADER_KEY, None)).await?;
+        let holder = match current.kvs().first() {
+            Some(k) => Some(k.clone()),
+            None => {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        LEADER_KEY,
+                        self.advertise.clone(),
+                        Some(PutOptions::new().with_lease(id)),
+                    )])
+                    .or_else([TxnOp::get(LEADER_KEY, None)]);
+                let resp = limited("campaigning", kv.txn(txn)).await?;
+                if resp.succeeded() {
+                    let term = resp.header().map_or(0, |h| h.revision());
+                    self.leadership.won(term, &self.advertise);
+                    return Ok(());
+                }
+                resp.op_responses().into_iter().find_map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                    _ => None,
+                })
+            }
+        };
         match holder {
             Some(kv) if kv.lease() == id => self.leadership.won(kv.create_revision(), &self.advertise),
             Some(kv) => {
                 let url = String::from_utf8_lossy(kv.value()).into_owned();
-                if self.leadership.status().leader.as_deref() != Some(url.as_str())
-                    || self.leadership.status().role == Role::Leader
-                {
+                let s = self.leadership.status();
+                if s.role == Role::Leader || s.leader.as_deref() != Some(url.as_str()) {
                     self.leadership.lost(Some(url));
                 }
             }
