@@ -40,28 +40,40 @@ pub fn binary() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn free_port() -> Result<u16, EtcdServerError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| EtcdServerError::Start(format!("finding a free port: {e}")))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| EtcdServerError::Start(format!("finding a free port: {e}")))
+/// Two distinct free loopback ports (both held while the second is chosen).
+fn free_ports() -> Result<(u16, u16), EtcdServerError> {
+    let err = |e: std::io::Error| EtcdServerError::Start(format!("finding a free port: {e}"));
+    let a = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
+    Ok((a.local_addr().map_err(err)?.port(), b.local_addr().map_err(err)?.port()))
 }
 
 impl EtcdServer {
     /// Starts etcd with its data in `data_dir` (created if needed) and waits until it is healthy.
     pub fn start(data_dir: &Path) -> Result<EtcdServer, EtcdServerError> {
         let binary = binary().ok_or(EtcdServerError::Missing)?;
-        let (client_port, peer_port) = (free_port()?, free_port()?);
-        let mut s = EtcdServer {
-            binary,
-            data_dir: data_dir.to_path_buf(),
-            client_port,
-            peer_port,
-            child: None,
-        };
-        s.launch()?;
-        Ok(s)
+        let mut attempt = 0;
+        loop {
+            let (client_port, peer_port) = free_ports()?;
+            let mut s = EtcdServer {
+                binary: binary.clone(),
+                data_dir: data_dir.to_path_buf(),
+                client_port,
+                peer_port,
+                child: None,
+            };
+            match s.launch() {
+                Ok(()) => return Ok(s),
+                // Another process may have taken a port between its choice and etcd's bind:
+                // start over, on new ports and a clean data directory.
+                Err(e) if attempt < 2 => {
+                    attempt += 1;
+                    tracing::warn!("{e}; trying other ports");
+                    let _ = std::fs::remove_dir_all(data_dir.join("data"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// `http://127.0.0.1:PORT`, its client URL.
