@@ -387,7 +387,7 @@ impl Election {
             let mut lease = self.client.lease_client();
             let _ = limited("revoking the lease", lease.revoke(l.id)).await;
         }
-        self.leadership.lost(None);
+        self.leadership.resign();
     }
 
     /// Keeps the lease alive and campaigns once.

@@ -409,6 +409,18 @@ impl Leadership {
         s.leader = leader;
     }
 
+    /// This control plane stops and gives up its leadership (its lease is revoked).
+    pub fn resign(&self) {
+        let mut s = self.lock();
+        if s.role == Role::Leader {
+            tracing::info!(term = s.term, "stopping: leadership given up");
+        }
+        s.role = Role::Follower;
+        s.term = 0;
+        s.synced_term = 0;
+        s.leader = None;
+    }
+
     /// The state of term `term` is loaded (ignored if the term changed meanwhile).
     pub fn synced(&self, term: i64) {
         let mut s = self.lock();
