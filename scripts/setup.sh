@@ -17,6 +17,23 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
 fi
 
+# The control plane's etcd store (cargo feature `etcd`, built and tested by scripts/test):
+# etcd-client compiles etcd's gRPC definitions with protoc and the Google .proto files, and the
+# tests start Debian's etcd server (package etcd-server; the package `etcd` has no candidate).
+etcd_pkgs=()
+command -v protoc >/dev/null || etcd_pkgs+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || etcd_pkgs+=(libprotobuf-dev)
+command -v etcd >/dev/null || etcd_pkgs+=(etcd-server)
+if [ "${#etcd_pkgs[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    say "installing ${etcd_pkgs[*]} (the etcd store and its tests)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${etcd_pkgs[@]}" >/dev/null
+  else
+    say "warning: missing ${etcd_pkgs[*]}: run as root (or apt-get install them) to build with --features etcd; without etcd the etcd tests skip"
+  fi
+fi
+
 if ! command -v cargo >/dev/null; then
   say "error: cargo not found; install Rust (stable) with rustup first" >&2
   exit 1

@@ -46,6 +46,9 @@ enum Which {
     /// several local buffers and transports, and under Linux swap to zram and to a swap file
     /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
     Workloads(WorkloadArgs),
+    /// The control plane over HTTP: allocation and release latency and throughput with 1,000
+    /// bricks and 10,000 live allocations, on SQLite and on etcd, beside the GET /healthz floor.
+    Control(crate::bench_control::ControlBenchArgs),
     /// Sequential read+write scan: native, and under rackmem with 25%, 50%, 100% local buffers.
     Scan {
         /// Footprint.
@@ -427,6 +430,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
     std::fs::create_dir_all(&tmp)?;
     let result = match args.which {
         Which::Workloads(a) => run_workloads(a, &args.bench_dir, &tmp, args.json.as_deref(), args.svg.as_deref()),
+        Which::Control(a) => crate::bench_control::run(a, args.json.as_deref(), args.svg.as_deref()),
         Which::Floors { samples } => {
             let pb = progress(FLOOR_STEPS);
             let f = floors(samples, &pb)?;

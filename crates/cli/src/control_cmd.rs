@@ -17,6 +17,9 @@ use std::time::Duration;
         rackmem control --listen 0.0.0.0:7080 --store sqlite:/var/lib/rackmem/control.db\n  \
         rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --control http://ctl:7080 --name mem1\n  \
         rackmem ctl --control http://ctl:7080 bricks\n\n\
+        Replicas (cargo feature `etcd`): start several with --store etcd:http://etcd1:2379,... and a \
+        distinct --advertise each; one leads, the others answer 503 not_leader until it fails, and \
+        clients given every URL (--control URL1,URL2) follow the leader.\n\n\
         The REST API is described by GET /openapi.json; metrics are at GET /metrics."
 )]
 pub struct ControlArgs {
@@ -24,9 +27,14 @@ pub struct ControlArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7080")]
     listen: std::net::SocketAddr,
     /// Where the state lives: sqlite:PATH (default: $XDG_STATE_HOME/rackmem/control.db, else
-    /// ~/.local/state/rackmem/control.db, else ./rackmem-control.db).
+    /// ~/.local/state/rackmem/control.db, else ./rackmem-control.db), or etcd:URL[,URL...]
+    /// (shared by replicas; needs a build with the cargo feature `etcd`).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+    /// The URL clients reach this control plane at, which followers name while it leads
+    /// (default: http:// and the --listen address, the host's name replacing 0.0.0.0).
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
     /// JSON file declaring switches, the links between them and which port goes to which switch
     /// (see docs/control-plane.md). Without it every port is on one switch, `rack`.
     #[arg(long, value_name = "FILE")]
@@ -84,6 +92,11 @@ pub fn run(args: ControlArgs) -> Result<i32> {
         }
         None => None,
     };
+    if let Some(a) = &args.advertise {
+        if !a.starts_with("http://") || a.len() <= "http://".len() {
+            bail!("--advertise {a:?} is not a URL: use http://HOST:PORT");
+        }
+    }
     let url = args.store.unwrap_or_else(default_store);
     let store = rackmem_control::store::open(&url).with_context(|| format!("opening the store {url}"))?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -94,10 +107,12 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.topology = topology;
     config.brick_timeout = args.brick_timeout;
     config.heartbeat_interval = args.heartbeat_interval;
+    config.advertise = args.advertise.map(|a| a.trim_end_matches('/').to_string());
     let server = spawn(config).context("starting the control plane")?;
     eprintln!(
-        "rackmem control: serving on {} (store {url}; brick timeout {:?}; SIGTERM or Ctrl-C stops it)",
+        "rackmem control: serving on {} (store {url}; advertised as {}; brick timeout {:?}; SIGTERM or Ctrl-C stops it)",
         server.url(),
+        server.advertise(),
         args.brick_timeout
     );
     while !stop.load(Ordering::Relaxed) {

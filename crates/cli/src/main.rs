@@ -6,6 +6,7 @@
 
 mod agent_cmd;
 mod bench_cmd;
+mod bench_control;
 mod brick_cmd;
 mod control_cmd;
 mod ctl_cmd;

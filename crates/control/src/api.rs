@@ -357,10 +357,14 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable machine-readable code (`bad_request`, `not_found`, `conflict`, `invalid`,
-    /// `insufficient_capacity`, `insufficient_bandwidth`, `payload_too_large`, `store`).
+    /// `insufficient_capacity`, `insufficient_bandwidth`, `payload_too_large`, `store`,
+    /// `not_leader`).
     pub code: String,
     /// What a human should know, naming the object involved.
     pub message: String,
+    /// With `not_leader`: the advertised URL of the leader, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
 }
 
 /// `GET /healthz`.
@@ -369,5 +373,30 @@ pub struct Health {
     /// Always `ok` when the control plane answers.
     pub status: String,
     /// Which store holds the state (`sqlite:PATH`).
+    pub store: String,
+    /// `leader` or `follower` (a control plane alone on its store always leads).
+    #[serde(default)]
+    pub role: String,
+    /// The leader's advertised URL, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+}
+
+/// `GET /v1/leader`: the election as this control plane sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LeaderInfo {
+    /// `leader` or `follower`.
+    pub role: String,
+    /// True when this control plane serves the API: it leads and has loaded the state of its
+    /// term.
+    pub serving: bool,
+    /// The leader's advertised URL, when known.
+    pub leader: Option<String>,
+    /// This control plane's advertised URL.
+    pub advertise: String,
+    /// The fencing token of its leadership (etcd: the creation revision of the leader key); 0
+    /// when it does not lead.
+    pub term: i64,
+    /// Which store holds the state.
     pub store: String,
 }

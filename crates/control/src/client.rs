@@ -2,15 +2,19 @@
 //! bricks and for agents.
 //!
 //! It takes one or several control plane URLs: a request that cannot reach one (connection
-//! refused, name not found, timeout) is sent to the next, and the client keeps using the one that
-//! answered. A reply with an error status is not retried elsewhere: it is the control plane's
-//! answer, returned as [`ClientError::Server`] with the server's code and message.
+//! refused, name not found, timeout), or that one answers `503 not_leader` (a replica that
+//! follows another, with a shared etcd store), is sent to the next, and the client keeps using
+//! the one that answered. Any other error reply is not retried elsewhere: it is the control
+//! plane's answer, returned as [`ClientError::Server`] with the server's code and message.
 
 use crate::api::*;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// The error code of a replica that does not lead.
+pub const NOT_LEADER: &str = "not_leader";
 
 /// Default time limit of one request.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -133,6 +137,8 @@ impl Client {
         let n = self.urls.len();
         let first = self.current.load(Ordering::Relaxed) % n;
         let mut last = String::new();
+        let mut refusals: Option<ClientError> = None;
+        let mut unreachable = 0;
         for i in 0..n {
             let idx = (first + i) % n;
             let base = &self.urls[idx];
@@ -152,10 +158,10 @@ impl Client {
                 Err(e) => {
                     // Transport failures move on to the next control plane.
                     last = format!("{base}: {e}");
+                    unreachable += 1;
                     continue;
                 }
             };
-            self.current.store(idx, Ordering::Relaxed);
             let status = resp.status().as_u16();
             let text = resp
                 .body_mut()
@@ -167,6 +173,7 @@ impl Client {
                     message: e.to_string(),
                 })?;
             if (200..300).contains(&status) {
+                self.current.store(idx, Ordering::Relaxed);
                 return serde_json::from_str(&text).map_err(|e| ClientError::BadReply {
                     url: base.clone(),
                     message: format!("{e}: {}", text.chars().take(200).collect::<String>()),
@@ -176,6 +183,18 @@ impl Client {
                 Ok(b) => (b.error.code, b.error.message),
                 Err(_) => ("http".to_string(), text.chars().take(500).collect()),
             };
+            if status == 503 && code == NOT_LEADER {
+                // A follower: the leader is another of the URLs (its message names it).
+                last = format!("{base}: {message}");
+                refusals = Some(ClientError::Server {
+                    url: base.clone(),
+                    status,
+                    code,
+                    message,
+                });
+                continue;
+            }
+            self.current.store(idx, Ordering::Relaxed);
             return Err(ClientError::Server {
                 url: base.clone(),
                 status,
@@ -183,10 +202,14 @@ impl Client {
                 message,
             });
         }
-        Err(ClientError::Unreachable {
-            urls: self.urls.join(","),
-            message: last,
-        })
+        match refusals {
+            // Every control plane answered, none leads (an election is under way).
+            Some(e) if unreachable == 0 => Err(e),
+            _ => Err(ClientError::Unreachable {
+                urls: self.urls.join(","),
+                message: last,
+            }),
+        }
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
@@ -270,5 +293,10 @@ impl Client {
     /// `GET /healthz`.
     pub fn health(&self) -> Result<Health, ClientError> {
         self.get("/healthz")
+    }
+
+    /// `GET /v1/leader` of the control plane the client uses now (answered by followers too).
+    pub fn leader(&self) -> Result<LeaderInfo, ClientError> {
+        self.get("/v1/leader")
     }
 }

@@ -8,7 +8,8 @@
 //! - [`server`]: the REST API (axum) with its OpenAPI document and Prometheus metrics;
 //! - [`client`]: a small blocking client of that API, with fail-over between control planes;
 //! - [`heartbeat`]: the thread a managed brick runs to register and send heartbeats;
-//! - [`agent`]: the node agent, which hands segments to the node's processes.
+//! - [`agent`]: the node agent, which hands segments to the node's processes;
+//! - [`etcd_server`]: a throwaway etcd server for tests and benchmarks.
 //!
 //! It does not move memory: bricks serve segments, agents on nodes attach them with the grants
 //! issued here. The contract between the parts is `docs/control-plane.md`.
@@ -17,6 +18,7 @@ pub mod agent;
 pub mod alloc;
 pub mod api;
 pub mod client;
+pub mod etcd_server;
 pub mod grant;
 pub mod graph;
 pub mod heartbeat;

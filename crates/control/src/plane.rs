@@ -111,6 +111,8 @@ pub struct Gauges {
 pub struct ControlPlane {
     store: Box<dyn Store>,
     graph: Graph,
+    /// Kept to rebuild the graph on [`ControlPlane::reload`].
+    topology: Option<Topology>,
     bricks: HashMap<u64, BrickEntry>,
     brick_names: HashMap<String, u64>,
     nodes: HashMap<u64, NodeEntry>,
@@ -156,17 +158,58 @@ impl ControlPlane {
         heartbeat_interval: Duration,
     ) -> Result<ControlPlane, PlaneError> {
         let snap = store.load()?;
-        let describe = store.describe();
+        let mut p = ControlPlane::from_snapshot(snap, &store.describe(), topology, brick_timeout, heartbeat_interval)?;
+        p.store = store;
+        Ok(p)
+    }
+
+    /// Replaces the in-memory state with the store's (a replica that became leader, or one
+    /// whose last commit has an unknown outcome). Bricks known here keep their liveness; the
+    /// others count as up until their heartbeat timeout. On error nothing changes.
+    pub fn reload(&mut self) -> Result<(), PlaneError> {
+        let snap = self.store.load()?;
+        let mut fresh = ControlPlane::from_snapshot(
+            snap,
+            &self.store.describe(),
+            self.topology.clone(),
+            self.brick_timeout,
+            self.heartbeat_interval,
+        )?;
+        for (id, b) in &mut fresh.bricks {
+            if let Some(old) = self.bricks.get(id) {
+                b.up = old.up;
+                b.last_seen = old.last_seen;
+                b.last_heartbeat_unix_ms = old.last_heartbeat_unix_ms;
+                b.stats = old.stats.clone();
+                if !b.up {
+                    fresh.index.remove(*id, b.extents.largest());
+                }
+            }
+        }
+        std::mem::swap(&mut fresh.store, &mut self.store);
+        *self = fresh;
+        Ok(())
+    }
+
+    /// The state of `snap`, over a placeholder store.
+    fn from_snapshot(
+        snap: crate::store::Snapshot,
+        describe: &str,
+        topology: Option<Topology>,
+        brick_timeout: Duration,
+        heartbeat_interval: Duration,
+    ) -> Result<ControlPlane, PlaneError> {
         let corrupt = |key: String, message: String| {
             PlaneError::Store(StoreError::Corrupt {
-                store: describe.clone(),
+                store: describe.to_string(),
                 key,
                 message,
             })
         };
         let mut p = ControlPlane {
-            store,
-            graph: Graph::new(topology),
+            store: Box::new(crate::store::MemoryStore::default()),
+            graph: Graph::new(topology.clone()),
+            topology,
             bricks: HashMap::new(),
             brick_names: HashMap::new(),
             nodes: HashMap::new(),

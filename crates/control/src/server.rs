@@ -16,12 +16,18 @@
 //! | 413 | `payload_too_large` | body over the limit |
 //! | 415 | `unsupported_media_type` | body without `Content-Type: application/json` |
 //! | 422 | `invalid` | a request that can never succeed as written (size 0, stripe 0, bad name or key) |
-//! | 503 | `store` | the store failed; nothing changed |
+//! | 503 | `store` | the store failed, or the leader is reloading the state; nothing changed |
+//! | 503 | `not_leader` | this replica does not lead (etcd store); `error.leader` names the leader |
+//!
+//! With a replicated store (etcd) several control planes share the state and one leads
+//! ([`Leadership`]): a follower answers every `/v1/...` request but `GET /v1/leader` with
+//! `not_leader` (clients move on to the next URL); a replica that becomes leader reloads the
+//! whole state from the store before it serves.
 
 use crate::api::*;
 use crate::graph::Topology;
 use crate::plane::{ControlPlane, PlaneError};
-use crate::store::{Store, StoreError};
+use crate::store::{Leadership, Role, Store, StoreError};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -54,6 +60,9 @@ pub struct ServerConfig {
     pub heartbeat_interval: Duration,
     /// Largest request body accepted.
     pub body_limit_bytes: usize,
+    /// The URL other replicas send clients to while this one leads (`None`: `http://` and the
+    /// bound address, the host's name replacing an unspecified address).
+    pub advertise: Option<String>,
 }
 
 impl ServerConfig {
@@ -67,6 +76,7 @@ impl ServerConfig {
             brick_timeout: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(1),
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
+            advertise: None,
         }
     }
 }
@@ -99,6 +109,7 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    leader: Option<String>,
 }
 
 impl ApiError {
@@ -107,6 +118,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            leader: None,
         }
     }
 
@@ -117,6 +129,12 @@ impl ApiError {
 
 impl From<PlaneError> for ApiError {
     fn from(e: PlaneError) -> Self {
+        if let PlaneError::Store(StoreError::NotLeader { leader, .. }) = &e {
+            let leader = leader.clone();
+            let mut a = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", e.to_string());
+            a.leader = leader;
+            return a;
+        }
         let (status, code) = match &e {
             PlaneError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             PlaneError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
@@ -135,6 +153,7 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code.to_string(),
                 message: self.message,
+                leader: self.leader,
             },
         };
         (self.status, Json(body)).into_response()
@@ -233,16 +252,49 @@ struct AppState {
     metrics: Arc<Metrics>,
     openapi_json: Arc<String>,
     store: Arc<String>,
+    leadership: Arc<Leadership>,
+    advertise: Arc<String>,
 }
 
-/// Runs `f` on the control plane on a blocking thread (it may commit to the store).
+/// Why this control plane may not serve the API now, if so: it follows (`not_leader`), or it
+/// leads but has not reloaded the state of its term yet (`store`, retry shortly).
+fn refusal(leadership: &Leadership, store: &str) -> Option<PlaneError> {
+    let s = leadership.status();
+    if s.role == Role::Follower {
+        return Some(PlaneError::Store(StoreError::NotLeader {
+            store: store.to_string(),
+            leader: s.leader,
+        }));
+    }
+    (s.synced_term != s.term).then(|| {
+        PlaneError::Store(StoreError::Backend {
+            store: store.to_string(),
+            message: "this control plane is reloading the state (it just became leader, or a commit \
+                      failed); retry shortly"
+                .to_string(),
+        })
+    })
+}
+
+/// Runs `f` on the control plane on a blocking thread (it may commit to the store), provided
+/// this control plane leads and has loaded the state (checked under the lock, so a reload
+/// cannot slip in between).
 async fn with_plane<T, F>(st: &AppState, f: F) -> Result<T, ApiError>
 where
     T: Send + 'static,
     F: FnOnce(&mut ControlPlane) -> Result<T, PlaneError> + Send + 'static,
 {
     let plane = st.plane.clone();
-    match tokio::task::spawn_blocking(move || f(&mut lock(&plane))).await {
+    let leadership = st.leadership.clone();
+    let store = st.store.clone();
+    let run = move || {
+        let mut p = lock(&plane);
+        match refusal(&leadership, &store) {
+            Some(e) => Err(e),
+            None => f(&mut p),
+        }
+    };
+    match tokio::task::spawn_blocking(run).await {
         Ok(r) => r.map_err(ApiError::from),
         Err(e) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -420,11 +472,39 @@ async fn get_graph(State(st): State<AppState>) -> Result<Json<Graph>, ApiError> 
     with_plane(&st, |p| Ok(p.graph())).await.map(Json)
 }
 
-/// Liveness of the control plane.
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+    }
+}
+
+/// Liveness of the control plane, its role and the leader.
 #[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, body = Health)))]
 async fn healthz(State(st): State<AppState>) -> Json<Health> {
+    let s = st.leadership.status();
     Json(Health {
         status: "ok".to_string(),
+        store: st.store.to_string(),
+        role: role_name(s.role).to_string(),
+        leader: s
+            .leader
+            .or_else(|| (s.role == Role::Leader).then(|| st.advertise.to_string())),
+    })
+}
+
+/// The election as this control plane sees it (answered by followers too).
+#[utoipa::path(get, path = "/v1/leader", tag = "meta", responses((status = 200, body = LeaderInfo)))]
+async fn leader(State(st): State<AppState>) -> Json<LeaderInfo> {
+    let s = st.leadership.status();
+    Json(LeaderInfo {
+        role: role_name(s.role).to_string(),
+        serving: st.leadership.serving(),
+        leader: s
+            .leader
+            .or_else(|| (s.role == Role::Leader).then(|| st.advertise.to_string())),
+        advertise: st.advertise.to_string(),
+        term: s.term,
         store: st.store.to_string(),
     })
 }
@@ -444,7 +524,13 @@ async fn openapi_json(State(st): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain")))]
 async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let g = with_plane(&st, |p| Ok(p.gauges())).await?;
+    let serving = st.leadership.serving();
+    // A follower's state is as of its last load: it reports only its role and its requests.
+    let g = if serving {
+        Some(with_plane(&st, |p| Ok(p.gauges())).await?)
+    } else {
+        None
+    };
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, rows: &[(String, u64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
@@ -452,6 +538,49 @@ async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
             let _ = writeln!(out, "{name}{labels} {v}");
         }
     };
+    gauge(
+        "rackmem_control_leader",
+        "1 when this control plane leads and serves the API, 0 when it follows.",
+        &[(String::new(), u64::from(serving))],
+    );
+    if let Some(g) = g {
+        plane_gauges(&g, &mut gauge);
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rackmem_control_requests_total HTTP requests by route, method and status.\n\
+         # TYPE rackmem_control_requests_total counter"
+    );
+    for ((route, method, status), n) in lock(&st.metrics.requests).iter() {
+        let _ = writeln!(
+            out,
+            "rackmem_control_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
+            escape_label(route)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rackmem_control_allocation_seconds Time to serve POST /v1/allocations.\n\
+         # TYPE rackmem_control_allocation_seconds histogram"
+    );
+    {
+        let h = lock(&st.metrics.allocation_latency);
+        for (le, n) in LATENCY_BUCKETS_S.iter().zip(h.counts) {
+            let _ = writeln!(out, "rackmem_control_allocation_seconds_bucket{{le=\"{le}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "rackmem_control_allocation_seconds_bucket{{le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(out, "rackmem_control_allocation_seconds_sum {}", h.sum_s);
+        let _ = writeln!(out, "rackmem_control_allocation_seconds_count {}", h.count);
+    }
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}
+
+/// The gauges of the state (allocations, segments, nodes, bricks).
+fn plane_gauges(g: &crate::plane::Gauges, gauge: &mut impl FnMut(&str, &str, &[(String, u64)])) {
     gauge(
         "rackmem_control_allocations",
         "Live allocations.",
@@ -496,37 +625,6 @@ async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
         "Bytes in segments, per brick.",
         &per_brick(|b| b.3),
     );
-    let _ = writeln!(
-        out,
-        "# HELP rackmem_control_requests_total HTTP requests by route, method and status.\n\
-         # TYPE rackmem_control_requests_total counter"
-    );
-    for ((route, method, status), n) in lock(&st.metrics.requests).iter() {
-        let _ = writeln!(
-            out,
-            "rackmem_control_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
-            escape_label(route)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP rackmem_control_allocation_seconds Time to serve POST /v1/allocations.\n\
-         # TYPE rackmem_control_allocation_seconds histogram"
-    );
-    {
-        let h = lock(&st.metrics.allocation_latency);
-        for (le, n) in LATENCY_BUCKETS_S.iter().zip(h.counts) {
-            let _ = writeln!(out, "rackmem_control_allocation_seconds_bucket{{le=\"{le}\"}} {n}");
-        }
-        let _ = writeln!(
-            out,
-            "rackmem_control_allocation_seconds_bucket{{le=\"+Inf\"}} {}",
-            h.count
-        );
-        let _ = writeln!(out, "rackmem_control_allocation_seconds_sum {}", h.sum_s);
-        let _ = writeln!(out, "rackmem_control_allocation_seconds_count {}", h.count);
-    }
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
 }
 
 async fn not_found() -> ApiError {
@@ -568,7 +666,7 @@ async fn count_requests(State(st): State<AppState>, req: Request, next: Next) ->
         (name = "graph", description = "The resource graph"),
         (name = "meta", description = "Health, metrics, this document"),
     ),
-    components(schemas(ErrorBody, ErrorDetail, Endpoint, BrickState, PortSpec, Port, LiveSegment, Segment))
+    components(schemas(ErrorBody, ErrorDetail, LeaderInfo, Endpoint, BrickState, PortSpec, Port, LiveSegment, Segment))
 )]
 struct ApiDoc;
 
@@ -585,12 +683,18 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_allocation, delete_allocation, resize_allocation))
         .routes(routes!(get_graph))
         .routes(routes!(healthz))
+        .routes(routes!(leader))
         .routes(routes!(openapi_json))
         .routes(routes!(metrics))
 }
 
 /// The router, and the control plane it serves.
-fn build(plane: ControlPlane, body_limit_bytes: usize) -> (axum::Router, Arc<Mutex<ControlPlane>>) {
+fn build(
+    plane: ControlPlane,
+    body_limit_bytes: usize,
+    leadership: Arc<Leadership>,
+    advertise: String,
+) -> (axum::Router, Arc<Mutex<ControlPlane>>) {
     let (router, api) = api_router().split_for_parts();
     let openapi_json = api
         .to_json()
@@ -602,6 +706,8 @@ fn build(plane: ControlPlane, body_limit_bytes: usize) -> (axum::Router, Arc<Mut
         metrics: Arc::new(Metrics::default()),
         openapi_json: Arc::new(openapi_json),
         store: Arc::new(store),
+        leadership,
+        advertise: Arc::new(advertise),
     };
     let router = router
         .fallback(not_found)
@@ -633,9 +739,62 @@ async fn expire_bricks(plane: Arc<Mutex<ControlPlane>>, period: Duration) {
     }
 }
 
+/// Reloads the state whenever this control plane leads a term whose state it has not loaded
+/// (it just won the election, or a commit's outcome is unknown), then lets it serve.
+async fn follow_leadership(plane: Arc<Mutex<ControlPlane>>, leadership: Arc<Leadership>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let s = leadership.status();
+        if s.role != Role::Leader || s.synced_term == s.term {
+            continue;
+        }
+        let (p, l) = (plane.clone(), leadership.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            let mut p = lock(&p);
+            // Loaded under the lock: no request runs on the old state meanwhile.
+            p.reload().map(|()| {
+                l.synced(s.term);
+                p.gauges()
+            })
+        })
+        .await;
+        match r {
+            Ok(Ok(g)) => {
+                failing = false;
+                tracing::info!(
+                    term = s.term,
+                    allocations = g.allocations,
+                    bricks = g.bricks_up + g.bricks_down,
+                    "state reloaded: serving as leader"
+                );
+            }
+            Ok(Err(e)) => {
+                if !failing {
+                    tracing::warn!("reloading the state: {e}; retrying");
+                    failing = true;
+                }
+            }
+            Err(e) => tracing::warn!("reloading the state: {e}"),
+        }
+    }
+}
+
+/// The host's name, for advertising an unspecified listening address.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
 /// A running control plane.
 pub struct ServerHandle {
     addr: SocketAddr,
+    leadership: Arc<Leadership>,
+    advertise: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
 }
@@ -649,6 +808,16 @@ impl ServerHandle {
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The URL it advertises to the other replicas.
+    pub fn advertise(&self) -> &str {
+        &self.advertise
+    }
+
+    /// Its role in the election (always leader without a replicated store).
+    pub fn leadership(&self) -> &Arc<Leadership> {
+        &self.leadership
     }
 
     /// Stops serving (requests in flight finish) and waits for the server thread.
@@ -679,13 +848,7 @@ impl Drop for ServerHandle {
 
 /// Loads the state, binds `config.listen` and serves on a thread of its own (with its own tokio
 /// runtime) until [`ServerHandle::stop`].
-pub fn spawn(config: ServerConfig) -> Result<ServerHandle, ServerError> {
-    let plane = ControlPlane::open(
-        config.store,
-        config.topology,
-        config.brick_timeout,
-        config.heartbeat_interval,
-    )?;
+pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
     let io = |what: String| move |source| ServerError::Io { what, source };
     let listener = std::net::TcpListener::bind(config.listen).map_err(io(format!("listening on {}", config.listen)))?;
     listener
@@ -694,6 +857,26 @@ pub fn spawn(config: ServerConfig) -> Result<ServerHandle, ServerError> {
     let addr = listener
         .local_addr()
         .map_err(io("reading the bound address".to_string()))?;
+    let advertise = config.advertise.clone().unwrap_or_else(|| {
+        let host = match addr.ip() {
+            ip if ip.is_unspecified() => host_name().unwrap_or_else(|| ip.to_string()),
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            ip => ip.to_string(),
+        };
+        format!("http://{host}:{}", addr.port())
+    });
+    // Campaign before loading: a replica that wins reloads anyway, and one that follows must
+    // not serve what it loads now.
+    let leadership = match config.store.start_election(&advertise)? {
+        Some(l) => l,
+        None => Arc::new(Leadership::single()),
+    };
+    let plane = ControlPlane::open(
+        config.store,
+        config.topology,
+        config.brick_timeout,
+        config.heartbeat_interval,
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("rackmem-control")
@@ -703,13 +886,15 @@ pub fn spawn(config: ServerConfig) -> Result<ServerHandle, ServerError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let body_limit = config.body_limit_bytes;
     let expiry_period = (config.brick_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let (l2, l3, adv2) = (leadership.clone(), leadership.clone(), advertise.clone());
     let thread = std::thread::Builder::new()
         .name("rackmem-control".to_string())
         .spawn(move || {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)
                     .map_err(io("registering the listening socket".to_string()))?;
-                let (router, plane) = build(plane, body_limit);
+                let (router, plane) = build(plane, body_limit, l2, adv2);
+                let follow = tokio::spawn(follow_leadership(plane.clone(), l3, Duration::from_millis(50)));
                 let expiry = tokio::spawn(expire_bricks(plane, expiry_period));
                 let r = axum::serve(listener, router)
                     .with_graceful_shutdown(async move {
@@ -718,12 +903,15 @@ pub fn spawn(config: ServerConfig) -> Result<ServerHandle, ServerError> {
                     .await
                     .map_err(io(format!("serving on {addr}")));
                 expiry.abort();
+                follow.abort();
                 r
             })
         })
         .map_err(io("starting the server thread".to_string()))?;
     Ok(ServerHandle {
         addr,
+        leadership,
+        advertise,
         stop: Some(tx),
         thread: Some(thread),
     })

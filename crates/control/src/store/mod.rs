@@ -5,16 +5,20 @@
 //! answers. At start it reads everything back with [`Store::load`]. A backend only needs a
 //! key-value map with atomic multi-key writes: [`Key::path`] names each record
 //! (`bricks/12`, `allocations/7`, `meta/counters`) and the record bodies are JSON
-//! ([`Record::to_json`]). SQLite ([`sqlite::SqliteStore`]) is the default; an etcd backend goes
-//! behind the cargo feature `etcd`.
+//! ([`Record::to_json`]). SQLite ([`sqlite::SqliteStore`]) is the default; etcd
+//! ([`etcd::EtcdStore`], cargo feature `etcd`) lets several control planes share the state, one
+//! of them the leader at a time ([`Leadership`]).
 //!
 //! Brick liveness is never stored: after a restart every brick counts as up until its
 //! heartbeat timeout passes.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod sqlite;
 
 use crate::api::Port;
 use serde::{Deserialize, Serialize};
+use std::sync::{Mutex, MutexGuard};
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,15 @@ pub enum StoreError {
         store: String,
         /// What failed.
         message: String,
+    },
+    /// This control plane does not lead the replicas sharing the store (or has not yet reloaded
+    /// the state since it became leader): it must not change the state.
+    #[error("store {store}: this control plane is not the leader{}", leader.as_ref().map(|l| format!(" (the leader is {l})")).unwrap_or_default())]
+    NotLeader {
+        /// Which store.
+        store: String,
+        /// The leader's advertised URL, when known.
+        leader: Option<String>,
     },
     /// A stored record cannot be read back.
     #[error("store {store}: record {key} is corrupt: {message}")]
@@ -278,9 +291,153 @@ pub trait Store: Send + 'static {
     fn load(&mut self) -> Result<Snapshot, StoreError>;
     /// Applies a batch atomically.
     fn commit(&mut self, ops: &[Op]) -> Result<(), StoreError>;
+    /// Joins the election among the control planes sharing this store, advertising
+    /// `advertise` (the URL clients reach this control plane at). From then on `commit` writes
+    /// only while the returned [`Leadership`] says this control plane leads and has reloaded
+    /// the state. `None`: the store is not shared (SQLite, memory); this control plane always
+    /// leads.
+    fn start_election(&mut self, advertise: &str) -> Result<Option<std::sync::Arc<Leadership>>, StoreError> {
+        let _ = advertise;
+        Ok(None)
+    }
 }
 
-/// Opens a store by URL: `sqlite:PATH` (created if absent).
+/// The role of a control plane among those sharing a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// It serves every request.
+    Leader,
+    /// It refuses the API (clients move on to the leader).
+    Follower,
+}
+
+/// What a control plane knows about the election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderState {
+    /// Its role.
+    pub role: Role,
+    /// The leader's advertised URL, when known (its own when it leads).
+    pub leader: Option<String>,
+    /// The fencing token of the leadership it holds (etcd: the creation revision of the leader
+    /// key); 0 when it does not lead.
+    pub term: i64,
+    /// The term whose state the control plane has loaded; it serves only when equal to `term`.
+    pub synced_term: i64,
+}
+
+/// The election state shared by a store (which fences its commits with it), the task that
+/// campaigns and the server (which reloads the state when this control plane becomes leader and
+/// refuses requests while it does not lead).
+#[derive(Debug)]
+pub struct Leadership {
+    state: Mutex<LeaderState>,
+}
+
+impl Leadership {
+    /// A control plane alone on its store: always the leader, always in sync.
+    pub fn single() -> Leadership {
+        Leadership {
+            state: Mutex::new(LeaderState {
+                role: Role::Leader,
+                leader: None,
+                term: 1,
+                synced_term: 1,
+            }),
+        }
+    }
+
+    /// A replica that has not won an election yet.
+    pub fn follower() -> Leadership {
+        Leadership {
+            state: Mutex::new(LeaderState {
+                role: Role::Follower,
+                leader: None,
+                term: 0,
+                synced_term: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LeaderState> {
+        // Every update below leaves the state whole: a panic elsewhere cannot corrupt it.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A copy of the state.
+    pub fn status(&self) -> LeaderState {
+        self.lock().clone()
+    }
+
+    /// True when this control plane leads and has loaded the state of its term: it may serve.
+    pub fn serving(&self) -> bool {
+        let s = self.lock();
+        s.role == Role::Leader && s.term != 0 && s.synced_term == s.term
+    }
+
+    /// The term to fence a commit with, when this control plane may write.
+    pub fn fence(&self) -> Option<i64> {
+        let s = self.lock();
+        (s.role == Role::Leader && s.term != 0 && s.synced_term == s.term).then_some(s.term)
+    }
+
+    /// The leader's URL, when known.
+    pub fn leader(&self) -> Option<String> {
+        self.lock().leader.clone()
+    }
+
+    /// This control plane won term `term` (a new term needs a reload before serving).
+    pub fn won(&self, term: i64, advertise: &str) {
+        let mut s = self.lock();
+        if s.role != Role::Leader || s.term != term {
+            tracing::info!(term, "this control plane is now the leader; reloading the state");
+        }
+        s.role = Role::Leader;
+        s.term = term;
+        s.leader = Some(advertise.to_string());
+    }
+
+    /// Another control plane leads (`leader`, when known), or nobody does.
+    pub fn lost(&self, leader: Option<String>) {
+        let mut s = self.lock();
+        if s.role == Role::Leader {
+            tracing::warn!(leader = ?leader, "this control plane is no longer the leader");
+        }
+        s.role = Role::Follower;
+        s.term = 0;
+        s.synced_term = 0;
+        s.leader = leader;
+    }
+
+    /// This control plane stops and gives up its leadership (its lease is revoked).
+    pub fn resign(&self) {
+        let mut s = self.lock();
+        if s.role == Role::Leader {
+            tracing::info!(term = s.term, "stopping: leadership given up");
+        }
+        s.role = Role::Follower;
+        s.term = 0;
+        s.synced_term = 0;
+        s.leader = None;
+    }
+
+    /// The state of term `term` is loaded (ignored if the term changed meanwhile).
+    pub fn synced(&self, term: i64) {
+        let mut s = self.lock();
+        if s.term == term {
+            s.synced_term = term;
+        }
+    }
+
+    /// The store may hold changes the in-memory state lacks (a commit whose outcome is unknown):
+    /// reload before serving again.
+    pub fn stale(&self) {
+        self.lock().synced_term = 0;
+    }
+}
+
+/// Opens a store by URL: `sqlite:PATH` (created if absent) or, with the cargo feature `etcd`,
+/// `etcd:URL[,URL...]`.
 pub fn open(url: &str) -> Result<Box<dyn Store>, StoreError> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {
@@ -288,6 +445,11 @@ pub fn open(url: &str) -> Result<Box<dyn Store>, StoreError> {
         }
         return Ok(Box::new(sqlite::SqliteStore::open(std::path::Path::new(path))?));
     }
+    #[cfg(feature = "etcd")]
+    if url.starts_with("etcd:") {
+        return Ok(Box::new(etcd::EtcdStore::open(url)?));
+    }
+    #[cfg(not(feature = "etcd"))]
     if url.starts_with("etcd:") {
         return Err(StoreError::Backend {
             store: url.to_string(),

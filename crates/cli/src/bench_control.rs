@@ -1,0 +1,340 @@
+//! `rackmem bench control`: allocation and release latency and throughput of a real control plane
+//! over HTTP, per store, beside a floor measured on the same server in the same run (the
+//! `GET /healthz` round trip: HTTP and the server's request path without the plane or the store).
+//!
+//! For each store it starts a control plane on a free loopback port (etcd: a throwaway etcd
+//! server too), registers the bricks and nodes and fills the live allocations through the REST
+//! API, then times `samples` allocations back to back (each against that many live ones), the
+//! release of those same allocations, and `samples` health checks.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rackmem_bench::Summary;
+use rackmem_control::api::{AllocationRequest, BrickRegistration, NodeRegistration, PortSpec};
+use rackmem_control::client::Client;
+use rackmem_control::server::{spawn, ServerConfig, ServerHandle};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+/// The target for one allocation with SQLite.
+const TARGET_P99_US: f64 = 5000.0;
+/// Nodes the allocations are spread over.
+const NODES: usize = 100;
+
+#[derive(Args)]
+pub struct ControlBenchArgs {
+    /// Bricks in the resource graph (64 GiB each, registered through the API).
+    #[arg(long, default_value_t = 1000)]
+    bricks: usize,
+    /// Live allocations while measuring (1 to 64 MiB, striped over 1 to 4 bricks).
+    #[arg(long, default_value_t = 10_000)]
+    allocations: usize,
+    /// Allocations, releases and floor round trips timed per store.
+    #[arg(long, default_value_t = 2000)]
+    samples: usize,
+    /// Stores to measure: sqlite, etcd (etcd needs a build with the cargo feature `etcd` and
+    /// Debian's etcd-server; it is skipped with a message otherwise).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,etcd")]
+    stores: Vec<String>,
+}
+
+/// The figures of one store.
+#[derive(serde::Serialize)]
+struct StoreResult {
+    store: String,
+    /// Why it was not measured.
+    skipped: Option<String>,
+    fill_seconds: f64,
+    allocate: Summary,
+    release: Summary,
+    floor: Summary,
+    allocations_per_s: f64,
+    releases_per_s: f64,
+    allocate_p50_vs_floor: f64,
+    allocate_p99_vs_floor: f64,
+    /// SQLite only: the target, p99 of one allocation under 5 ms.
+    target_p99_us: Option<f64>,
+    target_met: Option<bool>,
+}
+
+impl StoreResult {
+    fn skipped(store: &str, why: String) -> StoreResult {
+        StoreResult {
+            store: store.to_string(),
+            skipped: Some(why),
+            fill_seconds: 0.0,
+            allocate: Summary::default(),
+            release: Summary::default(),
+            floor: Summary::default(),
+            allocations_per_s: 0.0,
+            releases_per_s: 0.0,
+            allocate_p50_vs_floor: 0.0,
+            allocate_p99_vs_floor: 0.0,
+            target_p99_us: None,
+            target_met: None,
+        }
+    }
+}
+
+fn progress(len: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Why the etcd store cannot be measured by this binary on this machine, if so.
+fn etcd_unavailable() -> Option<String> {
+    if !cfg!(feature = "etcd") {
+        return Some("this rackmem was built without the cargo feature `etcd`".to_string());
+    }
+    if rackmem_control::etcd_server::binary().is_none() {
+        return Some("no etcd binary on PATH (Debian: apt-get install etcd-server)".to_string());
+    }
+    None
+}
+
+/// Starts the control plane on `url` and waits until it serves (an etcd replica campaigns first).
+fn serve(url: &str) -> Result<(ServerHandle, Client)> {
+    let store = rackmem_control::store::open(url).with_context(|| format!("opening the store {url}"))?;
+    let mut cfg = ServerConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), store);
+    // No brick sends heartbeats here: none may be marked down while the graph fills.
+    cfg.brick_timeout = Duration::from_secs(7 * 24 * 3600);
+    let server = spawn(cfg).context("starting the control plane")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server.leadership().serving() {
+        if Instant::now() > deadline {
+            bail!("the control plane on {url} did not become leader within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = Client::new(&[server.url()])?;
+    Ok((server, client))
+}
+
+fn measure(store: &str, url: &str, a: &ControlBenchArgs, pb: &indicatif::ProgressBar) -> Result<StoreResult> {
+    let (server, client) = serve(url)?;
+    let port = |name: &str| PortSpec {
+        name: name.into(),
+        bandwidth_bps: 100_000_000_000,
+        switch: None,
+    };
+    let fill = Instant::now();
+    pb.set_message(format!("{store}: registering {} bricks", a.bricks));
+    for i in 0..a.bricks {
+        client
+            .register_brick(&BrickRegistration {
+                name: format!("b{i}"),
+                address: format!("tcp://10.{}.{}.{}:7070", i >> 16, (i >> 8) & 0xff, i & 0xff),
+                capacity_bytes: 64 << 30,
+                ports: vec![port("p0")],
+                key_hex: hex::encode((i as u64).to_le_bytes().repeat(4)),
+            })
+            .with_context(|| format!("registering brick {i}"))?;
+        pb.inc(1);
+    }
+    let nodes = (0..NODES)
+        .map(|i| {
+            client
+                .register_node(&NodeRegistration {
+                    name: format!("n{i}"),
+                    ports: vec![port("eth0")],
+                })
+                .map(|r| r.id)
+        })
+        .collect::<Result<Vec<u64>, _>>()
+        .context("registering nodes")?;
+    let request = |i: usize| AllocationRequest {
+        node: nodes[i % NODES],
+        size_bytes: (1 + (i as u64) % 64) * MIB,
+        stripe: Some(1 + (i % 4) as u32),
+        ..Default::default()
+    };
+    pb.set_message(format!("{store}: {} live allocations", a.allocations));
+    for i in 0..a.allocations {
+        client
+            .allocate(&request(i))
+            .with_context(|| format!("filling: allocation {i}"))?;
+        pb.inc(1);
+    }
+    let fill_seconds = fill.elapsed().as_secs_f64();
+
+    pb.set_message(format!("{store}: timing"));
+    let mut alloc_ns = Vec::with_capacity(a.samples);
+    let mut ids = Vec::with_capacity(a.samples);
+    let t = Instant::now();
+    for i in 0..a.samples {
+        let s = Instant::now();
+        let r = client
+            .allocate(&request(a.allocations + i))
+            .context("timed allocation")?;
+        alloc_ns.push(ns(s.elapsed()));
+        ids.push(r.id);
+    }
+    let alloc_wall = t.elapsed().as_secs_f64();
+    let mut release_ns = Vec::with_capacity(a.samples);
+    let t = Instant::now();
+    for id in ids {
+        let s = Instant::now();
+        client.free(id).context("timed release")?;
+        release_ns.push(ns(s.elapsed()));
+    }
+    let release_wall = t.elapsed().as_secs_f64();
+    let mut floor_ns = Vec::with_capacity(a.samples);
+    for _ in 0..a.samples {
+        let s = Instant::now();
+        client.health().context("floor: GET /healthz")?;
+        floor_ns.push(ns(s.elapsed()));
+    }
+    server.stop().context("stopping the control plane")?;
+
+    let allocate = Summary::from_ns(&format!("{store}: allocate (POST /v1/allocations)"), alloc_ns);
+    let release = Summary::from_ns(&format!("{store}: release (DELETE /v1/allocations/ID)"), release_ns);
+    let floor = Summary::from_ns(&format!("{store}: floor (GET /healthz)"), floor_ns);
+    let per_s = |n: usize, wall: f64| if wall > 0.0 { n as f64 / wall } else { 0.0 };
+    let sqlite = store == "sqlite";
+    Ok(StoreResult {
+        store: store.to_string(),
+        skipped: None,
+        fill_seconds,
+        allocations_per_s: per_s(a.samples, alloc_wall),
+        releases_per_s: per_s(a.samples, release_wall),
+        allocate_p50_vs_floor: allocate.p50_us / floor.p50_us.max(f64::MIN_POSITIVE),
+        allocate_p99_vs_floor: allocate.p99_us / floor.p99_us.max(f64::MIN_POSITIVE),
+        target_p99_us: sqlite.then_some(TARGET_P99_US),
+        target_met: sqlite.then_some(allocate.p99_us < TARGET_P99_US),
+        allocate,
+        release,
+        floor,
+    })
+}
+
+/// Measures every store in turn, in a directory of its own under `tmp`.
+fn measure_all(a: &ControlBenchArgs, tmp: &Path) -> Result<Vec<StoreResult>> {
+    let mut results = Vec::new();
+    for store in &a.stores {
+        let dir = tmp.join(store);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // The etcd server lives as long as its measurement.
+        let (url, etcd) = if store == "etcd" {
+            if let Some(why) = etcd_unavailable() {
+                eprintln!("rackmem bench control: etcd skipped: {why}");
+                results.push(StoreResult::skipped(store, why));
+                continue;
+            }
+            let e = rackmem_control::etcd_server::EtcdServer::start(&dir.join("etcd")).context("starting etcd")?;
+            (e.store_url(), Some(e))
+        } else {
+            (format!("sqlite:{}", dir.join("control.db").display()), None)
+        };
+        let pb = progress((a.bricks + a.allocations) as u64);
+        let r = measure(store, &url, a, &pb);
+        pb.finish_and_clear();
+        drop(etcd);
+        results.push(r.with_context(|| format!("measuring the {store} store"))?);
+    }
+    Ok(results)
+}
+
+pub fn run(a: ControlBenchArgs, json: Option<&Path>, svg: Option<&Path>) -> Result<()> {
+    if a.bricks == 0 || a.samples == 0 {
+        bail!("--bricks and --samples must be positive");
+    }
+    for s in &a.stores {
+        if s != "sqlite" && s != "etcd" {
+            bail!("unknown store {s:?}: use sqlite, etcd");
+        }
+    }
+    let tmp = tempdir()?;
+    let results = measure_all(&a, &tmp);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let results = results?;
+
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "store",
+        "operation",
+        "samples",
+        "p50 µs",
+        "p99 µs",
+        "mean µs",
+        "ops/s",
+        "p50 vs floor",
+    ]);
+    let mut bars = Vec::new();
+    for r in &results {
+        if let Some(why) = &r.skipped {
+            t.add_row(vec![r.store.clone(), format!("skipped: {why}")]);
+            continue;
+        }
+        for (op, s, rate) in [
+            ("allocate", &r.allocate, Some(r.allocations_per_s)),
+            ("release", &r.release, Some(r.releases_per_s)),
+            ("floor: GET /healthz", &r.floor, None),
+        ] {
+            t.add_row(vec![
+                r.store.clone(),
+                op.to_string(),
+                s.samples.to_string(),
+                format!("{:.0}", s.p50_us),
+                format!("{:.0}", s.p99_us),
+                format!("{:.0}", s.mean_us),
+                rate.map_or_else(String::new, |v| format!("{v:.0}")),
+                format!("{:.1}×", s.p50_us / r.floor.p50_us.max(f64::MIN_POSITIVE)),
+            ]);
+            bars.push(rackmem_bench::chart::LatencyBar {
+                label: s.name.clone(),
+                p50_us: s.p50_us,
+                p99_us: s.p99_us,
+            });
+        }
+    }
+    println!(
+        "Control plane over HTTP: {} bricks, {} live allocations, {} samples (same run)\n{t}",
+        a.bricks, a.allocations, a.samples
+    );
+    for r in results.iter().filter(|r| r.target_met.is_some()) {
+        println!(
+            "target (p99 of one allocation with {} < {TARGET_P99_US:.0} µs): {} (p99 {:.0} µs)",
+            r.store,
+            if r.target_met == Some(true) { "met" } else { "NOT met" },
+            r.allocate.p99_us
+        );
+    }
+    if let Some(p) = svg {
+        let title = format!(
+            "Control plane: allocation and release over HTTP, {} bricks, {} live allocations (same run)",
+            a.bricks, a.allocations
+        );
+        std::fs::write(p, rackmem_bench::chart::latency_svg(&title, &bars))
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("rackmem bench: chart written to {}", p.display());
+    }
+    if let Some(p) = json {
+        let v = serde_json::json!({
+            "control": {
+                "bricks": a.bricks,
+                "allocations": a.allocations,
+                "samples": a.samples,
+                "results": results,
+            }
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("rackmem bench: results written to {}", p.display());
+    }
+    Ok(())
+}
+
+fn tempdir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("rackmem-bench-control-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    Ok(d)
+}
