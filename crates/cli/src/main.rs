@@ -37,7 +37,12 @@ pub mod exit {
         rackmem run --local 10% --stats -- python3 -c 'x = bytearray(200 << 20); print(sum(x))'\n\n\
         Two machines:\n  \
         memory-rich$ rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --secret-file /etc/rackmem.secret\n  \
-        compute$     rackmem run --brick tcp://memory-rich:7070 --secret-file /etc/rackmem.secret --local 25% -- ./app"
+        compute$     rackmem run --brick tcp://memory-rich:7070 --secret-file /etc/rackmem.secret --local 25% -- ./app\n\n\
+        A cluster with a control plane (segments granted on demand, returned at exit):\n  \
+        ctl-host$    rackmem control --listen 0.0.0.0:7080 --store sqlite:/var/lib/rackmem/control.db\n  \
+        memory-rich$ rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --control http://ctl-host:7080\n  \
+        compute$     rackmem agent --control http://ctl-host:7080 &\n  \
+        compute$     rackmem run --agent /run/rackmem/agent.sock --local 25% -- ./app"
 )]
 struct Cli {
     #[command(subcommand)]
