@@ -85,20 +85,19 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
         let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
             inner.internal_error(&format!("window page {} has no segment", v.page));
         };
-        // Read the staged page straight into the brick's outgoing data; drop it again if clean.
+        // A page the scan calls clean is checked against its install checksum in place; only a
+        // page to write is copied, straight into the brick's outgoing data.
         let BrickWrites { extents: ext, data } = &mut per_brick[brick];
-        let at = data.len();
-        data.resize(at + PAGE_SIZE, 0);
-        inner.staging.read(v.slot as usize * PAGE_SIZE, &mut data[at..]);
-        let changed = v.dirty_scan || xxh3_64(&data[at..]) != v.hash;
+        let page = crate::recycle::staged_page(inner, v.slot);
+        let changed = v.dirty_scan || xxh3_64(page) != v.hash;
         if changed && !v.dirty_scan {
             inner.stats.evictions_race_caught.fetch_add(1, Ordering::Relaxed);
         }
         if !changed {
-            data.truncate(at);
             clean += 1;
             continue;
         }
+        data.extend_from_slice(page);
         dirty[k] = true;
         match ext.last_mut() {
             Some(last) if last.0 + last.1 as u64 == off => last.1 += PAGE_SIZE as u32,

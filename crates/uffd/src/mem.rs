@@ -182,6 +182,23 @@ impl Mapping {
         unsafe { atomic_store_bytes(self.addr + offset, data) }
     }
 
+    /// The bytes `[offset, offset + len)` as a slice, for reading pages in place (hashing a
+    /// staged page without copying it out first).
+    ///
+    /// # Safety
+    /// For the lifetime of the slice nothing may write the range (no thread, no ioctl moving or
+    /// zapping its pages), and every page of it must be present (or not registered for missing
+    /// faults).
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub unsafe fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        self.check_range(offset, len, "bytes");
+        // SAFETY: the range lies inside this live mapping (checked above) that stays mapped while
+        // `&self` lives; that nothing writes it meanwhile is the caller's promise.
+        unsafe { std::slice::from_raw_parts((self.addr + offset) as *const u8, len) }
+    }
+
     /// The bytes `[offset, offset + len)` as a mutable slice, for receiving data straight into
     /// the mapping (a socket read into pages that are then moved elsewhere with `UFFDIO_MOVE`).
     ///
