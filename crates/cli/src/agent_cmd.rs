@@ -43,14 +43,6 @@ pub struct AgentArgs {
     metrics: Option<std::net::SocketAddr>,
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "node".into())
-}
-
 pub fn run(args: AgentArgs) -> Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -63,7 +55,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     } else {
         args.ports
     };
-    let name = args.name.unwrap_or_else(host_name);
+    let name = args.name.unwrap_or_else(crate::brick_cmd::hostname);
     let agent = Agent::start(
         client,
         AgentConfig {

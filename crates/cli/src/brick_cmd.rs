@@ -55,7 +55,8 @@ pub struct BrickArgs {
 /// The port a brick registers when none is given: 10 GB/s, a common NIC.
 const DEFAULT_PORT: &str = "p0:10GB/s";
 
-fn hostname() -> String {
+/// This machine's host name (the default name of a brick or a node).
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()

@@ -11,8 +11,7 @@ use common::*;
 use rackmem_control::api::*;
 use rackmem_control::client::Client;
 use rackmem_control::etcd_server::{self, EtcdServer};
-use std::process::{Command, Stdio};
-use std::sync::mpsc::RecvTimeoutError;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -21,37 +20,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Starts `rackmem control --store etcd:...`; returns the guard and its URL.
 fn start_replica(store: &str) -> (Guard, String) {
-    let mut cmd = Command::new(rackmem());
-    cmd.args([
-        "control",
-        "--listen",
-        "127.0.0.1:0",
-        "--brick-timeout",
-        "1h",
-        "--store",
-        store,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    let mut g = Guard::spawn(&mut cmd);
-    let lines = lines_of(g.child().stderr.take().expect("stderr"));
-    let deadline = Instant::now() + DEADLINE;
-    let mut seen = Vec::new();
-    loop {
-        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(l) => {
-                if let Some(url) = l.split_whitespace().find(|w| w.starts_with("http://")) {
-                    let url = url.to_string();
-                    std::thread::spawn(move || for _ in lines {});
-                    return (g, url);
-                }
-                seen.push(l);
-            }
-            Err(RecvTimeoutError::Timeout) => panic!("rackmem control announced no URL: {seen:?}"),
-            Err(RecvTimeoutError::Disconnected) => panic!("rackmem control exited: {seen:?}"),
-        }
-    }
+    start_control_with(&["--listen", "127.0.0.1:0", "--brick-timeout", "1h", "--store", store])
 }
 
 fn leader_info(url: &str) -> Option<LeaderInfo> {
@@ -120,6 +89,12 @@ fn a_replica_takes_over_when_the_leader_is_killed() {
     let urls = [u1.as_str(), u2.as_str()];
     let leader = wait_for_leader(&urls);
     let follower = 1 - leader;
+    // The follower learns who leads at its next look at the leader key (every 250 ms).
+    let deadline = Instant::now() + DEADLINE;
+    while leader_info(urls[follower]).and_then(|l| l.leader).as_deref() != Some(urls[leader]) {
+        assert!(Instant::now() < deadline, "the follower never learned the leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // The follower refuses a write and names the leader.
     let direct = Client::new(&[urls[follower]]).unwrap();

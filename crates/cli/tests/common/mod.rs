@@ -423,9 +423,15 @@ pub fn start_control(db: &std::path::Path) -> (Guard, String) {
 
 /// Starts `rackmem control` listening on `listen` (a fixed port survives a restart).
 pub fn start_control_on(db: &std::path::Path, listen: &str) -> (Guard, String) {
+    let store = format!("sqlite:{}", db.display());
+    start_control_with(&["--listen", listen, "--brick-timeout", "5s", "--store", &store])
+}
+
+/// Starts `rackmem control ARGS...`; returns the guard and the URL it announces.
+pub fn start_control_with(args: &[&str]) -> (Guard, String) {
     let mut cmd = Command::new(rackmem());
-    cmd.args(["control", "--listen", listen, "--brick-timeout", "5s", "--store"])
-        .arg(format!("sqlite:{}", db.display()))
+    cmd.arg("control")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
