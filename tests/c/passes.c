@@ -16,9 +16,9 @@ static uint64_t *all;
 static size_t all_words;
 static pthread_barrier_t barrier;
 
-/* The value word i of a slice holds after `done` sequential passes. */
+/* The value word i of a slice holds after `done` rounds of sequential passes (one up, one down). */
 static uint64_t expected(const struct slice *s, size_t i, int done) {
-    return pattern(s->seed, i) + (uint64_t)done * i;
+    return pattern(s->seed, i) + 2 * (uint64_t)done * i;
 }
 
 static void check(const struct slice *s, int done, const char *phase) {
@@ -43,9 +43,10 @@ static void *work(void *arg) {
     fill(s->a, s->words, s->seed);
     int p = 0;
     for (; p < s->passes; p++) {
-        /* sequential read+write: a[i] += i */
+        /* sequential read+write, up then down (a backward memmove walks down): a[i] += i */
         for (size_t i = 0; i < s->words; i++) s->a[i] += i;
-        check(s, p + 1, "sequential pass");
+        for (size_t i = s->words; i-- > 0;) s->a[i] += i;
+        check(s, p + 1, "sequential passes");
         /* random read-modify-writes (a fault on almost every one), undone in reverse order */
         uint64_t seed = s->seed * 1000 + 17 + (uint64_t)p;
         size_t n = s->words / 256; /* random faults are the slow case: keep tests short */

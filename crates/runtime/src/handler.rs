@@ -290,26 +290,37 @@ impl Handler {
                 _ => {}
             }
             // Plan the run.
-            let (run, stream) = c.streams.plan(page, inner.cfg.prefetch_pages.max(1));
-            let region_end = c.alloc.region_containing(page).map_or(page + 1, |(s, l)| s + l);
+            let fault = page;
+            let plan = c.streams.plan(fault, inner.cfg.prefetch_pages.max(1));
+            let (run, stream, down) = (plan.run, plan.slot, plan.down);
+            let (region_start, region_end) = c
+                .alloc
+                .region_containing(fault)
+                .map_or((fault, fault + 1), |(s, l)| (s, s + l));
             let budget = inner.budget_pages(&c);
-            let cap = (run as u64)
-                .min((budget / 4).max(1))
-                .min(region_end.saturating_sub(page).max(1));
+            let fits = |l: u8| l == loc::EMPTY || l == loc::REMOTE;
+            let cap = (run as u64).min((budget / 4).max(1));
             let mut n = 1u64;
-            while n < cap {
-                let l = c.loc(page + n);
-                if l != loc::EMPTY && l != loc::REMOTE {
-                    break;
+            // An ascending run starts at the fault; a descending one ends there.
+            let mut start = fault;
+            if down {
+                while n < cap.min(fault - region_start + 1) && fits(c.loc(fault - n)) {
+                    n += 1;
                 }
-                n += 1;
+                start = fault + 1 - n;
+            } else {
+                while n < cap.min(region_end.saturating_sub(fault).max(1)) && fits(c.loc(fault + n)) {
+                    n += 1;
+                }
             }
             // The read-ahead sent at the previous fault of this stream, if it covers this run.
-            self.drop_stale_ahead(&mut c, page);
-            if let Some(a) = self.ahead.iter().find(|a| a.page == page) {
-                n = a.n as u64;
+            self.drop_stale_ahead(&mut c, fault);
+            if !down {
+                if let Some(a) = self.ahead.iter().find(|a| a.page == fault) {
+                    n = a.n as u64;
+                }
             }
-            c.streams.advance(stream, page + n);
+            c.streams.advance(stream, start, start + n);
             // Make room; may wait for staging slots.
             let t_plan = inner.now_ns();
             let (c, staged) = self.choose_victims(c, n);
@@ -323,13 +334,28 @@ impl Handler {
             // the write-back thread may have finished pages).
             let mut c = inner.lock();
             let mut kinds = Vec::with_capacity(n as usize);
-            for p in page..page + n {
-                let s = c.pages[p as usize];
-                match s & loc::MASK {
-                    loc::EMPTY | loc::REMOTE => kinds.push(s),
-                    _ => break,
+            // From the faulting page outward: the run must still contain it.
+            let page = if down {
+                let mut p = fault;
+                while p >= start && fits(c.pages[p as usize] & loc::MASK) {
+                    kinds.push(c.pages[p as usize]);
+                    if p == start {
+                        break;
+                    }
+                    p -= 1;
                 }
-            }
+                kinds.reverse();
+                fault + 1 - kinds.len() as u64
+            } else {
+                for p in start..start + n {
+                    let s = c.pages[p as usize];
+                    match s & loc::MASK {
+                        loc::EMPTY | loc::REMOTE => kinds.push(s),
+                        _ => break,
+                    }
+                }
+                start
+            };
             if kinds.is_empty() {
                 continue;
             }
@@ -395,7 +421,7 @@ impl Handler {
             let t_fetch = inner.now_ns();
             self.install(page, &kinds, epoch, spent);
             let t_install = inner.now_ns();
-            if run > 1 && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
+            if run > 1 && !down && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
                 // Keep the stream's next runs on their way.
                 let want = (run * 2).min(inner.cfg.prefetch_pages.max(1));
                 loop {

@@ -11,7 +11,10 @@ const STREAMS: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 struct Stream {
+    /// The page after the last run (where an ascending stream faults next).
     next_page: u64,
+    /// The first page of the last run (a descending stream faults on the page below it).
+    first_page: u64,
     run: usize,
     last_used: u64,
 }
@@ -28,6 +31,7 @@ impl Default for Streams {
         Streams {
             slots: [Stream {
                 next_page: u64::MAX,
+                first_page: u64::MAX,
                 run: 0,
                 last_used: 0,
             }; STREAMS],
@@ -36,29 +40,57 @@ impl Default for Streams {
     }
 }
 
+/// What to fetch for a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Pages in the run (at most the configured maximum).
+    pub run: usize,
+    /// The stream's slot, for [`Streams::advance`].
+    pub slot: usize,
+    /// The stream walks down (a backward `memmove` of a large buffer does): the run ends at the
+    /// faulting page instead of starting there.
+    pub down: bool,
+}
+
 impl Streams {
-    /// The run length to fetch for a fault on `page` (at most `max`), and the slot to update.
-    pub fn plan(&mut self, page: u64, max: usize) -> (usize, usize) {
+    /// Plans the run for a fault at `page`: `max` pages at most.
+    pub fn plan(&mut self, page: u64, max: usize) -> Plan {
         self.clock += 1;
-        if let Some(i) = self.slots.iter().position(|s| s.next_page == page) {
+        let up = self.slots.iter().position(|s| s.next_page == page);
+        let down = || {
+            self.slots
+                .iter()
+                .position(|s| s.first_page != u64::MAX && s.first_page == page.wrapping_add(1))
+        };
+        if let Some((i, down)) = up.map(|i| (i, false)).or_else(|| down().map(|i| (i, true))) {
             let s = &mut self.slots[i];
             s.run = (s.run * 2).max(2).min(max.max(1));
             s.last_used = self.clock;
-            return (s.run, i);
+            return Plan {
+                run: s.run,
+                slot: i,
+                down,
+            };
         }
         let i = (0..STREAMS).min_by_key(|&i| self.slots[i].last_used).unwrap_or(0);
         self.slots[i] = Stream {
             next_page: u64::MAX,
+            first_page: u64::MAX,
             run: 1,
             last_used: self.clock,
         };
-        (1, i)
+        Plan {
+            run: 1,
+            slot: i,
+            down: false,
+        }
     }
 
-    /// Records that the run planned in `slot` ended before `next_page`.
-    pub fn advance(&mut self, slot: usize, next_page: u64) {
+    /// Records the run `[first, end)` the stream in `slot` got.
+    pub fn advance(&mut self, slot: usize, first: u64, end: u64) {
         if let Some(s) = self.slots.get_mut(slot) {
-            s.next_page = next_page;
+            s.next_page = end;
+            s.first_page = first;
         }
     }
 }
@@ -73,20 +105,59 @@ mod tests {
         let (mut a, mut b) = (0u64, 1000u64);
         let mut runs = Vec::new();
         for _ in 0..5 {
-            let (n, s) = d.plan(a, 16);
-            a += n as u64;
-            d.advance(s, a);
-            let (m, t) = d.plan(b, 16);
-            b += m as u64;
-            d.advance(t, b);
-            runs.push((n, m));
+            let p = d.plan(a, 16);
+            d.advance(p.slot, a, a + p.run as u64);
+            a += p.run as u64;
+            let q = d.plan(b, 16);
+            d.advance(q.slot, b, b + q.run as u64);
+            b += q.run as u64;
+            runs.push((p.run, q.run, p.down || q.down));
         }
-        assert_eq!(runs, vec![(1, 1), (2, 2), (4, 4), (8, 8), (16, 16)]);
-        assert_eq!(d.plan(5000, 16).0, 1, "a random fault starts a stream of one page");
+        assert_eq!(
+            runs,
+            vec![
+                (1, 1, false),
+                (2, 2, false),
+                (4, 4, false),
+                (8, 8, false),
+                (16, 16, false)
+            ]
+        );
+        assert_eq!(d.plan(5000, 16).run, 1, "a random fault starts a stream of one page");
         // Prefetch off: runs stay one page long even on a stream.
         let mut d = Streams::default();
-        let (n, s) = d.plan(0, 1);
-        d.advance(s, n as u64);
-        assert_eq!(d.plan(1, 1).0, 1);
+        let p = d.plan(0, 1);
+        d.advance(p.slot, 0, p.run as u64);
+        assert_eq!(d.plan(1, 1).run, 1);
+    }
+
+    #[test]
+    fn descending_streams_are_detected_and_end_their_runs_at_the_fault() {
+        // A backward copy of one array into another: two interleaved descending streams.
+        let mut d = Streams::default();
+        let (mut a, mut b) = (10_000u64, 50_000u64);
+        let mut runs = Vec::new();
+        for _ in 0..5 {
+            let p = d.plan(a, 16);
+            let first = a + 1 - p.run as u64;
+            d.advance(p.slot, first, a + 1);
+            a = first - 1;
+            let q = d.plan(b, 16);
+            let first_b = b + 1 - q.run as u64;
+            d.advance(q.slot, first_b, b + 1);
+            b = first_b - 1;
+            runs.push((p.run, p.down, q.run, q.down));
+        }
+        assert_eq!(runs[0], (1, false, 1, false), "one page is no direction yet");
+        assert_eq!(
+            &runs[1..],
+            &[
+                (2, true, 2, true),
+                (4, true, 4, true),
+                (8, true, 8, true),
+                (16, true, 16, true)
+            ]
+        );
+        assert!(!d.plan(0, 16).down, "page 0 has no stream below it");
     }
 }
