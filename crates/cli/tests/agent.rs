@@ -328,3 +328,24 @@ fn a_forking_program_on_agent_memory_execs_its_children() {
         live_allocations(&c.url).is_empty()
     });
 }
+
+#[test]
+fn an_unreachable_agent_is_a_clear_error_before_the_program_starts() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("run")
+        .arg("--agent")
+        .arg(dir.path().join("no-agent.sock"))
+        .args(["--", "sh", "-c", "echo started"]);
+    let o = run_with_deadline(cmd, LIMIT);
+    assert_eq!(o.status.code(), Some(69), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cannot reach the node agent"), "{err}");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("started"),
+        "the program must not run"
+    );
+}
