@@ -72,6 +72,9 @@ pub struct Config {
     pub agent: Option<String>,
     /// `RACKMEM_GROW`: smallest allocation asked of the agent (default 256 MiB).
     pub grow_bytes: u64,
+    /// `RACKMEM_LINK_SPIN_US`: how long the fault handler polls a link for an answer before it
+    /// sleeps (default 50; 0 = sleep at once).
+    pub link_spin: Duration,
 }
 
 /// A configuration variable that cannot be used.
@@ -137,6 +140,7 @@ impl Config {
             stats_file: var("RACKMEM_STATS_FILE"),
             verbose: var("RACKMEM_VERBOSE").is_some_and(|v| v != "0"),
             grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),
+            link_spin: Duration::from_micros(num("RACKMEM_LINK_SPIN_US", 50)?),
             agent,
         }))
     }

@@ -396,6 +396,7 @@ impl Runtime {
             };
             let writeback = Link::connect(&addr, cfg.timeout)?;
             writeback.attach(&seg.grant, &seg.session_key)?;
+            fault.set_receive_spin(cfg.link_spin);
             let pages = seg.grant.size_bytes / PAGE;
             table.push(pages, |first_page| Segment {
                 first_page,
@@ -633,6 +634,7 @@ impl Runtime {
                 }
                 let fault = Link::connect(&addr, inner.cfg.timeout)?;
                 fault.attach(&grant, &key)?;
+                fault.set_receive_spin(inner.cfg.link_spin);
                 let writeback = Link::connect(&addr, inner.cfg.timeout)?;
                 writeback.attach(&grant, &key)?;
                 out.push((pages, addr, grant, fault, writeback, s.rate_limit_bps));
@@ -1041,6 +1043,7 @@ pub fn fork_child() {
             let seg = state.grants[i].clone();
             let fault = Link::connect(&b.addr, parent.cfg.timeout)?;
             fault.attach(&seg.grant, &seg.session_key)?;
+            fault.set_receive_spin(parent.cfg.link_spin);
             let writeback = Link::connect(&b.addr, parent.cfg.timeout)?;
             writeback.attach(&seg.grant, &seg.session_key)?;
             table.push(b.pages, |first_page| Segment {
