@@ -815,61 +815,21 @@ impl Handler {
                 ),
             };
             match r {
-                Ok(done) => i += done / PAGE_SIZE,
-                Err(UffdError::Exists { done }) if spent.is_some() => {
-                    // MOVE wants an empty page table entry; a write-protect marker left on a
-                    // hole (by a PAGEMAP_SCAN over unpopulated pages) is not empty for MOVE but
-                    // is for COPY. Copy that page from its slot; a page really mapped there
-                    // makes COPY fail the same way, and then its waiters are woken.
-                    i += done / PAGE_SIZE;
-                    let Some(run) = spent.as_mut() else { continue };
-                    let at = inner.page_addr(page + i as u64);
-                    let src = &recycle::bytes(&inner, run)[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-                    let copy = inner.uffd.copy(
-                        at,
-                        src,
-                        CopyMode {
-                            write_protect: true,
-                            dontwake: false,
-                        },
-                    );
-                    match copy {
-                        Ok(_) => i += 1,
-                        Err(UffdError::Exists { .. }) => {
-                            if let Err(e) = inner.uffd.wake(at, PAGE_SIZE) {
-                                inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
-                            }
-                            i += 1;
-                        }
-                        Err(UffdError::Again { .. }) => self.pump_events(),
-                        Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {at:#x}: {e}")),
-                    }
-                }
-                Err(UffdError::Exists { done }) => {
-                    // Something is mapped there already: wake the waiters and go past it.
-                    let at = dst + done;
-                    if let Err(e) = inner.uffd.wake(at, PAGE_SIZE) {
-                        inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
-                    }
-                    i += done / PAGE_SIZE + 1;
-                }
-                Err(UffdError::Again { done }) => {
-                    i += done / PAGE_SIZE;
-                    self.pump_events();
-                }
-                Err(e) if spent.is_some() => {
-                    // MOVE refused the stretch (it should not): copy it from the slots instead.
-                    let done = e.done();
-                    i += done / PAGE_SIZE;
-                    let (Some(run), Some(k)) = (spent.as_mut(), (i < j).then_some(j)) else {
+                Err(e) if spent.is_some() && !matches!(e, UffdError::Again { .. }) => {
+                    // MOVE refused the rest of the stretch. EEXIST is the expected case: a
+                    // write-protect marker left on a hole (by a PAGEMAP_SCAN over unpopulated
+                    // pages) is not empty for MOVE but is for COPY. Copy the rest from the
+                    // slots; a page really mapped there makes COPY fail the same way.
+                    i += e.done() / PAGE_SIZE;
+                    let Some(run) = spent.as_mut().filter(|_| i < j) else {
                         continue;
                     };
-                    if inner.cfg.verbose {
+                    if inner.cfg.verbose && !matches!(e, UffdError::Exists { .. }) {
                         eprintln!("rackmem: UFFDIO_MOVE into the window at {dst:#x}: {e}; copying instead");
                     }
-                    let src = &recycle::bytes(&inner, run)[i * PAGE_SIZE..k * PAGE_SIZE];
                     let at = inner.page_addr(page + i as u64);
-                    let copy = inner.uffd.copy(
+                    let src = &recycle::bytes(&inner, run)[i * PAGE_SIZE..j * PAGE_SIZE];
+                    let copied = inner.uffd.copy(
                         at,
                         src,
                         CopyMode {
@@ -877,20 +837,9 @@ impl Handler {
                             dontwake: false,
                         },
                     );
-                    match copy {
-                        Ok(d) => i += d / PAGE_SIZE,
-                        Err(UffdError::Exists { done }) => {
-                            let _ = inner.uffd.wake(at + done, PAGE_SIZE);
-                            i += done / PAGE_SIZE + 1;
-                        }
-                        Err(UffdError::Again { done }) => {
-                            i += done / PAGE_SIZE;
-                            self.pump_events();
-                        }
-                        Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {at:#x}: {e}")),
-                    }
+                    i += self.installed_pages(at, copied);
                 }
-                Err(e) => inner.internal_error(&format!("UFFDIO_COPY to {dst:#x}: {e}")),
+                other => i += self.installed_pages(dst, other),
             }
         }
         if let Some(run) = spent {
@@ -914,6 +863,26 @@ impl Handler {
             }
             drop(c);
             inner.core_cv.notify_all();
+        }
+    }
+
+    /// How many pages an install ioctl at `dst` got past: what it placed, plus a page already
+    /// mapped (its waiters are woken); after EAGAIN the pending events are applied first.
+    fn installed_pages(&mut self, dst: usize, r: Result<usize, UffdError>) -> usize {
+        match r {
+            Ok(done) => done / PAGE_SIZE,
+            Err(UffdError::Exists { done }) => {
+                let at = dst + done;
+                if let Err(e) = self.inner.uffd.wake(at, PAGE_SIZE) {
+                    self.inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
+                }
+                done / PAGE_SIZE + 1
+            }
+            Err(UffdError::Again { done }) => {
+                self.pump_events();
+                done / PAGE_SIZE
+            }
+            Err(e) => self.inner.internal_error(&format!("installing at {dst:#x}: {e}")),
         }
     }
 

@@ -30,12 +30,6 @@ impl SpentRun {
         self.start
     }
 
-    /// Slots in the run.
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-
     /// Slots in the run, as a slot count.
     pub fn count(&self) -> u32 {
         self.len
@@ -127,9 +121,9 @@ mod tests {
         );
         assert!(take(&mut c, 11).is_none());
         let r = take(&mut c, 2).expect("best fit");
-        assert_eq!((r.start(), r.len()), (30, 2));
+        assert_eq!((r.start(), r.count()), (30, 2));
         let r = take(&mut c, 3).expect("a run of 10 has 3");
-        assert_eq!((r.start(), r.len()), (10, 3));
+        assert_eq!((r.start(), r.count()), (10, 3));
         assert_eq!(c.spent_pages, 7);
         assert!(!give(&mut c, 100, SPENT_CAP), "over the cap");
         assert_eq!(c.spent_pages, 7);

@@ -50,7 +50,6 @@ pub(crate) fn run(inner: Arc<Inner>) {
             Job::Discard { seg, offset, len } => {
                 // The segment may have been returned since (see `Runtime::shrink`).
                 if let Some(s) = inner.table.get(seg) {
-                    s.limiter.acquire(len.min(1 << 20));
                     if let Err(e) = s.writeback.discard(offset, len) {
                         inner.brick_lost(seg, "releasing freed memory", &e);
                     }
