@@ -7,6 +7,7 @@
 //! reach memory that a later segment reuses.
 
 use rackmem_proto::PAGE_SIZE;
+use rackmem_uffd::SharedMemory;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -87,6 +88,16 @@ impl Pool {
         }
     }
 
+    /// Calls `f(position in the range, bytes)` for each piece of `[off, off + len)` that lies in
+    /// an allocated chunk (unallocated chunks read as zeros and are skipped).
+    pub fn export(&self, off: u64, len: u64, mut f: impl FnMut(usize, &[u8])) {
+        Self::pieces(off, len as usize, |ci, co, r| {
+            if let Some(c) = &*lock_r(&self.chunks[ci]) {
+                f(r.start, &c[co..co + r.len()]);
+            }
+        });
+    }
+
     /// Makes chunks `[dst, dst+len)` share the chunks of `[src, src+len)` (chunk aligned).
     pub fn share(&self, src: u64, dst: u64, len: u64) {
         for i in 0..(len / CHUNK) as usize {
@@ -107,10 +118,29 @@ impl Pool {
     }
 }
 
-/// Whether a segment is alive, shared by the segment and the connections attached to it. Data
-/// requests hold the read side for their whole duration; releasing the segment takes the write
-/// side, so it waits for them, and sets it to false, which later requests see.
-pub(crate) type Gate = Arc<RwLock<bool>>;
+/// Whether a segment is alive and where its bytes are, shared by the segment and the connections
+/// attached to it. Data requests hold the read side for their whole duration; releasing the
+/// segment takes the write side, so it waits for them, and marks it dead, which later requests
+/// see. Moving the segment into shared memory (SHARE) also takes the write side.
+pub(crate) type Gate = Arc<RwLock<GateState>>;
+
+/// What a [`Gate`] guards.
+#[derive(Debug)]
+pub(crate) struct GateState {
+    pub alive: bool,
+    /// Set once a node on this host asked to map the segment: from then on its bytes live in
+    /// this memory file, not in the pool.
+    pub shared: Option<Arc<SharedMemory>>,
+}
+
+impl GateState {
+    fn new() -> GateState {
+        GateState {
+            alive: true,
+            shared: None,
+        }
+    }
+}
 
 /// Who decides when a segment ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +173,7 @@ impl Segment {
             attached,
             unattached_deadline: deadline,
             lifetime,
-            gate: Arc::new(RwLock::new(true)),
+            gate: Arc::new(RwLock::new(GateState::new())),
             created: Instant::now(),
         }
     }
@@ -318,7 +348,12 @@ impl Store {
     /// it) and only then returns its range to the free list, so no new segment can be placed
     /// over memory still being cleared.
     pub fn free_removed(&self, seg: Segment) {
-        *lock_w(&seg.gate) = false;
+        {
+            let mut g = lock_w(&seg.gate);
+            g.alive = false;
+            // Our mapping goes now; the memory goes when the last node that mapped it lets go.
+            g.shared = None;
+        }
         self.pool.discard(seg.offset, seg.size);
         self.segs().give_back(seg.offset, seg.size);
     }
@@ -431,6 +466,83 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Reads `out.len()` bytes at `off` of the segment at pool offset `base` (bounds checked by
+    /// the caller), from wherever its bytes are.
+    pub fn read(&self, mem: &GateState, base: u64, off: u64, out: &mut [u8]) {
+        match &mem.shared {
+            Some(m) => m.read(off as usize, out),
+            None => self.pool.read(base + off, out),
+        }
+    }
+
+    /// Writes `data` at `off` of the segment at pool offset `base` (bounds checked by the caller).
+    pub fn write(&self, mem: &GateState, base: u64, off: u64, data: &[u8]) {
+        match &mem.shared {
+            Some(m) => m.write(off as usize, data),
+            None => self.pool.write(base + off, data),
+        }
+    }
+
+    /// Zeroes `[off, off + len)` of the segment at pool offset `base` and frees its memory
+    /// (page-aligned, bounds checked by the caller).
+    pub fn discard(&self, mem: &GateState, base: u64, off: u64, len: u64) -> Result<(), rackmem_uffd::UffdError> {
+        match &mem.shared {
+            Some(m) => m.discard(off as usize, len as usize),
+            None => {
+                self.pool.discard(base + off, len);
+                Ok(())
+            }
+        }
+    }
+
+    /// Bytes of memory the pool and the segments moved into shared memory hold.
+    pub fn resident_bytes(&self) -> u64 {
+        let gates: Vec<Gate> = self.segs().live.values().map(|s| s.gate.clone()).collect();
+        let shared: u64 = gates
+            .iter()
+            .filter_map(|g| lock_r(g).shared.as_ref().map(|m| m.resident_bytes()))
+            .sum();
+        self.pool.resident_bytes() + shared
+    }
+
+    /// Moves segment `id` (`[offset, offset + size)` of the pool, guarded by `gate`) into a
+    /// memory file, once, and returns it. Only what the pool holds is copied; the pool's range
+    /// is then freed.
+    pub fn share(&self, id: u64, gate: &Gate, offset: u64, size: u64) -> Result<Arc<SharedMemory>, ShareError> {
+        let mut g = lock_w(gate);
+        if !g.alive {
+            return Err(ShareError::Released);
+        }
+        if let Some(m) = &g.shared {
+            return Ok(m.clone());
+        }
+        let m = SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?;
+        // Pages of zeros stay holes: a chunk is allocated whole, a page of it is written.
+        let page = PAGE_SIZE as usize;
+        self.pool.export(offset, size, |at, bytes| {
+            for (i, p) in bytes.chunks(page).enumerate() {
+                if p.iter().any(|&b| b != 0) {
+                    m.write(at + i * page, p);
+                }
+            }
+        });
+        self.pool.discard(offset, size);
+        let m = Arc::new(m);
+        g.shared = Some(m.clone());
+        Ok(m)
+    }
+}
+
+/// Why a segment could not be moved into shared memory.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ShareError {
+    #[error("the segment was released")]
+    Released,
+    #[error("cannot create shared memory for the segment: {0}")]
+    Memory(rackmem_uffd::UffdError),
+}
+
 /// Page-aligned extent check against a segment of `size` bytes.
 pub(crate) fn in_segment(size: u64, off: u64, len: u64) -> bool {
     off % PAGE_SIZE as u64 == 0 && off.checked_add(len).is_some_and(|e| e <= size)
@@ -486,7 +598,7 @@ mod tests {
         st.pool.write(off, &[5u8; 4096]);
         let gate = st.segs().live[&id].gate.clone();
         st.detach(id, &gate);
-        assert!(!*lock_r(&gate), "a freed segment's gate is closed");
+        assert!(!lock_r(&gate).alive, "a freed segment's gate is closed");
         assert_eq!(st.pool.resident_bytes(), 0);
         assert_eq!(st.segs().free_bytes(), 4 * CHUNK);
         let now = Instant::now();
@@ -547,7 +659,7 @@ mod tests {
             st.segs().live.contains_key(&5),
             "a managed segment outlives its connections"
         );
-        assert!(*lock_r(&gate));
+        assert!(lock_r(&gate).alive);
         let later = Instant::now() + std::time::Duration::from_secs(1);
         assert!(st.retain(&[(5, CHUNK, CHUNK)], later).is_empty(), "listed: kept");
         let created = st.segs().live[&5].created;
@@ -557,7 +669,7 @@ mod tests {
             vec![5],
             "listed otherwise: dropped"
         );
-        assert!(!*lock_r(&gate), "connections of a released segment see it gone");
+        assert!(!lock_r(&gate).alive, "connections of a released segment see it gone");
         assert_eq!(st.pool.resident_bytes(), 0);
         assert_eq!(st.segs().free_bytes(), 8 * CHUNK);
         assert_eq!(st.segs().free.len(), 1, "the range coalesces back");

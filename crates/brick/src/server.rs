@@ -12,7 +12,7 @@
 //! the nonce this connection got at HELLO (`docs/control-plane.md`, "Grants and proof of
 //! possession"). Each failure has its own status, and the connection is closed.
 
-use crate::pool::{in_segment, Gate, Store, CHUNK};
+use crate::pool::{in_segment, Gate, GateState, ShareError, Store, CHUNK};
 use rackmem_proto::{
     constant_time_eq, encode_response, extents_bytes, rights, session_key, verify_attach_proof, BrickInfo, BrickStats,
     DecodeError, Grant, GrantError, Header, Opcode, Request, SegmentGrant, Status, FLAG_RESPONSE, HEADER_LEN,
@@ -452,6 +452,17 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
 
 trait Stream: Read + Write + Send {
     fn set_nonblocking(&self, on: bool) -> io::Result<()>;
+    /// Whether [`send_with_fd`](Stream::send_with_fd) works.
+    fn passes_fds(&self) -> bool {
+        false
+    }
+    /// Sends `data` with `fd` attached; returns the bytes sent.
+    fn send_with_fd(&mut self, _data: &[u8], _fd: std::os::fd::BorrowedFd<'_>) -> io::Result<usize> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "file descriptors travel only over Unix sockets",
+        ))
+    }
 }
 impl Stream for TcpStream {
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
@@ -461,6 +472,13 @@ impl Stream for TcpStream {
 impl Stream for UnixStream {
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         UnixStream::set_nonblocking(self, on)
+    }
+    fn passes_fds(&self) -> bool {
+        true
+    }
+    fn send_with_fd(&mut self, data: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        rackmem_uffd::send_with_fd(self.as_fd(), data, fd)
     }
 }
 
@@ -483,7 +501,7 @@ impl Shared {
             requests: c.requests.load(Relaxed),
             connections: c.connections.load(Relaxed),
             errors: c.errors.load(Relaxed),
-            resident_bytes: self.store.pool.resident_bytes(),
+            resident_bytes: self.store.resident_bytes(),
             segments,
             free_bytes,
         }
@@ -514,12 +532,16 @@ struct Session {
     /// Returned at HELLO; ATTACH proofs on this connection are bound to it.
     nonce: Option<[u8; NONCE_LEN]>,
     attached: Option<Attached>,
+    /// The connection can carry file descriptors (a Unix socket): SHARE is possible.
+    passes_fds: bool,
 }
 
 struct Reply {
     status: Status,
     payload: Vec<u8>,
     close: bool,
+    /// Shared memory whose descriptor goes with the response (SHARE).
+    fd: Option<Arc<rackmem_uffd::SharedMemory>>,
 }
 
 fn ok(payload: Vec<u8>) -> Reply {
@@ -527,6 +549,7 @@ fn ok(payload: Vec<u8>) -> Reply {
         status: Status::Ok,
         payload,
         close: false,
+        fd: None,
     }
 }
 
@@ -537,6 +560,7 @@ fn err(status: Status, msg: impl Into<String>, close: bool) -> Reply {
         status,
         payload: m,
         close,
+        fd: None,
     }
 }
 
@@ -546,7 +570,10 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         io: BufReader::with_capacity(256 << 10, StreamIo(stream, shared.spin_us)),
         queued: Vec::with_capacity(64 << 10),
     };
-    let mut session = Session::default();
+    let mut session = Session {
+        passes_fds: conn.io.get_ref().0.passes_fds(),
+        ..Session::default()
+    };
     let mut hdr = [0u8; HEADER_LEN];
     let mut payload = Vec::new();
     let mut scratch = Vec::new();
@@ -582,11 +609,12 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         // buffer and READ fills a buffer the connection keeps, so no request allocates or
         // copies its pages an extra time.
         let decoded = match h.opcode {
-            Opcode::Write => rackmem_proto::decode_write(&payload)
-                .map(|(ext, data)| with_segment(session.attached.as_ref(), |a| write_pages(shared, a, &ext, data))),
+            Opcode::Write => rackmem_proto::decode_write(&payload).map(|(ext, data)| {
+                with_segment(session.attached.as_ref(), |a, m| write_pages(shared, a, m, &ext, data))
+            }),
             Opcode::Read => Request::decode(&h, &payload).map(|r| match r {
-                Request::Read(ext) => with_segment(session.attached.as_ref(), |a| {
-                    read_pages(shared, a, &ext, std::mem::take(&mut scratch))
+                Request::Read(ext) => with_segment(session.attached.as_ref(), |a, m| {
+                    read_pages(shared, a, m, &ext, std::mem::take(&mut scratch))
                 }),
                 r => handle(shared, &mut session, r),
             }),
@@ -665,6 +693,14 @@ struct Connection {
 impl Connection {
     fn send(&mut self, op: Opcode, tag: u32, r: &Reply, flush: bool) -> io::Result<()> {
         let sock = &mut self.io.get_mut().0;
+        if let Some(m) = &r.fd {
+            // The descriptor rides on the response's first bytes; whatever is queued goes first.
+            sock.write_all(&self.queued)?;
+            self.queued.clear();
+            let frame = encode_response(op, tag, r.status, &r.payload);
+            let sent = sock.send_with_fd(&frame, m.fd())?;
+            return sock.write_all(&frame[sent..]);
+        }
         if r.payload.len() >= DIRECT_BYTES {
             // Large payloads go out from their own buffer rather than through the queue.
             let h = Header {
@@ -835,6 +871,7 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
             });
             ok(Vec::new())
         }
+        Request::Share => share(shared, attached.as_ref(), session.passes_fds),
         Request::Detach => match attached.take() {
             Some(a) => {
                 shared.store.detach(a.id, &a.gate);
@@ -857,7 +894,7 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
                     false,
                 );
             }
-            with_segment(Some(a), |a| data_op(shared, a, other))
+            with_segment(Some(a), |a, m| data_op(shared, a, m, other))
         }
     }
 }
@@ -865,12 +902,12 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
 /// Runs a data operation on the connection's segment: refused before ATTACH, and after the
 /// control plane released the segment. The segment's gate is held across the operation, so a
 /// release waits for operations in flight.
-fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attached) -> Reply) -> Reply {
+fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attached, &GateState) -> Reply) -> Reply {
     let Some(a) = attached else {
         return err(Status::NotAttached, "ATTACH or ALLOC before data requests", true);
     };
-    let alive = a.gate.read().unwrap_or_else(|e| e.into_inner());
-    if !*alive {
+    let mem = a.gate.read().unwrap_or_else(|e| e.into_inner());
+    if !mem.alive {
         return err(
             Status::NoSegment,
             format!(
@@ -880,7 +917,45 @@ fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attached) -> Reply
             true,
         );
     }
-    op(a)
+    op(a, &mem)
+}
+
+/// SHARE: moves the attached segment into shared memory (once) and answers with its descriptor.
+fn share(shared: &Shared, attached: Option<&Attached>, passes_fds: bool) -> Reply {
+    let Some(a) = attached else {
+        return err(Status::NotAttached, "ATTACH or ALLOC before SHARE", true);
+    };
+    if !passes_fds {
+        // Kept open: the node goes on over this link.
+        return err(
+            Status::Forbidden,
+            "SHARE maps a segment into a node on this brick's own host and needs a Unix-socket \
+             link to carry the memory's descriptor; this link is TCP: go on with READ and WRITE",
+            false,
+        );
+    }
+    if a.rights & (rights::READ | rights::WRITE) != rights::READ | rights::WRITE {
+        return err(
+            Status::Forbidden,
+            "SHARE needs a grant that allows reads and writes",
+            false,
+        );
+    }
+    match shared.store.share(a.id, &a.gate, a.offset, a.size) {
+        Ok(m) => Reply {
+            fd: Some(m),
+            ..ok(a.size.to_le_bytes().to_vec())
+        },
+        Err(ShareError::Released) => err(
+            Status::NoSegment,
+            format!(
+                "segment {} was released by the control plane; ask it for a new allocation",
+                a.id
+            ),
+            true,
+        ),
+        Err(e @ ShareError::Memory(_)) => err(Status::Internal, e.to_string(), false),
+    }
 }
 
 /// Counts one more attachment of the grant's segment, creating it first on a managed brick that
@@ -936,7 +1011,13 @@ fn out_of_range(a: &Attached, o: u64, l: u64) -> Reply {
 }
 
 /// READ into `buf` (a buffer the connection reuses, so large reads touch no fresh memory).
-fn read_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], mut buf: Vec<u8>) -> Reply {
+fn read_pages(
+    shared: &Shared,
+    a: &Attached,
+    mem: &GateState,
+    ext: &[rackmem_proto::Extent],
+    mut buf: Vec<u8>,
+) -> Reply {
     if a.rights & rights::READ == 0 {
         return err(Status::Forbidden, "grant does not allow reads", true);
     }
@@ -955,7 +1036,7 @@ fn read_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], mut 
     buf.resize(total as usize, 0);
     let mut at = 0usize;
     for &(o, l) in ext {
-        shared.store.pool.read(a.offset + o, &mut buf[at..at + l as usize]);
+        shared.store.read(mem, a.offset, o, &mut buf[at..at + l as usize]);
         at += l as usize;
     }
     shared.counters.bytes_read.fetch_add(total, Relaxed);
@@ -963,7 +1044,7 @@ fn read_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], mut 
 }
 
 /// WRITE of `data` (the extents' bytes, concatenated; length checked by the decoder).
-fn write_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], data: &[u8]) -> Reply {
+fn write_pages(shared: &Shared, a: &Attached, mem: &GateState, ext: &[rackmem_proto::Extent], data: &[u8]) -> Reply {
     if a.rights & rights::WRITE == 0 {
         return err(Status::Forbidden, "grant does not allow writes", true);
     }
@@ -972,14 +1053,14 @@ fn write_pages(shared: &Shared, a: &Attached, ext: &[rackmem_proto::Extent], dat
     }
     let mut at = 0usize;
     for &(o, l) in ext {
-        shared.store.pool.write(a.offset + o, &data[at..at + l as usize]);
+        shared.store.write(mem, a.offset, o, &data[at..at + l as usize]);
         at += l as usize;
     }
     shared.counters.bytes_written.fetch_add(at as u64, Relaxed);
     ok(Vec::new())
 }
 
-fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
+fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Request) -> Reply {
     let store = &shared.store;
     let need = |r: u8| a.rights & r == r;
     let out_of_range = |o: u64, l: u64| {
@@ -990,8 +1071,8 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
         )
     };
     match req {
-        Request::Read(ext) => read_pages(shared, a, &ext, Vec::new()),
-        Request::Write { extents, data } => write_pages(shared, a, &extents, &data),
+        Request::Read(ext) => read_pages(shared, a, mem, &ext, Vec::new()),
+        Request::Write { extents, data } => write_pages(shared, a, mem, &extents, &data),
         Request::Discard { offset, len } => {
             if !need(rights::WRITE) {
                 return err(Status::Forbidden, "grant does not allow writes", true);
@@ -999,8 +1080,10 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
             if !in_segment(a.size, offset, len) || len % PAGE_SIZE as u64 != 0 {
                 return out_of_range(offset, len);
             }
-            store.pool.discard(a.offset + offset, len);
-            ok(Vec::new())
+            match store.discard(mem, a.offset, offset, len) {
+                Ok(()) => ok(Vec::new()),
+                Err(e) => err(Status::Internal, format!("discarding {offset:#x}+{len:#x}: {e}"), false),
+            }
         }
         Request::Copy { src, dst, len } => {
             if !need(rights::WRITE) {
@@ -1019,8 +1102,8 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
             };
             for &s in order {
                 let n = (len - s).min(CHUNK) as usize;
-                store.pool.read(a.offset + src + s, &mut buf[..n]);
-                store.pool.write(a.offset + dst + s, &buf[..n]);
+                store.read(mem, a.offset, src + s, &mut buf[..n]);
+                store.write(mem, a.offset, dst + s, &buf[..n]);
             }
             ok(Vec::new())
         }
@@ -1035,9 +1118,30 @@ fn data_op(shared: &Shared, a: &Attached, req: Request) -> Reply {
                     false,
                 );
             };
-            store.pool.share(a.offset, off, a.size);
+            match &mem.shared {
+                // Shared memory has no copy-on-write chunks: the clone gets a copy now, without
+                // the pages that are all zeros (the pool reads those as zeros anyway).
+                Some(m) => copy_into_pool(store, m, off, a.size),
+                None => store.pool.share(a.offset, off, a.size),
+            }
             ok(shared.grant(id, off, a.size).encode())
         }
         _ => err(Status::BadRequest, "unexpected request", true),
+    }
+}
+
+/// Copies shared memory into the pool at `off`, skipping pages of zeros.
+fn copy_into_pool(store: &Store, m: &rackmem_uffd::SharedMemory, off: u64, size: u64) {
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut at = 0u64;
+    while at < size {
+        let n = (size - at).min(CHUNK) as usize;
+        m.read_file(at as usize, &mut buf[..n]);
+        for (i, page) in buf[..n].chunks(PAGE_SIZE as usize).enumerate() {
+            if page.iter().any(|&b| b != 0) {
+                store.pool.write(off + at + (i * PAGE_SIZE as usize) as u64, page);
+            }
+        }
+        at += n as u64;
     }
 }

@@ -63,6 +63,11 @@ pub enum Opcode {
     Ping = 10,
     /// Brick statistics.
     Stats = 11,
+    /// Map the attached segment directly: the brick moves it into a memory file and sends the
+    /// file's descriptor with the response (`SCM_RIGHTS`), so a node on the same host reads and
+    /// writes it with memory copies. Unix-socket links only. The response payload is the
+    /// segment's size in bytes (u64, little-endian).
+    Share = 12,
 }
 
 impl Opcode {
@@ -81,6 +86,7 @@ impl Opcode {
             9 => Detach,
             10 => Ping,
             11 => Stats,
+            12 => Share,
             _ => return None,
         })
     }
@@ -701,6 +707,8 @@ pub enum Request {
     Ping,
     /// STATS.
     Stats,
+    /// SHARE.
+    Share,
 }
 
 fn encode_extents(extents: &[Extent], out: &mut Vec<u8>) {
@@ -769,6 +777,7 @@ impl Request {
             Request::Detach => Opcode::Detach,
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
+            Request::Share => Opcode::Share,
         }
     }
 
@@ -784,7 +793,7 @@ impl Request {
         let mut payload = Vec::new();
         let mut offset = 0;
         match self {
-            Request::Hello | Request::Clone | Request::Detach | Request::Ping | Request::Stats => {}
+            Request::Hello | Request::Clone | Request::Detach | Request::Ping | Request::Stats | Request::Share => {}
             Request::Alloc { size_bytes, secret } => {
                 offset = *size_bytes;
                 payload.extend_from_slice(secret);
@@ -842,6 +851,7 @@ impl Request {
             Opcode::Detach => empty(Request::Detach),
             Opcode::Ping => empty(Request::Ping),
             Opcode::Stats => empty(Request::Stats),
+            Opcode::Share => empty(Request::Share),
             Opcode::Alloc => {
                 if p.len() > MAX_SECRET {
                     return Err(DecodeError::Invalid("secret too long"));
@@ -1003,6 +1013,7 @@ mod tests {
             Just(Request::Detach),
             Just(Request::Ping),
             Just(Request::Stats),
+            Just(Request::Share),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64))
                 .prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
             (grant(), any::<[u8; 32]>()).prop_map(|(grant, proof)| Request::Attach { grant, proof }),

@@ -25,14 +25,16 @@ use rackmem_proto::{
     attach_proof, encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, SegmentGrant,
     Status, HEADER_LEN, KEY_LEN, MAX_EXTENTS, MAX_PAYLOAD, NONCE_LEN,
 };
+use rackmem_uffd::SharedMemory;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Default timeout of every wait on a link.
@@ -202,10 +204,28 @@ impl Read for Sock {
     }
 }
 
-/// The receiving side of a link: the socket, and how long a read polls before it sleeps.
+/// The receiving side of a link: the socket, how long a read polls before it sleeps, and the
+/// file descriptors that came with the bytes (a brick sends one with its SHARE answer).
 struct RxSock {
     sock: Sock,
     spin: Duration,
+    fds: Arc<Mutex<Vec<OwnedFd>>>,
+}
+
+impl RxSock {
+    fn recv(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        match &mut self.sock {
+            Sock::Unix(s) => {
+                let mut got = Vec::new();
+                let r = rackmem_uffd::recv_with_fds(s.as_fd(), b, &mut got);
+                if !got.is_empty() {
+                    lock(&self.fds).extend(got);
+                }
+                r
+            }
+            other => other.read(b),
+        }
+    }
 }
 
 impl Read for RxSock {
@@ -216,7 +236,7 @@ impl Read for RxSock {
             // socket meanwhile (its sends are its own, between reads).
             let start = Instant::now();
             let r = loop {
-                match self.sock.read(b) {
+                match self.recv(b) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         if start.elapsed() > self.spin {
                             break None;
@@ -231,7 +251,7 @@ impl Read for RxSock {
                 return r;
             }
         }
-        self.sock.read(b)
+        self.recv(b)
     }
 }
 
@@ -299,6 +319,9 @@ pub struct Link {
     broken: OnceLock<String>,
     /// A handle to shut the socket down, waking a blocked reader or sender.
     control: Sock,
+    /// Descriptors received with responses (see [`Link::share`]), and one SHARE at a time.
+    received_fds: Arc<Mutex<Vec<OwnedFd>>>,
+    share_lock: Mutex<()>,
 }
 
 impl fmt::Debug for Link {
@@ -420,6 +443,7 @@ impl Link {
             .map_err(|e| unreachable(e.to_string()))?;
         let tx = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let control = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
+        let received_fds = Arc::new(Mutex::new(Vec::new()));
         let mut link = Link {
             addr: addr.clone(),
             addr_text: text.clone(),
@@ -438,6 +462,7 @@ impl Link {
                 RxSock {
                     sock,
                     spin: Duration::ZERO,
+                    fds: received_fds.clone(),
                 },
             )),
             rx: Mutex::new(RxState::default()),
@@ -446,6 +471,8 @@ impl Link {
             next_tag: AtomicU32::new(1),
             broken: OnceLock::new(),
             control,
+            received_fds,
+            share_lock: Mutex::new(()),
         };
         let r = link
             .call(&Request::Hello)
@@ -785,6 +812,34 @@ impl Link {
             proof,
         })
         .map(|_| ())
+    }
+
+    /// Maps the attached segment into this process: the brick moves it into shared memory and
+    /// hands over its descriptor, after which reads and writes of the returned memory *are* reads
+    /// and writes of the segment, without a request. Only a brick on this host can do that:
+    /// over TCP this fails with [`LinkError::Invalid`] before sending anything.
+    pub fn share(&self) -> Result<SharedMemory, LinkError> {
+        if let BrickAddr::Tcp(_) = self.addr {
+            return Err(self.invalid(
+                "shared memory needs a Unix-socket link to a brick on this host (TCP cannot carry a descriptor)".into(),
+            ));
+        }
+        let _one = lock(&self.share_lock);
+        let p = self.call(&Request::Share)?;
+        // The descriptor arrived with the response's first bytes, so it is here by now; any
+        // other descriptor is not one we asked for.
+        let fd = {
+            let mut fds = lock(&self.received_fds);
+            let fd = fds.pop();
+            fds.clear();
+            fd
+        };
+        let (Some(fd), Ok(size)) = (fd, <[u8; 8]>::try_from(p.as_slice())) else {
+            return Err(self.lost("SHARE answer without a memory descriptor or size".into()));
+        };
+        let size = u64::from_le_bytes(size);
+        let len = usize::try_from(size).map_err(|_| self.lost(format!("SHARE answer: size {size} too large")))?;
+        SharedMemory::open(fd, len).map_err(|e| self.invalid(format!("cannot map the shared segment: {e}")))
     }
 
     /// Unbinds this link from its segment (the brick frees the segment when nobody is attached).

@@ -7,7 +7,8 @@
 //! without write-protect, `ZEROPAGE`, `WAKE`, `WRITEPROTECT`, `MOVE`, `POISON`), reading fault
 //! and event messages ([`Event`]), finding written or present pages with `PAGEMAP_SCAN` on
 //! `/proc/self/pagemap` ([`Pagemap`]), and owning the anonymous mappings they work on
-//! ([`Mapping`]).
+//! ([`Mapping`]), and the shared memory a brick hands to nodes on its own host
+//! ([`SharedMemory`], [`send_with_fd`], [`recv_with_fds`]).
 //!
 //! What it is not: it knows nothing of bricks, windows, segments or policies, starts no thread
 //! and keeps no state beyond the file descriptors. Who reads messages, and when, is the caller's
@@ -31,9 +32,11 @@
 
 mod mem;
 mod pagemap;
+mod shared;
 
 pub use mem::{break_cow, madvise_dontfork, madvise_dontneed, try_break_cow, Mapping, PAGE_SIZE};
 pub use pagemap::{page_is, pm_scan, PageRegion, Pagemap, ScanRequest};
+pub use shared::{recv_with_fds, send_with_fd, SharedMemory};
 
 use linux_raw_sys::general as sys;
 use std::fmt;

@@ -250,7 +250,7 @@ impl Drop for Mapping {
 /// # Safety
 /// `[src, src + out.len())` must be mapped and readable for the duration of the call, and not be
 /// accessed non-atomically by Rust code.
-unsafe fn atomic_load_bytes(src: usize, out: &mut [u8]) {
+pub(crate) unsafe fn atomic_load_bytes(src: usize, out: &mut [u8]) {
     let mut i = 0;
     while i < out.len() {
         let a = src + i;
@@ -273,7 +273,7 @@ unsafe fn atomic_load_bytes(src: usize, out: &mut [u8]) {
 /// # Safety
 /// `[dst, dst + data.len())` must be mapped and writable for the duration of the call, and not be
 /// accessed non-atomically by Rust code.
-unsafe fn atomic_store_bytes(dst: usize, data: &[u8]) {
+pub(crate) unsafe fn atomic_store_bytes(dst: usize, data: &[u8]) {
     let mut i = 0;
     while i < data.len() {
         let a = dst + i;

@@ -1,0 +1,151 @@
+//! SHARE: a brick on the node's own host hands the node its segment as shared memory. The data
+//! written over the socket before is there, writes through the memory are what the socket reads
+//! after, clones copy it, releases free it, and TCP links are refused with a clear error while
+//! they keep working.
+
+use rackmem_brick::{Brick, BrickConfig, BrickHandle, ListenAddr};
+use rackmem_proto::Status;
+use rackmem_transport::{BrickAddr, Link, LinkError};
+use std::time::Duration;
+
+const KEY: &[u8] = b"brick-key";
+const SECRET: &[u8] = b"shared-secret";
+const T: Duration = Duration::from_secs(10);
+
+fn brick(listen: ListenAddr) -> (BrickHandle, BrickAddr) {
+    let h = Brick::start(BrickConfig {
+        listen,
+        size_bytes: 64 << 20,
+        key: KEY.to_vec(),
+        secret: Some(SECRET.to_vec()),
+        managed: false,
+    })
+    .expect("brick starts");
+    let a: BrickAddr = h.local_addr().parse().expect("address");
+    (h, a)
+}
+
+fn page(seed: u64) -> Vec<u8> {
+    (0..4096u64)
+        .map(|i| (i.wrapping_mul(131).wrapping_add(seed * 7907) % 253) as u8)
+        .collect()
+}
+
+#[test]
+fn shared_memory_and_the_socket_see_the_same_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (h, a) = brick(ListenAddr::Unix(dir.path().join("b.sock")));
+    let l = Link::connect(&a, T).expect("connect");
+    let g = l.alloc_segment(SECRET, 4 << 20).expect("alloc");
+    l.write_pages(&[(8192, 4096)], &page(1)).expect("write before sharing");
+    let m = l.share().expect("share");
+    assert_eq!(m.len(), 4 << 20);
+    let mut b = vec![0u8; 4096];
+    m.read(8192, &mut b);
+    assert_eq!(b, page(1), "what the socket wrote is in the shared memory");
+    m.read(0, &mut b);
+    assert!(b.iter().all(|&x| x == 0), "never-written pages are zeros");
+
+    // A second link of the same node (the write-back link) reads what the memory wrote.
+    let other = Link::connect(&a, T).expect("connect");
+    other.attach(&g.grant, &g.session_key).expect("attach");
+    m.write(3 << 20, &page(2));
+    other.read_pages(&[(3 << 20, 4096)], &mut b).expect("read");
+    assert_eq!(b, page(2), "the socket reads what the shared memory wrote");
+    other.write_pages(&[(4096, 4096)], &page(3)).expect("write");
+    m.read(4096, &mut b);
+    assert_eq!(b, page(3));
+    // Sharing again hands over the same memory.
+    let again = other.share().expect("share again");
+    again.read(3 << 20, &mut b);
+    assert_eq!(b, page(2));
+    drop(again);
+
+    // Only what was written holds memory: the pool's copy was given back.
+    let resident = h.stats().resident_bytes;
+    assert!(
+        (3 * 4096..=4 * 4096).contains(&resident),
+        "resident {resident} bytes for 4 written pages"
+    );
+    other.discard(0, 2 << 20).expect("discard");
+    m.read(8192, &mut b);
+    assert!(b.iter().all(|&x| x == 0), "a discard zeroes the shared memory too");
+
+    // A clone of a shared segment is a copy: later writes on either side stay apart.
+    let c = l.clone_segment().expect("clone");
+    let child = Link::connect(&a, T).expect("connect");
+    child.attach(&c.grant, &c.session_key).expect("attach clone");
+    child.read_pages(&[(3 << 20, 4096)], &mut b).expect("read clone");
+    assert_eq!(b, page(2), "the clone has the shared segment's data");
+    m.write(3 << 20, &page(4));
+    child.read_pages(&[(3 << 20, 4096)], &mut b).expect("read clone");
+    assert_eq!(b, page(2), "the clone does not see the parent's later write");
+    let cm = child.share().expect("share the clone");
+    cm.read(3 << 20, &mut b);
+    assert_eq!(b, page(2));
+}
+
+#[test]
+fn a_released_segment_gives_its_memory_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (h, a) = brick(ListenAddr::Unix(dir.path().join("b.sock")));
+    let before = h.stats().free_bytes;
+    {
+        let l = Link::connect(&a, T).expect("connect");
+        l.alloc_segment(SECRET, 8 << 20).expect("alloc");
+        let m = l.share().expect("share");
+        for i in 0..16 {
+            m.write(i * 4096, &page(i as u64));
+        }
+        assert!(h.stats().resident_bytes >= 16 * 4096);
+        // The link closes first, the mapping goes at the end of the block.
+    }
+    let start = std::time::Instant::now();
+    while h.stats().free_bytes != before || h.stats().resident_bytes != 0 {
+        assert!(start.elapsed() < T, "segment not freed: {:?}", h.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn tcp_links_cannot_share_and_keep_working() {
+    let (_h, a) = brick(ListenAddr::Tcp("127.0.0.1:0".into()));
+    let l = Link::connect(&a, T).expect("connect");
+    l.alloc_segment(SECRET, 1 << 20).expect("alloc");
+    match l.share() {
+        Err(LinkError::Invalid { reason, .. }) => assert!(reason.contains("Unix-socket"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    l.write_pages(&[(0, 4096)], &page(9)).expect("the link still works");
+    let mut b = vec![0u8; 4096];
+    l.read_pages(&[(0, 4096)], &mut b).expect("read");
+    assert_eq!(b, page(9));
+}
+
+#[test]
+fn share_before_attach_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_h, a) = brick(ListenAddr::Unix(dir.path().join("b.sock")));
+    let l = Link::connect(&a, T).expect("connect");
+    match l.share() {
+        Err(LinkError::Refused { status, .. }) => assert_eq!(status, Status::NotAttached),
+        other => panic!("expected NotAttached, got {other:?}"),
+    }
+}
+
+#[test]
+fn shared_memory_outlives_a_brick_that_stops() {
+    // The node keeps its data readable when the brick process goes away: the memory belongs to
+    // the file, which the node's mapping keeps alive.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (h, a) = brick(ListenAddr::Unix(dir.path().join("b.sock")));
+    let l = Link::connect(&a, T).expect("connect");
+    l.alloc_segment(SECRET, 1 << 20).expect("alloc");
+    let m = l.share().expect("share");
+    m.write(0, &page(5));
+    h.shutdown();
+    let mut b = vec![0u8; 4096];
+    m.read(0, &mut b);
+    assert_eq!(b, page(5));
+    assert!(matches!(l.ping(), Err(LinkError::BrickLost { .. })));
+}

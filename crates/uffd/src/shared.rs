@@ -1,0 +1,383 @@
+//! Shared memory between a brick and the nodes on its own host: a sealed `memfd` holding one
+//! segment, mapped `MAP_SHARED` by the brick and by each node it is handed to, and the calls that
+//! hand its descriptor over a Unix socket (`SCM_RIGHTS`).
+//!
+//! A node that maps a segment reads and writes it with a memory copy instead of a request and a
+//! response on a socket: no round trip, no wake-up of the brick. The brick keeps owning the
+//! memory (it creates, sizes and seals the file); the node can neither grow nor shrink it, so no
+//! side ever touches a page past the end of the file (which would raise SIGBUS).
+//!
+//! Mappings go through the raw system calls, like [`Mapping`](crate::Mapping): this runs inside
+//! `librackmem.so`, which interposes the C library's `mmap`.
+
+use crate::{os_error, UffdError};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// A `memfd` of fixed size, mapped shared and read/write; unmapped on drop (the file lives on as
+/// long as some process maps it or holds its descriptor).
+///
+/// Its bytes are only reached with word-atomic copies (like [`Mapping`](crate::Mapping)), so the
+/// other process writing the same pages at the same time is not undefined behaviour here.
+/// `Send + Sync`.
+#[derive(Debug)]
+pub struct SharedMemory {
+    fd: OwnedFd,
+    addr: usize,
+    len: usize,
+}
+
+impl SharedMemory {
+    /// Creates a zero-filled, lazily backed memory file of `len` bytes (a whole number of pages),
+    /// sealed against resizing, and maps it. `name` shows in `/proc/PID/maps` of every process
+    /// that maps it.
+    pub fn create(name: &str, len: usize) -> Result<SharedMemory, UffdError> {
+        if len == 0 || len % crate::PAGE_SIZE != 0 {
+            return Err(os_error(
+                "memfd_create",
+                0,
+                len,
+                io::Error::from_raw_os_error(libc::EINVAL),
+            ));
+        }
+        let cname = std::ffi::CString::new(name.replace('\0', "?"))
+            .map_err(|_| os_error("memfd_create", 0, len, io::Error::from_raw_os_error(libc::EINVAL)))?;
+        // SAFETY: memfd_create(2) reads the NUL-terminated name and returns a new descriptor
+        // (or -1); no memory of ours is written.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if raw < 0 {
+            return Err(os_error("memfd_create", 0, len, io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a descriptor memfd_create just returned and nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate(2) on a descriptor we own; no memory is touched.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(os_error("ftruncate(memfd)", 0, len, io::Error::last_os_error()));
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl(2) F_ADD_SEALS on a descriptor we own; no memory is touched.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(os_error("fcntl(F_ADD_SEALS)", 0, len, io::Error::last_os_error()));
+        }
+        Self::map(fd, len)
+    }
+
+    /// Maps a memory file received from a brick, after checking that it is at least `len` bytes
+    /// and sealed against shrinking (else the brick could cut pages out from under the mapping).
+    pub fn open(fd: OwnedFd, len: usize) -> Result<SharedMemory, UffdError> {
+        let bad = |what: &'static str| os_error(what, 0, len, io::Error::from_raw_os_error(libc::EINVAL));
+        if len == 0 || len % crate::PAGE_SIZE != 0 {
+            return Err(bad("mmap(shared): length"));
+        }
+        // SAFETY: fcntl(2) F_GET_SEALS on a descriptor we own; no memory is touched.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(bad("mmap(shared): the file is not sealed against shrinking"));
+        }
+        let size = file_size(fd.as_fd()).map_err(|e| os_error("fstat(memfd)", 0, len, e))?;
+        if size < len as u64 {
+            return Err(bad("mmap(shared): the file is shorter than the segment"));
+        }
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<SharedMemory, UffdError> {
+        // SAFETY: a new shared mapping of a file we hold, at an address the kernel picks (no
+        // MAP_FIXED): no existing memory is affected.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mmap,
+                0usize,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0usize,
+            )
+        };
+        if r < 0 {
+            return Err(os_error("mmap(shared)", 0, len, io::Error::last_os_error()));
+        }
+        let m = SharedMemory {
+            fd,
+            addr: r as usize,
+            len,
+        };
+        // A forked child must not inherit a way to write its parent's segment.
+        crate::madvise_dontfork(m.addr, m.len)?;
+        Ok(m)
+    }
+
+    /// The file's descriptor (to hand to a node with [`send_with_fd`]).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if nothing is mapped (never: an empty file is refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check_range(&self, offset: usize, len: usize, what: &str) {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "{what} of {len} bytes at offset {offset:#x} outside shared memory of {:#x} bytes",
+            self.len
+        );
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out` (word-atomic loads: a concurrent writer
+    /// in another process yields a mix of old and new bytes, never undefined behaviour).
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.check_range(offset, out.len(), "read");
+        // SAFETY: the range lies inside this live mapping (checked above), which stays mapped
+        // while `&self` lives; its bytes are only accessed atomically from this process, and the
+        // file cannot shrink (sealed), so no page of it can vanish.
+        unsafe { crate::mem::atomic_load_bytes(self.addr + offset, out) }
+    }
+
+    /// Copies `data` to `offset` (word-atomic stores).
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check_range(offset, data.len(), "write");
+        // SAFETY: as in `read`; the mapping is writable.
+        unsafe { crate::mem::atomic_store_bytes(self.addr + offset, data) }
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out` through the file rather than the mapping
+    /// (`pread`): holes read as zeros without allocating memory for them, which reading a hole
+    /// through the mapping would.
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn read_file(&self, offset: usize, out: &mut [u8]) {
+        self.check_range(offset, out.len(), "read_file");
+        let mut done = 0;
+        while done < out.len() {
+            let rest = &mut out[done..];
+            // SAFETY: pread(2) writes at most `rest.len()` bytes into `rest`, which is ours.
+            let r = unsafe {
+                libc::pread(
+                    self.fd.as_raw_fd(),
+                    rest.as_mut_ptr() as *mut libc::c_void,
+                    rest.len(),
+                    (offset + done) as libc::off_t,
+                )
+            };
+            if r > 0 {
+                done += r as usize;
+            } else if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            } else {
+                // Cannot happen inside a sealed file of this size; fall back to the mapping.
+                self.read(offset + done, &mut out[done..]);
+                return;
+            }
+        }
+    }
+
+    /// Zeroes `[offset, offset + len)` (page-aligned) and gives its memory back to the system
+    /// (`fallocate(PUNCH_HOLE)`), for every process that maps the file.
+    pub fn discard(&self, offset: usize, len: usize) -> Result<(), UffdError> {
+        self.check_range(offset, len, "discard");
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate(2) on our descriptor; the kernel zaps the range from every mapping,
+        // which later accesses see as zeros (the file keeps its size), never as a fault.
+        let r = unsafe { libc::fallocate(self.fd.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        if r != 0 {
+            return Err(os_error(
+                "fallocate(PUNCH_HOLE)",
+                offset,
+                len,
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of memory the file holds (pages written and not discarded since).
+    pub fn resident_bytes(&self) -> u64 {
+        // SAFETY: fstat(2) fills the zeroed struct we pass; nothing else is touched.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above: `st` is a valid, writable stat buffer.
+        if unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) } != 0 {
+            return 0;
+        }
+        st.st_blocks as u64 * 512
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the range this value mapped; nothing references its bytes (only atomic
+        // copies through `&self`, which cannot outlive it).
+        unsafe {
+            libc::syscall(libc::SYS_munmap, self.addr, self.len);
+        }
+    }
+}
+
+fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: fstat(2) fills the zeroed struct we pass; nothing else is touched.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above: `st` is a valid, writable stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_size as u64)
+}
+
+/// Sends `data` on the Unix stream socket `sock` with `fd` attached (`SCM_RIGHTS`); returns the
+/// bytes sent (the descriptor travels with the first of them: send the rest with plain writes).
+pub fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let fd_len = std::mem::size_of::<libc::c_int>() as u32;
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid (null name, no iovecs yet).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at `control`, which has room for one header carrying one int
+    // (CMSG_SPACE above), so CMSG_FIRSTHDR is non-null and CMSG_DATA lies inside `control`.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(fd_len) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd.as_raw_fd());
+    }
+    loop {
+        // SAFETY: sendmsg(2) reads `data` through the iovec and the control buffer, both alive
+        // for the call; MSG_NOSIGNAL turns a closed peer into EPIPE rather than SIGPIPE.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives into `buf` from the Unix stream socket `sock` like `read(2)`, keeping any
+/// descriptors that came with the bytes (`SCM_RIGHTS`) in `fds` (close-on-exec).
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    // Room for a few descriptors: a brick sends one per message; more would be a misbehaving
+    // peer, and the kernel closes what does not fit (MSG_CTRUNC).
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid (null name, no iovecs yet).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let n = loop {
+        // SAFETY: recvmsg(2) writes at most `buf.len()` bytes into `buf` and at most
+        // `msg_controllen` bytes into `control`, both alive and exclusively ours for the call.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    // SAFETY: after a successful recvmsg the control buffer holds `msg_controllen` bytes of
+    // well-formed headers; the CMSG_* walk stays inside them, and each SCM_RIGHTS payload holds
+    // descriptors the kernel just installed in this process, owned by nobody else yet.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const libc::c_int;
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_segment_handed_over_a_socket_is_the_same_memory() {
+        let brick = SharedMemory::create("rackmem-test", 4 * crate::PAGE_SIZE).expect("memfd");
+        brick.write(4096, b"hello");
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        assert_eq!(send_with_fd(a.as_fd(), b"x", brick.fd()).expect("send"), 1);
+        let mut buf = [0u8; 8];
+        let mut fds = Vec::new();
+        assert_eq!(recv_with_fds(b.as_fd(), &mut buf, &mut fds).expect("recv"), 1);
+        assert_eq!(fds.len(), 1);
+        let node = SharedMemory::open(fds.remove(0), 4 * crate::PAGE_SIZE).expect("map");
+        let mut got = [0u8; 5];
+        node.read(4096, &mut got);
+        assert_eq!(&got, b"hello");
+        node.write(0, &[9u8; 4096]);
+        let mut page = vec![0u8; 4096];
+        brick.read(0, &mut page);
+        assert!(page.iter().all(|&x| x == 9));
+        assert!(brick.resident_bytes() >= 2 * 4096);
+        node.discard(0, 4096).expect("punch");
+        brick.read(0, &mut page);
+        assert!(
+            page.iter().all(|&x| x == 0),
+            "a discarded page reads as zeros everywhere"
+        );
+        // Plain data on the same socket carries no descriptor.
+        (&a).write_all(b"yz").expect("write");
+        assert_eq!(recv_with_fds(b.as_fd(), &mut buf, &mut fds).expect("recv"), 2);
+        assert!(fds.is_empty());
+    }
+
+    #[test]
+    fn a_node_cannot_resize_the_file_or_map_more_than_it_holds() {
+        let brick = SharedMemory::create("rackmem-test", 2 * crate::PAGE_SIZE).expect("memfd");
+        // SAFETY: ftruncate on a descriptor we hold; the seal must refuse it.
+        let r = unsafe { libc::ftruncate(brick.fd().as_raw_fd(), 4096) };
+        assert_ne!(r, 0, "a sealed segment cannot shrink");
+        let dup = brick.fd().try_clone_to_owned().expect("dup");
+        assert!(SharedMemory::open(dup, 4 * crate::PAGE_SIZE).is_err());
+        // An unsealed file is refused: its owner could shrink it under the mapping.
+        // SAFETY: memfd_create with a static NUL-terminated name.
+        let raw = unsafe { libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a descriptor just returned, owned by nobody else.
+        let plain = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on a descriptor we own.
+        assert_eq!(unsafe { libc::ftruncate(plain.as_raw_fd(), 8192) }, 0);
+        assert!(SharedMemory::open(plain, 8192).is_err());
+        assert!(SharedMemory::create("rackmem-test", 100).is_err());
+    }
+}
