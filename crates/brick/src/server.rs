@@ -1130,18 +1130,22 @@ fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Request) -> Repl
     }
 }
 
-/// Copies shared memory into the pool at `off`, skipping pages of zeros.
+/// Copies shared memory into the pool at `off`: only the file's data ranges, and of those only
+/// the pages that are not all zeros (the pool reads missing pages as zeros).
 fn copy_into_pool(store: &Store, m: &rackmem_uffd::SharedMemory, off: u64, size: u64) {
     let mut buf = vec![0u8; CHUNK as usize];
-    let mut at = 0u64;
-    while at < size {
-        let n = (size - at).min(CHUNK) as usize;
-        m.read_file(at as usize, &mut buf[..n]);
-        for (i, page) in buf[..n].chunks(PAGE_SIZE as usize).enumerate() {
-            if page.iter().any(|&b| b != 0) {
-                store.pool.write(off + at + (i * PAGE_SIZE as usize) as u64, page);
+    let page = PAGE_SIZE as usize;
+    for (start, end) in m.data_ranges() {
+        let mut at = start;
+        while at < end.min(size as usize) {
+            let n = (end - at).min(CHUNK as usize);
+            m.read_file(at, &mut buf[..n]);
+            for (i, p) in buf[..n].chunks(page).enumerate() {
+                if p.iter().any(|&b| b != 0) {
+                    store.pool.write(off + (at + i * page) as u64, p);
+                }
             }
+            at += n;
         }
-        at += n as u64;
     }
 }

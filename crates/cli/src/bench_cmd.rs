@@ -68,8 +68,9 @@ pub struct WorkloadArgs {
     /// Local buffers, in percent of each workload's footprint.
     #[arg(long, value_delimiter = ',', default_value = "25,50,75,100")]
     locals: Vec<u32>,
-    /// Transports for rackmem's brick.
-    #[arg(long, value_delimiter = ',', default_value = "unix,tcp")]
+    /// Transports for rackmem's brick: unix (Unix-socket link), tcp (TCP loopback link), shm
+    /// (the brick's segment mapped into the program: `rackmem run --shared-memory`).
+    #[arg(long, value_delimiter = ',', default_value = "unix,tcp,shm")]
     transports: Vec<String>,
     /// Swap peers: zram, file (empty to skip).
     #[arg(long, value_delimiter = ',', default_value = "zram,file")]
@@ -171,6 +172,13 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             other => Err(anyhow::anyhow!("unknown peer {other}: use zram or file")),
         })
         .collect::<Result<_>>()?;
+    if let Some(t) = a
+        .transports
+        .iter()
+        .find(|t| !["unix", "tcp", "shm"].contains(&t.as_str()))
+    {
+        anyhow::bail!("unknown transport {t}: use unix, tcp or shm");
+    }
     // A brick on TCP loopback for the tcp transport (the unix one is rackmem run's embedded brick).
     let tcp_brick = if a.transports.iter().any(|t| t == "tcp") {
         Some(
@@ -231,6 +239,9 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 if t == "tcp" {
                     let b = tcp_brick.as_ref().context("tcp brick")?;
                     extra = vec!["--brick".into(), b.local_addr(), "--secret".into(), "bench".into()];
+                }
+                if t == "shm" {
+                    extra = vec!["--shared-memory".into()];
                 }
                 let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
                 let kv = run(rackmem_run(&format!("{local}%"), &extra_ref, &prog, &w.args)?)?;
@@ -444,7 +455,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             write_json(args.json.as_deref(), &serde_json::json!({ "floors": f }))
         }
         Which::Latency { samples, mib } => {
-            let pb = progress(FLOOR_STEPS + 2);
+            let pb = progress(FLOOR_STEPS + 3);
             let f = floors(samples, &pb)?;
             pb.set_message("fault_latency, native");
             let prog = build(&args.bench_dir, "fault_latency", &tmp)?;
@@ -464,6 +475,15 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 &prog,
                 &pargs,
             )?)?;
+            pb.inc(1);
+            pb.set_message("fault_latency, rackmem, 25% local, shared memory");
+            let shm = run(rackmem_run(
+                "25%",
+                &["--prefetch", "0", "--shared-memory"],
+                &prog,
+                &pargs,
+            )?)?;
+            pb.inc(1);
             pb.finish_and_clear();
             let snap: Option<rackmem_runtime::stats::StatsSnapshot> = std::fs::read_to_string(&stats_path)
                 .ok()
@@ -472,6 +492,10 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             for (name, kv) in [
                 ("touch, native (resident page)", &native),
                 ("remote 4 KiB fault, rackmem, unix link, 25% local, prefetch off", &unix),
+                (
+                    "remote 4 KiB fault, rackmem, shared memory, 25% local, prefetch off",
+                    &shm,
+                ),
             ] {
                 rows.push(Summary {
                     name: name.into(),
@@ -497,6 +521,11 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 remote / (uffd + link),
                 uffd,
                 link
+            );
+            println!(
+                "shared-memory fault p50 {:.1} µs = {:.2} × best uffd floor (no link on this path)",
+                num(&shm, "p50_us"),
+                num(&shm, "p50_us") / uffd,
             );
             let mut breakdown = serde_json::Value::Null;
             if let Some(sn) = &snap {

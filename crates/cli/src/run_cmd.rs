@@ -49,6 +49,11 @@ pub struct RunArgs {
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
+    /// Map the segments of bricks on this host (the embedded brick, unix: bricks) into the
+    /// program: faults and write-back become memory copies instead of socket round trips.
+    /// Bricks reached over TCP keep using their links.
+    #[arg(long)]
+    shared_memory: bool,
     /// Print faults, bytes fetched/written back/prefetched and fault latency at exit.
     #[arg(long)]
     stats: bool,
@@ -182,6 +187,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if let Some(p) = args.prefetch {
         cmd.env("RACKMEM_PREFETCH", p.to_string());
+    }
+    if args.shared_memory {
+        cmd.env("RACKMEM_SHARED_MEMORY", "1");
     }
     if let Some(f) = &stats_file {
         cmd.env("RACKMEM_STATS_FILE", f);

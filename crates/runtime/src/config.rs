@@ -75,6 +75,10 @@ pub struct Config {
     /// `RACKMEM_LINK_SPIN_US`: how long the fault handler polls a link for an answer before it
     /// sleeps (default 50; 0 = sleep at once).
     pub link_spin: Duration,
+    /// `RACKMEM_SHARED_MEMORY`: map the segments of bricks on this host (Unix-socket addresses)
+    /// into the process, so faults and write-back copy memory instead of using the socket
+    /// (default 0; TCP bricks always use their links).
+    pub shared_memory: bool,
 }
 
 /// A configuration variable that cannot be used.
@@ -141,6 +145,11 @@ impl Config {
             verbose: var("RACKMEM_VERBOSE").is_some_and(|v| v != "0"),
             grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),
             link_spin: Duration::from_micros(num("RACKMEM_LINK_SPIN_US", 50)?),
+            shared_memory: match var("RACKMEM_SHARED_MEMORY").as_deref().map(str::trim) {
+                None | Some("0") | Some("off") | Some("no") => false,
+                Some("1") | Some("on") | Some("yes") => true,
+                Some(v) => return Err(ConfigError::Invalid("RACKMEM_SHARED_MEMORY", v.to_string())),
+            },
             agent,
         }))
     }

@@ -564,7 +564,8 @@ impl Handler {
             None
         };
         drop(c);
-        let Some(s) = inner.table.get(seg) else {
+        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
+            // (A mapped segment is a memory copy away: nothing to overlap by reading ahead.)
             if let Some(run) = spent {
                 let mut c = inner.lock();
                 self.drop_ahead_slots(&mut c, run);
@@ -963,14 +964,14 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
             let at = start * PAGE_SIZE;
             let seg = segment_or_die(inner, *brick);
             seg.limiter.acquire(total as u64);
-            if let Err(e) = seg.fault.read_pages(&[*ext], &mut out[at..at + total]) {
+            if let Err(e) = seg.read(&[*ext], &mut out[at..at + total]) {
                 lost(&e);
             }
         } else {
             let mut tmp = vec![0u8; total];
             let seg = segment_or_die(inner, *brick);
             seg.limiter.acquire(total as u64);
-            if let Err(e) = seg.fault.read_pages(extents, &mut tmp) {
+            if let Err(e) = seg.read(extents, &mut tmp) {
                 lost(&e);
             }
             let mut at = 0;
@@ -981,6 +982,12 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
             }
         }
         fetched_pages += (total / PAGE_SIZE) as u64;
+        if segment_or_die(inner, *brick).shared.is_some() {
+            inner
+                .stats
+                .bytes_fetched_shared
+                .fetch_add(total as u64, Ordering::Relaxed);
+        }
     }
     let s = &inner.stats;
     if kinds[0] & loc::MASK == loc::REMOTE {

@@ -397,6 +397,7 @@ impl Runtime {
             let writeback = Link::connect(&addr, cfg.timeout)?;
             writeback.attach(&seg.grant, &seg.session_key)?;
             fault.set_receive_spin(cfg.link_spin);
+            let shared = segment::share_if(cfg.shared_memory, &fault)?;
             let pages = seg.grant.size_bytes / PAGE;
             table.push(pages, |first_page| Segment {
                 first_page,
@@ -407,6 +408,7 @@ impl Runtime {
                 writeback,
                 allocation: None,
                 limiter: ratelimit::RateLimiter::new(0),
+                shared,
             });
         }
         let window_pages = table.total_pages();
@@ -614,8 +616,17 @@ impl Runtime {
     fn attach_allocation(&self, agent: &agent::Agent, bytes: u64) -> Result<(), RuntimeError> {
         let inner = &self.inner;
         let a = agent.grow(bytes)?;
-        // Pages, address, grant, fault and write-back links, rate: a segment ready to publish.
-        type Ready = (u64, BrickAddr, rackmem_proto::Grant, Link, Link, u64);
+        // Pages, address, grant, fault and write-back links, rate, mapping: a segment ready to
+        // publish.
+        type Ready = (
+            u64,
+            BrickAddr,
+            rackmem_proto::Grant,
+            Link,
+            Link,
+            u64,
+            Option<rackmem_uffd::SharedMemory>,
+        );
         let attach = || -> Result<Vec<Ready>, RuntimeError> {
             let mut out = Vec::new();
             let window_pages = (inner.window.len() / PAGE_SIZE) as u64;
@@ -637,13 +648,14 @@ impl Runtime {
                 fault.set_receive_spin(inner.cfg.link_spin);
                 let writeback = Link::connect(&addr, inner.cfg.timeout)?;
                 writeback.attach(&grant, &key)?;
-                out.push((pages, addr, grant, fault, writeback, s.rate_limit_bps));
+                let shared = segment::share_if(inner.cfg.shared_memory, &fault)?;
+                out.push((pages, addr, grant, fault, writeback, s.rate_limit_bps, shared));
             }
             Ok(out)
         };
         match attach() {
             Ok(segs) => {
-                for (pages, addr, grant, fault, writeback, rate) in segs {
+                for (pages, addr, grant, fault, writeback, rate, shared) in segs {
                     inner.table.push(pages, |first_page| Segment {
                         first_page,
                         pages,
@@ -653,6 +665,7 @@ impl Runtime {
                         writeback,
                         allocation: Some(a.allocation),
                         limiter: ratelimit::RateLimiter::new(rate),
+                        shared,
                     });
                 }
                 if inner.cfg.verbose {
@@ -1046,6 +1059,7 @@ pub fn fork_child() {
             fault.set_receive_spin(parent.cfg.link_spin);
             let writeback = Link::connect(&b.addr, parent.cfg.timeout)?;
             writeback.attach(&seg.grant, &seg.session_key)?;
+            let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
             table.push(b.pages, |first_page| Segment {
                 first_page,
                 pages: b.pages,
@@ -1055,6 +1069,7 @@ pub fn fork_child() {
                 writeback,
                 allocation: None,
                 limiter: ratelimit::RateLimiter::new(0),
+                shared,
             });
         }
         let c = parent.lock();

@@ -11,8 +11,9 @@
 //! search over atomics and never waits for an attach in progress.
 
 use crate::ratelimit::RateLimiter;
-use rackmem_proto::Grant;
-use rackmem_transport::{BrickAddr, Link};
+use rackmem_proto::{Extent, Grant};
+use rackmem_transport::{BrickAddr, Link, LinkError};
+use rackmem_uffd::SharedMemory;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -38,6 +39,47 @@ pub struct Segment {
     pub allocation: Option<u64>,
     /// The link's rate limit (unlimited when standalone).
     pub limiter: RateLimiter,
+    /// The segment mapped into this process, for a brick on this host (`RACKMEM_SHARED_MEMORY`):
+    /// reads and writes are memory copies, and the links only carry discards and clones.
+    pub shared: Option<SharedMemory>,
+}
+
+impl Segment {
+    /// Reads `extents` (offsets within the segment) into `out`, their bytes concatenated.
+    pub fn read(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
+        let Some(m) = &self.shared else {
+            return self.fault.read_pages(extents, out);
+        };
+        let mut at = 0;
+        for &(off, len) in extents {
+            let len = len as usize;
+            m.read(off as usize, &mut out[at..at + len]);
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` (the extents' bytes, concatenated) to `extents`, on the write-back link.
+    pub fn write(&self, extents: &[Extent], data: &[u8]) -> Result<(), LinkError> {
+        let Some(m) = &self.shared else {
+            return self.writeback.write_pages(extents, data);
+        };
+        let mut at = 0;
+        for &(off, len) in extents {
+            let len = len as usize;
+            m.write(off as usize, &data[at..at + len]);
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+/// Maps the segment `fault` is attached to, if asked to and the brick is on this host.
+pub fn share_if(wanted: bool, fault: &Link) -> Result<Option<SharedMemory>, LinkError> {
+    match fault.addr() {
+        BrickAddr::Unix(_) if wanted => fault.share().map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// Window page → segment; see the module documentation.

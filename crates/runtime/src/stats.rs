@@ -166,6 +166,9 @@ pub struct Stats {
     pub peak_window_bytes: AtomicU64,
     /// Allocations placed in the window.
     pub window_allocations: AtomicU64,
+    /// Bytes fetched with a memory copy from a segment mapped into the process (a brick on this
+    /// host, `RACKMEM_SHARED_MEMORY`) rather than over a link.
+    pub bytes_fetched_shared: AtomicU64,
     /// REMOVE/UNMAP/REMAP events handled.
     pub events: AtomicU64,
     /// Faults the watchdog saw waiting longer than its limit.
@@ -221,6 +224,9 @@ pub struct StatsSnapshot {
     pub peak_window_bytes: u64,
     /// See [`Stats::window_allocations`].
     pub window_allocations: u64,
+    /// See [`Stats::bytes_fetched_shared`].
+    #[serde(default)]
+    pub bytes_fetched_shared: u64,
     /// See [`Stats::events`].
     pub events: u64,
     /// See [`Stats::watchdog_reports`].
@@ -288,6 +294,7 @@ impl Stats {
             window_bytes_allocated: g(&self.window_bytes_allocated),
             peak_window_bytes: g(&self.peak_window_bytes),
             window_allocations: g(&self.window_allocations),
+            bytes_fetched_shared: g(&self.bytes_fetched_shared),
             events: g(&self.events),
             watchdog_reports: g(&self.watchdog_reports),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),

@@ -109,7 +109,7 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
         }
         let seg = crate::handler::segment_or_die(inner, brick);
         seg.limiter.acquire(data.len() as u64);
-        if let Err(e) = seg.writeback.write_pages(ext, data) {
+        if let Err(e) = seg.write(ext, data) {
             inner.brick_lost(brick, "writing back evicted pages", &e);
         }
         inner
@@ -194,10 +194,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
             let Some((brick, off)) = inner.table.lookup(p) else {
                 continue;
             };
-            if let Err(err) = crate::handler::segment_or_die(inner, brick)
-                .writeback
-                .write_pages(&[(off, PAGE_SIZE as u32)], &page)
-            {
+            if let Err(err) = crate::handler::segment_or_die(inner, brick).write(&[(off, PAGE_SIZE as u32)], &page) {
                 inner.brick_lost(brick, "writing back dirty pages before fork", &err);
             }
             c.pages[p as usize] |= loc::BRICK_VALID;

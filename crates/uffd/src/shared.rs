@@ -186,6 +186,36 @@ impl SharedMemory {
         }
     }
 
+    /// The ranges `[start, end)` of the file that hold data (`lseek(SEEK_DATA/SEEK_HOLE)`):
+    /// everything else is a hole, zeros that take no memory. Copying a sparse segment visits only
+    /// these.
+    pub fn data_ranges(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let mut at: libc::off_t = 0;
+        let end = self.len as libc::off_t;
+        while at < end {
+            // SAFETY: lseek(2) on our descriptor only moves its file offset.
+            let data = unsafe { libc::lseek(self.fd.as_raw_fd(), at, libc::SEEK_DATA) };
+            if data < 0 {
+                // ENXIO: no data past `at`. Anything else: claim the rest holds data, which is
+                // only slower, never wrong.
+                if io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+                    out.push((at as usize, self.len));
+                }
+                break;
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(self.fd.as_raw_fd(), data, libc::SEEK_HOLE) };
+            let hole = if hole < 0 { end } else { hole.min(end) };
+            if hole <= data {
+                break;
+            }
+            out.push((data as usize, hole as usize));
+            at = hole;
+        }
+        out
+    }
+
     /// Zeroes `[offset, offset + len)` (page-aligned) and gives its memory back to the system
     /// (`fallocate(PUNCH_HOLE)`), for every process that maps the file.
     pub fn discard(&self, offset: usize, len: usize) -> Result<(), UffdError> {
@@ -349,6 +379,7 @@ mod tests {
         brick.read(0, &mut page);
         assert!(page.iter().all(|&x| x == 9));
         assert!(brick.resident_bytes() >= 2 * 4096);
+        assert_eq!(brick.data_ranges(), vec![(0, 2 * 4096)]);
         node.discard(0, 4096).expect("punch");
         brick.read(0, &mut page);
         assert!(

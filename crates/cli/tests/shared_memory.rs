@@ -1,0 +1,101 @@
+//! `rackmem run --shared-memory`: unmodified programs whose segments are mapped from a brick on
+//! the same host. Results must equal the native run's, the pages must really have gone to the
+//! brick and come back by memory copy, and a brick reached over TCP falls back to its link.
+
+mod common;
+use common::*;
+
+/// Runs `name args` natively and under rackmem with 10% local and `extra`; returns the
+/// statistics after checking the checksums match.
+fn same_as_native_with(name: &str, args: &[&str], extra: &[&str]) -> Vec<ProcStats> {
+    let prog = program(name);
+    let n = native(&prog, args);
+    let (r, stats) = remote(&prog, args, "10%", extra);
+    assert!(r.status.success(), "{name} under rackmem failed: {}", show(&r));
+    let (cn, cr) = (checksums(&n), checksums(&r));
+    assert!(!cn.is_empty(), "{name} printed no checksum: {}", show(&n));
+    assert_eq!(cn, cr, "{name}: results under rackmem differ from the native run");
+    stats
+}
+
+#[test]
+fn threads_passing_over_shared_memory_see_their_data() {
+    if !is_root() {
+        return;
+    }
+    let s = same_as_native_with("passes", &["48", "4", "2"], &["--shared-memory"]);
+    let p = busiest(&s);
+    assert_used_remote_memory(p);
+    assert_eq!(
+        p.extra("bytes_fetched_shared"),
+        p.bytes_fetched + p.extra("bytes_prefetched"),
+        "every fetch must come by memory copy: {p:?}"
+    );
+}
+
+#[test]
+fn concurrent_writes_survive_eviction_over_shared_memory() {
+    if !is_root() {
+        return;
+    }
+    // A local buffer of 2% keeps every page moving in and out while three threads write to it.
+    let prog = program("evict_race");
+    let args = ["8", "3", "10"];
+    let n = native(&prog, &args);
+    let (r, stats) = remote(&prog, &args, "2%", &["--shared-memory"]);
+    assert!(r.status.success(), "evict_race under rackmem: {}", show(&r));
+    assert_eq!(checksums(&n), checksums(&r));
+    let s = busiest(&stats);
+    assert!(s.evictions > 10_000, "the test must churn the local buffer: {s:?}");
+    assert!(s.extra("bytes_fetched_shared") > 0, "{s:?}");
+}
+
+#[test]
+fn forked_child_gets_a_copy_of_a_shared_segment() {
+    if !is_root() {
+        return;
+    }
+    let s = same_as_native_with("fork_rw", &["32", "3"], &["--shared-memory"]);
+    assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
+    for p in &s {
+        assert_used_remote_memory(p);
+        assert!(p.extra("bytes_fetched_shared") > 0, "{p:?}");
+    }
+}
+
+#[test]
+fn a_tcp_brick_keeps_its_link() {
+    if !is_root() {
+        return;
+    }
+    let (_brick, addr) = start_brick("tcp://127.0.0.1:0", "1GiB", "t");
+    let s = same_as_native_with(
+        "passes",
+        &["32", "1", "2"],
+        &["--shared-memory", "--brick", &addr, "--secret", "t"],
+    );
+    let p = busiest(&s);
+    assert_used_remote_memory(p);
+    assert_eq!(p.extra("bytes_fetched_shared"), 0, "TCP cannot share memory: {p:?}");
+}
+
+#[test]
+fn a_bad_setting_is_refused_by_name() {
+    if !is_root() {
+        return;
+    }
+    let prog = program("passes");
+    let mut c = std::process::Command::new(rackmem());
+    c.env("RACKMEM_SHARED_MEMORY", "sometimes")
+        .args(["run", "--local", "10%", "--"])
+        .arg(&prog)
+        .args(["8", "1", "1"]);
+    let o = c.output().expect("rackmem run");
+    assert!(
+        !o.status.success(),
+        "a malformed setting must not be ignored: {}",
+        show(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("RACKMEM_SHARED_MEMORY"), "{}", show(&o));
+}
