@@ -84,6 +84,11 @@ pub struct WorkloadArgs {
     /// Scale every workload's size (0.01 for a quick check).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
+    /// Run every setup (native, rackmem, its bricks, the swap peers) on these CPUs only, as
+    /// `taskset -c` would: the same CPUs for all, kernel threads (kswapd) excepted. See
+    /// `rackmem run --cpus`.
+    #[arg(long, value_name = "LIST", value_parser = crate::sys::cpu_list)]
+    cpus: Option<crate::sys::CpuList>,
 }
 
 /// A workload: its program, arguments, footprint and the metric to compare (higher is better).
@@ -178,6 +183,10 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
         .find(|t| !["unix", "tcp", "shm"].contains(&t.as_str()))
     {
         anyhow::bail!("unknown transport {t}: use unix, tcp or shm");
+    }
+    if let Some(c) = &a.cpus {
+        // Before anything starts: every process and thread this command starts inherits it.
+        crate::sys::pin_this_thread(&c.0).with_context(|| format!("confining the bench to CPUs {:?}", c.0))?;
     }
     // A brick on TCP loopback for the tcp transport (the unix one is rackmem run's embedded brick).
     let tcp_brick = if a.transports.iter().any(|t| t == "tcp") {
@@ -353,7 +362,10 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
         .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("rackmem bench: chart written to {}", p.display());
     }
-    write_json(json, &serde_json::json!({ "workloads": rows }))
+    write_json(
+        json,
+        &serde_json::json!({ "workloads": rows, "cpus": a.cpus.as_ref().map(|c| c.0.clone()) }),
+    )
 }
 
 /// Floors measured by [`floors`], for the progress bar's length.

@@ -54,6 +54,12 @@ pub struct RunArgs {
     /// Bricks reached over TCP keep using their links.
     #[arg(long)]
     shared_memory: bool,
+    /// Run the program on these CPUs only (a list as `taskset -c` takes it: 0, 0,2, 0-3). On
+    /// one CPU, a single-threaded program and its fault handler take turns there: a fault is a
+    /// context switch instead of a wake-up across CPUs (the handler then blocks rather than
+    /// spins, unless --handler says otherwise).
+    #[arg(long, value_name = "LIST", value_parser = crate::sys::cpu_list)]
+    cpus: Option<crate::sys::CpuList>,
     /// Print faults, bytes fetched/written back/prefetched and fault latency at exit.
     #[arg(long)]
     stats: bool,
@@ -216,6 +222,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
         signal_hook::consts::SIGQUIT,
     ] {
         signal_hook::flag::register_usize(sig, signals.clone(), sig as usize).context("installing signal handlers")?;
+    }
+    if let Some(c) = &args.cpus {
+        // This thread only: the program inherits the mask, the embedded brick's threads (started
+        // above) keep theirs.
+        crate::sys::pin_this_thread(&c.0).with_context(|| format!("confining the program to CPUs {:?}", c.0))?;
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,

@@ -55,7 +55,8 @@ pub struct Config {
     pub threshold_bytes: u64,
     /// `RACKMEM_WINDOW`: window size; default: what the bricks can give, at most 64 GiB.
     pub window_bytes: Option<u64>,
-    /// `RACKMEM_HANDLER`: `blocking`, `busy-poll`, `hybrid[:US]` (default hybrid:200).
+    /// `RACKMEM_HANDLER`: `blocking`, `busy-poll`, `hybrid[:US]` (default hybrid:200, or blocking
+    /// when the program may run on one CPU only: see [`default_handler`]).
     pub handler: HandlerMode,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
@@ -79,6 +80,21 @@ pub struct Config {
     /// into the process, so faults and write-back copy memory instead of using the socket
     /// (default 0; TCP bricks always use their links).
     pub shared_memory: bool,
+}
+
+/// The handler mode when `RACKMEM_HANDLER` is not set, for a program allowed on `cpus` CPUs.
+///
+/// Confined to one CPU (`rackmem run --cpus N`, `taskset`), the handler shares that CPU with the
+/// program: a spinning handler would take the CPU the woken program needs, while a blocking one
+/// makes each fault a context switch on that CPU, with no cross-CPU wake-up at all (9.4 µs per
+/// fault against 24 µs with a handler spinning on another vCPU, `../baselines`; GUPS at 25%
+/// local went from 35 k to 57–65 k updates/s, `docs/benchmarks.md`).
+pub fn default_handler(cpus: usize) -> HandlerMode {
+    if cpus == 1 {
+        HandlerMode::Blocking
+    } else {
+        HandlerMode::Hybrid { spin_us: 200 }
+    }
 }
 
 /// A configuration variable that cannot be used.
@@ -137,7 +153,7 @@ impl Config {
             window_bytes: var("RACKMEM_WINDOW")
                 .map(|v| parse_size(&v).map_err(|e| ConfigError::Size("RACKMEM_WINDOW", e)))
                 .transpose()?,
-            handler: var("RACKMEM_HANDLER").map_or(Ok(HandlerMode::Hybrid { spin_us: 200 }), |v| v.parse())?,
+            handler: var("RACKMEM_HANDLER").map_or(Ok(default_handler(crate::sys::allowed_cpus())), |v| v.parse())?,
             prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
             timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),

@@ -59,9 +59,16 @@ impl Segment {
         Ok(())
     }
 
-    /// Writes `data` (the extents' bytes, concatenated) to `extents`, on the write-back link.
-    pub fn write(&self, extents: &[Extent], data: &[u8]) -> Result<(), LinkError> {
-        let Some(m) = &self.shared else {
+    /// Writes `data` (the extents' bytes, concatenated) to `extents`, on the write-back link or
+    /// into the mapped segment.
+    ///
+    /// `fresh`: the brick holds no memory for these pages yet (never written back, or discarded
+    /// since). They go over the link even when the segment is mapped, so that the brick, not
+    /// this process, first touches their memory: Linux charges a page of shared memory to the
+    /// memory cgroup of whoever touches it first, and a program confined to its local budget by
+    /// a cgroup must not be charged for the brick's memory.
+    pub fn write(&self, extents: &[Extent], data: &[u8], fresh: bool) -> Result<(), LinkError> {
+        let Some(m) = self.shared.as_ref().filter(|_| !fresh) else {
             return self.writeback.write_pages(extents, data);
         };
         let mut at = 0;

@@ -1,5 +1,5 @@
 //! The few raw process calls the runtime makes outside userfaultfd: leaving the process at once
-//! when its remote memory is gone. Kept here so the rest of the crate has no `unsafe`.
+//! when its remote memory is gone, signal masks, the CPUs the process may run on. Kept here so the rest of the crate has no `unsafe`.
 
 /// Exit status of a program whose remote memory was lost (a brick died or stopped answering).
 pub const EXIT_BRICK_LOST: i32 = 112;
@@ -55,4 +55,16 @@ pub fn without_sigpipe<T>(f: impl FnOnce() -> T) -> T {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
     r
+}
+
+/// How many CPUs the calling thread may run on (its affinity mask; 0 if it cannot be read).
+pub fn allowed_cpus() -> usize {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_COUNT reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 0;
+        }
+        libc::CPU_COUNT(&set) as usize
+    }
 }

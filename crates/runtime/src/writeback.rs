@@ -61,20 +61,30 @@ pub(crate) fn run(inner: Arc<Inner>) {
     }
 }
 
-/// Dirty pages bound for one brick.
+/// Dirty pages bound for one brick: pages it already holds memory for, and fresh ones (see
+/// [`Segment::write`](crate::segment::Segment::write)).
 #[derive(Default)]
 struct BrickWrites {
     extents: Vec<(u64, u32)>,
     data: Vec<u8>,
+    fresh_extents: Vec<(u64, u32)>,
+    fresh_data: Vec<u8>,
+}
+
+impl BrickWrites {
+    fn clear(&mut self) {
+        self.extents.clear();
+        self.data.clear();
+        self.fresh_extents.clear();
+        self.fresh_data.clear();
+    }
 }
 
 fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
     // Per brick: extents and the data to write.
     per_brick.resize_with(inner.table.len(), BrickWrites::default);
-    for b in per_brick.iter_mut() {
-        b.extents.clear();
-        b.data.clear();
-    }
+    per_brick.iter_mut().for_each(BrickWrites::clear);
+    let mut mapped_of: Vec<Option<bool>> = vec![None; per_brick.len()];
     let mut dirty = vec![false; victims.len()];
     let mut clean = 0u64;
     for (k, v) in victims.iter().enumerate() {
@@ -86,7 +96,15 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
         };
         // A page the scan calls clean is checked against its install checksum in place; only a
         // page to write is copied, straight into the brick's outgoing data.
-        let BrickWrites { extents: ext, data } = &mut per_brick[brick];
+        // Only a mapped segment needs fresh pages apart; a link takes them all in one request.
+        let mapped =
+            *mapped_of[brick].get_or_insert_with(|| inner.table.get(brick).is_some_and(|s| s.shared.is_some()));
+        let w = &mut per_brick[brick];
+        let (ext, data) = if v.brick_valid || !mapped {
+            (&mut w.extents, &mut w.data)
+        } else {
+            (&mut w.fresh_extents, &mut w.fresh_data)
+        };
         let page = crate::recycle::staged_page(inner, v.slot);
         let changed = v.dirty_scan || xxh3_64(page) != v.hash;
         if changed && !v.dirty_scan {
@@ -103,19 +121,21 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
             _ => ext.push((off, PAGE_SIZE as u32)),
         }
     }
-    for (brick, BrickWrites { extents: ext, data }) in per_brick.iter().enumerate() {
-        if ext.is_empty() {
-            continue;
+    for (brick, w) in per_brick.iter().enumerate() {
+        for (ext, data, fresh) in [(&w.extents, &w.data, false), (&w.fresh_extents, &w.fresh_data, true)] {
+            if ext.is_empty() {
+                continue;
+            }
+            let seg = crate::handler::segment_or_die(inner, brick);
+            seg.limiter.acquire(data.len() as u64);
+            if let Err(e) = seg.write(ext, data, fresh) {
+                inner.brick_lost(brick, "writing back evicted pages", &e);
+            }
+            inner
+                .stats
+                .bytes_written_back
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
         }
-        let seg = crate::handler::segment_or_die(inner, brick);
-        seg.limiter.acquire(data.len() as u64);
-        if let Err(e) = seg.write(ext, data) {
-            inner.brick_lost(brick, "writing back evicted pages", &e);
-        }
-        inner
-            .stats
-            .bytes_written_back
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
     }
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
     // Runs of neighbouring moved slots: kept mapped as spent slots for the handler's next
@@ -190,11 +210,14 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
             if c.loc(p) != loc::RESIDENT {
                 continue;
             }
+            let fresh = c.pages[p as usize] & loc::BRICK_VALID == 0;
             inner.window.read(p as usize * PAGE_SIZE, &mut page);
             let Some((brick, off)) = inner.table.lookup(p) else {
                 continue;
             };
-            if let Err(err) = crate::handler::segment_or_die(inner, brick).write(&[(off, PAGE_SIZE as u32)], &page) {
+            if let Err(err) =
+                crate::handler::segment_or_die(inner, brick).write(&[(off, PAGE_SIZE as u32)], &page, fresh)
+            {
                 inner.brick_lost(brick, "writing back dirty pages before fork", &err);
             }
             c.pages[p as usize] |= loc::BRICK_VALID;
