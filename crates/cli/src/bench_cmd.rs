@@ -467,7 +467,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             write_json(args.json.as_deref(), &serde_json::json!({ "floors": f }))
         }
         Which::Latency { samples, mib } => {
-            let pb = progress(FLOOR_STEPS + 3);
+            let pb = progress(FLOOR_STEPS + 4);
             let f = floors(samples, &pb)?;
             pb.set_message("fault_latency, native");
             let prog = build(&args.bench_dir, "fault_latency", &tmp)?;
@@ -496,6 +496,14 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 &pargs,
             )?)?;
             pb.inc(1);
+            pb.set_message("fault_latency, rackmem, 25% local, shared memory, one CPU");
+            let shm_one_cpu = run(rackmem_run(
+                "25%",
+                &["--prefetch", "0", "--shared-memory", "--cpus", "0"],
+                &prog,
+                &pargs,
+            )?)?;
+            pb.inc(1);
             pb.finish_and_clear();
             let snap: Option<rackmem_runtime::stats::StatsSnapshot> = std::fs::read_to_string(&stats_path)
                 .ok()
@@ -507,6 +515,10 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 (
                     "remote 4 KiB fault, rackmem, shared memory, 25% local, prefetch off",
                     &shm,
+                ),
+                (
+                    "remote 4 KiB fault, rackmem, shared memory, program and handler on CPU 0",
+                    &shm_one_cpu,
                 ),
             ] {
                 rows.push(Summary {
@@ -535,9 +547,11 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 link
             );
             println!(
-                "shared-memory fault p50 {:.1} µs = {:.2} × best uffd floor (no link on this path)",
+                "shared-memory fault p50 {:.1} µs = {:.2} × best uffd floor (no link on this path); \
+                 with the program and its handler on one CPU: {:.1} µs",
                 num(&shm, "p50_us"),
                 num(&shm, "p50_us") / uffd,
+                num(&shm_one_cpu, "p50_us"),
             );
             let mut breakdown = serde_json::Value::Null;
             if let Some(sn) = &snap {

@@ -126,7 +126,9 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
         "--locals",
         "25,100",
         "--transports",
-        "unix,tcp",
+        "unix,shm",
+        "--cpus",
+        "0",
         "--peers",
         "zram,file",
         "--peer-locals",
@@ -141,7 +143,12 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    assert_eq!(v["cpus"], serde_json::json!([0]), "{v}");
     let rows = v["workloads"].as_array().expect("rows");
+    assert!(
+        rows.iter().any(|r| r["setup"] == "rackmem shm"),
+        "the shared-memory transport ran: {v}"
+    );
     // Per workload: native, 2 locals × 2 transports, 2 peers × 1 local.
     assert_eq!(rows.len(), 2 * (1 + 4 + 2), "{v}");
     assert!(rows.iter().all(|r| r["value"].as_f64().is_some_and(|x| x > 0.0)));

@@ -1,6 +1,7 @@
 //! `rackmem run --shared-memory`: unmodified programs whose segments are mapped from a brick on
 //! the same host. Results must equal the native run's, the pages must really have gone to the
 //! brick and come back by memory copy, and a brick reached over TCP falls back to its link.
+//! `--cpus` confines the program (and with it the fault handler) to CPUs.
 
 mod common;
 use common::*;
@@ -98,4 +99,41 @@ fn a_bad_setting_is_refused_by_name() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("RACKMEM_SHARED_MEMORY"), "{}", show(&o));
+}
+
+#[test]
+fn cpus_confines_the_program_and_its_handler() {
+    if !is_root() {
+        return;
+    }
+    // The program sees the mask it was given, and computes what it computes natively.
+    let o = std::process::Command::new(rackmem())
+        .args([
+            "run",
+            "--cpus",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            "grep Cpus_allowed_list /proc/self/status",
+        ])
+        .output()
+        .expect("rackmem run");
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.split_whitespace().nth(1) == Some("0"), "{}", show(&o));
+    let s = same_as_native_with("passes", &["32", "1", "2"], &["--cpus", "0", "--shared-memory"]);
+    assert_used_remote_memory(busiest(&s));
+}
+
+#[test]
+fn a_bad_cpu_list_is_refused_before_the_program_starts() {
+    for bad in ["x", "3-1", "5000"] {
+        let o = std::process::Command::new(rackmem())
+            .args(["run", "--cpus", bad, "--", "true"])
+            .output()
+            .expect("rackmem run");
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("CPU list"), "{}", show(&o));
+    }
 }
