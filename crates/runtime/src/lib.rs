@@ -107,6 +107,8 @@ pub(crate) struct Victim {
     pub hash: u64,
     /// PAGEMAP_SCAN reported a write since the last clean point.
     pub dirty_scan: bool,
+    /// PAGEMAP_SCAN looked at the page (short runs are left to the checksum).
+    pub scanned: bool,
     /// The page was really moved into its slot (false: it was not present; nothing to send).
     pub moved: bool,
 }

@@ -4,7 +4,9 @@
 //!
 //! A victim is dirty if `PAGEMAP_SCAN` saw a write, or if its contents no longer match the
 //! checksum taken when it was installed: between the scan and the `UFFDIO_MOVE` a program thread
-//! may still write, and that write must not be lost. Write-back uses its own link per brick, so
+//! may still write, and that write must not be lost. Victims outside runs of neighbours are not
+//! scanned at all (a scan per scattered page costs more than its checksum): for them the
+//! checksum alone decides. Write-back uses its own link per brick, so
 //! the handler's fetches never queue behind it.
 
 use crate::{loc, Inner, Job, Victim, PAGE, PAGE_SIZE};
@@ -107,7 +109,7 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
         };
         let page = crate::recycle::staged_page(inner, v.slot);
         let changed = v.dirty_scan || xxh3_64(page) != v.hash;
-        if changed && !v.dirty_scan {
+        if changed && v.scanned && !v.dirty_scan {
             inner.stats.evictions_race_caught.fetch_add(1, Ordering::Relaxed);
         }
         if !changed {
