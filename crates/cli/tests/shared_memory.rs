@@ -6,19 +6,6 @@
 mod common;
 use common::*;
 
-/// Runs `name args` natively and under rackmem with 10% local and `extra`; returns the
-/// statistics after checking the checksums match.
-fn same_as_native_with(name: &str, args: &[&str], extra: &[&str]) -> Vec<ProcStats> {
-    let prog = program(name);
-    let n = native(&prog, args);
-    let (r, stats) = remote(&prog, args, "10%", extra);
-    assert!(r.status.success(), "{name} under rackmem failed: {}", show(&r));
-    let (cn, cr) = (checksums(&n), checksums(&r));
-    assert!(!cn.is_empty(), "{name} printed no checksum: {}", show(&n));
-    assert_eq!(cn, cr, "{name}: results under rackmem differ from the native run");
-    stats
-}
-
 #[test]
 fn threads_passing_over_shared_memory_see_their_data() {
     if !is_root() {

@@ -360,9 +360,14 @@ pub fn busiest(stats: &[ProcStats]) -> &ProcStats {
 /// Runs NAME natively and under `rackmem run --local 10%`; both must succeed and print the same
 /// checksums. Returns the statistics of the remote run.
 pub fn same_as_native(name: &str, args: &[&str]) -> Vec<ProcStats> {
+    same_as_native_with(name, args, &[])
+}
+
+/// [`same_as_native`] with more `rackmem run` options.
+pub fn same_as_native_with(name: &str, args: &[&str], extra: &[&str]) -> Vec<ProcStats> {
     let prog = program(name);
     let n = native(&prog, args);
-    let (r, stats) = remote(&prog, args, "10%", &[]);
+    let (r, stats) = remote(&prog, args, "10%", extra);
     assert!(r.status.success(), "{name} under rackmem failed: {}", show(&r));
     let (cn, cr) = (checksums(&n), checksums(&r));
     assert!(!cn.is_empty(), "{name} printed no checksum: {}", show(&n));
