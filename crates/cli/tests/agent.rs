@@ -95,12 +95,23 @@ fn live_allocations(url: &str) -> Vec<serde_json::Value> {
 
 /// `rackmem run --agent` of `tests/c/grow`, stdout lines streamed.
 fn run_grow(c: &Cluster, args: &[&str], stats: &Path) -> (Guard, std::sync::mpsc::Receiver<String>) {
+    run_grow_with(c, &[], args, stats)
+}
+
+/// [`run_grow`] with more `rackmem run` options.
+fn run_grow_with(
+    c: &Cluster,
+    extra: &[&str],
+    args: &[&str],
+    stats: &Path,
+) -> (Guard, std::sync::mpsc::Receiver<String>) {
     let mut cmd = Command::new(rackmem());
     cmd.arg("run")
         .arg("--agent")
         .arg(&c.socket)
         .args(["--local", "25%", "--stats-json"])
         .arg(stats)
+        .args(extra)
         .arg("--")
         .arg(program("grow"))
         .args(args)
@@ -171,6 +182,32 @@ fn memory_grows_through_the_agent_and_goes_back_at_exit() {
     assert!(
         s.bytes_written_back > 0 && s.bytes_fetched + s.bytes_prefetched > 0,
         "{s:?}"
+    );
+    wait_for("every allocation to be returned", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
+
+#[test]
+fn managed_bricks_share_segments_with_programs_on_their_host() {
+    if !is_root() {
+        return;
+    }
+    // The agent's segments come from control-plane grants; SHARE needs only the attached grant.
+    let c = cluster();
+    let args = ["8", "16", "200"];
+    let want = checksums(&native(&program("grow"), &args));
+    let stats = c.dir.path().join("stats.jsonl");
+    let (mut g, lines) = run_grow_with(&c, &["--shared-memory"], &args, &stats);
+    assert_eq!(vec![checksum_of(&lines)], want, "same data as natively");
+    let status = g.wait_until(LIMIT).expect("the program finished");
+    assert!(status.success(), "{status:?}");
+    let s = read_stats(&stats);
+    let s = busiest(&s);
+    assert!(s.bytes_written_back > 0, "{s:?}");
+    assert!(
+        s.extra("bytes_fetched_shared") > 0,
+        "pages came back by memory copy: {s:?}"
     );
     wait_for("every allocation to be returned", || {
         live_allocations(&c.url).is_empty()
