@@ -519,12 +519,9 @@ impl Store {
         }
         let m = SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?;
         // Pages of zeros stay holes: a chunk is allocated whole, a page of it is written.
-        let page = PAGE_SIZE as usize;
         self.pool.export(offset, size, |at, bytes| {
-            for (i, p) in bytes.chunks(page).enumerate() {
-                if p.iter().any(|&b| b != 0) {
-                    m.write(at + i * page, p);
-                }
+            for (i, p) in nonzero_pages(bytes) {
+                m.write(at + i, p);
             }
         });
         self.pool.discard(offset, size);
@@ -532,6 +529,37 @@ impl Store {
         g.shared = Some(m.clone());
         Ok(m)
     }
+}
+
+impl Store {
+    /// Copies a shared segment of `size` bytes into the pool at `off` (a CLONE of it: shared
+    /// memory has no copy-on-write chunks). Only the file's data ranges are read, and only pages
+    /// that are not all zeros are written (the pool reads missing pages as zeros).
+    pub fn copy_into_pool(&self, m: &SharedMemory, off: u64, size: u64) {
+        let mut buf = vec![0u8; CHUNK as usize];
+        for (start, end) in m.data_ranges() {
+            let end = end.min(size as usize);
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(CHUNK as usize);
+                m.read_file(at, &mut buf[..n]);
+                for (i, p) in nonzero_pages(&buf[..n]) {
+                    self.pool.write(off + (at + i) as u64, p);
+                }
+                at += n;
+            }
+        }
+    }
+}
+
+/// The pages of `bytes` that are not all zeros, with their byte offsets in `bytes`.
+fn nonzero_pages(bytes: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let page = PAGE_SIZE as usize;
+    bytes
+        .chunks(page)
+        .enumerate()
+        .filter(|(_, p)| p.iter().any(|&b| b != 0))
+        .map(move |(i, p)| (i * page, p))
 }
 
 /// Why a segment could not be moved into shared memory.

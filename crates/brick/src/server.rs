@@ -1121,31 +1121,11 @@ fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Request) -> Repl
             match &mem.shared {
                 // Shared memory has no copy-on-write chunks: the clone gets a copy now, without
                 // the pages that are all zeros (the pool reads those as zeros anyway).
-                Some(m) => copy_into_pool(store, m, off, a.size),
+                Some(m) => store.copy_into_pool(m, off, a.size),
                 None => store.pool.share(a.offset, off, a.size),
             }
             ok(shared.grant(id, off, a.size).encode())
         }
         _ => err(Status::BadRequest, "unexpected request", true),
-    }
-}
-
-/// Copies shared memory into the pool at `off`: only the file's data ranges, and of those only
-/// the pages that are not all zeros (the pool reads missing pages as zeros).
-fn copy_into_pool(store: &Store, m: &rackmem_uffd::SharedMemory, off: u64, size: u64) {
-    let mut buf = vec![0u8; CHUNK as usize];
-    let page = PAGE_SIZE as usize;
-    for (start, end) in m.data_ranges() {
-        let mut at = start;
-        while at < end.min(size as usize) {
-            let n = (end - at).min(CHUNK as usize);
-            m.read_file(at, &mut buf[..n]);
-            for (i, p) in buf[..n].chunks(page).enumerate() {
-                if p.iter().any(|&b| b != 0) {
-                    store.pool.write(off + (at + i * page) as u64, p);
-                }
-            }
-            at += n;
-        }
     }
 }

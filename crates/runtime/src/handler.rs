@@ -548,6 +548,11 @@ impl Handler {
         let Some((seg, off)) = inner.table.lookup(page) else {
             return false;
         };
+        // A mapped segment is a memory copy away: nothing to overlap by reading ahead. (Table
+        // lookups never wait, so this is fine under the core lock.)
+        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
+            return false;
+        };
         // One segment, one extent: else the ordinary fetch does it at the fault.
         let Some((_, seg_end)) = inner.table.bounds(seg) else {
             return false;
@@ -567,14 +572,6 @@ impl Handler {
             None
         };
         drop(c);
-        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
-            // (A mapped segment is a memory copy away: nothing to overlap by reading ahead.)
-            if let Some(run) = spent {
-                let mut c = inner.lock();
-                self.drop_ahead_slots(&mut c, run);
-            }
-            return false;
-        };
         let own = match spent {
             Some(_) => None,
             None => {
@@ -971,18 +968,16 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
         let lost = |e: &dyn std::fmt::Display| {
             inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), e)
         };
+        let seg = segment_or_die(inner, *brick);
+        seg.limiter.acquire(total as u64);
         if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
             // The common case, one run on one brick: read straight into place.
             let at = start * PAGE_SIZE;
-            let seg = segment_or_die(inner, *brick);
-            seg.limiter.acquire(total as u64);
             if let Err(e) = seg.read(&[*ext], &mut out[at..at + total]) {
                 lost(&e);
             }
         } else {
             let mut tmp = vec![0u8; total];
-            let seg = segment_or_die(inner, *brick);
-            seg.limiter.acquire(total as u64);
             if let Err(e) = seg.read(extents, &mut tmp) {
                 lost(&e);
             }
@@ -994,7 +989,7 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
             }
         }
         fetched_pages += (total / PAGE_SIZE) as u64;
-        if segment_or_die(inner, *brick).shared.is_some() {
+        if seg.shared.is_some() {
             inner
                 .stats
                 .bytes_fetched_shared

@@ -74,8 +74,10 @@ impl SharedMemory {
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return Err(bad("mmap(shared): the file is not sealed against shrinking"));
         }
-        let size = file_size(fd.as_fd()).map_err(|e| os_error("fstat(memfd)", 0, len, e))?;
-        if size < len as u64 {
+        let size = fstat(fd.as_fd())
+            .map_err(|e| os_error("fstat(memfd)", 0, len, e))?
+            .st_size;
+        if size < len as libc::off_t {
             return Err(bad("mmap(shared): the file is shorter than the segment"));
         }
         Self::map(fd, len)
@@ -237,13 +239,7 @@ impl SharedMemory {
 
     /// Bytes of memory the file holds (pages written and not discarded since).
     pub fn resident_bytes(&self) -> u64 {
-        // SAFETY: fstat(2) fills the zeroed struct we pass; nothing else is touched.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above: `st` is a valid, writable stat buffer.
-        if unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) } != 0 {
-            return 0;
-        }
-        st.st_blocks as u64 * 512
+        fstat(self.fd.as_fd()).map_or(0, |st| st.st_blocks as u64 * 512)
     }
 }
 
@@ -257,14 +253,14 @@ impl Drop for SharedMemory {
     }
 }
 
-fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    // SAFETY: fstat(2) fills the zeroed struct we pass; nothing else is touched.
+fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is valid plain data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above: `st` is a valid, writable stat buffer.
+    // SAFETY: fstat(2) only fills `st`, a valid, writable stat buffer.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(st.st_size as u64)
+    Ok(st)
 }
 
 /// Sends `data` on the Unix stream socket `sock` with `fd` attached (`SCM_RIGHTS`); returns the
