@@ -87,8 +87,9 @@ pub struct Config {
 /// Confined to one CPU (`rackmem run --cpus N`, `taskset`), the handler shares that CPU with the
 /// program: a spinning handler would take the CPU the woken program needs, while a blocking one
 /// makes each fault a context switch on that CPU, with no cross-CPU wake-up at all (9.4 µs per
-/// fault against 24 µs with a handler spinning on another vCPU, `../baselines`; GUPS at 25%
-/// local went from 35 k to 57–65 k updates/s, `docs/benchmarks.md`).
+/// fault against 24 µs with a handler spinning on another vCPU on 2-vCPU guests; with shared
+/// memory, GUPS at 25% local ran 69–74 k updates/s on one CPU against 38 k on two,
+/// `docs/benchmarks.md` runs 5, 6 and 8).
 pub fn default_handler(cpus: usize) -> HandlerMode {
     if cpus == 1 {
         HandlerMode::Blocking
