@@ -563,10 +563,13 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                         "make room (choose victims, wait for staging slots)",
                         us(sn.step_make_room.mean_ns),
                     ),
-                    ("stage victims (PAGEMAP_SCAN + UFFDIO_MOVE)", us(sn.step_stage.mean_ns)),
+                    (
+                        "stage victims (UFFDIO_MOVE out of the window)",
+                        us(sn.step_stage.mean_ns),
+                    ),
                     ("fetch from the brick (link round trip)", us(sn.step_fetch.mean_ns)),
                     (
-                        "install (checksum, UFFDIO_COPY or MOVE + write-protect, wake)",
+                        "install (checksum, UFFDIO_COPY or MOVE, wake)",
                         us(sn.step_install.mean_ns),
                     ),
                 ];

@@ -16,6 +16,14 @@ fn sequential_and_random_passes() {
 }
 
 #[test]
+fn pages_only_read_are_not_written_back() {
+    if !is_root() {
+        return;
+    }
+    only_changed_pages_are_written_back(&[]);
+}
+
+#[test]
 fn several_threads_fault_on_the_same_pages() {
     if !is_root() {
         return;

@@ -39,6 +39,14 @@ fn concurrent_writes_survive_eviction_over_shared_memory() {
 }
 
 #[test]
+fn pages_only_read_are_not_written_back_to_a_shared_segment() {
+    if !is_root() {
+        return;
+    }
+    only_changed_pages_are_written_back(&["--shared-memory"]);
+}
+
+#[test]
 fn forked_child_gets_a_copy_of_a_shared_segment() {
     if !is_root() {
         return;

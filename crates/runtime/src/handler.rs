@@ -3,8 +3,8 @@
 //!
 //! For a fault it plans a *run* (the page, plus the following pages when the stream is
 //! sequential), makes room in the local buffer by staging victims, reads the run's remote pages
-//! from their bricks in one batched request per brick, and installs the run with one
-//! `UFFDIO_COPY` in write-protect mode. Non-fault events (REMOVE, UNMAP, REMAP) change page states
+//! from their bricks in one batched request per brick, checksums them, and installs the run with
+//! one `UFFDIO_COPY` or `UFFDIO_MOVE`. Non-fault events (REMOVE, UNMAP, REMAP) change page states
 //! so that released memory reads as zeros afterwards, as it would without rackmem.
 //!
 //! The handler never waits for a program thread; it may wait for the write-back thread (a free
@@ -22,9 +22,11 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Messages read per `read(2)` on the uffd.
 const READ_BATCH: usize = 64;
-/// Victims in runs shorter than this are judged dirty by checksum alone, without a
-/// `PAGEMAP_SCAN` (see `Handler::stage`).
-const SCAN_MIN_RUN: usize = 4;
+/// Pages installed without write-protection: see "Dirty pages" in docs/architecture.md.
+const INSTALL: CopyMode = CopyMode {
+    write_protect: false,
+    dontwake: false,
+};
 
 /// Moves one window page into its staging slot; false if it was not there to move.
 fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
@@ -105,6 +107,8 @@ struct Handler {
     spare_bufs: Vec<Vec<u8>>,
     zero_hash: u64,
     victims: Vec<u32>,
+    /// Scratch: which pages of the run being installed lie in mapped segments.
+    mapped: Vec<bool>,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -119,6 +123,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         spare_bufs: Vec::new(),
         zero_hash,
         victims: Vec::new(),
+        mapped: Vec::new(),
     };
     let mode = h.inner.cfg.handler;
     let mut last_activity = Instant::now();
@@ -399,8 +404,8 @@ impl Handler {
             }
             // Receive into spent staging slots when a run of them is long enough (their pages
             // then move into the window); else into our buffer, copied in. A short run is
-            // copied: moving costs a write-protect and a wake per run on top of the move, more
-            // than the fresh page a copy takes (single pages: 10.2 against 7.2 µs median).
+            // copied: for single pages a move gains nothing over the fresh page a copy takes
+            // (GUPS at 25% local on shared memory: 80.0 k updates/s moving, 83.1 k copying).
             let mut spent = match &ahead {
                 Some(_) => None,
                 None if n >= RECYCLE_MIN_PAGES => recycle::take(&mut c, n as usize),
@@ -670,8 +675,6 @@ impl Handler {
                 slot,
                 brick_valid: s & loc::BRICK_VALID != 0,
                 hash,
-                dirty_scan: false,
-                scanned: false,
                 moved: false,
             });
         }
@@ -680,39 +683,11 @@ impl Handler {
         (c, Some((id, out)))
     }
 
-    /// Finds which victims were written (PAGEMAP_SCAN, re-protecting them), moves each out of
-    /// the window into its staging slot, and hands the batch to the write-back thread.
+    /// Moves each victim out of the window into its staging slot and hands the batch to the
+    /// write-back thread, which tells dirty pages from clean ones by checksum.
     fn stage(&mut self, id: u64, mut victims: Vec<Victim>) {
         let inner = self.inner.clone();
         victims.sort_unstable_by_key(|v| v.page);
-        // Scan contiguous runs of victims. Shorter runs are left to the write-back thread's
-        // checksum (which it takes anyway for pages the scan calls clean): one PAGEMAP_SCAN per
-        // isolated page cost more than hashing it (GUPS at 25% local spent a third of each
-        // fault staging its scattered victims).
-        let mut written = Vec::new();
-        let mut i = 0;
-        while i < victims.len() {
-            let mut j = i + 1;
-            while j < victims.len() && victims[j].page == victims[j - 1].page + 1 {
-                j += 1;
-            }
-            if j - i < SCAN_MIN_RUN {
-                i = j;
-                continue;
-            }
-            let start = inner.page_addr(victims[i].page as u64);
-            let end = inner.page_addr(victims[j - 1].page as u64 + 1);
-            written.clear();
-            if let Err(e) = inner.pagemap.scan_written(start, end, true, &mut written) {
-                inner.internal_error(&format!("PAGEMAP_SCAN over {start:#x}..{end:#x}: {e}"));
-            }
-            for v in &mut victims[i..j] {
-                let a = inner.page_addr(v.page as u64);
-                v.dirty_scan = written.iter().any(|&(s, e)| a >= s && a < e);
-                v.scanned = true;
-            }
-            i = j;
-        }
         // Move runs of neighbouring pages into neighbouring slots with one ioctl each; fall back
         // to single pages when a run stops part-way.
         let mut i = 0;
@@ -753,34 +728,33 @@ impl Handler {
         writeback::submit(&inner, Job::Evict { id, victims });
     }
 
-    /// Installs the claimed run, write-protected so the kernel records the first write,
-    /// retrying after EAGAIN and skipping pages released meanwhile. The run's bytes are in the
+    /// Installs the claimed run, writable (the checksums taken here tell a dirty page at
+    /// eviction), retrying after EAGAIN and skipping pages released meanwhile. The run's bytes are in the
     /// spent slots `spent` (their pages are moved into the window) or in `self.buf` (copied).
     fn install(&mut self, page: u64, kinds: &[u8], epoch: u64, mut spent: Option<SpentRun>) {
         let inner = self.inner.clone();
         let n = kinds.len();
-        let hashes: Vec<u64> = {
+        // Checksums of the remote pages, for the write-back to tell dirty from clean; not of
+        // pages in mapped segments (compared with the mapping itself) nor of first touches
+        // (compared with zeros).
+        inner.table.mapped_pages(page, n, &mut self.mapped);
+        let hashes: Vec<(u32, u64)> = {
             let src: &[u8] = match spent.as_mut() {
                 Some(run) => recycle::bytes(&inner, run),
                 None => &self.buf,
             };
             (0..n)
+                .filter(|&i| kinds[i] & loc::MASK == loc::REMOTE && !self.mapped[i])
                 .map(|i| {
-                    if kinds[i] & loc::MASK == loc::REMOTE {
-                        xxh3_64(&src[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])
-                    } else {
-                        self.zero_hash
-                    }
+                    (
+                        (page + i as u64) as u32,
+                        xxh3_64(&src[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]),
+                    )
                 })
                 .collect()
         };
-        {
-            let mut c = inner.lock();
-            for (i, &h) in hashes.iter().enumerate() {
-                if h != self.zero_hash || kinds[i] & loc::MASK == loc::REMOTE {
-                    c.hashes.insert((page + i as u64) as u32, h);
-                }
-            }
+        if !hashes.is_empty() {
+            inner.lock().hashes.extend(hashes);
         }
         // Which slots of `spent` gave their page to the window (the others keep theirs).
         let mut moved = vec![false; if spent.is_some() { n } else { 0 }];
@@ -815,21 +789,14 @@ impl Handler {
                     moved[i..i + done / PAGE_SIZE].fill(true);
                     r
                 }
-                None => inner.uffd.copy(
-                    dst,
-                    &self.buf[i * PAGE_SIZE..j * PAGE_SIZE],
-                    CopyMode {
-                        write_protect: true,
-                        dontwake: false,
-                    },
-                ),
+                None => inner.uffd.copy(dst, &self.buf[i * PAGE_SIZE..j * PAGE_SIZE], INSTALL),
             };
             match r {
                 Err(e) if spent.is_some() && !matches!(e, UffdError::Again { .. }) => {
-                    // MOVE refused the rest of the stretch. EEXIST is the expected case: a
-                    // write-protect marker left on a hole (by a PAGEMAP_SCAN over unpopulated
-                    // pages) is not empty for MOVE but is for COPY. Copy the rest from the
-                    // slots; a page really mapped there makes COPY fail the same way.
+                    // MOVE refused the rest of the stretch (a page table entry that is not
+                    // empty for MOVE but is for COPY, such as a marker a kernel feature left on
+                    // a hole). Copy the rest from the slots; a page really mapped there makes
+                    // COPY fail the same way, and `installed_pages` wakes its waiters.
                     i += e.done() / PAGE_SIZE;
                     let Some(run) = spent.as_mut().filter(|_| i < j) else {
                         continue;
@@ -839,14 +806,7 @@ impl Handler {
                     }
                     let at = inner.page_addr(page + i as u64);
                     let src = &recycle::bytes(&inner, run)[i * PAGE_SIZE..j * PAGE_SIZE];
-                    let copied = inner.uffd.copy(
-                        at,
-                        src,
-                        CopyMode {
-                            write_protect: true,
-                            dontwake: false,
-                        },
-                    );
+                    let copied = inner.uffd.copy(at, src, INSTALL);
                     i += self.installed_pages(at, copied);
                 }
                 other => i += self.installed_pages(dst, other),
@@ -896,29 +856,14 @@ impl Handler {
         }
     }
 
-    /// Moves fetched pages from staging slots into the window, write-protects them (a moved
-    /// page arrives writable, and the kernel must record the program's first write as it does
-    /// for a copied page), then wakes the waiters. Returns the bytes moved.
+    /// Moves fetched pages from staging slots into the window and wakes the waiters. Returns
+    /// the bytes moved.
     fn move_in(&mut self, dst: usize, src: usize, len: usize) -> Result<usize, UffdError> {
-        let inner = &self.inner;
         let mode = MoveMode {
-            dontwake: true,
+            dontwake: false,
             allow_src_holes: false,
         };
-        let r = inner.uffd.move_pages(dst, src, len, mode);
-        let done = match &r {
-            Ok(d) => *d,
-            Err(e) => e.done(),
-        };
-        if done > 0 {
-            if let Err(e) = inner.uffd.write_protect(dst, done, true, false) {
-                inner.internal_error(&format!("UFFDIO_WRITEPROTECT of {dst:#x}+{done:#x}: {e}"));
-            }
-            if let Err(e) = inner.uffd.wake(dst, done) {
-                inner.internal_error(&format!("UFFDIO_WAKE at {dst:#x}: {e}"));
-            }
-        }
-        r
+        self.inner.uffd.move_pages(dst, src, len, mode)
     }
 }
 

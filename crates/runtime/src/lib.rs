@@ -9,11 +9,10 @@
 //!
 //! Data flow of a fault: kernel → [`handler`] (reads the uffd, plans a run of pages with
 //! sequential prefetch, makes room by choosing victims with an [`policy::EvictionPolicy`] and
-//! moving them to a staging area) → link read → `UFFDIO_COPY` with write-protect, so the first
-//! write to the page is recorded by the kernel (`WP_ASYNC`) for `PAGEMAP_SCAN` to find later.
+//! moving them to a staging area) → link read → checksum → `UFFDIO_COPY` (or `UFFDIO_MOVE`).
 //! Staged victims go to the [`writeback`] thread, which writes back the dirty ones and frees
 //! the staging slots. No write is ever lost: a page leaves the window atomically, and a victim
-//! that the scan called clean is compared with the checksum taken when it was installed.
+//! is dirty exactly when its contents differ from the checksum taken when it was installed.
 //!
 //! What this crate is not: it knows no C ABI (that is `rackmem-preload`), no REST, no policy of
 //! which brick to use beyond the list it is given.
@@ -35,7 +34,7 @@ mod writeback;
 use config::Config;
 use policy::{EvictionPolicy, Fifo};
 use rackmem_transport::{BrickAddr, Link, LinkError};
-use rackmem_uffd::{Features, Mapping, OpenOptions, Pagemap, RegisterMode, Uffd, UffdError};
+use rackmem_uffd::{Features, Mapping, OpenOptions, RegisterMode, Uffd, UffdError};
 use regions::RegionAllocator;
 use segment::{Segment, SegmentTable};
 use stats::{Stats, StatsSnapshot};
@@ -105,10 +104,6 @@ pub(crate) struct Victim {
     pub brick_valid: bool,
     /// Checksum of the contents the brick (or the zero page) had at install or write-back.
     pub hash: u64,
-    /// PAGEMAP_SCAN reported a write since the last clean point.
-    pub dirty_scan: bool,
-    /// PAGEMAP_SCAN looked at the page (short runs are left to the checksum).
-    pub scanned: bool,
     /// The page was really moved into its slot (false: it was not present; nothing to send).
     pub moved: bool,
 }
@@ -208,7 +203,6 @@ pub(crate) struct Inner {
     /// destination registered with the uffd it is issued on, and freeing a staging slot with
     /// `madvise` must not raise a REMOVE event that only the (possibly waiting) handler reads.
     pub stage_uffd: Uffd,
-    pub pagemap: Pagemap,
     pub table: SegmentTable,
     /// The node agent, when memory comes from the control plane.
     pub agent: Option<agent::Agent>,
@@ -432,7 +426,7 @@ impl Runtime {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
         rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
         let uffd = Uffd::open(&OpenOptions {
-            features: Features::WP_ASYNC | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP,
+            features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP,
             nonblocking: true,
         })?;
         uffd.register(
@@ -440,7 +434,7 @@ impl Runtime {
             window.len(),
             RegisterMode {
                 missing: true,
-                wp: true,
+                wp: false,
                 minor: false,
             },
         )?;
@@ -473,7 +467,6 @@ impl Runtime {
             .window_bytes_allocated
             .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
         let inner = Arc::new(Inner {
-            pagemap: Pagemap::open()?,
             cfg,
             window,
             staging,

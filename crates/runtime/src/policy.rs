@@ -1,9 +1,8 @@
 //! Eviction policies for the local buffer.
 //!
-//! userfaultfd tells the runtime about misses only; with `WP_ASYNC` it learns about first writes
-//! through `PAGEMAP_SCAN`, but nothing reports reads of resident pages (no accessed bit reaches
-//! user space without page-idle tracking, which needs PFNs and root). A policy therefore sees
-//! installs and removals. FIFO is the policy that this information supports exactly: for the
+//! userfaultfd tells the runtime about misses only: nothing reports accesses to resident pages
+//! (no accessed bit reaches user space without page-idle tracking, which needs PFNs and root).
+//! A policy therefore sees installs and removals. FIFO is the policy that this information supports exactly: for the
 //! sequential streams that dominate the seeds' workloads (STREAM, scans) it evicts what LRU
 //! would, and for uniform random access (GUPS) every policy is equivalent to random. A
 //! researcher adds a policy by implementing [`EvictionPolicy`].

@@ -197,6 +197,24 @@ impl SegmentTable {
         Some((lo, (page - first) * crate::PAGE_SIZE as u64))
     }
 
+    /// For each page of `[page, page + n)`, whether its segment is mapped into this process
+    /// (pages without a segment count as not mapped).
+    pub fn mapped_pages(&self, page: u64, n: usize, out: &mut Vec<bool>) {
+        out.clear();
+        let end = page + n as u64;
+        let mut p = page;
+        while p < end {
+            let Some((index, _)) = self.lookup(p) else {
+                out.resize(n, false);
+                return;
+            };
+            let seg_end = self.bounds(index).map_or(end, |(_, e)| e.min(end));
+            let mapped = self.get(index).is_some_and(|s| s.shared.is_some());
+            out.resize(out.len() + (seg_end - p) as usize, mapped);
+            p = seg_end;
+        }
+    }
+
     /// The window pages `[first, end)` of segment `index`.
     pub fn bounds(&self, index: usize) -> Option<(u64, u64)> {
         if index >= self.len() {

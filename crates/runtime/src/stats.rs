@@ -96,7 +96,7 @@ impl Histogram {
 pub struct Breakdown {
     /// Choosing victims, including waiting for free staging slots.
     pub make_room: Histogram,
-    /// PAGEMAP_SCAN and UFFDIO_MOVE of the victims.
+    /// UFFDIO_MOVE of the victims out of the window.
     pub stage: Histogram,
     /// Reading the run from its bricks (the network round trip).
     pub fetch: Histogram,
@@ -145,9 +145,6 @@ pub struct Stats {
     pub evictions: AtomicU64,
     /// Evicted pages that were clean and needed no write-back.
     pub evictions_clean: AtomicU64,
-    /// Evicted pages that the PAGEMAP_SCAN reported clean but whose contents changed between the
-    /// scan and the move: the write-back caught a concurrent write.
-    pub evictions_race_caught: AtomicU64,
     /// Fetched pages received into spent staging slots and moved into the window (no page
     /// allocated or copied by the kernel; see the runtime's `recycle` module).
     pub pages_recycled: AtomicU64,
@@ -204,8 +201,6 @@ pub struct StatsSnapshot {
     pub evictions: u64,
     /// See [`Stats::evictions_clean`].
     pub evictions_clean: u64,
-    /// See [`Stats::evictions_race_caught`].
-    pub evictions_race_caught: u64,
     /// See [`Stats::pages_recycled`].
     #[serde(default)]
     pub pages_recycled: u64,
@@ -285,7 +280,6 @@ impl Stats {
             bytes_written_back: g(&self.bytes_written_back),
             evictions: g(&self.evictions),
             evictions_clean: g(&self.evictions_clean),
-            evictions_race_caught: g(&self.evictions_race_caught),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
             resident_bytes: g(&self.resident_pages) * page_size,

@@ -2,13 +2,12 @@
 //! their bricks, then frees their staging slots and marks them remote (or empty again, for a
 //! zero page nobody wrote).
 //!
-//! A victim is dirty if `PAGEMAP_SCAN` saw a write, or if its contents no longer match the
-//! checksum taken when it was installed: between the scan and the `UFFDIO_MOVE` a program thread
-//! may still write, and that write must not be lost. Victims outside runs of neighbours are not
-//! scanned at all (a scan per scattered page costs more than its checksum): for them the
-//! checksum alone decides. Write-back uses its own link per brick, so
-//! the handler's fetches never queue behind it.
+//! A victim is dirty if its contents no longer match the checksum taken when it was installed
+//! (or last written back). The check runs on the staged copy, after the `UFFDIO_MOVE` took the
+//! page out of the window, so no write of the program can slip in between check and send.
+//! Write-back uses its own link per brick, so the handler's fetches never queue behind it.
 
+use crate::segment::Segment;
 use crate::{loc, Inner, Job, Victim, PAGE, PAGE_SIZE};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -82,11 +81,27 @@ impl BrickWrites {
     }
 }
 
+/// Whether `contents`, a page at offset `off` of a segment, is what the brick already holds (or,
+/// for a page the brick holds no memory for, still the zero page it was installed as).
+///
+/// A mapped segment (`mapped`) is compared with the mapping itself: the brick's copy is right
+/// there, and a dirty page differs within its first bytes more often than not. Other segments
+/// compare checksums: `hash` is the one taken when the page was installed or written back.
+fn unchanged(mapped: Option<&Arc<Segment>>, off: u64, brick_valid: bool, hash: u64, contents: &[u8]) -> bool {
+    match mapped.and_then(|s| s.shared.as_ref()) {
+        Some(m) if brick_valid => m.equals(off as usize, contents),
+        Some(_) => contents.chunks(64).all(|c| c.iter().fold(0, |a, &b| a | b) == 0),
+        None => xxh3_64(contents) == hash,
+    }
+}
+
 fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
     // Per brick: extents and the data to write.
     per_brick.resize_with(inner.table.len(), BrickWrites::default);
     per_brick.iter_mut().for_each(BrickWrites::clear);
-    let mut mapped_of: Vec<Option<bool>> = vec![None; per_brick.len()];
+    // The mapped segment of each brick that has one, looked up once per job.
+    let mut mapped_of: Vec<Option<Option<Arc<Segment>>>> = vec![None; per_brick.len()];
+    let mut written_mapped = 0u64;
     let mut dirty = vec![false; victims.len()];
     let mut clean = 0u64;
     for (k, v) in victims.iter().enumerate() {
@@ -96,28 +111,30 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
         let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
             inner.internal_error(&format!("window page {} has no segment", v.page));
         };
-        // A page the scan calls clean is checked against its install checksum in place; only a
-        // page to write is copied, straight into the brick's outgoing data.
-        // Only a mapped segment needs fresh pages apart; a link takes them all in one request.
-        let mapped =
-            *mapped_of[brick].get_or_insert_with(|| inner.table.get(brick).is_some_and(|s| s.shared.is_some()));
-        let w = &mut per_brick[brick];
-        let (ext, data) = if v.brick_valid || !mapped {
-            (&mut w.extents, &mut w.data)
-        } else {
-            (&mut w.fresh_extents, &mut w.fresh_data)
-        };
+        // Checked in place; only a page to write is copied, straight into the brick's outgoing
+        // data, or into the mapped segment when the brick already holds memory for it (fresh
+        // pages go over the link: see `Segment::write`).
+        let mapped = mapped_of[brick]
+            .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
+            .as_ref();
         let page = crate::recycle::staged_page(inner, v.slot);
-        let changed = v.dirty_scan || xxh3_64(page) != v.hash;
-        if changed && v.scanned && !v.dirty_scan {
-            inner.stats.evictions_race_caught.fetch_add(1, Ordering::Relaxed);
-        }
-        if !changed {
+        if unchanged(mapped, off, v.brick_valid, v.hash, page) {
             clean += 1;
             continue;
         }
-        data.extend_from_slice(page);
         dirty[k] = true;
+        let w = &mut per_brick[brick];
+        let (ext, data) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
+            Some((seg, m)) if v.brick_valid => {
+                seg.limiter.acquire(PAGE);
+                m.write(off as usize, page);
+                written_mapped += PAGE;
+                continue;
+            }
+            Some(_) => (&mut w.fresh_extents, &mut w.fresh_data),
+            None => (&mut w.extents, &mut w.data),
+        };
+        data.extend_from_slice(page);
         match ext.last_mut() {
             Some(last) if last.0 + last.1 as u64 == off => last.1 += PAGE_SIZE as u32,
             _ => ext.push((off, PAGE_SIZE as u32)),
@@ -139,6 +156,10 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
         }
     }
+    inner
+        .stats
+        .bytes_written_back
+        .fetch_add(written_mapped, Ordering::Relaxed);
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
     // Runs of neighbouring moved slots: kept mapped as spent slots for the handler's next
     // fetches (see `recycle`), or, past the cap, freed with one madvise per run (no event: the
@@ -189,44 +210,44 @@ fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWr
     inner.core_cv.notify_all();
 }
 
-/// Writes back every resident page written since it was installed (fork preparation: the
-/// child's clone of the segment must hold the parent's current contents). The handler is parked
-/// and the write-back queue drained. Returns the pages written.
+/// Writes back every resident page whose contents changed since it was installed (fork
+/// preparation: the child's clone of the segment must hold the parent's current contents). The
+/// handler is parked and the write-back queue drained. Returns the pages written.
 pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
-    let mut written = Vec::new();
-    let start = inner.window.addr();
-    if let Err(e) = inner
-        .pagemap
-        .scan_written(start, start + inner.window.len(), true, &mut written)
-    {
-        inner.internal_error(&format!("PAGEMAP_SCAN over the window: {e}"));
-    }
+    let zero_hash = xxh3_64(&[0u8; PAGE_SIZE]);
     let mut page = vec![0u8; PAGE_SIZE];
     let mut count = 0;
-    for (s, e) in written {
-        let mut a = s;
-        while a < e {
-            let p = ((a - start) / PAGE_SIZE) as u64;
-            a += PAGE_SIZE;
-            let mut c = inner.lock();
-            if c.loc(p) != loc::RESIDENT {
-                continue;
-            }
-            let fresh = c.pages[p as usize] & loc::BRICK_VALID == 0;
-            inner.window.read(p as usize * PAGE_SIZE, &mut page);
-            let Some((brick, off)) = inner.table.lookup(p) else {
-                continue;
-            };
-            if let Err(err) =
-                crate::handler::segment_or_die(inner, brick).write(&[(off, PAGE_SIZE as u32)], &page, fresh)
-            {
-                inner.brick_lost(brick, "writing back dirty pages before fork", &err);
-            }
-            c.pages[p as usize] |= loc::BRICK_VALID;
-            c.hashes.insert(p as u32, xxh3_64(&page));
-            count += 1;
-            inner.stats.bytes_written_back.fetch_add(PAGE, Ordering::Relaxed);
+    let resident: Vec<u64> = {
+        let c = inner.lock();
+        (0..c.pages.len() as u64)
+            .filter(|&p| c.loc(p) == loc::RESIDENT)
+            .collect()
+    };
+    for p in resident {
+        let mut c = inner.lock();
+        if c.loc(p) != loc::RESIDENT {
+            continue;
         }
+        let Some((brick, off)) = inner.table.lookup(p) else {
+            continue;
+        };
+        let seg = crate::handler::segment_or_die(inner, brick);
+        inner.window.read(p as usize * PAGE_SIZE, &mut page);
+        let brick_valid = c.pages[p as usize] & loc::BRICK_VALID != 0;
+        let hash = c.hashes.get(&(p as u32)).copied().unwrap_or(zero_hash);
+        let mapped = Some(&seg).filter(|s| s.shared.is_some());
+        if unchanged(mapped, off, brick_valid, hash, &page) {
+            continue;
+        }
+        if let Err(err) = seg.write(&[(off, PAGE_SIZE as u32)], &page, !brick_valid) {
+            inner.brick_lost(brick, "writing back dirty pages before fork", &err);
+        }
+        c.pages[p as usize] |= loc::BRICK_VALID;
+        if mapped.is_none() {
+            c.hashes.insert(p as u32, xxh3_64(&page));
+        }
+        count += 1;
+        inner.stats.bytes_written_back.fetch_add(PAGE, Ordering::Relaxed);
     }
     count
 }

@@ -156,6 +156,23 @@ impl SharedMemory {
         unsafe { crate::mem::atomic_store_bytes(self.addr + offset, data) }
     }
 
+    /// Whether the bytes at `offset` equal `data`, read as [`read`](Self::read) does, a chunk
+    /// at a time: it stops at the first chunk that differs.
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn equals(&self, offset: usize, data: &[u8]) -> bool {
+        const CHUNK: usize = 256;
+        self.check_range(offset, data.len(), "compare");
+        let mut chunk = [0u8; CHUNK];
+        data.chunks(CHUNK).enumerate().all(|(i, want)| {
+            let got = &mut chunk[..want.len()];
+            // SAFETY: as in `read`: the chunk lies inside the checked range.
+            unsafe { crate::mem::atomic_load_bytes(self.addr + offset + i * CHUNK, got) };
+            got == want
+        })
+    }
+
     /// Copies `out.len()` bytes at `offset` into `out` through the file rather than the mapping
     /// (`pread`): holes read as zeros without allocating memory for them, which reading a hole
     /// through the mapping would.
@@ -386,6 +403,24 @@ mod tests {
         (&a).write_all(b"yz").expect("write");
         assert_eq!(recv_with_fds(b.as_fd(), &mut buf, &mut fds).expect("recv"), 2);
         assert!(fds.is_empty());
+    }
+
+    #[test]
+    fn equals_finds_a_difference_in_any_byte() {
+        let m = SharedMemory::create("rackmem-test", 2 * crate::PAGE_SIZE).expect("memfd");
+        let page: Vec<u8> = (0..4096).map(|i| (i * 7 % 251) as u8).collect();
+        m.write(4096, &page);
+        assert!(m.equals(4096, &page));
+        assert!(m.equals(0, &[0u8; 4096]), "an untouched page equals zeros");
+        assert!(!m.equals(0, &page));
+        for at in [0, 255, 256, 1000, 4095] {
+            let mut other = page.clone();
+            other[at] ^= 1;
+            assert!(!m.equals(4096, &other), "byte {at} differs");
+        }
+        // Lengths that are not whole chunks.
+        assert!(m.equals(4096 + 3, &page[3..1003]));
+        assert!(!m.equals(4096 + 3, &page[4..1004]));
     }
 
     #[test]

@@ -375,6 +375,26 @@ pub fn same_as_native_with(name: &str, args: &[&str], extra: &[&str]) -> Vec<Pro
     stats
 }
 
+/// Runs `reread` (fill, read-only passes, words changed and restored, half rewritten) with
+/// `extra` options and checks that only pages whose contents changed went back to the brick:
+/// the fill's pages once and the rewritten half once, not the pages of every read-only pass.
+pub fn only_changed_pages_are_written_back(extra: &[&str]) {
+    const MIB: u64 = 32;
+    let s = same_as_native_with("reread", &[&MIB.to_string(), "4"], extra);
+    let p = busiest(&s);
+    assert_used_remote_memory(p);
+    let footprint = MIB << 20;
+    assert!(
+        p.bytes_written_back <= footprint * 8 / 5,
+        "read-only passes wrote pages back ({} MiB written back for a {MIB} MiB buffer): {p:?}",
+        p.bytes_written_back >> 20
+    );
+    assert!(
+        p.extra("evictions_clean") * 4096 >= 3 * footprint,
+        "the pages of the read-only passes must be evicted as clean: {p:?}"
+    );
+}
+
 /// Starts `rackmem brick --listen ADDR --size SIZE --secret SECRET` and waits until it serves
 /// (a Unix socket appears, or a TCP address is announced on stderr). Returns the guard and the
 /// address to give `--brick`.
