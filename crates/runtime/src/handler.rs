@@ -109,6 +109,8 @@ struct Handler {
     victims: Vec<u32>,
     /// Scratch: which pages of the run being installed lie in mapped segments.
     mapped: Vec<bool>,
+    /// Buffers for the evictions done here (see `stage`).
+    writes: Vec<writeback::BrickWrites>,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -124,6 +126,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         zero_hash,
         victims: Vec::new(),
         mapped: Vec::new(),
+        writes: Vec::new(),
     };
     let mode = h.inner.cfg.handler;
     let mut last_activity = Instant::now();
@@ -725,7 +728,18 @@ impl Handler {
             i += 1;
         }
         inner.stats.evictions.fetch_add(victims.len() as u64, Ordering::Relaxed);
-        writeback::submit(&inner, Job::Evict { id, victims });
+        // Victims whose brick is a memory copy away are written back right here: handing them
+        // to the write-back thread costs a wake-up and, on one CPU, two context switches, and
+        // their slots become spent at once, ready to receive this fault's fetch. Pages that
+        // need the link (fresh ones, other bricks) go to the thread, off the fault's path.
+        let by_copy = victims
+            .iter()
+            .all(|v| !v.moved || (v.brick_valid && inner.table.is_mapped(v.page as u64)));
+        if by_copy {
+            writeback::evict(&inner, id, &victims, &mut self.writes);
+        } else {
+            writeback::submit(&inner, Job::Evict { id, victims });
+        }
     }
 
     /// Installs the claimed run, writable (the checksums taken here tell a dirty page at

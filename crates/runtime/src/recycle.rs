@@ -91,12 +91,14 @@ pub(crate) fn bytes<'a>(inner: &'a Inner, run: &'a mut SpentRun) -> &'a mut [u8]
     }
 }
 
-/// The page staged in `slot` by an eviction job, read in place by the write-back thread.
+/// The page staged in `slot` by an eviction job, read in place by whoever runs the job (the
+/// write-back thread, or the handler for a job it keeps).
 pub(crate) fn staged_page(inner: &Inner, slot: u32) -> &[u8] {
-    // SAFETY: only the write-back thread calls this, for a slot of the job it is working on,
-    // whose `moved` flag says the victim page is there: the page left the window by
-    // UFFDIO_MOVE, so no program thread can write it, the handler touches no slot of a job in
-    // flight, and the slot is given back (spent or freed) only after this job's reads.
+    // SAFETY: only the runner of an eviction job calls this, for a slot of that job whose
+    // `moved` flag says the victim page is there: the page left the window by UFFDIO_MOVE, so
+    // no program thread can write it, the handler touches no slot of a job in flight (other
+    // than while running it), and the slot is given back (spent or freed) only after this
+    // job's reads.
     unsafe { inner.staging.bytes(slot as usize * PAGE_SIZE, PAGE_SIZE) }
 }
 

@@ -65,7 +65,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
 /// Dirty pages bound for one brick: pages it already holds memory for, and fresh ones (see
 /// [`Segment::write`](crate::segment::Segment::write)).
 #[derive(Default)]
-struct BrickWrites {
+pub(crate) struct BrickWrites {
     extents: Vec<(u64, u32)>,
     data: Vec<u8>,
     fresh_extents: Vec<(u64, u32)>,
@@ -95,7 +95,9 @@ fn unchanged(mapped: Option<&Arc<Segment>>, off: u64, brick_valid: bool, hash: u
     }
 }
 
-fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
+/// Writes back the dirty pages of an eviction job and gives its slots back. Run by the
+/// write-back thread, or by the handler for a job whose pages all go to mapped segments.
+pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
     // Per brick: extents and the data to write.
     per_brick.resize_with(inner.table.len(), BrickWrites::default);
     per_brick.iter_mut().for_each(BrickWrites::clear);
