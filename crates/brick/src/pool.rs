@@ -496,6 +496,16 @@ impl Store {
         }
     }
 
+    /// Gives `[off, off + len)` of a segment memory now (page-aligned, bounds checked by the
+    /// caller): a segment in shared memory allocates the pages here, so they are the brick's;
+    /// a pool segment has nothing to do (the pool allocates at the first write).
+    pub fn populate(&self, mem: &GateState, off: u64, len: u64) -> Result<(), rackmem_uffd::UffdError> {
+        match &mem.shared {
+            Some(m) => m.populate(off as usize, len as usize),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes of memory the pool and the segments moved into shared memory hold.
     pub fn resident_bytes(&self) -> u64 {
         let gates: Vec<Gate> = self.segs().live.values().map(|s| s.gate.clone()).collect();

@@ -1085,6 +1085,18 @@ fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Request) -> Repl
                 Err(e) => err(Status::Internal, format!("discarding {offset:#x}+{len:#x}: {e}"), false),
             }
         }
+        Request::Populate { offset, len } => {
+            if !need(rights::WRITE) {
+                return err(Status::Forbidden, "grant does not allow writes", true);
+            }
+            if !in_segment(a.size, offset, len) || len % PAGE_SIZE as u64 != 0 || offset % PAGE_SIZE as u64 != 0 {
+                return out_of_range(offset, len);
+            }
+            match store.populate(mem, offset, len) {
+                Ok(()) => ok(Vec::new()),
+                Err(e) => err(Status::Internal, format!("populating {offset:#x}+{len:#x}: {e}"), false),
+            }
+        }
         Request::Copy { src, dst, len } => {
             if !need(rights::WRITE) {
                 return err(Status::Forbidden, "grant does not allow writes", true);

@@ -108,6 +108,52 @@ fn a_released_segment_gives_its_memory_back() {
 }
 
 #[test]
+fn populate_gives_a_shared_segment_memory_without_changing_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (h, a) = brick(ListenAddr::Unix(dir.path().join("b.sock")));
+    let l = Link::connect(&a, T).expect("connect");
+    l.alloc_segment(SECRET, 8 << 20).expect("alloc");
+    l.write_pages(&[(4096, 4096)], &page(1)).expect("write");
+    let m = l.share().expect("share");
+    let mut backed = Vec::new();
+    m.pages_backed(0, 1 << 20, &mut backed).expect("mincore");
+    assert_eq!(
+        backed.iter().filter(|&&b| b).count(),
+        1,
+        "only the written page has memory"
+    );
+    let before = h.stats().resident_bytes;
+    let populate = |off: u64, len: u64| l.submit_populate(off, len).and_then(|t| t.wait(&mut []));
+    populate(0, 1 << 20).expect("populate");
+    m.pages_backed(0, 1 << 20, &mut backed).expect("mincore");
+    assert!(backed.iter().all(|&b| b), "every populated page has memory");
+    assert!(h.stats().resident_bytes >= before + (1 << 20) - 4096, "{:?}", h.stats());
+    let mut b = vec![0u8; 4096];
+    m.read(4096, &mut b);
+    assert_eq!(b, page(1), "populating keeps what was written");
+    m.read(0, &mut b);
+    assert!(b.iter().all(|&x| x == 0), "and the rest reads as zeros");
+    // Not whole pages: refused before sending, the link goes on. Outside the segment: refused
+    // by the brick (which then closes the connection, as for any request out of range).
+    assert!(matches!(populate(1, 4096), Err(LinkError::Invalid { .. })));
+    l.read_pages(&[(4096, 4096)], &mut b).expect("the link still works");
+    assert_eq!(b, page(1));
+    match populate(8 << 20, 4096) {
+        Err(LinkError::Refused { status, .. }) => assert_eq!(status, Status::OutOfRange),
+        other => panic!("expected OutOfRange, got {other:?}"),
+    }
+    // A segment in the pool allocates at its first write: populating it succeeds and changes
+    // nothing.
+    let pool = Link::connect(&a, T).expect("connect");
+    pool.alloc_segment(SECRET, 1 << 20).expect("alloc");
+    pool.submit_populate(0, 1 << 20)
+        .and_then(|t| t.wait(&mut []))
+        .expect("populate a pool segment");
+    pool.read_pages(&[(0, 4096)], &mut b).expect("read");
+    assert!(b.iter().all(|&x| x == 0));
+}
+
+#[test]
 fn tcp_links_cannot_share_and_keep_working() {
     let (_h, a) = brick(ListenAddr::Tcp("127.0.0.1:0".into()));
     let l = Link::connect(&a, T).expect("connect");

@@ -60,6 +60,56 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
 }
 
 #[test]
+fn a_program_confined_to_its_local_buffer_is_not_charged_for_the_brick_memory() {
+    if !is_root() {
+        return;
+    }
+    let Ok(cgroups) = rackmem_bench::swap::detect_cgroups() else {
+        eprintln!("skipped: this machine has no memory cgroup controller");
+        return;
+    };
+    // Linux charges a page of shared memory to whoever allocates it. A program in a memory
+    // cgroup of 48 MiB with a 96 MiB buffer on a brick (outside the cgroup) must not be charged
+    // for the brick's pages, or the cgroup's OOM killer stops it: the pages it writes back for
+    // the first time go over the link, or into pages the brick populated.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("b.sock");
+    let (_brick, addr) = start_brick(&format!("unix:{}", sock.display()), "1GiB", "c");
+    let prog = program("passes");
+    let args = ["96", "1", "2"];
+    let n = native(&prog, &args);
+    let stats = dir.path().join("stats.jsonl");
+    let mut cmd: Vec<String> = [
+        "run",
+        "--brick",
+        &addr,
+        "--secret",
+        "c",
+        "--local",
+        "8MiB",
+        "--shared-memory",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cmd.extend(["--stats-json".to_string(), stats.display().to_string(), "--".into()]);
+    cmd.push(prog.display().to_string());
+    cmd.extend(args.iter().map(|s| s.to_string()));
+    let r = rackmem_bench::swap::run_in_memory_cgroup(&cgroups, 48 << 20, std::path::Path::new(rackmem()), &cmd)
+        .expect("run in a memory cgroup");
+    assert!(
+        r.status.success(),
+        "the program was stopped in its cgroup (charged for the brick's memory?): {}",
+        show(&r)
+    );
+    assert_eq!(checksums(&n), checksums(&r));
+    let s = read_stats(&stats);
+    let p = busiest(&s);
+    assert_used_remote_memory(p);
+    assert!(p.extra("bytes_fetched_shared") > 0, "{p:?}");
+}
+
+#[test]
 fn a_tcp_brick_keeps_its_link() {
     if !is_root() {
         return;

@@ -68,6 +68,11 @@ pub enum Opcode {
     /// writes it with memory copies. Unix-socket links only. The response payload is the
     /// segment's size in bytes (u64, little-endian).
     Share = 12,
+    /// Give a range of the attached segment memory now, zero-filled where it had none, without
+    /// changing its contents. For a segment in shared memory this makes the brick, not the node
+    /// that writes the mapping later, the owner Linux charges the pages to; for a pool segment
+    /// it does nothing (the pool allocates at the first write). Same layout as DISCARD.
+    Populate = 13,
 }
 
 impl Opcode {
@@ -87,6 +92,7 @@ impl Opcode {
             10 => Ping,
             11 => Stats,
             12 => Share,
+            13 => Populate,
             _ => return None,
         })
     }
@@ -709,6 +715,13 @@ pub enum Request {
     Stats,
     /// SHARE.
     Share,
+    /// POPULATE.
+    Populate {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
 }
 
 fn encode_extents(extents: &[Extent], out: &mut Vec<u8>) {
@@ -778,6 +791,7 @@ impl Request {
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
             Request::Share => Opcode::Share,
+            Request::Populate { .. } => Opcode::Populate,
         }
     }
 
@@ -805,7 +819,7 @@ impl Request {
             Request::Read(ext) => encode_extents(ext, &mut payload),
             // Encoded above, without the intermediate payload.
             Request::Write { .. } => {}
-            Request::Discard { offset: o, len } => {
+            Request::Discard { offset: o, len } | Request::Populate { offset: o, len } => {
                 offset = *o;
                 payload.extend_from_slice(&len.to_le_bytes());
             }
@@ -886,6 +900,13 @@ impl Request {
             Opcode::Discard => {
                 exact(p, 8)?;
                 Ok(Request::Discard {
+                    offset: h.offset,
+                    len: u64_at(p, 0),
+                })
+            }
+            Opcode::Populate => {
+                exact(p, 8)?;
+                Ok(Request::Populate {
                     offset: h.offset,
                     len: u64_at(p, 0),
                 })
@@ -1026,6 +1047,7 @@ mod tests {
                 }
             }),
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Discard { offset, len }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Populate { offset, len }),
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(src, dst, len)| Request::Copy { src, dst, len }),
         ]
     }

@@ -337,6 +337,7 @@ impl Handler {
             let (c, staged) = self.choose_victims(c, n);
             drop(c);
             let t_choose = inner.now_ns();
+            let full = staged.is_some();
             if let Some((id, victims)) = staged {
                 self.stage(id, victims);
             }
@@ -432,6 +433,9 @@ impl Handler {
             let t_fetch = inner.now_ns();
             self.install(page, &kinds, epoch, spent);
             let t_install = inner.now_ns();
+            if full {
+                self.populate_ahead(page, &kinds);
+            }
             if run > 1 && !down && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
                 // Keep the stream's next runs on their way.
                 let want = (run * 2).min(inner.cfg.prefetch_pages.max(1));
@@ -464,6 +468,39 @@ impl Handler {
                 b.total.record(t_install - t0);
             }
             return;
+        }
+    }
+
+    /// Asks the bricks of mapped segments to give memory to the first-touched pages of the run
+    /// just installed, without waiting. The local buffer is full, so these pages will be
+    /// evicted; their first write-back can then be a memory copy into pages the brick already
+    /// owns (see `Segment::write`) instead of a request over the link, and the brick allocates
+    /// them on its own CPU, while the program runs.
+    fn populate_ahead(&mut self, page: u64, kinds: &[u8]) {
+        let inner = &self.inner;
+        let mut i = 0;
+        while i < kinds.len() {
+            if kinds[i] & loc::MASK != loc::EMPTY {
+                i += 1;
+                continue;
+            }
+            let Some((index, off)) = inner.table.lookup(page + i as u64) else {
+                return;
+            };
+            let seg_end = inner.table.bounds(index).map_or(0, |b| b.1);
+            let mut j = i + 1;
+            while j < kinds.len() && kinds[j] & loc::MASK == loc::EMPTY && page + (j as u64) < seg_end {
+                j += 1;
+            }
+            if let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) {
+                // Advisory: if it fails, the pages' first write-back goes over the link.
+                match seg.fault.submit_populate(off, ((j - i) * PAGE_SIZE) as u64) {
+                    Ok(t) => seg.fault.abandon_detached(t.detach()),
+                    Err(e) if inner.cfg.verbose => eprintln!("rackmem: populating brick memory ahead: {e}"),
+                    Err(_) => {}
+                }
+            }
+            i = j;
         }
     }
 
@@ -677,6 +714,7 @@ impl Handler {
                 page: p,
                 slot,
                 brick_valid: s & loc::BRICK_VALID != 0,
+                backed: false,
                 hash,
                 moved: false,
             });
@@ -728,17 +766,63 @@ impl Handler {
             i += 1;
         }
         inner.stats.evictions.fetch_add(victims.len() as u64, Ordering::Relaxed);
+        self.find_backed(&mut victims);
         // Victims whose brick is a memory copy away are written back right here: handing them
         // to the write-back thread costs a wake-up and, on one CPU, two context switches, and
         // their slots become spent at once, ready to receive this fault's fetch. Pages that
-        // need the link (fresh ones, other bricks) go to the thread, off the fault's path.
-        let by_copy = victims
-            .iter()
-            .all(|v| !v.moved || (v.brick_valid && inner.table.is_mapped(v.page as u64)));
+        // need the link (ones the brick holds no memory for, other bricks) go to the thread,
+        // off the fault's path.
+        let by_copy = victims.iter().all(|v| !v.moved || v.backed);
         if by_copy {
             writeback::evict(&inner, id, &victims, &mut self.writes);
         } else {
             writeback::submit(&inner, Job::Evict { id, victims });
+        }
+    }
+
+    /// Sets `backed` on the victims in mapped segments whose file holds memory for them: all
+    /// brick-valid ones, and the others that `mincore` finds (populated by `populate_ahead`).
+    fn find_backed(&mut self, victims: &mut [Victim]) {
+        let inner = &self.inner;
+        let mut i = 0;
+        while i < victims.len() {
+            let Some((index, off)) = inner.table.lookup(victims[i].page as u64) else {
+                i += 1;
+                continue;
+            };
+            let Some(seg) = inner.table.get(index) else {
+                i += 1;
+                continue;
+            };
+            let Some(m) = seg.shared.as_ref() else {
+                i += 1;
+                continue;
+            };
+            // The run of neighbouring victims in this segment that it holds no data for.
+            let seg_end = inner.table.bounds(index).map_or(0, |b| b.1);
+            if victims[i].brick_valid {
+                victims[i].backed = true;
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < victims.len()
+                && !victims[j].brick_valid
+                && victims[j].page == victims[j - 1].page + 1
+                && (victims[j].page as u64) < seg_end
+            {
+                j += 1;
+            }
+            match m.pages_backed(off as usize, (j - i) * PAGE_SIZE, &mut self.mapped) {
+                Ok(()) => {
+                    for (v, &b) in victims[i..j].iter_mut().zip(&self.mapped) {
+                        v.backed = b;
+                    }
+                }
+                Err(e) if inner.cfg.verbose => eprintln!("rackmem: {e}"),
+                Err(_) => {}
+            }
+            i = j;
         }
     }
 

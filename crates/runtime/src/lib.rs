@@ -102,6 +102,9 @@ pub(crate) struct Victim {
     pub slot: u32,
     /// Brick-valid flag the page had (decides EMPTY vs REMOTE after a clean eviction).
     pub brick_valid: bool,
+    /// The page is in a mapped segment whose file already holds memory for it (brick-valid, or
+    /// populated by the brick ahead of this write-back): written by memory copy.
+    pub backed: bool,
     /// Checksum of the contents the brick (or the zero page) had at install or write-back.
     pub hash: u64,
     /// The page was really moved into its slot (false: it was not present; nothing to send).

@@ -127,7 +127,7 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
         dirty[k] = true;
         let w = &mut per_brick[brick];
         let (ext, data) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
-            Some((seg, m)) if v.brick_valid => {
+            Some((seg, m)) if v.backed => {
                 seg.limiter.acquire(PAGE);
                 m.write(off as usize, page);
                 written_mapped += PAGE;

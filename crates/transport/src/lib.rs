@@ -1015,6 +1015,25 @@ impl Link {
         self.call(&Request::Discard { offset, len }).map(|_| ())
     }
 
+    /// Asks the brick to give `[offset, offset + len)` of the segment memory now (POPULATE;
+    /// page-aligned), without waiting: the brick of a mapped segment then owns those pages
+    /// before this node writes them. Learn the outcome with [`Ticket::wait`] (`&mut []`), or
+    /// detach the ticket and abandon it when the answer does not matter.
+    pub fn submit_populate(&self, offset: u64, len: u64) -> Result<Ticket<'_>, LinkError> {
+        let page = rackmem_proto::PAGE_SIZE as u64;
+        if len == 0 || len % page != 0 || offset % page != 0 {
+            return Err(self.invalid(format!("populate {offset:#x}+{len:#x} is not a run of whole pages")));
+        }
+        let tag = self.submit(&Request::Populate { offset, len })?;
+        Ok(Ticket {
+            link: self,
+            tag,
+            op: Opcode::Populate,
+            len: 0,
+            done: false,
+        })
+    }
+
     /// Copies `len` bytes from `src` to `dst` within the segment, on the brick (ranges may
     /// overlap, offsets page-aligned).
     pub fn copy_within(&self, src: u64, dst: u64, len: u64) -> Result<(), LinkError> {

@@ -363,6 +363,12 @@ pub fn madvise_dontneed(addr: usize, len: usize) -> Result<(), UffdError> {
     madvise(addr, len, libc::MADV_DONTNEED, "madvise(DONTNEED)")
 }
 
+/// `madvise(MADV_POPULATE_WRITE)` over `[addr, addr + len)`: allocates and maps every page as a
+/// write would, without changing any byte.
+pub(crate) fn madvise_populate_write(addr: usize, len: usize) -> Result<(), UffdError> {
+    madvise(addr, len, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
+}
+
 /// `madvise(MADV_DONTFORK)`: a forked child does not inherit `[addr, addr + len)`.
 pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), UffdError> {
     madvise(addr, len, libc::MADV_DONTFORK, "madvise(DONTFORK)")

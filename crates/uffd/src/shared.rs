@@ -254,6 +254,33 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Gives `[offset, offset + len)` (page-aligned) memory now, zero-filled where it had none,
+    /// without changing a byte (`MADV_POPULATE_WRITE` on this mapping; `fallocate` would leave
+    /// the pages unwritten, which `mincore` reports as absent). Linux charges a page of shared
+    /// memory to the memory cgroup of the process that allocates it: a brick populates the
+    /// pages a node is about to write, so that they count against the brick, not the node.
+    pub fn populate(&self, offset: usize, len: usize) -> Result<(), UffdError> {
+        self.check_range(offset, len, "populate");
+        crate::mem::madvise_populate_write(self.addr + offset, len)
+    }
+
+    /// For each page of `[offset, offset + len)` (page-aligned), whether the file holds memory
+    /// for it (`mincore`: written, or populated, and not discarded since). Replaces `out`.
+    pub fn pages_backed(&self, offset: usize, len: usize, out: &mut Vec<bool>) -> Result<(), UffdError> {
+        self.check_range(offset, len, "pages_backed");
+        let pages = len / crate::PAGE_SIZE;
+        let mut vec = vec![0u8; pages];
+        // SAFETY: mincore(2) reads no memory of ours and writes one byte per page of the range
+        // into `vec`, which has exactly that many; the range lies inside this live mapping.
+        let r = unsafe { libc::mincore((self.addr + offset) as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(os_error("mincore", offset, len, io::Error::last_os_error()));
+        }
+        out.clear();
+        out.extend(vec.iter().map(|&b| b & 1 != 0));
+        Ok(())
+    }
+
     /// Bytes of memory the file holds (pages written and not discarded since).
     pub fn resident_bytes(&self) -> u64 {
         fstat(self.fd.as_fd()).map_or(0, |st| st.st_blocks as u64 * 512)
@@ -421,6 +448,27 @@ mod tests {
         // Lengths that are not whole chunks.
         assert!(m.equals(4096 + 3, &page[3..1003]));
         assert!(!m.equals(4096 + 3, &page[4..1004]));
+    }
+
+    #[test]
+    fn populated_pages_are_backed_and_read_as_zeros() {
+        let page = crate::PAGE_SIZE;
+        let m = SharedMemory::create("rackmem-test", 8 * page).expect("memfd");
+        let mut backed = Vec::new();
+        m.pages_backed(0, 8 * page, &mut backed).expect("mincore");
+        assert_eq!(backed, vec![false; 8], "a new file holds no memory");
+        m.write(page, &[5u8; 16]);
+        m.populate(4 * page, 2 * page).expect("populate");
+        m.pages_backed(0, 8 * page, &mut backed).expect("mincore");
+        assert_eq!(backed, [false, true, false, false, true, true, false, false]);
+        assert!(
+            m.equals(4 * page, &vec![0u8; 2 * page]),
+            "populated pages read as zeros"
+        );
+        assert!(m.resident_bytes() >= 3 * page as u64);
+        m.discard(4 * page, page).expect("punch");
+        m.pages_backed(4 * page, 2 * page, &mut backed).expect("mincore");
+        assert_eq!(backed, [false, true]);
     }
 
     #[test]
