@@ -89,6 +89,23 @@ pub struct WorkloadArgs {
     /// `rackmem run --cpus`.
     #[arg(long, value_name = "LIST", value_parser = crate::sys::cpu_list)]
     cpus: Option<crate::sys::CpuList>,
+    /// Run every measurement this many times, one after the other, and report the median (the
+    /// JSON keeps every value). On a noisy machine a single run of a setup can be 10% off; the
+    /// median of 3 is what a ratio should be taken from.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=25))]
+    repeat: u32,
+}
+
+/// The median of `v` (not empty); the mean of the two middle values for an even count.
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
 /// A workload: its program, arguments, footprint and the metric to compare (higher is better).
@@ -137,6 +154,8 @@ struct Row {
     local_pct: u32,
     metric: String,
     value: f64,
+    /// Every measured value (`--repeat`); `value` is their median.
+    values: Vec<f64>,
     vs_native: f64,
     speedup_vs_zram: Option<f64>,
     speedup_vs_swap_file: Option<f64>,
@@ -203,7 +222,8 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     } else {
         None
     };
-    let total = chosen.len() * (1 + a.locals.len() * a.transports.len() + peers.len() * a.peer_locals.len());
+    let repeat = a.repeat as usize;
+    let total = repeat * chosen.len() * (1 + a.locals.len() * a.transports.len() + peers.len() * a.peer_locals.len());
     let pb = ProgressBar::new(total as u64);
     pb.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
@@ -213,33 +233,40 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     for w in &chosen {
         let prog = build(bench_dir, w.name, tmp)?;
         pb.set_message(format!("{} native", w.name));
-        let native = run({
-            let mut c = Command::new(&prog);
-            c.args(&w.args);
-            c
-        })?;
-        pb.inc(1);
-        let base = metric_of(w, &native);
-        let row_of = |setup: String, local: u32, kv: &std::collections::BTreeMap<String, String>| -> Result<Row> {
+        let mut natives = Vec::with_capacity(repeat);
+        for _ in 0..repeat {
+            natives.push(run({
+                let mut c = Command::new(&prog);
+                c.args(&w.args);
+                c
+            })?);
+            pb.inc(1);
+        }
+        let native_values: Vec<f64> = natives.iter().map(|kv| metric_of(w, kv)).collect();
+        let base = median(&native_values);
+        let native = &natives[0];
+        let row_of = |setup: String, local: u32, kvs: &[std::collections::BTreeMap<String, String>]| -> Result<Row> {
             anyhow::ensure!(
-                kv.get("checksum") == native.get("checksum"),
+                kvs.iter().all(|kv| kv.get("checksum") == native.get("checksum")),
                 "{} under {setup} computed a different checksum than natively",
                 w.name
             );
-            let v = metric_of(w, kv);
+            let values: Vec<f64> = kvs.iter().map(|kv| metric_of(w, kv)).collect();
+            let v = median(&values);
             Ok(Row {
                 workload: w.name.into(),
                 setup,
                 local_pct: local,
                 metric: w.metric.into(),
                 value: v,
+                values,
                 vs_native: v / base,
                 speedup_vs_zram: None,
                 speedup_vs_swap_file: None,
                 error: None,
             })
         };
-        rows.push(row_of("native".into(), 100, &native)?);
+        rows.push(row_of("native".into(), 100, &natives)?);
         for &local in &a.locals {
             for t in &a.transports {
                 anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
@@ -253,9 +280,13 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                     extra = vec!["--shared-memory".into()];
                 }
                 let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
-                let kv = run(rackmem_run(&format!("{local}%"), &extra_ref, &prog, &w.args)?)?;
-                rows.push(row_of(format!("rackmem {t}"), local, &kv)?);
-                pb.inc(1);
+                let mut kvs = Vec::with_capacity(repeat);
+                for _ in 0..repeat {
+                    anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
+                    kvs.push(run(rackmem_run(&format!("{local}%"), &extra_ref, &prog, &w.args)?)?);
+                    pb.inc(1);
+                }
+                rows.push(row_of(format!("rackmem {t}"), local, &kvs)?);
             }
         }
         for p in &peers {
@@ -266,14 +297,23 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
                 pb.set_message(format!("{} {} {local}%", w.name, p.name()));
                 let limit = w.footprint * local as u64 / 100 + (8 << 20);
-                let out = peer.run_limited(limit, &prog, &w.args)?;
-                pb.inc(1);
-                // Ctrl-C reaches the workload too: stop here, and let the peer's drop undo swap.
-                anyhow::ensure!(
-                    !stop.load(std::sync::atomic::Ordering::Relaxed),
-                    "interrupted; swap and cgroups were restored"
-                );
-                if !out.status.success() {
+                let mut kvs = Vec::with_capacity(repeat);
+                let mut failed = None;
+                for _ in 0..repeat {
+                    let out = peer.run_limited(limit, &prog, &w.args)?;
+                    pb.inc(1);
+                    // Ctrl-C reaches the workload too: stop here, and let the peer's drop undo swap.
+                    anyhow::ensure!(
+                        !stop.load(std::sync::atomic::Ordering::Relaxed),
+                        "interrupted; swap and cgroups were restored"
+                    );
+                    if !out.status.success() {
+                        failed = Some(out);
+                        break;
+                    }
+                    kvs.push(rackmem_bench::workloads::parse(&out.stdout)?);
+                }
+                if let Some(out) = failed {
                     // Kernel swap under a tight cgroup limit can be OOM-killed (no multi-gen LRU
                     // on this kernel): that is a result, recorded as such, not a bench failure.
                     let why = match std::os::unix::process::ExitStatusExt::signal(&out.status) {
@@ -287,6 +327,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                         local_pct: local,
                         metric: w.metric.into(),
                         value: 0.0,
+                        values: Vec::new(),
                         vs_native: 0.0,
                         speedup_vs_zram: None,
                         speedup_vs_swap_file: None,
@@ -294,8 +335,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                     });
                     continue;
                 }
-                let kv = rackmem_bench::workloads::parse(&out.stdout)?;
-                rows.push(row_of(p.name().to_string(), local, &kv)?);
+                rows.push(row_of(p.name().to_string(), local, &kvs)?);
             }
             drop(peer);
         }
@@ -344,7 +384,12 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             f(r.speedup_vs_swap_file),
         ]);
     }
-    println!("Workloads (same run; \"× peer\" = rackmem's speed-up over the peer at the same local buffer)\n{t}");
+    let of = if a.repeat > 1 {
+        format!("value = median of {} runs; ", a.repeat)
+    } else {
+        String::new()
+    };
+    println!("Workloads (same run; {of}\"× peer\" = rackmem's speed-up over the peer at the same local buffer)\n{t}");
     if let Some(p) = svg {
         let bars: Vec<rackmem_bench::chart::Bar> = rows
             .iter()
@@ -364,7 +409,11 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     }
     write_json(
         json,
-        &serde_json::json!({ "workloads": rows, "cpus": a.cpus.as_ref().map(|c| c.0.clone()) }),
+        &serde_json::json!({
+            "workloads": rows,
+            "cpus": a.cpus.as_ref().map(|c| c.0.clone()),
+            "repeat": a.repeat,
+        }),
     )
 }
 
@@ -682,4 +731,16 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
     };
     let _ = std::fs::remove_dir_all(&tmp);
     result.map(|_| 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }

@@ -129,6 +129,8 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
         "unix,shm",
         "--cpus",
         "0",
+        "--repeat",
+        "2",
         "--peers",
         "zram,file",
         "--peer-locals",
@@ -152,6 +154,22 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
     // Per workload: native, 2 locals × 2 transports, 2 peers × 1 local.
     assert_eq!(rows.len(), 2 * (1 + 4 + 2), "{v}");
     assert!(rows.iter().all(|r| r["value"].as_f64().is_some_and(|x| x > 0.0)));
+    assert_eq!(v["repeat"], 2);
+    for r in rows {
+        let vals: Vec<f64> = r["values"]
+            .as_array()
+            .expect("values")
+            .iter()
+            .filter_map(|x| x.as_f64())
+            .collect();
+        assert_eq!(vals.len(), 2, "every setup ran twice: {r}");
+        let median = (vals[0] + vals[1]) / 2.0;
+        let value = r["value"].as_f64().expect("value");
+        assert!(
+            (value - median).abs() <= 1e-9 * median.abs().max(1.0),
+            "value is the median: {r}"
+        );
+    }
     assert!(
         rows.iter().any(|r| r["speedup_vs_zram"].as_f64().is_some()),
         "speed-ups against the peers: {v}"
