@@ -19,6 +19,11 @@ fn threads_passing_over_shared_memory_see_their_data() {
         p.bytes_fetched + p.extra("bytes_prefetched"),
         "every fetch must come by memory copy: {p:?}"
     );
+    let by_copy = p.extra("bytes_written_shared");
+    assert!(
+        by_copy > 0 && by_copy <= p.bytes_written_back,
+        "write-backs by memory copy are part of all write-backs: {p:?}"
+    );
 }
 
 #[test]

@@ -111,6 +111,9 @@ struct Handler {
     mapped: Vec<bool>,
     /// Buffers for the evictions done here (see `stage`).
     writes: Vec<writeback::BrickWrites>,
+    /// The local buffer has filled since it was last less than half full (see
+    /// `populate_resident`).
+    filled: bool,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -127,6 +130,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         victims: Vec::new(),
         mapped: Vec::new(),
         writes: Vec::new(),
+        filled: false,
     };
     let mode = h.inner.cfg.handler;
     let mut last_activity = Instant::now();
@@ -309,6 +313,10 @@ impl Handler {
                 .region_containing(fault)
                 .map_or((fault, fault + 1), |(s, l)| (s, s + l));
             let budget = inner.budget_pages(&c);
+            if c.resident < budget / 2 {
+                // The program released memory: pages it touches now are not bound for eviction.
+                self.filled = false;
+            }
             let fits = |l: u8| l == loc::EMPTY || l == loc::REMOTE;
             let cap = (run as u64).min((budget / 4).max(1));
             let mut n = 1u64;
@@ -434,6 +442,10 @@ impl Handler {
             self.install(page, &kinds, epoch, spent);
             let t_install = inner.now_ns();
             if full {
+                if !self.filled {
+                    self.filled = true;
+                    self.populate_resident();
+                }
                 self.populate_ahead(page, &kinds);
             }
             if run > 1 && !down && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
@@ -501,6 +513,46 @@ impl Handler {
                 }
             }
             i = j;
+        }
+    }
+
+    /// The local buffer has just filled: the pages touched first while it was filling were
+    /// installed without POPULATE, and they are now the next victims. Asks the bricks of mapped
+    /// segments to populate the resident pages they hold no data for, in runs (gaps of a few
+    /// pages are populated too: one request instead of many).
+    fn populate_resident(&mut self) {
+        const GAP: u64 = 16;
+        let inner = &self.inner;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        {
+            let c = inner.lock();
+            for (p, &s) in c.pages.iter().enumerate() {
+                if s & loc::MASK != loc::RESIDENT || s & loc::BRICK_VALID != 0 {
+                    continue;
+                }
+                let p = p as u64;
+                match runs.last_mut() {
+                    Some(r) if p <= r.1 + GAP => r.1 = p + 1,
+                    _ => runs.push((p, p + 1)),
+                }
+            }
+        }
+        for (mut p, end) in runs {
+            // Along segment boundaries.
+            while p < end {
+                let Some((index, off)) = inner.table.lookup(p) else {
+                    break;
+                };
+                let seg_end = inner.table.bounds(index).map_or(end, |b| b.1).min(end);
+                if let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) {
+                    match seg.fault.submit_populate(off, (seg_end - p) * PAGE) {
+                        Ok(t) => seg.fault.abandon_detached(t.detach()),
+                        Err(e) if inner.cfg.verbose => eprintln!("rackmem: populating brick memory ahead: {e}"),
+                        Err(_) => {}
+                    }
+                }
+                p = seg_end;
+            }
         }
     }
 

@@ -166,6 +166,9 @@ pub struct Stats {
     /// Bytes fetched with a memory copy from a segment mapped into the process (a brick on this
     /// host, `RACKMEM_SHARED_MEMORY`) rather than over a link.
     pub bytes_fetched_shared: AtomicU64,
+    /// Bytes written back with a memory copy into a mapped segment (part of
+    /// `bytes_written_back`; the rest went over links: pages the brick held no memory for yet).
+    pub bytes_written_shared: AtomicU64,
     /// REMOVE/UNMAP/REMAP events handled.
     pub events: AtomicU64,
     /// Faults the watchdog saw waiting longer than its limit.
@@ -222,6 +225,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::bytes_fetched_shared`].
     #[serde(default)]
     pub bytes_fetched_shared: u64,
+    /// See [`Stats::bytes_written_shared`].
+    #[serde(default)]
+    pub bytes_written_shared: u64,
     /// See [`Stats::events`].
     pub events: u64,
     /// See [`Stats::watchdog_reports`].
@@ -289,6 +295,7 @@ impl Stats {
             peak_window_bytes: g(&self.peak_window_bytes),
             window_allocations: g(&self.window_allocations),
             bytes_fetched_shared: g(&self.bytes_fetched_shared),
+            bytes_written_shared: g(&self.bytes_written_shared),
             events: g(&self.events),
             watchdog_reports: g(&self.watchdog_reports),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),

@@ -162,6 +162,10 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
         .stats
         .bytes_written_back
         .fetch_add(written_mapped, Ordering::Relaxed);
+    inner
+        .stats
+        .bytes_written_shared
+        .fetch_add(written_mapped, Ordering::Relaxed);
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
     // Runs of neighbouring moved slots: kept mapped as spent slots for the handler's next
     // fetches (see `recycle`), or, past the cap, freed with one madvise per run (no event: the
