@@ -504,14 +504,7 @@ impl Handler {
             while j < kinds.len() && kinds[j] & loc::MASK == loc::EMPTY && page + (j as u64) < seg_end {
                 j += 1;
             }
-            if let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) {
-                // Advisory: if it fails, the pages' first write-back goes over the link.
-                match seg.fault.submit_populate(off, ((j - i) * PAGE_SIZE) as u64) {
-                    Ok(t) => seg.fault.abandon_detached(t.detach()),
-                    Err(e) if inner.cfg.verbose => eprintln!("rackmem: populating brick memory ahead: {e}"),
-                    Err(_) => {}
-                }
-            }
+            populate(inner, index, off, ((j - i) * PAGE_SIZE) as u64);
             i = j;
         }
     }
@@ -544,13 +537,7 @@ impl Handler {
                     break;
                 };
                 let seg_end = inner.table.bounds(index).map_or(end, |b| b.1).min(end);
-                if let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) {
-                    match seg.fault.submit_populate(off, (seg_end - p) * PAGE) {
-                        Ok(t) => seg.fault.abandon_detached(t.detach()),
-                        Err(e) if inner.cfg.verbose => eprintln!("rackmem: populating brick memory ahead: {e}"),
-                        Err(_) => {}
-                    }
-                }
+                populate(inner, index, off, (seg_end - p) * PAGE);
                 p = seg_end;
             }
         }
@@ -1100,6 +1087,20 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
     } else {
         s.faults_zero.fetch_add(1, Ordering::Relaxed);
         s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
+    }
+}
+
+/// Asks the brick of segment `index`, if it is mapped, to populate `len` bytes at `off`,
+/// without waiting. Advisory: if it fails, those pages' first write-back goes over the link.
+fn populate(inner: &Inner, index: usize, off: u64, len: u64) {
+    let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
+        return;
+    };
+    let sent = seg.fault.submit_populate(off, len).map(|t| t.detach());
+    match sent {
+        Ok(t) => seg.fault.abandon_detached(t),
+        Err(e) if inner.cfg.verbose => eprintln!("rackmem: populating brick memory ahead: {e}"),
+        Err(_) => {}
     }
 }
 

@@ -197,13 +197,6 @@ impl SegmentTable {
         Some((lo, (page - first) * crate::PAGE_SIZE as u64))
     }
 
-    /// Whether the segment of window page `page` is mapped into this process.
-    pub fn is_mapped(&self, page: u64) -> bool {
-        self.lookup(page)
-            .and_then(|(index, _)| self.get(index))
-            .is_some_and(|s| s.shared.is_some())
-    }
-
     /// For each page of `[page, page + n)`, whether its segment is mapped into this process
     /// (pages without a segment count as not mapped).
     pub fn mapped_pages(&self, page: u64, n: usize, out: &mut Vec<bool>) {
