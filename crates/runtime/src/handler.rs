@@ -823,45 +823,51 @@ impl Handler {
     /// brick-valid ones, and the others that `mincore` finds (populated by `populate_ahead`).
     fn find_backed(&mut self, victims: &mut [Victim]) {
         let inner = &self.inner;
+        // Victims are in page order: one segment lookup per segment, not per victim.
         let mut i = 0;
         while i < victims.len() {
-            let Some((index, off)) = inner.table.lookup(victims[i].page as u64) else {
+            let Some((index, _)) = inner.table.lookup(victims[i].page as u64) else {
                 i += 1;
                 continue;
             };
+            let (first, seg_end) = inner.table.bounds(index).unwrap_or((0, 0));
+            let n = victims[i..]
+                .iter()
+                .take_while(|v| (v.page as u64) < seg_end)
+                .count()
+                .max(1);
+            let in_seg = &mut victims[i..i + n];
+            i += n;
             let Some(seg) = inner.table.get(index) else {
-                i += 1;
                 continue;
             };
             let Some(m) = seg.shared.as_ref() else {
-                i += 1;
                 continue;
             };
-            // The run of neighbouring victims in this segment that it holds no data for.
-            let seg_end = inner.table.bounds(index).map_or(0, |b| b.1);
-            if victims[i].brick_valid {
-                victims[i].backed = true;
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < victims.len()
-                && !victims[j].brick_valid
-                && victims[j].page == victims[j - 1].page + 1
-                && (victims[j].page as u64) < seg_end
-            {
-                j += 1;
-            }
-            match m.pages_backed(off as usize, (j - i) * PAGE_SIZE, &mut self.mapped) {
-                Ok(()) => {
-                    for (v, &b) in victims[i..j].iter_mut().zip(&self.mapped) {
-                        v.backed = b;
-                    }
+            let mut k = 0;
+            while k < in_seg.len() {
+                if in_seg[k].brick_valid {
+                    in_seg[k].backed = true;
+                    k += 1;
+                    continue;
                 }
-                Err(e) if inner.cfg.verbose => eprintln!("rackmem: {e}"),
-                Err(_) => {}
+                // The run of neighbouring victims that the brick holds no data for.
+                let mut j = k + 1;
+                while j < in_seg.len() && !in_seg[j].brick_valid && in_seg[j].page == in_seg[j - 1].page + 1 {
+                    j += 1;
+                }
+                let off = (in_seg[k].page as u64 - first) as usize * PAGE_SIZE;
+                match m.pages_backed(off, (j - k) * PAGE_SIZE, &mut self.mapped) {
+                    Ok(()) => {
+                        for (v, &b) in in_seg[k..j].iter_mut().zip(&self.mapped) {
+                            v.backed = b;
+                        }
+                    }
+                    Err(e) if inner.cfg.verbose => eprintln!("rackmem: {e}"),
+                    Err(_) => {}
+                }
+                k = j;
             }
-            i = j;
         }
     }
 
