@@ -89,9 +89,11 @@ pub struct WorkloadArgs {
     /// `rackmem run --cpus`.
     #[arg(long, value_name = "LIST", value_parser = crate::sys::cpu_list)]
     cpus: Option<crate::sys::CpuList>,
-    /// Run every measurement this many times, one after the other, and report the median (the
-    /// JSON keeps every value). On a noisy machine a single run of a setup can be 10% off; the
-    /// median of 3 is what a ratio should be taken from.
+    /// Run every measurement this many times and report the median (the JSON keeps every value,
+    /// in the order run). Native and the rackmem setups take turns: each round runs native, then
+    /// every rackmem setup once, so a slow spell of the machine hits them alike; the swap peers
+    /// run their repeats together (swap is set up once per peer). On a VM a single run can be
+    /// 10% off, even all fitting in memory; take ratios from the median of 3 or 5.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=25))]
     repeat: u32,
 }
@@ -154,13 +156,33 @@ struct Row {
     local_pct: u32,
     metric: String,
     value: f64,
-    /// Every measured value (`--repeat`); `value` is their median.
+    /// Every measured value (`--repeat`), in the order run; `value` is their median.
     values: Vec<f64>,
+    /// When each of `values` started, in seconds since the bench started (shows how the
+    /// setups took turns, and lines figures up with whatever else the machine did).
+    started_s: Vec<f64>,
     vs_native: f64,
     speedup_vs_zram: Option<f64>,
     speedup_vs_swap_file: Option<f64>,
     /// Why the run produced no figure (a peer killed by its cgroup's OOM killer).
     error: Option<String>,
+}
+
+/// One run of a workload: its `result` key/value pairs and when it started.
+#[derive(Clone)]
+struct Timed {
+    started_s: f64,
+    kv: std::collections::BTreeMap<String, String>,
+}
+
+impl Timed {
+    fn run(
+        t0: std::time::Instant,
+        f: impl FnOnce() -> Result<std::collections::BTreeMap<String, String>>,
+    ) -> Result<Timed> {
+        let started_s = t0.elapsed().as_secs_f64();
+        Ok(Timed { started_s, kv: f()? })
+    }
 }
 
 fn metric_of(w: &Workload, kv: &std::collections::BTreeMap<String, String>) -> f64 {
@@ -230,28 +252,60 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut rows: Vec<Row> = Vec::new();
+    let t0 = std::time::Instant::now();
     for w in &chosen {
         let prog = build(bench_dir, w.name, tmp)?;
-        pb.set_message(format!("{} native", w.name));
-        let mut natives = Vec::with_capacity(repeat);
+        // The rackmem setups, each run once per round right after a native run: a drift of the
+        // machine (host memory, other guests) then hits native and every setup alike, instead of
+        // whichever setup happened to run while it lasted.
+        let mut setups: Vec<(u32, &str, Vec<String>)> = Vec::new();
+        for &local in &a.locals {
+            for t in &a.transports {
+                let extra = match t.as_str() {
+                    "tcp" => {
+                        let b = tcp_brick.as_ref().context("tcp brick")?;
+                        vec!["--brick".into(), b.local_addr(), "--secret".into(), "bench".into()]
+                    }
+                    "shm" => vec!["--shared-memory".into()],
+                    _ => vec![],
+                };
+                setups.push((local, t.as_str(), extra));
+            }
+        }
+        let mut natives: Vec<Timed> = Vec::with_capacity(repeat);
+        let mut measured: Vec<Vec<Timed>> = vec![Vec::with_capacity(repeat); setups.len()];
         for _ in 0..repeat {
-            natives.push(run({
-                let mut c = Command::new(&prog);
-                c.args(&w.args);
-                c
+            anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
+            pb.set_message(format!("{} native", w.name));
+            natives.push(Timed::run(t0, || {
+                run({
+                    let mut c = Command::new(&prog);
+                    c.args(&w.args);
+                    c
+                })
+                .map_err(Into::into)
             })?);
             pb.inc(1);
+            for ((local, t, extra), kvs) in setups.iter().zip(measured.iter_mut()) {
+                anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
+                pb.set_message(format!("{} rackmem {local}% {t}", w.name));
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                kvs.push(Timed::run(t0, || {
+                    Ok(run(rackmem_run(&format!("{local}%"), &extra, &prog, &w.args)?)?)
+                })?);
+                pb.inc(1);
+            }
         }
-        let native_values: Vec<f64> = natives.iter().map(|kv| metric_of(w, kv)).collect();
+        let native_values: Vec<f64> = natives.iter().map(|r| metric_of(w, &r.kv)).collect();
         let base = median(&native_values);
-        let native = &natives[0];
-        let row_of = |setup: String, local: u32, kvs: &[std::collections::BTreeMap<String, String>]| -> Result<Row> {
+        let native = &natives[0].kv;
+        let row_of = |setup: String, local: u32, runs: &[Timed]| -> Result<Row> {
             anyhow::ensure!(
-                kvs.iter().all(|kv| kv.get("checksum") == native.get("checksum")),
+                runs.iter().all(|r| r.kv.get("checksum") == native.get("checksum")),
                 "{} under {setup} computed a different checksum than natively",
                 w.name
             );
-            let values: Vec<f64> = kvs.iter().map(|kv| metric_of(w, kv)).collect();
+            let values: Vec<f64> = runs.iter().map(|r| metric_of(w, &r.kv)).collect();
             let v = median(&values);
             Ok(Row {
                 workload: w.name.into(),
@@ -260,6 +314,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 metric: w.metric.into(),
                 value: v,
                 values,
+                started_s: runs.iter().map(|r| r.started_s).collect(),
                 vs_native: v / base,
                 speedup_vs_zram: None,
                 speedup_vs_swap_file: None,
@@ -267,27 +322,8 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             })
         };
         rows.push(row_of("native".into(), 100, &natives)?);
-        for &local in &a.locals {
-            for t in &a.transports {
-                anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
-                pb.set_message(format!("{} rackmem {local}% {t}", w.name));
-                let mut extra: Vec<String> = vec![];
-                if t == "tcp" {
-                    let b = tcp_brick.as_ref().context("tcp brick")?;
-                    extra = vec!["--brick".into(), b.local_addr(), "--secret".into(), "bench".into()];
-                }
-                if t == "shm" {
-                    extra = vec!["--shared-memory".into()];
-                }
-                let extra_ref: Vec<&str> = extra.iter().map(String::as_str).collect();
-                let mut kvs = Vec::with_capacity(repeat);
-                for _ in 0..repeat {
-                    anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
-                    kvs.push(run(rackmem_run(&format!("{local}%"), &extra_ref, &prog, &w.args)?)?);
-                    pb.inc(1);
-                }
-                rows.push(row_of(format!("rackmem {t}"), local, &kvs)?);
-            }
+        for ((local, t, _), kvs) in setups.iter().zip(&measured) {
+            rows.push(row_of(format!("rackmem {t}"), *local, kvs)?);
         }
         for p in &peers {
             // Room for the whole footprint in swap, plus slack.
@@ -300,6 +336,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 let mut kvs = Vec::with_capacity(repeat);
                 let mut failed = None;
                 for _ in 0..repeat {
+                    let started_s = t0.elapsed().as_secs_f64();
                     let out = peer.run_limited(limit, &prog, &w.args)?;
                     pb.inc(1);
                     // Ctrl-C reaches the workload too: stop here, and let the peer's drop undo swap.
@@ -311,7 +348,10 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                         failed = Some(out);
                         break;
                     }
-                    kvs.push(rackmem_bench::workloads::parse(&out.stdout)?);
+                    kvs.push(Timed {
+                        started_s,
+                        kv: rackmem_bench::workloads::parse(&out.stdout)?,
+                    });
                 }
                 if let Some(out) = failed {
                     // Kernel swap under a tight cgroup limit can be OOM-killed (no multi-gen LRU
@@ -328,6 +368,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                         metric: w.metric.into(),
                         value: 0.0,
                         values: Vec::new(),
+                        started_s: Vec::new(),
                         vs_native: 0.0,
                         speedup_vs_zram: None,
                         speedup_vs_swap_file: None,

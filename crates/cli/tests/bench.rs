@@ -170,6 +170,34 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
             "value is the median: {r}"
         );
     }
+    // Native and the rackmem setups take turns: each rackmem run starts after the native run of
+    // its round and before the next round's.
+    let started = |r: &serde_json::Value| -> Vec<f64> {
+        r["started_s"]
+            .as_array()
+            .expect("started_s")
+            .iter()
+            .filter_map(|x| x.as_f64())
+            .collect()
+    };
+    for w in ["scan", "gups"] {
+        let native = rows
+            .iter()
+            .find(|r| r["workload"] == w && r["setup"] == "native")
+            .map(started)
+            .expect("native row");
+        assert_eq!(native.len(), 2, "{v}");
+        for r in rows
+            .iter()
+            .filter(|r| r["workload"] == w && r["setup"].as_str().is_some_and(|s| s.starts_with("rackmem")))
+        {
+            let s = started(r);
+            assert!(
+                s[0] > native[0] && s[0] < native[1] && s[1] > native[1],
+                "rounds interleave: native {native:?}, {r}"
+            );
+        }
+    }
     assert!(
         rows.iter().any(|r| r["speedup_vs_zram"].as_f64().is_some()),
         "speed-ups against the peers: {v}"
