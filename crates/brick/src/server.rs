@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -146,8 +147,9 @@ struct Shared {
     cfg: BrickConfig,
     store: Store,
     counters: Counters,
-    /// Set once to stop; `stopped_cv` wakes [`BrickHandle::wait`].
+    /// Set once to stop; `stopped_cv` wakes [`BrickHandle::wait`], `bell` the acceptor.
     stop: AtomicBool,
+    bell: rackmem_uffd::Doorbell,
     stop_lock: Mutex<()>,
     stopped_cv: Condvar,
     /// Open connections (to shut them down at stop) and their threads (to join them).
@@ -266,6 +268,7 @@ impl Brick {
             cfg,
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            bell: rackmem_uffd::Doorbell::new().map_err(BrickError::Thread)?,
             stop_lock: Mutex::new(()),
             stopped_cv: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
@@ -386,8 +389,9 @@ enum Listener {
     Unix(UnixListener),
 }
 
-// The acceptor polls a non-blocking listener so a stop needs no wake-up trick; a 5 ms poll
-// costs nothing measurable and bounds how late a new connection is noticed.
+// The acceptor waits on a non-blocking listener and the stop doorbell together: a connection
+// is accepted as soon as it comes, a stop is seen at once, and an idle brick wakes once a second
+// (the sweep), not every few milliseconds on a CPU it may share with a program.
 fn accept_loop(shared: Arc<Shared>, listener: Listener) {
     let _ = match &listener {
         Listener::Tcp(l) => l.set_nonblocking(true),
@@ -439,16 +443,31 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
                     }
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Nothing to accept: block until a client connects, the brick stops or the next
+                // sweep is due. No shorter timer: the brick may share a CPU with a program
+                // whose every wake-up here it would slow down.
+                let next_sweep = SWEEP_EVERY.saturating_sub(last_sweep.elapsed());
+                let fd = match &listener {
+                    Listener::Tcp(l) => l.as_fd(),
+                    Listener::Unix(l) => l.as_fd(),
+                };
+                if rackmem_uffd::wait_readable(fd, &shared.bell, Some(next_sweep)).is_err() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
             // EMFILE and friends: back off rather than spin.
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
-        if last_sweep.elapsed() > Duration::from_secs(1) {
+        if last_sweep.elapsed() >= SWEEP_EVERY {
             last_sweep = Instant::now();
             shared.store.sweep(last_sweep);
         }
     }
 }
+
+/// How often segments nobody attached in time are freed (see [`Store::sweep`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 trait Stream: Read + Write + Send {
     fn set_nonblocking(&self, on: bool) -> io::Result<()>;
@@ -486,6 +505,7 @@ impl Shared {
     fn request_stop(&self) {
         let _g = lock(&self.stop_lock);
         self.stop.store(true, Relaxed);
+        self.bell.ring();
         self.stopped_cv.notify_all();
     }
 

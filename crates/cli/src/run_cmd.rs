@@ -9,8 +9,6 @@ use rackmem_runtime::stats::StatsSnapshot;
 use rackmem_transport::{BrickAddr, Link};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -214,15 +212,12 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
 
     // Ctrl-C reaches the program through the terminal's process group; rackmem stays up to
-    // report and clean up. A SIGTERM sent to rackmem itself is passed on.
-    let signals = Arc::new(AtomicUsize::new(0));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGQUIT,
-    ] {
-        signal_hook::flag::register_usize(sig, signals.clone(), sig as usize).context("installing signal handlers")?;
-    }
+    // report and clean up. A SIGTERM sent to rackmem itself is passed on. SIGCHLD says the
+    // program ended: rackmem sleeps until a signal comes, never on a timer, since it may share
+    // the program's CPU (`--cpus`).
+    use signal_hook::consts::{SIGCHLD, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGQUIT, SIGCHLD])
+        .context("installing signal handlers")?;
     if let Some(c) = &args.cpus {
         // This thread only: the program inherits the mask, the embedded brick's threads (started
         // above) keep theirs.
@@ -236,15 +231,17 @@ pub fn run(args: RunArgs) -> Result<i32> {
         }
     };
     let status = loop {
-        let sig = signals.swap(0, Ordering::Relaxed);
-        if sig == signal_hook::consts::SIGTERM as usize {
-            crate::sys::send_signal(child.id(), sig as i32);
+        // Before blocking: a SIGCHLD that came before this point is still pending in `signals`.
+        if let Some(s) = child.try_wait().context("waiting for the program")? {
+            break s;
         }
-        match child.try_wait().context("waiting for the program")? {
-            Some(s) => break s,
-            None => std::thread::sleep(Duration::from_millis(5)),
+        for sig in signals.wait() {
+            if sig == SIGTERM {
+                crate::sys::send_signal(child.id(), sig);
+            }
         }
     };
+    drop(signals);
     let code = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
         (Some(c), _) => c,
         (None, Some(sig)) => 128 + sig,

@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -203,4 +204,102 @@ fn concurrent_writes_survive_eviction() {
     assert_eq!(checksums(&n), checksums(&r));
     let s = busiest(&stats);
     assert!(s.evictions > 10_000, "the test must churn the local buffer: {s:?}");
+}
+
+/// Context switches of every thread of process `pid`, by thread id, with the thread's name.
+fn switches(pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
+    let mut m = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return m;
+    };
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let n: u64 = status
+            .lines()
+            .filter(|l| l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum();
+        m.insert(tid, (name.trim().to_string(), n));
+    }
+    m
+}
+
+#[test]
+fn an_idle_program_leaves_its_cpu_alone() {
+    if !is_root() {
+        return;
+    }
+    // While a program under rackmem computes on resident pages (here: waits on stdin), no thread
+    // of rackmem may wake on a timer of its own faster than the watchdog's 4 Hz: not the fault
+    // handler, not `rackmem run` waiting for the program, not the embedded brick's acceptor.
+    // On a CPU shared with the program each such wake-up is time taken from it.
+    use std::io::Write;
+    let prog = program("idle");
+    let run = |mut cmd: Command, sample: bool| -> (String, Vec<String>) {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut g = Guard::spawn(&mut cmd);
+        let lines = lines_of(g.child().stdout.take().expect("stdout"));
+        let ready = lines.recv_timeout(LIMIT).expect("the program said ready");
+        let pid: u32 = ready
+            .strip_prefix("ready pid=")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {ready:?}"));
+        let mut slow = Vec::new();
+        // Write-back of the pages evicted while filling may still be under way at "ready": real
+        // work, not a timer. A timer wakes its thread in every one-second window; work ends.
+        for _ in 0..if sample { 5 } else { 0 } {
+            slow.clear();
+            let pids = [g.id(), pid];
+            let before: Vec<_> = pids.iter().map(|&p| switches(p)).collect();
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs(1));
+            let after: Vec<_> = pids.iter().map(|&p| switches(p)).collect();
+            // The watchdog's 4 per second, and some slack for a machine that delays this thread.
+            let allowed = (t0.elapsed().as_secs_f64() * 5.0).ceil() as u64 + 4;
+            for (b, a) in before.iter().zip(&after) {
+                for (tid, (name, n)) in a {
+                    let woke = n - b.get(tid).map_or(0, |x| x.1);
+                    if woke > allowed {
+                        slow.push(format!("{name} (thread {tid}) woke {woke} times, allowed {allowed}"));
+                    }
+                }
+            }
+            if slow.is_empty() {
+                break;
+            }
+        }
+        g.child()
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"go\n")
+            .expect("go-ahead");
+        let status = g.wait_until(LIMIT).expect("the program finished");
+        let rest: Vec<String> = lines.iter().collect();
+        assert!(status.success(), "{cmd:?}: {status:?} {rest:?}");
+        (rest.join("\n"), slow)
+    };
+    let (want, _) = run(
+        {
+            let mut c = Command::new(&prog);
+            c.arg("32");
+            c
+        },
+        false,
+    );
+    let (got, slow) = run(
+        {
+            let mut c = Command::new(rackmem());
+            c.args(["run", "--local", "50%", "--"]).arg(&prog).arg("32");
+            c
+        },
+        true,
+    );
+    assert!(want.starts_with("checksum="), "{want}");
+    assert_eq!(got, want, "the buffer came back different after idling");
+    assert!(slow.is_empty(), "threads woke while the program idled: {slow:?}");
 }

@@ -15,6 +15,7 @@ use crate::recycle::{self, SpentRun};
 use crate::{loc, writeback, Core, Inner, Job, Victim, PAGE, PAGE_SIZE};
 use rackmem_uffd::{CopyMode, Event, MoveMode, UffdError};
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -147,9 +148,12 @@ pub(crate) fn run(inner: Arc<Inner>) {
                     HandlerMode::Hybrid { spin_us } => last_activity.elapsed() > Duration::from_micros(spin_us),
                 };
                 if idle {
-                    // Wake up now and then to notice a fork's pause request.
-                    if let Err(e) = h.inner.uffd.poll_readable(20) {
-                        h.inner.internal_error(&format!("poll on the userfaultfd failed: {e}"));
+                    // Block until a fault comes or a fork's pause request rings: no timer, so an
+                    // idle handler costs its CPU nothing.
+                    match rackmem_uffd::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
+                        Ok(w) if w.rung => h.inner.bell.clear(),
+                        Ok(_) => {}
+                        Err(e) => h.inner.internal_error(&format!("poll on the userfaultfd failed: {e}")),
                     }
                 } else {
                     std::hint::spin_loop();
@@ -167,6 +171,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
 /// Asks the handler to park between faults and waits until it has.
 pub(crate) fn pause(inner: &Inner) {
     inner.pause.store(true, Ordering::Release);
+    inner.bell.ring();
     let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
     while !*parked {
         parked = inner.paused_cv.wait(parked).unwrap_or_else(|e| e.into_inner());

@@ -93,6 +93,9 @@ pub enum RuntimeError {
     /// The node agent could not be reached or refused.
     #[error(transparent)]
     Agent(#[from] agent::AgentError),
+    /// The eventfd that wakes the fault handler could not be created (out of descriptors?).
+    #[error("cannot create the fault handler's doorbell (eventfd): {0}")]
+    Doorbell(std::io::Error),
 }
 
 /// One staged victim on its way to the write-back thread.
@@ -216,8 +219,10 @@ pub(crate) struct Inner {
     /// Jobs queued or running.
     pub jobs_busy: AtomicUsize,
     pub stats: Stats,
-    /// Fork protocol: the handler parks when asked.
+    /// Fork protocol: the handler parks when asked (and is woken by `bell` to notice).
     pub pause: AtomicBool,
+    /// Rung to wake a handler blocked on an idle userfaultfd.
+    pub bell: rackmem_uffd::Doorbell,
     pub paused: Mutex<bool>,
     pub paused_cv: Condvar,
     /// When the handler started serving its current fault (ns since `epoch`), 0 when idle.
@@ -484,6 +489,7 @@ impl Runtime {
             jobs_busy: AtomicUsize::new(0),
             stats,
             pause: AtomicBool::new(false),
+            bell: rackmem_uffd::Doorbell::new().map_err(RuntimeError::Doorbell)?,
             paused: Mutex::new(false),
             paused_cv: Condvar::new(),
             fault_started_ns: AtomicU64::new(0),
@@ -1008,6 +1014,7 @@ fn close_parent_fds(parent: &Inner) {
     }
     sys::close_inherited(parent.uffd.as_raw_fd());
     sys::close_inherited(parent.stage_uffd.as_raw_fd());
+    sys::close_inherited(parent.bell.as_raw_fd());
 }
 
 /// `pthread_atfork` child hook: build the child's own runtime over the same window addresses,

@@ -8,7 +8,8 @@
 //! and event messages ([`Event`]), finding written or present pages with `PAGEMAP_SCAN` on
 //! `/proc/self/pagemap` ([`Pagemap`]), and owning the anonymous mappings they work on
 //! ([`Mapping`]), and the shared memory a brick hands to nodes on its own host
-//! ([`SharedMemory`], [`send_with_fd`], [`recv_with_fds`]).
+//! ([`SharedMemory`], [`send_with_fd`], [`recv_with_fds`]), and a [`Doorbell`] that lets a
+//! thread block on a descriptor without a timeout yet be woken by another ([`wait_readable`]).
 //!
 //! What it is not: it knows nothing of bricks, windows, segments or policies, starts no thread
 //! and keeps no state beyond the file descriptors. Who reads messages, and when, is the caller's
@@ -30,10 +31,12 @@
 //! Memory calls go through the raw system calls, never the C library's wrappers: this crate runs
 //! inside `librackmem.so`, which interposes `mmap`, `munmap` and `madvise` itself.
 
+mod bell;
 mod mem;
 mod pagemap;
 mod shared;
 
+pub use bell::{wait_readable, Doorbell, Woken};
 pub use mem::{break_cow, madvise_dontfork, madvise_dontneed, try_break_cow, Mapping, PAGE_SIZE};
 pub use pagemap::{page_is, pm_scan, PageRegion, Pagemap, ScanRequest};
 pub use shared::{recv_with_fds, send_with_fd, SharedMemory};
