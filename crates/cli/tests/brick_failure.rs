@@ -173,6 +173,34 @@ fn program_exit_status_is_passed_through() {
 }
 
 #[test]
+fn sigterm_to_rackmem_run_reaches_the_program() {
+    if !is_root() {
+        return;
+    }
+    // A service manager stops `rackmem run`, not the program: rackmem passes SIGTERM on, lets the
+    // program shut down its own way, and exits with its status.
+    let mut c = Command::new(rackmem());
+    c.args([
+        "run",
+        "--",
+        "/bin/sh",
+        "-c",
+        "trap 'echo stopping; exit 7' TERM; echo ready; while :; do sleep 0.05; done",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let mut g = Guard::spawn(&mut c);
+    let lines = lines_of(g.child().stdout.take().expect("stdout"));
+    assert_eq!(lines.recv_timeout(Duration::from_secs(30)).as_deref(), Ok("ready"));
+    let _ = Command::new("kill").args(["-TERM", &g.id().to_string()]).status();
+    let status = g
+        .wait_until(Duration::from_secs(30))
+        .expect("rackmem run did not stop within 30 s of SIGTERM");
+    assert_eq!(status.code(), Some(7), "the program's own exit status");
+    assert_eq!(lines.recv_timeout(Duration::from_secs(5)).as_deref(), Ok("stopping"));
+}
+
+#[test]
 fn missing_privilege_is_reported_before_the_program_starts() {
     if !is_root() {
         return;
