@@ -17,6 +17,14 @@ fn sequential_and_random_passes() {
 }
 
 #[test]
+fn pages_of_one_word_come_back_exactly_across_passes_and_fork() {
+    if !is_root() {
+        return;
+    }
+    same_filled_pages_round_trip(&[]);
+}
+
+#[test]
 fn pages_only_read_are_not_written_back() {
     if !is_root() {
         return;

@@ -52,6 +52,14 @@ fn pages_only_read_are_not_written_back_to_a_shared_segment() {
 }
 
 #[test]
+fn pages_of_one_word_come_back_exactly_from_a_shared_segment() {
+    if !is_root() {
+        return;
+    }
+    same_filled_pages_round_trip(&["--shared-memory"]);
+}
+
+#[test]
 fn forked_child_gets_a_copy_of_a_shared_segment() {
     if !is_root() {
         return;

@@ -110,6 +110,8 @@ struct Handler {
     victims: Vec<u32>,
     /// Scratch: which pages of the run being installed lie in mapped segments.
     mapped: Vec<bool>,
+    /// Scratch: the same-filled pages of the run being installed, as (index in the run, word).
+    fills: Vec<(usize, u64)>,
     /// Buffers for the evictions done here (see `stage`).
     writes: Vec<writeback::BrickWrites>,
     /// The local buffer has filled since it was last less than half full (see
@@ -130,6 +132,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         zero_hash,
         victims: Vec::new(),
         mapped: Vec::new(),
+        fills: Vec::new(),
         writes: Vec::new(),
         filled: false,
     };
@@ -387,9 +390,23 @@ impl Handler {
             let n = kinds.len() as u64;
             // Claim the run: RESIDENT before the copy, so a REMOVE event read while copying
             // (EAGAIN) turns the claimed pages back to EMPTY and we skip them.
+            self.fills.clear();
             for (i, &s) in kinds.iter().enumerate() {
                 let p = page + i as u64;
-                c.pages[p as usize] = loc::RESIDENT | (s & loc::BRICK_VALID);
+                let fill = if s & loc::MASK == loc::REMOTE {
+                    c.fills.remove(&(p as u32))
+                } else {
+                    None
+                };
+                c.pages[p as usize] = match fill {
+                    // The brick's copy is stale: at eviction, the page is compared with zeros
+                    // (as a first touch is), so a page left as filled is never taken as clean.
+                    Some(w) => {
+                        self.fills.push((i, w));
+                        loc::RESIDENT
+                    }
+                    None => loc::RESIDENT | (s & loc::BRICK_VALID),
+                };
                 c.policy.inserted(p as u32);
             }
             c.resident += n;
@@ -398,7 +415,8 @@ impl Handler {
             let ahead = match self.ahead.iter().position(|a| a.page == page) {
                 Some(i) => {
                     let a = self.ahead.swap_remove(i);
-                    if a.n == kinds.len() && a.epoch == epoch && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
+                    let remote = kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE);
+                    if a.n == kinds.len() && a.epoch == epoch && remote && self.fills.is_empty() {
                         Some(a)
                     } else {
                         self.drop_ahead(&mut c, a);
@@ -435,11 +453,11 @@ impl Handler {
                 self.collect_ahead(page, a, &mut spent);
             } else {
                 match spent.as_mut() {
-                    Some(run) => fetch_into(&inner, page, &kinds, recycle::bytes(&inner, run)),
+                    Some(run) => fetch_into(&inner, page, &kinds, &self.fills, recycle::bytes(&inner, run)),
                     None => {
                         self.buf.clear();
                         self.buf.resize(n as usize * PAGE_SIZE, 0);
-                        fetch_into(&inner, page, &kinds, &mut self.buf);
+                        fetch_into(&inner, page, &kinds, &self.fills, &mut self.buf);
                     }
                 }
             }
@@ -628,7 +646,8 @@ impl Handler {
             .min((budget / 4).max(1))
             .min(region_end.saturating_sub(page));
         let mut n = 0u64;
-        while n < limit && c.loc(page + n) == loc::REMOTE {
+        // Same-filled pages are not read from the brick (its copy is stale): they end the run.
+        while n < limit && c.loc(page + n) == loc::REMOTE && !c.fills.contains_key(&((page + n) as u32)) {
             n += 1;
         }
         if n < 2 {
@@ -883,8 +902,8 @@ impl Handler {
         let inner = self.inner.clone();
         let n = kinds.len();
         // Checksums of the remote pages, for the write-back to tell dirty from clean; not of
-        // pages in mapped segments (compared with the mapping itself) nor of first touches
-        // (compared with zeros).
+        // pages in mapped segments (compared with the mapping itself) nor of first touches and
+        // same-filled pages (compared with zeros).
         inner.table.mapped_pages(page, n, &mut self.mapped);
         let hashes: Vec<(u32, u64)> = {
             let src: &[u8] = match spent.as_mut() {
@@ -893,6 +912,7 @@ impl Handler {
             };
             (0..n)
                 .filter(|&i| kinds[i] & loc::MASK == loc::REMOTE && !self.mapped[i])
+                .filter(|&i| !self.fills.iter().any(|&(k, _)| k == i))
                 .map(|i| {
                     (
                         (page + i as u64) as u32,
@@ -1015,17 +1035,23 @@ impl Handler {
     }
 }
 
-/// Reads the run's remote pages into `out` (one page per entry of `kinds`) and zeroes the others.
-fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], out: &mut [u8]) {
+/// Reads the run's remote pages into `out` (one page per entry of `kinds`), fills the
+/// same-filled ones (`fills`: index in the run, word) and zeroes the others.
+fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], fills: &[(usize, u64)], out: &mut [u8]) {
     for (i, &s) in kinds.iter().enumerate() {
         if s & loc::MASK != loc::REMOTE {
             out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].fill(0);
         }
     }
+    let mut filled = vec![false; kinds.len()];
+    for &(i, w) in fills {
+        writeback::fill_with(&mut out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], w);
+        filled[i] = true;
+    }
     // Group remote pages per brick into extents, merging neighbours.
     let mut per_brick: Vec<BrickReads> = Vec::new();
     for (i, &s) in kinds.iter().enumerate() {
-        if s & loc::MASK != loc::REMOTE {
+        if s & loc::MASK != loc::REMOTE || filled[i] {
             continue;
         }
         let Some((brick, off)) = inner.table.lookup(page + i as u64) else {

@@ -128,6 +128,10 @@ pub(crate) struct Core {
     pub pages: Vec<u8>,
     /// Checksum of each resident page's clean contents.
     pub hashes: HashMap<u32, u64>,
+    /// Remote pages whose contents are one 8-byte word repeated, as the word (see
+    /// `writeback::same_filled`): their brick copy is stale, their next fetch is a fill. Only
+    /// REMOTE pages have an entry.
+    pub fills: HashMap<u32, u64>,
     pub policy: Box<dyn EvictionPolicy>,
     pub resident: u64,
     pub alloc: RegionAllocator,
@@ -151,6 +155,7 @@ impl Core {
         Core {
             pages,
             hashes: HashMap::new(),
+            fills: HashMap::new(),
             policy: Box::new(Fifo::default()),
             resident: 0,
             alloc,
@@ -190,6 +195,9 @@ impl Core {
             }
             if s & loc::MASK == loc::EVICTING {
                 self.evicting.remove(&(p as u32));
+            }
+            if s & loc::MASK == loc::REMOTE {
+                self.fills.remove(&(p as u32));
             }
             self.pages[p as usize] = loc::EMPTY;
         }
@@ -1088,7 +1096,10 @@ pub fn fork_child() {
                 other => other | (*s & loc::BRICK_VALID),
             };
         }
-        let core = Core::new(pages, c.alloc.clone());
+        let mut core = Core::new(pages, c.alloc.clone());
+        // Same-filled pages live in the parent's core only, not on the brick: the child's
+        // remote pages must read as the parent's did.
+        core.fills = c.fills.clone();
         drop(c);
         Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))
     });

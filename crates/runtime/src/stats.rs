@@ -145,6 +145,9 @@ pub struct Stats {
     pub evictions: AtomicU64,
     /// Evicted pages that were clean and needed no write-back.
     pub evictions_clean: AtomicU64,
+    /// Evicted pages whose contents were one word repeated: kept as that word, neither compared
+    /// with the brick's copy nor written back; their next fetch is a fill.
+    pub evictions_same_filled: AtomicU64,
     /// Fetched pages received into spent staging slots and moved into the window (no page
     /// allocated or copied by the kernel; see the runtime's `recycle` module).
     pub pages_recycled: AtomicU64,
@@ -204,6 +207,9 @@ pub struct StatsSnapshot {
     pub evictions: u64,
     /// See [`Stats::evictions_clean`].
     pub evictions_clean: u64,
+    /// See [`Stats::evictions_same_filled`].
+    #[serde(default)]
+    pub evictions_same_filled: u64,
     /// See [`Stats::pages_recycled`].
     #[serde(default)]
     pub pages_recycled: u64,
@@ -286,6 +292,7 @@ impl Stats {
             bytes_written_back: g(&self.bytes_written_back),
             evictions: g(&self.evictions),
             evictions_clean: g(&self.evictions_clean),
+            evictions_same_filled: g(&self.evictions_same_filled),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
             resident_bytes: g(&self.resident_pages) * page_size,

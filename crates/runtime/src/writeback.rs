@@ -95,6 +95,35 @@ fn unchanged(mapped: Option<&Arc<Segment>>, off: u64, brick_valid: bool, hash: u
     }
 }
 
+/// The word `page` consists of, if every 8-byte word of it is the same (a page a program filled
+/// with one value: zeros, a constant array). Such a page is kept in the core as its word instead
+/// of being compared with or written to its brick, and its next fetch is a fill: half the memory
+/// traffic of a copy each way, and no link round trip. Linux's zram does the same.
+pub(crate) fn same_filled(page: &[u8]) -> Option<u64> {
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        u64::from_ne_bytes(w)
+    };
+    let first = word(page.get(..8)?);
+    // The first 64 bytes word by word (most pages that are not same-filled differ there), then
+    // every other 64-byte block against the first: a vectorised compare at memory speed (twice
+    // as fast as comparing word by word).
+    let (head, rest) = page.split_at(64.min(page.len()));
+    if !head.chunks_exact(8).all(|x| word(x) == first) {
+        return None;
+    }
+    rest.chunks(64).all(|b| b == &head[..b.len()]).then_some(first)
+}
+
+/// Fills `out` (whole pages) with `word` repeated.
+pub(crate) fn fill_with(out: &mut [u8], word: u64) {
+    let w = word.to_ne_bytes();
+    for c in out.chunks_exact_mut(8) {
+        c.copy_from_slice(&w);
+    }
+}
+
 /// Writes back the dirty pages of an eviction job and gives its slots back. Run by the
 /// write-back thread, or by the handler for a job whose pages all go to mapped segments.
 pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
@@ -105,9 +134,18 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
     let mut mapped_of: Vec<Option<Option<Arc<Segment>>>> = vec![None; per_brick.len()];
     let mut written_mapped = 0u64;
     let mut dirty = vec![false; victims.len()];
+    let mut fills: Vec<Option<u64>> = vec![None; victims.len()];
     let mut clean = 0u64;
+    let mut filled = 0u64;
     for (k, v) in victims.iter().enumerate() {
         if !v.moved {
+            continue;
+        }
+        let page = crate::recycle::staged_page(inner, v.slot);
+        if let Some(w) = same_filled(page) {
+            // Whatever the brick holds for it is not read again (see `Core::fills`).
+            fills[k] = Some(w);
+            filled += 1;
             continue;
         }
         let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
@@ -119,7 +157,6 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
         let mapped = mapped_of[brick]
             .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
             .as_ref();
-        let page = crate::recycle::staged_page(inner, v.slot);
         if unchanged(mapped, off, v.brick_valid, v.hash, page) {
             clean += 1;
             continue;
@@ -167,6 +204,7 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
         .bytes_written_shared
         .fetch_add(written_mapped, Ordering::Relaxed);
     inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
+    inner.stats.evictions_same_filled.fetch_add(filled, Ordering::Relaxed);
     // Runs of neighbouring moved slots: kept mapped as spent slots for the handler's next
     // fetches (see `recycle`), or, past the cap, freed with one madvise per run (no event: the
     // staging uffd has none).
@@ -200,10 +238,15 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
     for (k, v) in victims.iter().enumerate() {
         if c.evicting.get(&v.page) == Some(&id) {
             c.evicting.remove(&v.page);
-            c.pages[v.page as usize] = if dirty[k] || v.brick_valid {
-                loc::REMOTE | loc::BRICK_VALID
-            } else {
-                loc::EMPTY
+            c.pages[v.page as usize] = match fills[k] {
+                // A zero page the brick holds nothing for is what an untouched page is.
+                Some(0) if !v.brick_valid => loc::EMPTY,
+                Some(w) => {
+                    c.fills.insert(v.page, w);
+                    loc::REMOTE | if v.brick_valid { loc::BRICK_VALID } else { 0 }
+                }
+                None if dirty[k] || v.brick_valid => loc::REMOTE | loc::BRICK_VALID,
+                None => loc::EMPTY,
             };
         }
     }
@@ -256,4 +299,39 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
         inner.stats.bytes_written_back.fetch_add(PAGE, Ordering::Relaxed);
     }
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fill_with, same_filled};
+    use crate::PAGE_SIZE;
+
+    #[test]
+    fn a_page_of_one_word_is_same_filled_and_fills_back_identically() {
+        for w in [0u64, 1, 0x3ff0_0000_0000_0000, u64::MAX, 0x0102_0304_0506_0708] {
+            let mut page = vec![0xaau8; PAGE_SIZE];
+            fill_with(&mut page, w);
+            assert_eq!(same_filled(&page), Some(w), "word {w:#x}");
+            let mut again = vec![0u8; PAGE_SIZE];
+            fill_with(&mut again, w);
+            assert_eq!(page, again);
+        }
+    }
+
+    #[test]
+    fn one_different_byte_anywhere_makes_a_page_not_same_filled() {
+        let mut page = vec![0u8; PAGE_SIZE];
+        fill_with(&mut page, 0x4000_0000_0000_0000);
+        for at in [0, 1, 7, 8, 63, 64, 2047, 4032, PAGE_SIZE - 1] {
+            let mut p = page.clone();
+            p[at] ^= 0x10;
+            assert_eq!(same_filled(&p), None, "byte {at} changed");
+        }
+        // Equal bytes that do not repeat one 8-byte word.
+        let mut p = vec![0u8; PAGE_SIZE];
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = (i % 16) as u8;
+        }
+        assert_eq!(same_filled(&p), None);
+    }
 }

@@ -493,3 +493,19 @@ pub fn ctl_json(url: &str, args: &[&str]) -> serde_json::Value {
     assert!(o.status.success(), "ctl {args:?}: {}", show(&o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ctl {args:?} printed no JSON ({e}): {}", show(&o)))
 }
+
+/// Runs `same_filled` (pages of one repeated word beside pages that nearly are, changing kind
+/// while remote, then a fork) with `extra` options: the results must match the native run's,
+/// and the one-word pages must have been kept as their word at eviction.
+pub fn same_filled_pages_round_trip(extra: &[&str]) {
+    let s = same_as_native_with("same_filled", &["32", "4"], extra);
+    assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
+    let parent = busiest(&s);
+    assert_used_remote_memory(parent);
+    for p in &s {
+        assert!(
+            p.extra("evictions_same_filled") > 0,
+            "no page was evicted as same-filled, though most pages are one word: {p:?}"
+        );
+    }
+}
