@@ -110,7 +110,8 @@ struct Handler {
     victims: Vec<u32>,
     /// Scratch: which pages of the run being installed lie in mapped segments.
     mapped: Vec<bool>,
-    /// Scratch: the same-filled pages of the run being installed, as (index in the run, word).
+    /// Scratch: the same-filled pages of the run being installed, as (index in the run, word),
+    /// in index order.
     fills: Vec<(usize, u64)>,
     /// Buffers for the evictions done here (see `stage`).
     writes: Vec<writeback::BrickWrites>,
@@ -393,7 +394,7 @@ impl Handler {
             self.fills.clear();
             for (i, &s) in kinds.iter().enumerate() {
                 let p = page + i as u64;
-                let fill = if s & loc::MASK == loc::REMOTE {
+                let fill = if s & loc::MASK == loc::REMOTE && !c.fills.is_empty() {
                     c.fills.remove(&(p as u32))
                 } else {
                     None
@@ -912,7 +913,7 @@ impl Handler {
             };
             (0..n)
                 .filter(|&i| kinds[i] & loc::MASK == loc::REMOTE && !self.mapped[i])
-                .filter(|&i| !self.fills.iter().any(|&(k, _)| k == i))
+                .filter(|&i| !is_filled(&self.fills, i))
                 .map(|i| {
                     (
                         (page + i as u64) as u32,
@@ -1035,23 +1036,26 @@ impl Handler {
     }
 }
 
+/// Whether page `i` of a run is among its same-filled pages (`fills`, in index order).
+fn is_filled(fills: &[(usize, u64)], i: usize) -> bool {
+    fills.binary_search_by_key(&i, |&(k, _)| k).is_ok()
+}
+
 /// Reads the run's remote pages into `out` (one page per entry of `kinds`), fills the
-/// same-filled ones (`fills`: index in the run, word) and zeroes the others.
+/// same-filled ones (`fills`: index in the run and word, in index order) and zeroes the others.
 fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], fills: &[(usize, u64)], out: &mut [u8]) {
     for (i, &s) in kinds.iter().enumerate() {
         if s & loc::MASK != loc::REMOTE {
             out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].fill(0);
         }
     }
-    let mut filled = vec![false; kinds.len()];
     for &(i, w) in fills {
         writeback::fill_with(&mut out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], w);
-        filled[i] = true;
     }
     // Group remote pages per brick into extents, merging neighbours.
     let mut per_brick: Vec<BrickReads> = Vec::new();
     for (i, &s) in kinds.iter().enumerate() {
-        if s & loc::MASK != loc::REMOTE || filled[i] {
+        if s & loc::MASK != loc::REMOTE || is_filled(fills, i) {
             continue;
         }
         let Some((brick, off)) = inner.table.lookup(page + i as u64) else {
