@@ -68,9 +68,11 @@ pub struct WorkloadArgs {
     /// Local buffers, in percent of each workload's footprint.
     #[arg(long, value_delimiter = ',', default_value = "25,50,75,100")]
     locals: Vec<u32>,
-    /// Transports for rackmem's brick: unix (Unix-socket link), tcp (TCP loopback link), shm
-    /// (the brick's segment mapped into the program: `rackmem run --shared-memory`).
-    #[arg(long, value_delimiter = ',', default_value = "unix,tcp,shm")]
+    /// rackmem setups: defaults (`rackmem run` with no option: shared memory, handler placed
+    /// by the runtime), previous-defaults (`--no-shared-memory --handler hybrid:200`, what
+    /// `rackmem run` did before), unix (Unix-socket link, `--no-shared-memory`), tcp (TCP
+    /// loopback link), shm (`--shared-memory`).
+    #[arg(long, value_delimiter = ',', default_value = "defaults,previous-defaults,tcp")]
     transports: Vec<String>,
     /// Swap peers: zram, file (empty to skip).
     #[arg(long, value_delimiter = ',', default_value = "zram,file")]
@@ -97,6 +99,13 @@ pub struct WorkloadArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=25))]
     repeat: u32,
 }
+
+/// The rackmem setups `--transports` names.
+const SETUPS: [&str; 5] = ["defaults", "previous-defaults", "unix", "tcp", "shm"];
+
+/// What `rackmem run` did by default before shared memory and the runtime-placed handler: the
+/// embedded brick over its socket, a handler spinning 200 µs after each fault.
+const PREVIOUS_DEFAULTS: [&str; 3] = ["--no-shared-memory", "--handler", "hybrid:200"];
 
 /// The median of `v` (not empty); the mean of the two middle values for an even count.
 fn median(v: &[f64]) -> f64 {
@@ -221,9 +230,9 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     if let Some(t) = a
         .transports
         .iter()
-        .find(|t| !["unix", "tcp", "shm"].contains(&t.as_str()))
+        .find(|t| !SETUPS.contains(&t.as_str()))
     {
-        anyhow::bail!("unknown transport {t}: use unix, tcp or shm");
+        anyhow::bail!("unknown setup {t}: use {}", SETUPS.join(", "));
     }
     if let Some(c) = &a.cpus {
         // Before anything starts: every process and thread this command starts inherits it.
@@ -267,6 +276,8 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                         vec!["--brick".into(), b.local_addr(), "--secret".into(), "bench".into()]
                     }
                     "shm" => vec!["--shared-memory".into()],
+                    "unix" => vec!["--no-shared-memory".into()],
+                    "previous-defaults" => PREVIOUS_DEFAULTS.iter().map(|s| s.to_string()).collect(),
                     _ => vec![],
                 };
                 setups.push((local, t.as_str(), extra));

@@ -47,11 +47,17 @@ pub struct RunArgs {
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
-    /// Map the segments of bricks on this host (the embedded brick, unix: bricks) into the
-    /// program: faults and write-back become memory copies instead of socket round trips.
-    /// Bricks reached over TCP keep using their links.
-    #[arg(long)]
+    /// Require shared memory: fail if a brick on this host cannot map its segments into the
+    /// program. Mapping them is already the default (see --no-shared-memory).
+    #[arg(long, conflicts_with = "no_shared_memory")]
     shared_memory: bool,
+    /// Reach bricks on this host over their Unix sockets instead of mapping their segments into
+    /// the program (also RACKMEM_SHARED_MEMORY=0). By default the segments of the embedded brick
+    /// and of unix: bricks (also those the node agent hands out) are mapped, so faults and
+    /// write-back are memory copies, not socket round trips; bricks reached over TCP always use
+    /// their links.
+    #[arg(long)]
+    no_shared_memory: bool,
     /// Run the program on these CPUs only (a list as `taskset -c` takes it: 0, 0,2, 0-3). On
     /// one CPU, a single-threaded program and its fault handler take turns there: a fault is a
     /// context switch instead of a wake-up across CPUs (the handler then blocks rather than
@@ -194,6 +200,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if args.shared_memory {
         cmd.env("RACKMEM_SHARED_MEMORY", "1");
+    } else if args.no_shared_memory {
+        cmd.env("RACKMEM_SHARED_MEMORY", "0");
     }
     if let Some(f) = &stats_file {
         cmd.env("RACKMEM_STATS_FILE", f);

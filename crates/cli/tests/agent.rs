@@ -158,7 +158,8 @@ fn memory_grows_through_the_agent_and_goes_back_at_exit() {
     let native = native(&program("grow"), &args);
     let want = checksums(&native);
     let stats = c.dir.path().join("stats.jsonl");
-    let (mut g, lines) = run_grow(&c, &args, &stats);
+    // Over the bricks' sockets (the default maps them: the next test).
+    let (mut g, lines) = run_grow_with(&c, &["--no-shared-memory"], &args, &stats);
     // While it runs, its memory is allocations of node n1, each striped over both bricks.
     wait_line(&lines, "step 4");
     let live = live_allocations(&c.url);
@@ -194,11 +195,12 @@ fn managed_bricks_share_segments_with_programs_on_their_host() {
         return;
     }
     // The agent's segments come from control-plane grants; SHARE needs only the attached grant.
+    // Mapping them is the default for bricks on this host: no option asks for it.
     let c = cluster();
     let args = ["8", "16", "200"];
     let want = checksums(&native(&program("grow"), &args));
     let stats = c.dir.path().join("stats.jsonl");
-    let (mut g, lines) = run_grow_with(&c, &["--shared-memory"], &args, &stats);
+    let (mut g, lines) = run_grow(&c, &args, &stats);
     assert_eq!(vec![checksum_of(&lines)], want, "same data as natively");
     let status = g.wait_until(LIMIT).expect("the program finished");
     assert!(status.success(), "{status:?}");

@@ -126,7 +126,7 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
         "--locals",
         "25,100",
         "--transports",
-        "unix,shm",
+        "defaults,previous-defaults",
         "--cpus",
         "0",
         "--repeat",
@@ -147,11 +147,13 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
     assert_eq!(v["cpus"], serde_json::json!([0]), "{v}");
     let rows = v["workloads"].as_array().expect("rows");
-    assert!(
-        rows.iter().any(|r| r["setup"] == "rackmem shm"),
-        "the shared-memory transport ran: {v}"
-    );
-    // Per workload: native, 2 locals × 2 transports, 2 peers × 1 local.
+    for setup in ["rackmem defaults", "rackmem previous-defaults"] {
+        assert!(
+            rows.iter().any(|r| r["setup"] == setup),
+            "the {setup} setup ran, side by side with the other: {v}"
+        );
+    }
+    // Per workload: native, 2 locals × 2 setups, 2 peers × 1 local.
     assert_eq!(rows.len(), 2 * (1 + 4 + 2), "{v}");
     assert!(rows.iter().all(|r| r["value"].as_f64().is_some_and(|x| x > 0.0)));
     assert_eq!(v["repeat"], 2);

@@ -1,18 +1,25 @@
 //! Unmodified C programs (`tests/c/`) on remote memory with a local buffer of 10% of their
 //! footprint: their results must be identical to a native run, and the statistics must show
 //! that the memory really went to the brick and came back while the local buffer was honoured.
+//!
+//! Bricks on this host map their segments into the program by default (`shared_memory.rs`
+//! covers that path); the tests here that have a twin there ask for the socket path with
+//! `--no-shared-memory` (`SOCKET`), so that both paths stay tested.
 
 mod common;
 use common::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Reach the embedded brick over its Unix socket, not by mapping its segment.
+const SOCKET: &[&str] = &["--no-shared-memory"];
+
 #[test]
 fn sequential_and_random_passes() {
     if !is_root() {
         return;
     }
-    let s = same_as_native("passes", &["48", "1", "3"]);
+    let s = same_as_native_with("passes", &["48", "1", "3"], SOCKET);
     assert_used_remote_memory(busiest(&s));
 }
 
@@ -21,7 +28,7 @@ fn pages_of_one_word_come_back_exactly_across_passes_and_fork() {
     if !is_root() {
         return;
     }
-    same_filled_pages_round_trip(&[]);
+    same_filled_pages_round_trip(SOCKET);
 }
 
 #[test]
@@ -29,7 +36,7 @@ fn pages_only_read_are_not_written_back() {
     if !is_root() {
         return;
     }
-    only_changed_pages_are_written_back(&[]);
+    only_changed_pages_are_written_back(SOCKET);
 }
 
 #[test]
@@ -37,7 +44,7 @@ fn several_threads_fault_on_the_same_pages() {
     if !is_root() {
         return;
     }
-    let s = same_as_native("passes", &["48", "4", "2"]);
+    let s = same_as_native_with("passes", &["48", "4", "2"], SOCKET);
     assert_used_remote_memory(busiest(&s));
 }
 
@@ -125,10 +132,17 @@ fn brick_over_unix_socket() {
     let (_brick, addr) = start_brick(&listen, "1GiB", "u");
     let args = ["32", "1", "2"];
     let n = native(&prog, &args);
-    let (r, stats) = remote(&prog, &args, "10%", &["--brick", &addr, "--secret", "u"]);
+    let (r, stats) = remote(
+        &prog,
+        &args,
+        "10%",
+        &["--brick", &addr, "--secret", "u", "--no-shared-memory"],
+    );
     assert!(r.status.success(), "{}", show(&r));
     assert_eq!(checksums(&n), checksums(&r));
-    assert_used_remote_memory(busiest(&stats));
+    let p = busiest(&stats);
+    assert_used_remote_memory(p);
+    assert_eq!(p.extra("bytes_fetched_shared"), 0, "asked for the socket: {p:?}");
 }
 
 #[test]
@@ -151,7 +165,7 @@ fn forked_child_and_parent_each_see_their_own_copy() {
     if !is_root() {
         return;
     }
-    let s = same_as_native("fork_rw", &["32", "3"]);
+    let s = same_as_native_with("fork_rw", &["32", "3"], SOCKET);
     // Both the parent and the child wrote more than their buffers and read it back.
     assert!(
         s.len() >= 2,
@@ -207,7 +221,7 @@ fn concurrent_writes_survive_eviction() {
     let prog = program("evict_race");
     let args = ["8", "3", "10"];
     let n = native(&prog, &args);
-    let (r, stats) = remote(&prog, &args, "2%", &[]);
+    let (r, stats) = remote(&prog, &args, "2%", SOCKET);
     assert!(r.status.success(), "evict_race under rackmem: {}", show(&r));
     assert_eq!(checksums(&n), checksums(&r));
     let s = busiest(&stats);

@@ -1,7 +1,10 @@
-//! `rackmem run --shared-memory`: unmodified programs whose segments are mapped from a brick on
-//! the same host. Results must equal the native run's, the pages must really have gone to the
-//! brick and come back by memory copy, and a brick reached over TCP falls back to its link.
-//! `--cpus` confines the program (and with it the fault handler) to CPUs.
+//! Shared memory, the default for bricks on this host: unmodified programs whose segments are
+//! mapped from the embedded brick or a `unix:` brick, with no option asking for it. Results
+//! must equal the native run's, the pages must really have gone to the brick and come back by
+//! memory copy, and a brick reached over TCP falls back to its link (`--shared-memory`, which
+//! makes a failure to map an error, is still accepted). `--cpus` confines the program (and
+//! with it the fault handler) to CPUs. The socket path is covered by the twins of these tests
+//! in `programs.rs`, which ask for it with `--no-shared-memory`.
 
 mod common;
 use common::*;
@@ -11,7 +14,7 @@ fn threads_passing_over_shared_memory_see_their_data() {
     if !is_root() {
         return;
     }
-    let s = same_as_native_with("passes", &["48", "4", "2"], &["--shared-memory"]);
+    let s = same_as_native("passes", &["48", "4", "2"]);
     let p = busiest(&s);
     assert_used_remote_memory(p);
     assert_eq!(
@@ -35,7 +38,7 @@ fn concurrent_writes_survive_eviction_over_shared_memory() {
     let prog = program("evict_race");
     let args = ["8", "3", "10"];
     let n = native(&prog, &args);
-    let (r, stats) = remote(&prog, &args, "2%", &["--shared-memory"]);
+    let (r, stats) = remote(&prog, &args, "2%", &[]);
     assert!(r.status.success(), "evict_race under rackmem: {}", show(&r));
     assert_eq!(checksums(&n), checksums(&r));
     let s = busiest(&stats);
@@ -48,7 +51,7 @@ fn pages_only_read_are_not_written_back_to_a_shared_segment() {
     if !is_root() {
         return;
     }
-    only_changed_pages_are_written_back(&["--shared-memory"]);
+    only_changed_pages_are_written_back(&[]);
 }
 
 #[test]
@@ -56,7 +59,7 @@ fn pages_of_one_word_come_back_exactly_from_a_shared_segment() {
     if !is_root() {
         return;
     }
-    same_filled_pages_round_trip(&["--shared-memory"]);
+    same_filled_pages_round_trip(&[]);
 }
 
 #[test]
@@ -64,7 +67,7 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
     if !is_root() {
         return;
     }
-    let s = same_as_native_with("fork_rw", &["32", "3"], &["--shared-memory"]);
+    let s = same_as_native("fork_rw", &["32", "3"]);
     assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
     for p in &s {
         assert_used_remote_memory(p);
@@ -73,18 +76,17 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
 }
 
 #[test]
-fn a_program_confined_to_its_local_buffer_is_not_charged_for_the_brick_memory() {
+fn a_program_in_a_memory_cgroup_the_size_of_its_local_buffer_runs_on_shared_memory() {
     if !is_root() {
         return;
     }
-    let Ok(cgroups) = rackmem_bench::swap::detect_cgroups() else {
-        eprintln!("skipped: this machine has no memory cgroup controller");
-        return;
-    };
+    let cgroups = rackmem_bench::swap::detect_cgroups()
+        .unwrap_or_else(|e| panic!("this test needs a memory cgroup controller (cgroup v1 or v2 with memory): {e}"));
     // Linux charges a page of shared memory to whoever allocates it. A program in a memory
     // cgroup of 48 MiB with a 96 MiB buffer on a brick (outside the cgroup) must not be charged
     // for the brick's pages, or the cgroup's OOM killer stops it: the pages it writes back for
-    // the first time go over the link, or into pages the brick populated.
+    // the first time go over the link, or into pages the brick populated. The segment is mapped
+    // by default: no option asks for it.
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("b.sock");
     let (_brick, addr) = start_brick(&format!("unix:{}", sock.display()), "1GiB", "c");
@@ -100,7 +102,6 @@ fn a_program_confined_to_its_local_buffer_is_not_charged_for_the_brick_memory() 
         "c",
         "--local",
         "8MiB",
-        "--shared-memory",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -180,7 +181,7 @@ fn cpus_confines_the_program_and_its_handler() {
     assert!(o.status.success(), "{}", show(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.split_whitespace().nth(1) == Some("0"), "{}", show(&o));
-    let s = same_as_native_with("passes", &["32", "1", "2"], &["--cpus", "0", "--shared-memory"]);
+    let s = same_as_native_with("passes", &["32", "1", "2"], &["--cpus", "0"]);
     assert_used_remote_memory(busiest(&s));
 }
 

@@ -76,10 +76,34 @@ pub struct Config {
     /// `RACKMEM_LINK_SPIN_US`: how long the fault handler polls a link for an answer before it
     /// sleeps (default 50; 0 = sleep at once).
     pub link_spin: Duration,
-    /// `RACKMEM_SHARED_MEMORY`: map the segments of bricks on this host (Unix-socket addresses)
-    /// into the process, so faults and write-back copy memory instead of using the socket
-    /// (default 0; TCP bricks always use their links).
-    pub shared_memory: bool,
+    /// `RACKMEM_SHARED_MEMORY`: whether to map the segments of bricks on this host (Unix-socket
+    /// addresses) into the process, so faults and write-back copy memory instead of using the
+    /// socket (default: yes, see [`ShareChoice::Auto`]; TCP bricks always use their links).
+    pub shared_memory: ShareChoice,
+}
+
+/// Whether segments of bricks on this host are mapped into the process.
+///
+/// Mapping is the fast path (a fault is a memory copy, no socket round trip: 2.0 × zram on a
+/// sequential scan against 1.6 × over the socket, `docs/benchmarks.md`), so it is the default;
+/// the socket stays for bricks that cannot share and for whoever asks for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareChoice {
+    /// Never map: every fetch and write-back goes over the link (`RACKMEM_SHARED_MEMORY=0`).
+    Never,
+    /// Map the segments of `unix:` bricks; a brick that cannot share keeps its link (the
+    /// default, `RACKMEM_SHARED_MEMORY` unset).
+    Auto,
+    /// Map the segments of `unix:` bricks, and fail if one cannot share
+    /// (`RACKMEM_SHARED_MEMORY=1`).
+    Always,
+}
+
+impl ShareChoice {
+    /// True unless sharing was turned off.
+    pub fn wanted(self) -> bool {
+        self != ShareChoice::Never
+    }
 }
 
 /// The handler mode when `RACKMEM_HANDLER` is not set, for a program allowed on `cpus` CPUs.
@@ -163,8 +187,9 @@ impl Config {
             grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),
             link_spin: Duration::from_micros(num("RACKMEM_LINK_SPIN_US", 50)?),
             shared_memory: match var("RACKMEM_SHARED_MEMORY").as_deref().map(str::trim) {
-                None | Some("0") | Some("off") | Some("no") => false,
-                Some("1") | Some("on") | Some("yes") => true,
+                None | Some("auto") => ShareChoice::Auto,
+                Some("0") | Some("off") | Some("no") => ShareChoice::Never,
+                Some("1") | Some("on") | Some("yes") => ShareChoice::Always,
                 Some(v) => return Err(ConfigError::Invalid("RACKMEM_SHARED_MEMORY", v.to_string())),
             },
             agent,

@@ -10,6 +10,7 @@
 //! so the table is a fixed array of slots published with an atomic count: a lookup is a binary
 //! search over atomics and never waits for an attach in progress.
 
+use crate::config::ShareChoice;
 use crate::ratelimit::RateLimiter;
 use rackmem_proto::{Extent, Grant};
 use rackmem_transport::{BrickAddr, Link, LinkError};
@@ -81,10 +82,18 @@ impl Segment {
     }
 }
 
-/// Maps the segment `fault` is attached to, if asked to and the brick is on this host.
-pub fn share_if(wanted: bool, fault: &Link) -> Result<Option<SharedMemory>, LinkError> {
+/// Maps the segment `fault` is attached to, if `choice` allows and the brick is on this host.
+/// Under [`ShareChoice::Auto`] a brick that cannot share (refuses, or its memory cannot be
+/// mapped) keeps its link: the default must never stop a program that would run without it.
+pub fn share_if(choice: ShareChoice, fault: &Link) -> Result<Option<SharedMemory>, LinkError> {
     match fault.addr() {
-        BrickAddr::Unix(_) if wanted => fault.share().map(Some),
+        BrickAddr::Unix(_) if choice == ShareChoice::Always => fault.share().map(Some),
+        BrickAddr::Unix(_) if choice == ShareChoice::Auto => match fault.share() {
+            Ok(m) => Ok(Some(m)),
+            // A link that failed for good fails again at the first fault, with the brick named.
+            Err(e @ LinkError::BrickLost { .. }) => Err(e),
+            Err(_) => Ok(None),
+        },
         _ => Ok(None),
     }
 }
