@@ -22,6 +22,14 @@ pub enum HandlerMode {
         /// How long to keep spinning after the last message.
         spin_us: u64,
     },
+    /// Placed by the runtime from which threads fault (the default on more than one CPU): on
+    /// the CPU of a thread that does nearly all the faulting, blocking, so that a fault is a
+    /// context switch there; floating and spinning `spin_us` after each fault (as `Hybrid`)
+    /// while several threads fault. See the runtime's `placement` module.
+    Auto {
+        /// Spin time while floating.
+        spin_us: u64,
+    },
 }
 
 impl std::str::FromStr for HandlerMode {
@@ -31,6 +39,7 @@ impl std::str::FromStr for HandlerMode {
             "blocking" => Ok(HandlerMode::Blocking),
             "busy-poll" | "busypoll" | "spin" => Ok(HandlerMode::BusyPoll),
             "hybrid" => Ok(HandlerMode::Hybrid { spin_us: 200 }),
+            "auto" => Ok(HandlerMode::Auto { spin_us: 200 }),
             other => match other.strip_prefix("hybrid:") {
                 Some(us) => us
                     .parse()
@@ -55,8 +64,8 @@ pub struct Config {
     pub threshold_bytes: u64,
     /// `RACKMEM_WINDOW`: window size; default: what the bricks can give, at most 64 GiB.
     pub window_bytes: Option<u64>,
-    /// `RACKMEM_HANDLER`: `blocking`, `busy-poll`, `hybrid[:US]` (default hybrid:200, or blocking
-    /// when the program may run on one CPU only: see [`default_handler`]).
+    /// `RACKMEM_HANDLER`: `auto`, `blocking`, `busy-poll`, `hybrid[:US]` (default auto, or
+    /// blocking when the program may run on one CPU only: see [`default_handler`]).
     pub handler: HandlerMode,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
@@ -113,12 +122,14 @@ impl ShareChoice {
 /// makes each fault a context switch on that CPU, with no cross-CPU wake-up at all (9.4 µs per
 /// fault against 24 µs with a handler spinning on another vCPU on 2-vCPU guests; with shared
 /// memory, GUPS at 25% local ran 69–74 k updates/s on one CPU against 38 k on two,
-/// `docs/benchmarks.md` runs 5, 6 and 8).
+/// `docs/benchmarks.md` runs 5, 6 and 8). On more CPUs the runtime places the handler itself
+/// ([`HandlerMode::Auto`]): it gets the same context switch for a program whose faults come
+/// from one thread, without confining the program's other threads.
 pub fn default_handler(cpus: usize) -> HandlerMode {
     if cpus == 1 {
         HandlerMode::Blocking
     } else {
-        HandlerMode::Hybrid { spin_us: 200 }
+        HandlerMode::Auto { spin_us: 200 }
     }
 }
 

@@ -11,6 +11,7 @@
 //! staging slot, a page still being written back), which never waits for the handler.
 
 use crate::config::HandlerMode;
+use crate::placement::{self, Decision, Placement, Waiting};
 use crate::recycle::{self, SpentRun};
 use crate::{loc, writeback, Core, Inner, Job, Victim, PAGE, PAGE_SIZE};
 use rackmem_uffd::{CopyMode, Event, MoveMode, UffdError};
@@ -118,6 +119,8 @@ struct Handler {
     /// The local buffer has filled since it was last less than half full (see
     /// `populate_resident`).
     filled: bool,
+    /// Where this thread runs and how it waits, under `HandlerMode::Auto` on several CPUs.
+    placement: Option<Placement>,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -136,11 +139,17 @@ pub(crate) fn run(inner: Arc<Inner>) {
         fills: Vec::new(),
         writes: Vec::new(),
         filled: false,
+        placement: None,
     };
     let mode = h.inner.cfg.handler;
+    if let HandlerMode::Auto { spin_us } = mode {
+        h.placement = Placement::new(crate::sys::thread_cpus(0), spin_us);
+    }
     let mut last_activity = Instant::now();
     loop {
         if h.inner.pause.load(Ordering::Acquire) {
+            // A fork is coming: the child must not inherit a mask confined by the placement.
+            placement::unfollow();
             park(&h.inner);
         }
         if h.pending.is_empty() {
@@ -150,6 +159,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
                     HandlerMode::BusyPoll => false,
                     HandlerMode::Blocking => true,
                     HandlerMode::Hybrid { spin_us } => last_activity.elapsed() > Duration::from_micros(spin_us),
+                    // One CPU (no placement) or beside the faulting thread: sleep at once.
+                    HandlerMode::Auto { .. } => match h.placement.as_ref().map(Placement::waiting) {
+                        None | Some(Waiting::Block) => true,
+                        Some(Waiting::Spin { spin_us }) => last_activity.elapsed() > Duration::from_micros(spin_us),
+                    },
                 };
                 if idle {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
@@ -233,7 +247,10 @@ impl Handler {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Pagefault { addr, .. } => self.fault(addr),
+            Event::Pagefault { addr, thread_id, .. } => {
+                self.place(thread_id);
+                self.fault(addr)
+            }
             Event::Remove { start, end } | Event::Unmap { start, end } => {
                 self.inner.stats.events.fetch_add(1, Ordering::Relaxed);
                 self.released(start, end);
@@ -250,6 +267,39 @@ impl Handler {
                 self.released(from, from + len);
             }
             Event::Fork { .. } | Event::Unknown { .. } => {}
+        }
+    }
+
+    /// Counts a fault of `thread_id` for the handler's placement, following the thread that
+    /// does the faulting or floating again (rarely: once per sampling window at most).
+    fn place(&mut self, thread_id: u32) {
+        let Some(p) = self.placement.as_mut() else {
+            return;
+        };
+        let inner = &self.inner;
+        let moved = match p.fault(thread_id, inner.now_ns()) {
+            None => return,
+            Some(Decision::Follow(tid)) if placement::followed() == Some(tid) => return,
+            Some(Decision::Follow(tid)) => placement::follow(tid, p.allowed()).map(|cpu| (tid, cpu)),
+            Some(Decision::Float) => {
+                if !placement::unfollow() {
+                    return;
+                }
+                None
+            }
+        };
+        inner.stats.handler_moves.fetch_add(1, Ordering::Relaxed);
+        if inner.cfg.verbose {
+            match moved {
+                Some((tid, cpu)) => eprintln!(
+                    "rackmem[{}]: thread {tid} does the faulting: it and the fault handler now run on CPU {cpu}, the handler blocking",
+                    std::process::id()
+                ),
+                None => eprintln!(
+                    "rackmem[{}]: several threads fault: the fault handler floats over the program's CPUs, spinning",
+                    std::process::id()
+                ),
+            }
         }
     }
 

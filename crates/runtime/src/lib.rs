@@ -20,6 +20,7 @@
 pub mod agent;
 pub mod config;
 mod handler;
+mod placement;
 pub mod policy;
 pub mod prefetch;
 mod ratelimit;
@@ -442,7 +443,8 @@ impl Runtime {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
         rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
         let uffd = Uffd::open(&OpenOptions {
-            features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP,
+            // THREAD_ID: the handler places itself by who faults (`placement`).
+            features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP | Features::THREAD_ID,
             nonblocking: true,
         })?;
         uffd.register(
@@ -917,6 +919,7 @@ fn watchdog(inner: Arc<Inner>) {
     let mut last_rates = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(250));
+        placement::watch();
         if let Some(agent) = inner.agent.as_ref() {
             // Rate limits change as other allocations come and go: follow them.
             if last_rates.elapsed() >= Duration::from_secs(1) && !inner.table.is_empty() {

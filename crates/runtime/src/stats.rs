@@ -176,6 +176,9 @@ pub struct Stats {
     pub events: AtomicU64,
     /// Faults the watchdog saw waiting longer than its limit.
     pub watchdog_reports: AtomicU64,
+    /// Times the fault handler moved (`HandlerMode::Auto`): onto a faulting thread's CPU, or
+    /// back to floating.
+    pub handler_moves: AtomicU64,
     /// Handler-side fault service time (message read to page installed).
     pub fault_latency: Histogram,
     /// The same time split into steps.
@@ -238,6 +241,9 @@ pub struct StatsSnapshot {
     pub events: u64,
     /// See [`Stats::watchdog_reports`].
     pub watchdog_reports: u64,
+    /// See [`Stats::handler_moves`].
+    #[serde(default)]
+    pub handler_moves: u64,
     /// Fault service time, median, ns.
     pub fault_p50_ns: u64,
     /// Fault service time, 90th percentile, ns.
@@ -305,6 +311,7 @@ impl Stats {
             bytes_written_shared: g(&self.bytes_written_shared),
             events: g(&self.events),
             watchdog_reports: g(&self.watchdog_reports),
+            handler_moves: g(&self.handler_moves),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),
             fault_p90_ns: self.fault_latency.quantile_ns(0.9),
             fault_p99_ns: self.fault_latency.quantile_ns(0.99),

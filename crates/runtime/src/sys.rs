@@ -68,3 +68,47 @@ pub fn allowed_cpus() -> usize {
         libc::CPU_COUNT(&set) as usize
     }
 }
+
+/// The CPUs thread `tid` of this process (0: the calling thread) may run on; empty if its mask
+/// cannot be read (the thread is gone).
+pub fn thread_cpus(tid: u32) -> Vec<usize> {
+    let Ok(tid) = libc::pid_t::try_from(tid) else {
+        return Vec::new();
+    };
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_ISSET reads
+    // inside it (indices below CPU_SETSIZE).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// Confines thread `tid` of this process (0: the calling thread), and only it, to `cpus`;
+/// false if the kernel refused (the thread is gone, or a CPU is offline).
+pub fn set_thread_cpus(tid: u32, cpus: &[usize]) -> bool {
+    let Ok(tid) = libc::pid_t::try_from(tid) else {
+        return false;
+    };
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (indices checked below);
+    // sched_setaffinity only reads it and changes that thread's mask.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c >= libc::CPU_SETSIZE as usize {
+                return false;
+            }
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// The calling thread's id.
+pub fn this_thread_id() -> u32 {
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    u32::try_from(tid).unwrap_or(0)
+}
