@@ -886,7 +886,12 @@ impl Handler {
         // their slots become spent at once, ready to receive this fault's fetch. Pages that
         // need the link (ones the brick holds no memory for, other bricks) go to the thread,
         // off the fault's path.
-        let by_copy = victims.iter().all(|v| !v.moved || v.backed);
+        // Not while jobs are queued: a queued discard of memory the program freed would land
+        // after this copy and wipe it, when the victims are pages of a new allocation at the
+        // same place (their memory looks backed until the discard runs). Behind the queue, the
+        // copy comes after the discard.
+        let by_copy =
+            victims.iter().all(|v| !v.moved || v.backed) && inner.jobs_busy.load(Ordering::Acquire) == 0;
         if by_copy {
             writeback::evict(&inner, id, &victims, &mut self.writes);
         } else {
