@@ -227,11 +227,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             other => Err(anyhow::anyhow!("unknown peer {other}: use zram or file")),
         })
         .collect::<Result<_>>()?;
-    if let Some(t) = a
-        .transports
-        .iter()
-        .find(|t| !SETUPS.contains(&t.as_str()))
-    {
+    if let Some(t) = a.transports.iter().find(|t| !SETUPS.contains(&t.as_str())) {
         anyhow::bail!("unknown setup {t}: use {}", SETUPS.join(", "));
     }
     if let Some(c) = &a.cpus {

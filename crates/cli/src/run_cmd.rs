@@ -185,7 +185,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
         .env("RACKMEM_SECRET", &secret)
         .env("RACKMEM_AGENT", args.agent.as_deref().unwrap_or(Path::new("")))
         .env("RACKMEM_LOCAL", args.local.to_string().replace(' ', ""))
-        .env("RACKMEM_THRESHOLD", args.threshold.to_string());
+        .env("RACKMEM_THRESHOLD", args.threshold.to_string())
+        // Notices such as "this program outruns its link" come once per run, not per child.
+        .env("RACKMEM_NOTICE_DIR", &tmp);
     if let Budget::Bytes(b) = args.local {
         cmd.env("RACKMEM_LOCAL", b.to_string());
     }

@@ -325,3 +325,81 @@ fn an_idle_program_leaves_its_cpu_alone() {
     assert_eq!(got, want, "the buffer came back different after idling");
     assert!(slow.is_empty(), "threads woke while the program idled: {slow:?}");
 }
+
+/// Runs `hot_updates` natively with the number of updates a run under rackmem reported (in
+/// `out`, one `updates=`/`checksum=` pair per process, in any order) and checks each checksum.
+fn same_updates_as_native(out: &std::process::Output) {
+    let prog = program("hot_updates");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let counts: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("updates=")).collect();
+    assert!(!counts.is_empty(), "hot_updates reported no updates: {}", show(out));
+    let mut want: Vec<String> = Vec::new();
+    for (n, args) in counts
+        .iter()
+        .zip(text.lines().filter(|l| l.starts_with("hot=")).map(|l| &l[4..]))
+    {
+        let (mib, hot) = args.split_once(',').expect("hot=MiB,PCT");
+        want.extend(checksums(&native(&prog, &[mib, hot, "0", n])));
+    }
+    want.sort();
+    assert_eq!(
+        checksums(out),
+        want,
+        "results under rackmem differ from native runs of as many updates"
+    );
+}
+
+#[test]
+fn a_program_that_outruns_its_link_is_told_once_what_local_buffer_fits() {
+    if !is_root() {
+        return;
+    }
+    // Two processes of one run update a hot 40% of 64 MiB at random for 8 s with 10% local:
+    // nearly every update faults. One notice for the run, naming a local buffer that holds the
+    // hot part (the estimate comes from the pages re-fetched, so somewhat above 40%).
+    let prog = program("hot_updates");
+    let p = prog.display();
+    let script = format!("echo hot=64,40; {p} 64 40 8 & echo hot=64,40; {p} 64 40 8; wait");
+    let mut c = Command::new(rackmem());
+    c.args(["run", "--local", "10%", "--", "sh", "-c", &script]);
+    let o = run_with_deadline(c, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    same_updates_as_native(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let notices: Vec<&str> = err.lines().filter(|l| l.contains("outruns its link")).collect();
+    assert_eq!(
+        notices.len(),
+        1,
+        "one notice per rackmem run, not per process: {}",
+        show(&o)
+    );
+    let pct: u32 = notices[0]
+        .split("--local ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the notice names no --local N%: {}", notices[0]));
+    assert!(
+        (40..=70).contains(&pct),
+        "a working set of 40% of the footprint needs --local of 40% or a little more, not {pct}%: {}",
+        notices[0]
+    );
+    assert!(
+        notices[0].contains("faults/s"),
+        "the notice gives the fault rate: {}",
+        notices[0]
+    );
+
+    // A hot part of 5% fits a local buffer of 10%: after the first touches, nothing to say.
+    let mut c = Command::new(rackmem());
+    c.args(["run", "--local", "10%", "--", "sh", "-c"])
+        .arg(format!("echo hot=64,5; {p} 64 5 7"));
+    let o = run_with_deadline(c, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    same_updates_as_native(&o);
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("outruns its link"),
+        "a program whose working set fits its local buffer was told it outruns its link: {}",
+        show(&o)
+    );
+}

@@ -94,18 +94,10 @@ fn a_program_in_a_memory_cgroup_the_size_of_its_local_buffer_runs_on_shared_memo
     let args = ["96", "1", "2"];
     let n = native(&prog, &args);
     let stats = dir.path().join("stats.jsonl");
-    let mut cmd: Vec<String> = [
-        "run",
-        "--brick",
-        &addr,
-        "--secret",
-        "c",
-        "--local",
-        "8MiB",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut cmd: Vec<String> = ["run", "--brick", &addr, "--secret", "c", "--local", "8MiB"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     cmd.extend(["--stats-json".to_string(), stats.display().to_string(), "--".into()]);
     cmd.push(prog.display().to_string());
     cmd.extend(args.iter().map(|s| s.to_string()));

@@ -89,6 +89,10 @@ pub struct Config {
     /// addresses) into the process, so faults and write-back copy memory instead of using the
     /// socket (default: yes, see [`ShareChoice::Auto`]; TCP bricks always use their links).
     pub shared_memory: ShareChoice,
+    /// `RACKMEM_NOTICE_DIR`: a directory shared by the processes of one `rackmem run`, where
+    /// one-time notices are marked as given, so that forked and exec'd children do not repeat
+    /// them (unset: once per process).
+    pub notice_dir: Option<String>,
 }
 
 /// Whether segments of bricks on this host are mapped into the process.
@@ -203,6 +207,7 @@ impl Config {
                 Some("1") | Some("on") | Some("yes") => ShareChoice::Always,
                 Some(v) => return Err(ConfigError::Invalid("RACKMEM_SHARED_MEMORY", v.to_string())),
             },
+            notice_dir: var("RACKMEM_NOTICE_DIR"),
             agent,
         }))
     }

@@ -636,6 +636,9 @@ impl Handler {
         }
         *spent = a.spent;
         let s = &inner.stats;
+        for p in page..page + a.n as u64 {
+            s.refetched.insert(p);
+        }
         s.faults_remote.fetch_add(1, Ordering::Relaxed);
         s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
         s.bytes_prefetched.fetch_add((a.n as u64 - 1) * PAGE, Ordering::Relaxed);
@@ -890,8 +893,7 @@ impl Handler {
         // after this copy and wipe it, when the victims are pages of a new allocation at the
         // same place (their memory looks backed until the discard runs). Behind the queue, the
         // copy comes after the discard.
-        let by_copy =
-            victims.iter().all(|v| !v.moved || v.backed) && inner.jobs_busy.load(Ordering::Acquire) == 0;
+        let by_copy = victims.iter().all(|v| !v.moved || v.backed) && inner.jobs_busy.load(Ordering::Acquire) == 0;
         if by_copy {
             writeback::evict(&inner, id, &victims, &mut self.writes);
         } else {
@@ -1106,6 +1108,12 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], fills: &[(usize, u64)], ou
     }
     for &(i, w) in fills {
         writeback::fill_with(&mut out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], w);
+    }
+    // Every remote page is a re-fetch of a page evicted earlier (same-filled ones too).
+    for (i, &s) in kinds.iter().enumerate() {
+        if s & loc::MASK == loc::REMOTE {
+            inner.stats.refetched.insert(page + i as u64);
+        }
     }
     // Group remote pages per brick into extents, merging neighbours.
     let mut per_brick: Vec<BrickReads> = Vec::new();

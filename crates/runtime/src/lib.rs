@@ -20,6 +20,7 @@
 pub mod agent;
 pub mod config;
 mod handler;
+mod outrun;
 mod placement;
 pub mod policy;
 pub mod prefetch;
@@ -917,9 +918,11 @@ fn watchdog(inner: Arc<Inner>) {
     let limit = inner.cfg.watchdog.as_nanos() as u64;
     let mut reported = 0u64;
     let mut last_rates = Instant::now();
+    let mut outrun = outrun::Monitor::default();
     loop {
         std::thread::sleep(Duration::from_millis(250));
         placement::watch();
+        outrun.tick(&inner);
         if let Some(agent) = inner.agent.as_ref() {
             // Rate limits change as other allocations come and go: follow them.
             if last_rates.elapsed() >= Duration::from_secs(1) && !inner.table.is_empty() {

@@ -147,10 +147,7 @@ fn follow_state() -> MutexGuard<'static, Option<Follow>> {
 /// The threads of this process.
 fn threads() -> Vec<u32> {
     std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default()
 }
 
@@ -172,11 +169,7 @@ pub(crate) fn follow(tid: u32, handler_cpus: &[usize]) -> Option<usize> {
         return None;
     }
     let all = threads();
-    let pinned_before = all
-        .iter()
-        .copied()
-        .filter(|&t| sys::thread_cpus(t) == [cpu])
-        .collect();
+    let pinned_before = all.iter().copied().filter(|&t| sys::thread_cpus(t) == [cpu]).collect();
     if !sys::set_thread_cpus(tid, &[cpu]) {
         return None;
     }
