@@ -11,8 +11,28 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// What `rackmem run` does unless told otherwise, for `--help`.
+const DEFAULTS_HELP: &str = "\
+Defaults (each can be overridden):
+  Shared memory: the segments of bricks on this host (the embedded brick, unix: bricks, and those
+    the node agent hands out on unix: bricks) are mapped into the program, so a fault or a
+    write-back is a memory copy rather than a request over the socket. --no-shared-memory or
+    RACKMEM_SHARED_MEMORY=0 keeps the sockets; --shared-memory makes a failure to map an error.
+    Bricks reached over TCP always use their links.
+  Fault handler: placed by the runtime from the CPUs the program may use and the threads that
+    fault. When one thread raises nearly all faults, it and the handler run on that thread's
+    CPU and the handler sleeps between faults, so a fault costs a context switch rather than a
+    wake-up across CPUs; the thread gets its own CPU mask back as soon as other threads fault,
+    the program starts a thread, or it forks. While several threads fault, the handler runs on
+    any of the program's CPUs and spins 200 µs after each fault. On one CPU (--cpus N, taskset)
+    it sleeps between faults. --handler MODE (auto, blocking, busy-poll, hybrid[:µs]) sets the
+    mode; --cpus confines the whole program.
+  Outrunning the link: a program that spends more than half of its time waiting on faults for
+    5 s, mostly re-fetching pages evicted earlier, is told once on standard error, with its
+    fault rate and a --local that would hold its working set.";
+
 #[derive(Args)]
-#[command(trailing_var_arg = true)]
+#[command(trailing_var_arg = true, after_help = DEFAULTS_HELP)]
 pub struct RunArgs {
     /// Local buffer: bytes (512MiB) or a percentage of the program's footprint in remote memory (25%).
     #[arg(long, value_name = "SIZE|PCT", default_value = "50%")]
@@ -41,7 +61,8 @@ pub struct RunArgs {
     /// Size of the embedded brick (lazily backed).
     #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = parse_size_arg)]
     embedded_size: u64,
-    /// How the fault handler waits: blocking, busy-poll, or hybrid[:MICROSECONDS].
+    /// How the fault handler waits: auto (the default: placed by the runtime, see below),
+    /// blocking, busy-poll, or hybrid[:MICROSECONDS].
     #[arg(long, value_name = "MODE")]
     handler: Option<String>,
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
@@ -61,7 +82,8 @@ pub struct RunArgs {
     /// Run the program on these CPUs only (a list as `taskset -c` takes it: 0, 0,2, 0-3). On
     /// one CPU, a single-threaded program and its fault handler take turns there: a fault is a
     /// context switch instead of a wake-up across CPUs (the handler then blocks rather than
-    /// spins, unless --handler says otherwise).
+    /// spins, unless --handler says otherwise). Rarely needed: by default the runtime runs the
+    /// handler beside a thread that does all the faulting, without confining the others.
     #[arg(long, value_name = "LIST", value_parser = crate::sys::cpu_list)]
     cpus: Option<crate::sys::CpuList>,
     /// Print faults, bytes fetched/written back/prefetched and fault latency at exit.
