@@ -4,11 +4,12 @@
 //! second natively).
 //!
 //! Driven by the watchdog's ticks (no timer of its own; nothing runs while the program is idle).
-//! Each tick compares the fault counters with the previous tick's: the share of the wall time the
-//! fault handler spent serving faults (one handler serves faults one at a time, so this is how
-//! busy the path to the bricks is, and a lower bound of the time the program waits), and the
-//! share of faults that fetched a page from a brick. When both stay above half for
-//! [`SUSTAIN_NS`], the runtime prints one notice on standard error, once per `rackmem run` (a
+//! Each tick compares the counters with the previous tick's: the share of the wall time the
+//! program spent waiting rather than computing (from its user-mode CPU time), the share the fault
+//! handler spent serving faults (it serves them one at a time: how busy the path to the bricks
+//! is), and the share of faults that fetched a page from a brick. When the program waits more
+//! than half of the time, the handler is busy at least a quarter of it, and most faults are
+//! re-fetches, for [`SUSTAIN_NS`], the runtime prints one notice on standard error, once per `rackmem run` (a
 //! marker file in `RACKMEM_NOTICE_DIR` keeps forked and exec'd children quiet), with the fault
 //! rate and a local buffer that would hold the working set (see [`working_set_pages`]).
 
@@ -17,10 +18,22 @@ use std::sync::atomic::Ordering;
 
 /// How long a program must outrun its link before it is told.
 const SUSTAIN_NS: u64 = 5_000_000_000;
-/// Share of the wall time spent serving faults above which the link is the bottleneck.
-const BUSY_SHARE: f64 = 0.5;
+/// Share of the wall time the program must spend waiting (not computing).
+const WAITING_SHARE: f64 = 0.5;
+/// Share of the wall time the handler must spend serving faults: what the program waits for is
+/// the link, not a sleep or other input. Lower than `WAITING_SHARE`: the program also waits
+/// for the kernel's fault delivery and two context switches per fault, and for the scheduler on
+/// a busy machine (two processes outrunning their links on two CPUs kept their handlers 35–50%
+/// busy while their programs waited nearly all the time).
+const HANDLER_BUSY: f64 = 0.25;
 /// Share of faults that re-fetch a page above which a larger local buffer would help.
 const REFETCH_SHARE: f64 = 0.5;
+
+/// Threads of the runtime in the process (fault handler, write-back, watchdog): not the
+/// program's.
+const RUNTIME_THREADS: usize = 3;
+/// Clock ticks per second in `/proc` (USER_HZ, 100 on every Linux architecture).
+const USER_HZ: u64 = 100;
 
 /// Counters at one tick.
 #[derive(Clone, Copy)]
@@ -30,6 +43,8 @@ struct Sample {
     remote_faults: u64,
     busy_ns: u64,
     fetched_pages: u64,
+    /// User-mode CPU time of the whole process, ns (10 ms resolution).
+    user_ns: u64,
 }
 
 impl Sample {
@@ -42,8 +57,38 @@ impl Sample {
             busy_ns: s.fault_latency.sum_ns(),
             fetched_pages: (s.bytes_fetched.load(Ordering::Relaxed) + s.bytes_prefetched.load(Ordering::Relaxed))
                 / PAGE,
+            user_ns: user_time_ns(),
         }
     }
+}
+
+/// User-mode CPU time of this process (field 14 of `/proc/self/stat`), ns; 0 if unreadable.
+fn user_time_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0;
+    };
+    let ticks: u64 = rest
+        .split_whitespace()
+        .nth(14 - 3)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    ticks * (1_000_000_000 / USER_HZ)
+}
+
+/// The share of the wall time the program spent waiting rather than computing: 1 minus its
+/// user-mode CPU time over what its threads could have had (one CPU per thread, at most the CPUs
+/// it may use). An upper bound of the time waiting on faults (the program may wait on other
+/// things: the caller also asks that the handler be busy), and a lower one of the time not
+/// computing (the runtime's own user time counts as the program's).
+fn waiting_share(user_ns: u64, wall_ns: u64) -> f64 {
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
+    let lanes = threads
+        .saturating_sub(RUNTIME_THREADS)
+        .clamp(1, crate::sys::allowed_cpus().max(1));
+    (1.0 - user_ns as f64 / (wall_ns as f64 * lanes as f64)).max(0.0)
 }
 
 /// The watchdog's view of whether the program outruns its link.
@@ -69,7 +114,11 @@ impl Monitor {
         let faults = now.faults - last.faults;
         let busy = (now.busy_ns - last.busy_ns) as f64 / wall as f64;
         let refetch = (now.remote_faults - last.remote_faults) as f64 / faults.max(1) as f64;
-        if faults == 0 || busy <= BUSY_SHARE || refetch <= REFETCH_SHARE {
+        let outrun = faults > 0
+            && busy > HANDLER_BUSY
+            && refetch > REFETCH_SHARE
+            && waiting_share(now.user_ns.saturating_sub(last.user_ns), wall) > WAITING_SHARE;
+        if !outrun {
             if self.streak.take().is_some() || faults > 0 {
                 // The distinct-page sketch describes the current stretch only.
                 inner.stats.refetched.take();
@@ -88,7 +137,7 @@ impl Monitor {
         let distinct = inner.stats.refetched.take();
         let fetched = now.fetched_pages - start.fetched_pages;
         let rate = (now.remote_faults - start.remote_faults) as f64 / secs;
-        let busy = (now.busy_ns - start.busy_ns) as f64 / (now.at_ns - start.at_ns) as f64;
+        let waiting = waiting_share(now.user_ns - start.user_ns, now.at_ns - start.at_ns);
         let refetch = (now.remote_faults - start.remote_faults) as f64 / (now.faults - start.faults).max(1) as f64;
         let footprint = inner.stats.window_bytes_allocated.load(Ordering::Relaxed).max(PAGE);
         let budget = inner.stats.budget_pages.load(Ordering::Relaxed) * PAGE;
@@ -106,7 +155,7 @@ impl Monitor {
              of its {} in remote memory (estimated from the {} distinct pages re-fetched in those {secs:.0} s), \
              while the local buffer holds {}. It would run much faster with --local {pct}% (or --local {}), \
              if this host has the memory.",
-            (busy * 100.0).min(100.0),
+            (waiting * 100.0).min(100.0),
             rate.round() as u64,
             refetch * 100.0,
             if at_least { "at least " } else { "about " },
