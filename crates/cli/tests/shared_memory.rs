@@ -188,3 +188,45 @@ fn a_bad_cpu_list_is_refused_before_the_program_starts() {
         assert!(String::from_utf8_lossy(&o.stderr).contains("CPU list"), "{}", show(&o));
     }
 }
+
+#[test]
+fn the_handler_follows_a_lone_faulting_thread_and_never_confines_new_threads() {
+    if !is_root() {
+        return;
+    }
+    let cpus = |o: &std::process::Output, who: &str| -> String {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{who} Cpus_allowed_list:")))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| panic!("{who} printed no CPU list: {}", show(o)))
+    };
+    let prog = program("follow_spawn");
+    let args = ["32", "200000"];
+    let n = native(&prog, &args);
+    let all = cpus(&n, "main");
+    assert_ne!(
+        all.split([',', '-']).count(),
+        1,
+        "this test needs a machine with two CPUs or more (this one allows {all})"
+    );
+    // One thread faults alone at 10% local: the handler follows it (both on its CPU). Then it
+    // starts a thread, which inherits the confined mask until the watchdog's next tick gives
+    // the masks back: after a pause both see every CPU again.
+    let (r, stats) = remote(&prog, &args, "10%", &[]);
+    assert!(r.status.success(), "{}", show(&r));
+    assert_eq!(checksums(&n), checksums(&r));
+    let p = busiest(&stats);
+    assert_used_remote_memory(p);
+    assert!(
+        p.extra("handler_moves") > 0,
+        "the handler never moved to the lone faulting thread: {p:?}"
+    );
+    assert_eq!(cpus(&r, "worker"), all, "a new thread stayed confined: {}", show(&r));
+    assert_eq!(
+        cpus(&r, "main"),
+        all,
+        "the followed thread kept a confined mask: {}",
+        show(&r)
+    );
+}

@@ -132,8 +132,8 @@ struct Follow {
     saved: Vec<usize>,
     /// Threads that were confined to `cpu` alone before (the program's own choice): left alone.
     pinned_before: Vec<u32>,
-    /// Threads of the process when following started.
-    threads: usize,
+    /// Threads of the process when following started (sorted).
+    threads: Vec<u32>,
 }
 
 static FOLLOW: Mutex<Option<Follow>> = Mutex::new(None);
@@ -168,7 +168,8 @@ pub(crate) fn follow(tid: u32, handler_cpus: &[usize]) -> Option<usize> {
         // Already confined to one CPU by the program: then it needs no help to stay there.
         return None;
     }
-    let all = threads();
+    let mut all = threads();
+    all.sort_unstable();
     let pinned_before = all.iter().copied().filter(|&t| sys::thread_cpus(t) == [cpu]).collect();
     if !sys::set_thread_cpus(tid, &[cpu]) {
         return None;
@@ -185,7 +186,7 @@ pub(crate) fn follow(tid: u32, handler_cpus: &[usize]) -> Option<usize> {
         handler_cpus: handler_cpus.to_vec(),
         saved,
         pinned_before,
-        threads: all.len(),
+        threads: all,
     });
     FOLLOWING.store(true, Ordering::Relaxed);
     Some(cpu)
@@ -213,13 +214,13 @@ fn release(state: &mut Option<Follow>) -> bool {
     true
 }
 
-/// Called by the watchdog on its ticks (no timer of its own): a program that started threads
-/// while one was followed gets its masks back, so new threads are never stuck on one CPU. The
+/// Called by the watchdog on its ticks (no timer of its own): a program that started a thread
+/// while one was followed (a thread id not there when following began) gets its masks back, so new threads are never stuck on one CPU. The
 /// handler follows again if one thread still does the faulting. True if it stopped following.
 pub(crate) fn watch() -> bool {
     let mut state = follow_state();
     match state.as_ref() {
-        Some(f) if threads().len() > f.threads => release(&mut state),
+        Some(f) if threads().iter().any(|t| f.threads.binary_search(t).is_err()) => release(&mut state),
         _ => false,
     }
 }
