@@ -49,7 +49,7 @@ enum Which {
     /// The control plane over HTTP: allocation and release latency and throughput with 1,000
     /// bricks and 10,000 live allocations, on SQLite and on etcd, beside the GET /healthz floor.
     Control(crate::bench_control::ControlBenchArgs),
-    /// Sequential read+write scan: native, and under rackmem with 25%, 50%, 100% local buffers.
+    /// Sequential read+write scan: native, and under `rackmem run` (its defaults) with 25%, 50%, 100% local buffers.
     Scan {
         /// Footprint.
         #[arg(long, default_value_t = 1024)]
@@ -580,7 +580,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             let stats_arg = stats_path.to_string_lossy().into_owned();
             let unix = run(rackmem_run(
                 "25%",
-                &["--prefetch", "0", "--stats-json", &stats_arg],
+                &["--prefetch", "0", "--no-shared-memory", "--stats-json", &stats_arg],
                 &prog,
                 &pargs,
             )?)?;
@@ -751,7 +751,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 }
                 let r = num(&kv, "mb_per_s");
                 t.add_row(vec![
-                    format!("rackmem, {local} local, unix link"),
+                    format!("rackmem, {local} local, defaults"),
                     format!("{r:.0}"),
                     format!("{:.3}", r / base),
                 ]);
@@ -760,7 +760,7 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 );
                 bars.push(rackmem_bench::chart::Bar {
                     group: format!("scan, {mib} MiB"),
-                    label: format!("rackmem {local} local, unix"),
+                    label: format!("rackmem {local} local, defaults"),
                     fraction: r / base,
                 });
             }
