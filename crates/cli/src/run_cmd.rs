@@ -23,7 +23,7 @@ Defaults (each can be overridden):
     fault. When one thread raises nearly all faults, it and the handler run on that thread's
     CPU and the handler sleeps between faults, so a fault costs a context switch rather than a
     wake-up across CPUs; the thread gets its own CPU mask back as soon as other threads fault,
-    the program starts a thread, or it forks. While several threads fault, the handler runs on
+    faults stop for a second, the program starts a thread, or it forks. While several threads fault, the handler runs on
     any of the program's CPUs and spins 200 µs after each fault. On one CPU (--cpus N, taskset)
     it sleeps between faults. --handler MODE (auto, blocking, busy-poll, hybrid[:µs]) sets the
     mode; --cpus confines the whole program.

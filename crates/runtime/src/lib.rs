@@ -921,7 +921,7 @@ fn watchdog(inner: Arc<Inner>) {
     let mut outrun = outrun::Monitor::default();
     loop {
         std::thread::sleep(Duration::from_millis(250));
-        placement::watch();
+        placement::watch(inner.stats.faults.load(Ordering::Relaxed));
         outrun.tick(&inner);
         if let Some(agent) = inner.agent.as_ref() {
             // Rate limits change as other allocations come and go: follow them.

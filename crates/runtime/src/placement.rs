@@ -14,9 +14,9 @@
 //! handler still runs on their shared one), and the pair chases each other across CPUs (measured:
 //! one move per sampling window, no faster than a floating handler). Only the followed thread is
 //! confined, and only while it is the one faulting thread: other threads keep their CPUs, and
-//! the thread gets its own mask back when others fault, when the program starts a thread (which
-//! would inherit the confined mask: the watchdog counts threads, see [`watch`]) and before a
-//! fork (the child would inherit it).
+//! the thread gets its own mask back when others fault, when faults stop for a second, when the
+//! program starts a thread (which would inherit the confined mask: the watchdog looks on its
+//! ticks, see [`watch`]) and before a fork (the child would inherit it).
 //!
 //! The faulting thread comes with each fault (`UFFD_FEATURE_THREAD_ID`). Its CPU is read from
 //! `/proc/self/task/TID/stat` (field 39, the CPU it last ran on) when the handler decides to
@@ -134,6 +134,9 @@ struct Follow {
     pinned_before: Vec<u32>,
     /// Threads of the process when following started (sorted).
     threads: Vec<u32>,
+    /// Faults handled at the watchdog's last tick, and ticks since that number last changed.
+    faults_seen: u64,
+    quiet_ticks: u32,
 }
 
 static FOLLOW: Mutex<Option<Follow>> = Mutex::new(None);
@@ -187,6 +190,8 @@ pub(crate) fn follow(tid: u32, handler_cpus: &[usize]) -> Option<usize> {
         saved,
         pinned_before,
         threads: all,
+        faults_seen: 0,
+        quiet_ticks: 0,
     });
     FOLLOWING.store(true, Ordering::Relaxed);
     Some(cpu)
@@ -214,15 +219,30 @@ fn release(state: &mut Option<Follow>) -> bool {
     true
 }
 
-/// Called by the watchdog on its ticks (no timer of its own): a program that started a thread
-/// while one was followed (a thread id not there when following began) gets its masks back, so new threads are never stuck on one CPU. The
-/// handler follows again if one thread still does the faulting. True if it stopped following.
-pub(crate) fn watch() -> bool {
+/// Watchdog ticks without a fault after which a followed thread gets its mask back: the program
+/// moved on to computing, where the scheduler should be free to place that thread.
+const QUIET_TICKS: u32 = 4;
+
+/// Called by the watchdog on its ticks (no timer of its own), with the faults handled so far.
+/// Stops following when the program started a thread meanwhile (a thread id not there when
+/// following began: it inherited the confined mask, and new threads must never be stuck on one
+/// CPU) or when faults stopped for [`QUIET_TICKS`] ticks. The handler follows again if one
+/// thread does the faulting again. True if it stopped following.
+pub(crate) fn watch(faults: u64) -> bool {
     let mut state = follow_state();
-    match state.as_ref() {
-        Some(f) if threads().iter().any(|t| f.threads.binary_search(t).is_err()) => release(&mut state),
-        _ => false,
+    let Some(f) = state.as_mut() else {
+        return false;
+    };
+    if faults != f.faults_seen {
+        f.faults_seen = faults;
+        f.quiet_ticks = 0;
+    } else {
+        f.quiet_ticks += 1;
     }
+    if f.quiet_ticks >= QUIET_TICKS || threads().iter().any(|t| f.threads.binary_search(t).is_err()) {
+        return release(&mut state);
+    }
+    false
 }
 
 /// The CPU thread `tid` of this process last ran on: field 39 of `/proc/self/task/TID/stat`.
