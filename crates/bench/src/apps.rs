@@ -605,6 +605,21 @@ fn cli(sock: &Path, args: &[&str]) -> Result<String, Failure> {
     Ok(String::from_utf8_lossy(&d.stdout).trim().to_string())
 }
 
+/// Whether `child` has exited, or does within `grace`: a server killed by its cgroup closes
+/// its sockets (which the load generator sees at once) a moment before it can be reaped.
+fn exited(child: &mut std::process::Child, grace: Duration) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().ok().flatten().is_some() {
+            return true;
+        }
+        if t0.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Peak RSS of a live process (`VmHWM`), bytes.
 fn vm_hwm(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -703,6 +718,14 @@ fn run_redis(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
         Launch::Native => vm_hwm(child.id()),
         _ => None,
     };
+    if work.is_err() && exited(&mut child, Duration::from_secs(2)) {
+        let f = died(&mut child, launch, errs);
+        let e = work.err().map(|e| e.reason).unwrap_or_default();
+        return Err(Failure {
+            reason: format!("{}; the load generator saw: {e}", f.reason),
+            oom: f.oom,
+        });
+    }
     let _ = cli(&sock, &["shutdown", "nosave"]);
     let t1 = Instant::now();
     while child.try_wait().ok().flatten().is_none() && t1.elapsed() < Duration::from_secs(30) {
@@ -720,19 +743,9 @@ fn run_redis(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
             })
         }
         Err(e) => {
-            // The server's death is the reason when it died; the client's error otherwise.
-            if child.try_wait().ok().flatten().is_some() {
-                let f = died(&mut child, launch, errs);
-                if f.oom.is_some() || !f.reason.contains("exit status 0") {
-                    return Err(Failure {
-                        reason: format!("{}; the load generator saw: {}", f.reason, e.reason),
-                        oom: f.oom,
-                    });
-                }
-            } else {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            // The server is still alive (see above): the load generator's error is the reason.
+            let _ = child.kill();
+            let _ = child.wait();
             Err(e)
         }
     }
@@ -811,7 +824,7 @@ fn run_memcached(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> 
         Launch::Native => vm_hwm(child.id()),
         _ => None,
     };
-    let alive = child.try_wait().ok().flatten().is_none();
+    let alive = !exited(&mut child, Duration::from_secs(if r.is_err() { 2 } else { 0 }));
     if alive {
         let _ = child.kill();
     }

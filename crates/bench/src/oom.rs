@@ -154,12 +154,18 @@ impl OomReport {
             ("rss", pick(&["rss", "anon"])),
             ("cache", pick(&["cache", "file"])),
             ("swap", pick(&["swap"])),
+            ("swap cache", pick(&["swapcached"])),
         ]
         .iter()
         .filter_map(|(n, v)| v.map(|v| format!("{n} {}", mib(v))))
         .collect();
         if !parts.is_empty() {
             s += &format!("; {from}: {}", parts.join(", "));
+        }
+        // Pages evicted and faulted straight back: reclaim found nothing that stayed out, which
+        // is why the kernel gave up and killed (a working set larger than the limit).
+        if let Some(r) = pick(&["workingset_refault_anon"]).filter(|r| *r > 0) {
+            s += &format!(", {r} anonymous pages refaulted");
         }
         if let Some(k) = &self.kernel {
             if let Some(u) = k.memsw_usage_bytes {
