@@ -969,7 +969,22 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
             interrupted()?;
             pb.set_message(format!("{name}: enabling {}", b.name()));
             // Room for the whole footprint in swap, plus slack.
-            let peer = SwapPeer::enable(b.clone(), footprint * 2 + (256 << 20))?;
+            let peer = match SwapPeer::enable(b.clone(), footprint * 2 + (256 << 20)) {
+                Ok(p) => p,
+                // Busy (another bench has zram or swap on) or impossible here: the rows say so,
+                // and the other setups' figures are kept.
+                Err(e) => {
+                    for &pct in &cfg.locals {
+                        let series = Series {
+                            error: Some(format!("{} not set up: {e}", b.name())),
+                            ..Series::default()
+                        };
+                        pb.inc(cfg.repeat as u64);
+                        peers.push((b, pct, series, footprint * pct as u64 / 100 + (8 << 20)));
+                    }
+                    continue;
+                }
+            };
             for &pct in &cfg.locals {
                 // The budget as `bench workloads` sizes it: the share of the footprint and 8 MiB
                 // for the program's own text and stacks.
