@@ -56,7 +56,7 @@ enum Which {
     /// several local buffers and transports, and under Linux swap to zram and to a swap file
     /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
     Workloads(WorkloadArgs),
-    /// Real applications (Redis under redis-benchmark, SQLite building an index, K-means, Graph500
+    /// Real applications (Redis under redis-benchmark, memcached, SQLite building an index, K-means, Graph500
     /// BFS, zstd --long) natively, under `rackmem run --local P%` and under Linux swap to zram and
     /// to a swap file with a memory cgroup limited to P% of the footprint measured natively.
     /// Needs root for the swap peers.
@@ -115,8 +115,8 @@ pub struct WorkloadArgs {
 
 #[derive(Args)]
 pub struct AppArgs {
-    /// Applications to run: redis, sqlite, kmeans, bfs, zstd.
-    #[arg(long, value_delimiter = ',', default_value = "redis,sqlite,kmeans,bfs,zstd")]
+    /// Applications to run: redis, memcached, sqlite, kmeans, bfs, zstd.
+    #[arg(long, value_delimiter = ',', default_value = "redis,memcached,sqlite,kmeans,bfs,zstd")]
     only: Vec<String>,
     /// Local buffers, in percent of each application's footprint (rackmem and the swap peers).
     #[arg(long, value_delimiter = ',', default_value = "25,50")]
