@@ -284,8 +284,15 @@ impl MemoryCgroup {
         };
         write(&cg.dir.join(limit_file), &limit_bytes.to_string())?;
         if let Cgroups::V1(_) = cgroups {
-            // The kernel's default: anonymous pages are swapped as readily as the page cache is
-            // dropped, as they would be for a program in a container on this machine.
+            // The kernel's defaults otherwise: swappiness 60, no memory+swap limit (swap is
+            // unbounded, so only RAM is limited), no page-cache limit (v1 has none apart from
+            // the one limit, which counts cache too; the zstd input sits on tmpfs, charged to
+            // the bench). When the peer is OOM-killed anyway, its report shows why: at tight
+            // limits every charged page was on the active list and was being refaulted as soon
+            // as it was swapped (a working set larger than the limit), so reclaim made no
+            // progress. Swappiness does not change that (it weighs anonymous pages against a
+            // page cache there is none of), and oom_kill_disable would hang the program instead;
+            // the peers measure what a program in a container of that size would get.
             let _ = write(&cg.dir.join("memory.swappiness"), "60");
         }
         Ok(cg)

@@ -116,7 +116,11 @@ pub struct WorkloadArgs {
 #[derive(Args)]
 pub struct AppArgs {
     /// Applications to run: redis, memcached, sqlite, kmeans, bfs, zstd.
-    #[arg(long, value_delimiter = ',', default_value = "redis,memcached,sqlite,kmeans,bfs,zstd")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "redis,memcached,sqlite,kmeans,bfs,zstd"
+    )]
     only: Vec<String>,
     /// Local buffers, in percent of each application's footprint (rackmem and the swap peers).
     #[arg(long, value_delimiter = ',', default_value = "25,50")]
@@ -195,7 +199,12 @@ fn run_apps(a: AppArgs, bench_dir: &Path, tmp: &Path, json: Option<&Path>, svg: 
     }
     write_json(
         json,
-        &serde_json::json!({ "apps": rows, "repeat": a.repeat, "scale": a.scale }),
+        &serde_json::json!({
+            "apps": rows,
+            "repeat": a.repeat,
+            "scale": a.scale,
+            "sizes": apps::Sizes::at(a.scale),
+        }),
     )
 }
 
