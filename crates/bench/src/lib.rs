@@ -4,12 +4,20 @@
 //!   by a blocking or a busy-polling handler, and a 4 KiB / 64 KiB request-response on each
 //!   transport to a brick in this process.
 //! - [`workloads`]: unmodified C programs from `bench/`, run natively and under `rackmem run`.
+//! - [`apps`]: real applications (Redis, memcached ([`kvload`] loads it), SQLite, K-means, Graph500 BFS, zstd) natively, under
+//!   `rackmem run` and under Linux swap ([`swap`]); [`oom`] explains a swap peer's OOM kill.
+//! - [`suite`]: every part in one run, one JSON and one SVG; [`progress`] its one display.
 //!
 //! Every figure is reported next to the floor or peer it should be judged against; ratios, not
 //! absolute numbers, are what carry from machine to machine.
 
+pub mod apps;
 pub mod chart;
 pub mod floors;
+pub mod kvload;
+pub mod oom;
+pub mod progress;
+pub mod suite;
 pub mod swap;
 pub mod workloads;
 

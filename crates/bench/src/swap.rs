@@ -188,6 +188,11 @@ impl SwapPeer {
         &self.backend
     }
 
+    /// The memory cgroup interface the peer limits its programs with.
+    pub fn cgroups(&self) -> &Cgroups {
+        &self.cgroups
+    }
+
     /// Runs `cmd` in a new memory cgroup limited to `limit_bytes`; the cgroup is removed after.
     pub fn run_limited(&self, limit_bytes: u64, program: &Path, args: &[String]) -> Result<Output, BenchError> {
         run_in_memory_cgroup(&self.cgroups, limit_bytes, program, args)
@@ -230,6 +235,174 @@ pub fn run_in_memory_cgroup(
         .map_err(|e| BenchError::Workload(format!("running {}: {e}", program.display())))?;
     drop(guard);
     Ok(out)
+}
+
+/// `s` quoted for `sh`.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A memory cgroup of its own for one program (a batch program or a server), kept until
+/// dropped, so that its counters can be read after the program died: [`MemoryCgroup::report`]
+/// says why (see [`crate::oom`]).
+pub struct MemoryCgroup {
+    cgroups: Cgroups,
+    dir: PathBuf,
+    name: String,
+    limit_bytes: u64,
+    sampler: Option<Sampler>,
+}
+
+/// The thread sampling `memory.stat`: its stop flag, and the last sample it returns.
+type Sampler = (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<std::collections::BTreeMap<String, u64>>,
+);
+
+impl MemoryCgroup {
+    /// Creates the cgroup, limited to `limit_bytes` of memory (swap as the machine has it).
+    pub fn create(cgroups: &Cgroups, limit_bytes: u64) -> Result<MemoryCgroup, BenchError> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("rackmem-bench-app-{}-{n}", std::process::id());
+        let (dir, limit_file) = match cgroups {
+            Cgroups::V1(root) => (root.join(&name), "memory.limit_in_bytes"),
+            Cgroups::V2(root) => {
+                let _ = write(&root.join("cgroup.subtree_control"), "+memory");
+                (root.join(&name), "memory.max")
+            }
+        };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir)
+            .map_err(|e| BenchError::Workload(format!("creating cgroup {}: {e}", dir.display())))?;
+        let cg = MemoryCgroup {
+            cgroups: cgroups.clone(),
+            dir,
+            name,
+            limit_bytes,
+            sampler: None,
+        };
+        write(&cg.dir.join(limit_file), &limit_bytes.to_string())?;
+        if let Cgroups::V1(_) = cgroups {
+            // The kernel's defaults otherwise: swappiness 60, no memory+swap limit (swap is
+            // unbounded, so only RAM is limited), no page-cache limit (v1 has none apart from
+            // the one limit, which counts cache too; the zstd input sits on tmpfs, charged to
+            // the bench). When the peer is OOM-killed anyway, its report shows why: at tight
+            // limits every charged page was on the active list and was being refaulted as soon
+            // as it was swapped (a working set larger than the limit), so reclaim made no
+            // progress. Swappiness does not change that (it weighs anonymous pages against a
+            // page cache there is none of), and oom_kill_disable would hang the program instead;
+            // the peers measure what a program in a container of that size would get.
+            let _ = write(&cg.dir.join("memory.swappiness"), "60");
+        }
+        Ok(cg)
+    }
+
+    /// The limit, bytes.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    /// A command that runs `program args` inside the cgroup (a shell joins it, then execs the
+    /// program, so the program's pid is the child's).
+    pub fn command(&self, program: &Path, args: &[String]) -> Command {
+        let mut script = format!(
+            "echo $$ > {} && exec {}",
+            quote(&self.dir.join("cgroup.procs").to_string_lossy()),
+            quote(&program.to_string_lossy())
+        );
+        for a in args {
+            script.push(' ');
+            script.push_str(&quote(a));
+        }
+        let mut c = Command::new("sh");
+        c.args(["-c", &script]);
+        c
+    }
+
+    /// Starts sampling `memory.stat` (every 50 ms) while the program runs: the cgroup's figures
+    /// are gone once it exits, and an OOM report wants the last ones before the kill.
+    pub fn start_sampling(&mut self) {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let path = self.dir.join("memory.stat");
+        let s = stop.clone();
+        let h = std::thread::spawn(move || {
+            let mut last = std::collections::BTreeMap::new();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(t) = std::fs::read_to_string(&path) {
+                    let m = crate::oom::parse_key_values(&t);
+                    let used = ["rss", "anon", "swap"]
+                        .iter()
+                        .any(|k| m.get(*k).is_some_and(|v| *v > 0));
+                    if used {
+                        last = m;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            last
+        });
+        self.sampler = Some((stop, h));
+    }
+
+    fn read_u64(&self, file: &str) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join(file)).ok()?.trim().parse().ok()
+    }
+
+    /// Why the program in this cgroup died (`exit` says how): the cgroup's counters, the last
+    /// `memory.stat` sampled, and the kernel's OOM report from `dmesg` if it has one.
+    pub fn report(&mut self, exit: String) -> crate::oom::OomReport {
+        let last_stat = match self.sampler.take() {
+            Some((stop, h)) => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                h.join().unwrap_or_default()
+            }
+            None => Default::default(),
+        };
+        let (failcnt, max_usage, oom_kills) = match &self.cgroups {
+            Cgroups::V1(_) => (
+                self.read_u64("memory.failcnt"),
+                self.read_u64("memory.max_usage_in_bytes"),
+                std::fs::read_to_string(self.dir.join("memory.oom_control"))
+                    .ok()
+                    .and_then(|t| crate::oom::parse_key_values(&t).get("oom_kill").copied()),
+            ),
+            Cgroups::V2(_) => {
+                let ev = std::fs::read_to_string(self.dir.join("memory.events"))
+                    .map(|t| crate::oom::parse_key_values(&t))
+                    .unwrap_or_default();
+                (
+                    ev.get("max").copied(),
+                    self.read_u64("memory.peak"),
+                    ev.get("oom_kill").copied(),
+                )
+            }
+        };
+        // The kernel logs the report asynchronously to our reading of the exit; it is written
+        // before the victim is reaped, so one read suffices.
+        let kernel = Command::new("dmesg").output().ok().and_then(|o| {
+            crate::oom::parse_kernel_log(&String::from_utf8_lossy(&o.stdout), &format!("/{}", self.name))
+        });
+        crate::oom::OomReport {
+            limit_bytes: self.limit_bytes,
+            failcnt,
+            max_usage_bytes: max_usage,
+            oom_kills,
+            last_stat,
+            kernel,
+            exit,
+        }
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        if let Some((stop, h)) = self.sampler.take() {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = h.join();
+        }
+        drop(CgroupDir(self.dir.clone()));
+    }
 }
 
 /// Removes a cgroup directory when dropped (after its process has exited).

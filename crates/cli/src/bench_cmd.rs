@@ -11,8 +11,18 @@ use std::process::Command;
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// Without a subcommand: the whole suite (floors, latency, workloads, apps, control), one
+    /// progress display, one JSON (each part's document under its name), one SVG (the parts'
+    /// charts stacked).
     #[command(subcommand)]
-    which: Which,
+    which: Option<Which>,
+    /// The whole suite only: runs per measurement, passed to the parts that repeat (workloads,
+    /// apps).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=25))]
+    repeat: Option<u32>,
+    /// The whole suite only: size factor, passed to the parts that scale (workloads, apps).
+    #[arg(long)]
+    scale: Option<f64>,
     /// Where to write the JSON results.
     #[arg(long, global = true, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -46,6 +56,11 @@ enum Which {
     /// several local buffers and transports, and under Linux swap to zram and to a swap file
     /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
     Workloads(WorkloadArgs),
+    /// Real applications (Redis under redis-benchmark, memcached, SQLite building an index, K-means, Graph500
+    /// BFS, zstd --long) natively, under `rackmem run --local P%` and under Linux swap to zram and
+    /// to a swap file with a memory cgroup limited to P% of the footprint measured natively.
+    /// Needs root for the swap peers.
+    Apps(AppArgs),
     /// The control plane over HTTP: allocation and release latency and throughput with 1,000
     /// bricks and 10,000 live allocations, on SQLite and on etcd, beside the GET /healthz floor.
     Control(crate::bench_control::ControlBenchArgs),
@@ -106,6 +121,147 @@ const SETUPS: [&str; 5] = ["defaults", "previous-defaults", "unix", "tcp", "shm"
 /// What `rackmem run` did by default before shared memory and the runtime-placed handler: the
 /// embedded brick over its socket, a handler spinning 200 µs after each fault.
 const PREVIOUS_DEFAULTS: [&str; 3] = ["--no-shared-memory", "--handler", "hybrid:200"];
+
+#[derive(Args)]
+pub struct AppArgs {
+    /// Applications to run: redis, memcached, sqlite, kmeans, bfs, zstd.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "redis,memcached,sqlite,kmeans,bfs,zstd"
+    )]
+    only: Vec<String>,
+    /// Local buffers, in percent of each application's footprint (rackmem and the swap peers).
+    #[arg(long, value_delimiter = ',', default_value = "25,50")]
+    locals: Vec<u32>,
+    /// Swap peers: zram, file (empty to skip).
+    #[arg(long, value_delimiter = ',', default_value = "zram,file")]
+    peers: Vec<String>,
+    /// Where the swap file goes (a directory on the disk to measure).
+    #[arg(long, default_value = "/var/tmp")]
+    swap_dir: PathBuf,
+    /// Scale every application's size (0.05 for a quick check).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Run every setup this many times and report the median (the JSON keeps every value).
+    /// Native and the rackmem setups take turns each round; the swap peers run their repeats
+    /// together (swap is set up once per peer).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=25))]
+    repeat: u32,
+}
+
+fn swap_backends(names: &[String], swap_dir: &Path) -> Result<Vec<rackmem_bench::swap::SwapBackend>> {
+    use rackmem_bench::swap::SwapBackend;
+    names
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.as_str() {
+            "zram" => Ok(SwapBackend::Zram),
+            "file" => Ok(SwapBackend::File(
+                swap_dir.join(format!("rackmem-bench-{}.swap", std::process::id())),
+            )),
+            other => Err(anyhow::anyhow!("unknown peer {other}: use zram or file")),
+        })
+        .collect()
+}
+
+fn run_apps(a: AppArgs, bench_dir: &Path, tmp: &Path, json: Option<&Path>, svg: Option<&Path>) -> Result<()> {
+    use rackmem_bench::apps;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let cfg = apps::AppsConfig {
+        only: a.only,
+        locals: a.locals,
+        peers: swap_backends(&a.peers, &a.swap_dir)?,
+        scale: a.scale,
+        repeat: a.repeat,
+        rackmem: std::env::current_exe().context("locating rackmem")?,
+        bench_dir: bench_dir.to_path_buf(),
+        tmp: tmp.to_path_buf(),
+        stop,
+    };
+    let pb = rackmem_bench::progress::bar(apps::runs(&cfg));
+    let rows = apps::run(&cfg, &pb);
+    pb.finish_and_clear();
+    let rows = rows?;
+    let of = if a.repeat > 1 {
+        format!("value = median of {} runs; ", a.repeat)
+    } else {
+        String::new()
+    };
+    println!(
+        "Applications (same run; {of}swap peers in a memory cgroup of the same share of the footprint; \"× zram\" = speed-up over zram at the same local buffer)\n{}",
+        apps::table(&rows)
+    );
+    if let Some(p) = svg {
+        std::fs::write(
+            p,
+            rackmem_bench::chart::svg(
+                "Applications under rackmem and Linux swap against native, same run",
+                &apps::bars(&rows),
+            ),
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("rackmem bench: chart written to {}", p.display());
+    }
+    write_json(
+        json,
+        &serde_json::json!({
+            "apps": rows,
+            "repeat": a.repeat,
+            "scale": a.scale,
+            "sizes": apps::Sizes::at(a.scale),
+        }),
+    )
+}
+
+/// `rackmem bench` without a subcommand: every part in turn, each as if run alone with the
+/// common options, its JSON and chart gathered into one of each.
+fn run_suite(args: &BenchArgs) -> Result<i32> {
+    use rackmem_bench::suite::{Report, PARTS};
+    let dir = std::env::temp_dir().join(format!("rackmem-bench-suite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let suite = rackmem_bench::progress::Suite::start(PARTS.len() as u64);
+    let mut report = Report::default();
+    let mut failed = Vec::new();
+    for part in PARTS {
+        suite.overall.set_message(part);
+        let (j, s) = (dir.join(format!("{part}.json")), dir.join(format!("{part}.svg")));
+        let mut argv: Vec<std::ffi::OsString> = vec!["bench".into(), part.into()];
+        if ["workloads", "apps"].contains(&part) {
+            if let Some(r) = args.repeat {
+                argv.extend(["--repeat".into(), r.to_string().into()]);
+            }
+            if let Some(x) = args.scale {
+                argv.extend(["--scale".into(), x.to_string().into()]);
+            }
+        }
+        argv.extend(["--json".into(), j.clone().into(), "--svg".into(), s.clone().into()]);
+        argv.extend(["--bench-dir".into(), args.bench_dir.clone().into()]);
+        let cmd = <BenchArgs as clap::Args>::augment_args(clap::Command::new("bench"));
+        let part_args = clap::FromArgMatches::from_arg_matches(&cmd.try_get_matches_from(argv)?)?;
+        let r = run_bench(part_args).and_then(|_| Ok(report.add(part, &j, &s)?));
+        if let Err(e) = r {
+            suite
+                .overall
+                .println(format!("rackmem bench: part {part} failed: {e:#}"));
+            report.failed(part, &format!("{e:#}"));
+            failed.push(part);
+        }
+        suite.overall.inc(1);
+    }
+    drop(suite);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(p) = &args.svg {
+        std::fs::write(p, report.svg()).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("rackmem bench: charts written to {}", p.display());
+    }
+    write_json(args.json.as_deref(), &report.json())?;
+    anyhow::ensure!(failed.is_empty(), "parts failed: {}", failed.join(", "));
+    Ok(0)
+}
 
 /// The median of `v` (not empty); the mean of the two middle values for an even count.
 fn median(v: &[f64]) -> f64 {
@@ -203,7 +359,6 @@ fn metric_of(w: &Workload, kv: &std::collections::BTreeMap<String, String>) -> f
 }
 
 fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Path>, svg: Option<&Path>) -> Result<()> {
-    use indicatif::{ProgressBar, ProgressStyle};
     use rackmem_bench::swap::{SwapBackend, SwapPeer};
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -251,11 +406,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     };
     let repeat = a.repeat as usize;
     let total = repeat * chosen.len() * (1 + a.locals.len() * a.transports.len() + peers.len() * a.peer_locals.len());
-    let pb = ProgressBar::new(total as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let pb = rackmem_bench::progress::bar(total as u64);
     let mut rows: Vec<Row> = Vec::new();
     let t0 = std::time::Instant::now();
     for w in &chosen {
@@ -469,12 +620,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
 const FLOOR_STEPS: u64 = 6;
 
 fn progress(len: u64) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new(len);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    pb
+    rackmem_bench::progress::bar(len)
 }
 
 fn floors(samples: usize, pb: &indicatif::ProgressBar) -> Result<Vec<Summary>> {
@@ -546,9 +692,13 @@ fn rackmem_run(local: &str, extra: &[&str], prog: &Path, args: &[String]) -> Res
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<i32> {
+    let Some(which) = args.which else {
+        return run_suite(&args);
+    };
     let tmp = std::env::temp_dir().join(format!("rackmem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let result = match args.which {
+    let result = match which {
+        Which::Apps(a) => run_apps(a, &args.bench_dir, &tmp, args.json.as_deref(), args.svg.as_deref()),
         Which::Workloads(a) => run_workloads(a, &args.bench_dir, &tmp, args.json.as_deref(), args.svg.as_deref()),
         Which::Control(a) => crate::bench_control::run(a, args.json.as_deref(), args.svg.as_deref()),
         Which::Floors { samples } => {

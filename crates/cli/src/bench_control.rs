@@ -78,12 +78,7 @@ impl StoreResult {
 }
 
 fn progress(len: u64) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new(len);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    pb
+    rackmem_bench::progress::bar(len)
 }
 
 fn ns(d: Duration) -> u64 {

@@ -294,3 +294,164 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
         "the machine must be left as it was found after an interruption"
     );
 }
+
+/// The effective user is root, or the test fails saying why it needs it.
+fn need_root(what: &str) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .unwrap_or("?")
+        .to_string();
+    assert_eq!(
+        euid, "0",
+        "{what} needs root (userfaultfd for rackmem run; swap and memory cgroups for the peers); run ./scripts/test as root"
+    );
+}
+
+fn apps_json(path: &Path) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("json")).expect("well-formed JSON");
+    v["apps"].as_array().expect("an apps array").clone()
+}
+
+/// Every row is well formed, and every run of every setup computed what the native run did.
+fn check_rows(rows: &[serde_json::Value], apps: &[&str], setups_per_app: usize) {
+    assert_eq!(rows.len(), apps.len() * setups_per_app, "{rows:#?}");
+    for app in apps {
+        let of: Vec<&serde_json::Value> = rows.iter().filter(|r| r["app"] == *app).collect();
+        let native = of.iter().find(|r| r["setup"] == "native").expect("a native row");
+        let expect = native["results"][0].as_str().expect("native result").to_string();
+        assert!(!expect.is_empty(), "{native}");
+        assert_eq!(native["vs_native"].as_f64(), Some(1.0), "{native}");
+        let footprint = native["footprint_bytes"].as_u64().expect("footprint");
+        assert!(footprint > 1 << 20, "peak RSS measured natively: {native}");
+        for r in &of {
+            assert_eq!(r["footprint_bytes"].as_u64(), Some(footprint), "{r}");
+            assert!(r["metric"].as_str().is_some_and(|m| !m.is_empty()), "{r}");
+            let results: Vec<&str> = r["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .filter_map(|x| x.as_str())
+                .collect();
+            if r["oom"].is_object() {
+                // A peer killed by its cgroup says why, with the cgroup's figures.
+                assert!(r["error"].as_str().is_some_and(|e| e.contains("OOM-killed")), "{r}");
+                assert!(
+                    r["oom"]["limit_bytes"].as_u64() == r["cgroup_limit_bytes"].as_u64(),
+                    "{r}"
+                );
+                assert!(r["oom"]["failcnt"].as_u64().is_some(), "{r}");
+                continue;
+            }
+            assert!(
+                r["error"].is_null(),
+                "{app} under {} {}%: {r}",
+                r["setup"],
+                r["local_pct"]
+            );
+            assert_eq!(r["result_matches_native"], true, "{r}");
+            assert!(!results.is_empty() && results.iter().all(|x| *x == expect), "{r}");
+            let values = r["values"].as_array().expect("values");
+            assert_eq!(values.len(), results.len(), "{r}");
+            assert!(r["value"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+            assert!(r["vs_native"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+        }
+    }
+}
+
+#[test]
+fn apps_under_rackmem_compute_what_they_compute_natively() {
+    need_root("bench apps");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (j, svg) = (dir.path().join("apps.json"), dir.path().join("apps.svg"));
+    let o = bench(&[
+        "apps",
+        "--scale",
+        "0.02",
+        "--only",
+        "kmeans,memcached,sqlite",
+        "--locals",
+        "25,50",
+        "--peers",
+        "",
+        "--repeat",
+        "2",
+        "--json",
+        j.to_str().expect("path"),
+        "--svg",
+        svg.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = apps_json(&j);
+    // Per application: native and rackmem at two local buffers.
+    check_rows(&rows, &["memcached", "sqlite", "kmeans"], 3);
+    for r in &rows {
+        assert_eq!(
+            r["values"].as_array().map(Vec::len),
+            Some(2),
+            "every setup ran twice: {r}"
+        );
+    }
+    let kv = rows
+        .iter()
+        .find(|r| r["app"] == "memcached" && r["setup"] == "rackmem")
+        .expect("row");
+    assert!(
+        kv["p99_ms"].as_f64().is_some_and(|p| p > 0.0),
+        "a key-value server reports p99: {kv}"
+    );
+    let chart = std::fs::read_to_string(&svg).expect("chart");
+    assert!(chart.starts_with("<svg") && chart.contains("kmeans") && chart.contains("rackmem 25%"));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("= native"), "{table}");
+}
+
+#[test]
+fn apps_against_swap_peers_leave_the_machine_as_found() {
+    need_root("bench apps with swap peers");
+    let before = machine_state();
+    assert_eq!(
+        before.0.lines().count(),
+        1,
+        "this test needs swap off to start with (another bench may be using it): {}",
+        before.0
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("apps.json");
+    let o = bench(&[
+        "apps",
+        "--scale",
+        "0.02",
+        "--only",
+        "kmeans,zstd",
+        "--locals",
+        "50",
+        "--peers",
+        "zram,file",
+        "--swap-dir",
+        dir.path().to_str().expect("path"),
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = apps_json(&j);
+    // Per application: native, rackmem, zram, swap file.
+    check_rows(&rows, &["kmeans", "zstd"], 4);
+    for r in rows
+        .iter()
+        .filter(|r| r["setup"] == "zram" || r["setup"] == "swap file")
+    {
+        let limit = r["cgroup_limit_bytes"].as_u64().expect("the peer's cgroup limit");
+        let footprint = r["footprint_bytes"].as_u64().expect("footprint");
+        assert_eq!(limit, footprint / 2 + (8 << 20), "50% of the footprint and 8 MiB: {r}");
+    }
+    assert!(
+        rows.iter()
+            .any(|r| r["setup"] == "rackmem" && r["vs_zram"].as_f64().is_some()),
+        "rackmem against zram in the same run: {rows:#?}"
+    );
+    assert_eq!(machine_state(), before, "the machine must be left as it was found");
+}
