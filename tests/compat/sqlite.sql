@@ -5,7 +5,7 @@ PRAGMA journal_mode = OFF;
 PRAGMA synchronous = OFF;
 PRAGMA temp_store = MEMORY;
 CREATE TABLE t(id INTEGER PRIMARY KEY, k INTEGER, grp INTEGER, name TEXT, pad BLOB);
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 250000)
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 150000)
 INSERT INTO t
 SELECT i, (i * 2654435761) % 1000003, i % 97, printf('name-%08d-%d', (i * 7919) % 400009, i % 13),
        zeroblob(100 + i % 300)
