@@ -147,6 +147,10 @@ pub(crate) struct Core {
     pub spent: std::collections::BTreeMap<u32, u32>,
     /// Slots in `spent`.
     pub spent_pages: u32,
+    /// First pages of the regions handed out as malloc-family blocks (see
+    /// [`Runtime::alloc_block`]); other regions are mappings, inside which the program's own
+    /// allocator may place its blocks.
+    pub blocks: std::collections::BTreeSet<u64>,
 }
 
 impl Core {
@@ -166,6 +170,7 @@ impl Core {
             streams: prefetch::Streams::default(),
             spent: std::collections::BTreeMap::new(),
             spent_pages: 0,
+            blocks: std::collections::BTreeSet::new(),
         }
     }
 
@@ -304,6 +309,17 @@ static FORK_STATE: Mutex<Option<ForkState>> = Mutex::new(None);
 
 thread_local! {
     static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runtime threads created but not yet marked as such (see [`spawning_runtime_thread`]).
+static SPAWNING: AtomicUsize = AtomicUsize::new(0);
+
+/// True while a runtime thread is being started: the C library and Rust's thread set-up allocate
+/// on the new thread before it can mark itself (`is_runtime_thread`), so an interposer that must
+/// keep runtime threads off the program's allocator treats every allocation in that short
+/// window as the runtime's.
+pub fn spawning_runtime_thread() -> bool {
+    SPAWNING.load(Ordering::Acquire) != 0
 }
 
 /// True on the runtime's own threads (handler, write-back, watchdog): their allocations must
@@ -510,11 +526,13 @@ impl Runtime {
         }
         let spawn = |name: &str, f: fn(Arc<Inner>)| {
             let i = inner.clone();
-            std::thread::Builder::new()
+            SPAWNING.fetch_add(1, Ordering::AcqRel);
+            let started = std::thread::Builder::new()
                 .name(name.into())
                 .stack_size(256 << 10)
                 .spawn(move || {
                     RUNTIME_THREAD.with(|t| t.set(true));
+                    SPAWNING.fetch_sub(1, Ordering::AcqRel);
                     sys::block_sigpipe();
                     // A runtime thread that dies would leave the program waiting on a fault
                     // forever: stop the program instead, saying why.
@@ -523,7 +541,11 @@ impl Runtime {
                         eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
                         sys::exit_immediately(sys::EXIT_BRICK_LOST);
                     }
-                })
+                });
+            if started.is_err() {
+                SPAWNING.fetch_sub(1, Ordering::AcqRel);
+            }
+            started
         };
         spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
         spawn("rackmem-wb", writeback::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
@@ -750,6 +772,27 @@ impl Runtime {
         }
     }
 
+    /// Like [`Runtime::alloc`], for a malloc-family block: `free`, `realloc` and
+    /// `malloc_usable_size` recognise it by [`Runtime::is_block`].
+    pub fn alloc_block(&self, size: usize, align: usize) -> Option<usize> {
+        let a = self.alloc(size, align)?;
+        let page = self.page_of(a)?;
+        self.inner.lock().blocks.insert(page);
+        Some(a)
+    }
+
+    /// True if `addr` is the start of a live block from [`Runtime::alloc_block`]. Other window
+    /// addresses belong to mappings (the program's allocator may carve its own blocks there).
+    pub fn is_block(&self, addr: usize) -> bool {
+        if addr % PAGE_SIZE != 0 {
+            return false;
+        }
+        let Some(page) = self.page_of(addr) else {
+            return false;
+        };
+        self.inner.lock().blocks.contains(&page)
+    }
+
     /// The usable size of the window allocation starting at `addr`, if it is one.
     pub fn usable_size(&self, addr: usize) -> Option<usize> {
         let page = self.page_of(addr)?;
@@ -824,6 +867,10 @@ impl Runtime {
         let pages = (len as u64).div_ceil(PAGE);
         self.discard_contents(first, pages);
         let mut c = self.inner.lock();
+        let gone: Vec<u64> = c.blocks.range(first..first + pages).copied().collect();
+        for b in gone {
+            c.blocks.remove(&b);
+        }
         let freed = c.alloc.free_range(first, pages);
         let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
@@ -1100,6 +1147,7 @@ pub fn fork_child() {
         // Same-filled pages live in the parent's core only, not on the brick: the child's
         // remote pages must read as the parent's did.
         core.fills = c.fills.clone();
+        core.blocks = c.blocks.clone();
         drop(c);
         Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))
     });
