@@ -184,17 +184,21 @@ impl Drop for Inside {
     }
 }
 
+/// A malloc-family block of `size` bytes in the window, if it is large enough to go there.
 fn window_alloc(size: usize, align: usize) -> Option<*mut c_void> {
+    let rt = window_runtime(size)?;
+    let _call = CallGuard::enter();
+    let _inside = Inside::enter();
+    rt.alloc_block(size, align).map(|a| a as *mut c_void)
+}
+
+/// The runtime, if a request of `size` bytes goes to the window.
+fn window_runtime(size: usize) -> Option<Arc<Runtime>> {
     if !wants_window(size) {
         return None;
     }
     let rt = runtime()?;
-    if (size as u64) < rt.config().threshold_bytes {
-        return None;
-    }
-    let _call = CallGuard::enter();
-    let _inside = Inside::enter();
-    rt.alloc_block(size, align).map(|a| a as *mut c_void)
+    ((size as u64) >= rt.config().threshold_bytes).then_some(rt)
 }
 
 /// True if `p` is a window block of the malloc family (not a block the program's allocator
@@ -652,8 +656,13 @@ pub unsafe extern "C" fn mmap(
     let special =
         libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_STACK;
     if addr.is_null() && private_anon && flags & special == 0 && prot == libc::PROT_READ | libc::PROT_WRITE {
-        if let Some(p) = window_alloc(len, 4096) {
-            return p;
+        if let Some(rt) = window_runtime(len) {
+            let _call = CallGuard::enter();
+            let _inside = Inside::enter();
+            // A mapping, not a block: the program's allocator may carve blocks from it.
+            if let Some(p) = rt.alloc(len, 4096) {
+                return p as *mut c_void;
+            }
         }
     }
     let r = raw_mmap(addr, len, prot, flags, fd, off) as libc::c_long;
