@@ -653,14 +653,37 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     let private_anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
         == (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-    let special =
-        libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_STACK;
-    if addr.is_null() && private_anon && flags & special == 0 && prot == libc::PROT_READ | libc::PROT_WRITE {
+    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+    let special = libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_STACK;
+    if fixed && in_window(addr as usize) {
+        if let Some(rt) = rackmem_runtime::global() {
+            let _call = CallGuard::enter();
+            let _inside = Inside::enter();
+            if private_anon && flags & special == 0 {
+                // Commit, decommit or fresh pages inside the window (JVM, V8, mimalloc).
+                let noreplace = flags & libc::MAP_FIXED == 0;
+                return match rt.map_fixed(addr as usize, len, prot, noreplace) {
+                    Ok(a) => a as *mut c_void,
+                    Err(e) => {
+                        set_errno(e);
+                        libc::MAP_FAILED
+                    }
+                };
+            }
+            // A file or shared mapping into a reserved window range (a JVM's class-data
+            // archive): the range leaves the window, then the kernel maps it.
+            if let Err(e) = rt.lend(addr as usize, len) {
+                set_errno(e);
+                return libc::MAP_FAILED;
+            }
+        }
+    } else if private_anon && !fixed && flags & special == 0 {
+        // Any protection: reservations (PROT_NONE) go to the window too, and a hint is honoured
+        // when it names free window space, ignored otherwise.
         if let Some(rt) = window_runtime(len) {
             let _call = CallGuard::enter();
             let _inside = Inside::enter();
-            // A mapping, not a block: the program's allocator may carve blocks from it.
-            if let Some(p) = rt.alloc(len, 4096) {
+            if let Some(p) = rt.map(addr as usize, len, prot) {
                 return p as *mut c_void;
             }
         }
@@ -758,8 +781,32 @@ pub unsafe extern "C" fn mremap(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
+    let plain = prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == 0;
+    if plain && in_window(addr as usize) {
+        if let Some(rt) = rackmem_runtime::global() {
+            let _call = CallGuard::enter();
+            let _inside = Inside::enter();
+            if !rt.is_lent(addr as usize) {
+                return match rt.protect(addr as usize, len, prot) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        set_errno(e);
+                        -1
+                    }
+                };
+            }
+        }
+    }
+    // SAFETY: the mprotect system call with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) };
+    syscall_result(r) as c_int
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
-    if in_window(addr as usize) {
+    let lent = in_window(addr as usize) && rackmem_runtime::global().is_some_and(|rt| rt.is_lent(addr as usize));
+    if in_window(addr as usize) && !lent {
         if matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE) {
             if let Some(rt) = rackmem_runtime::global() {
                 let _call = CallGuard::enter();
