@@ -413,10 +413,14 @@ impl Handler {
             // the write-back thread may have finished pages).
             let mut c = inner.lock();
             let mut kinds = Vec::with_capacity(n as usize);
+            // A run stays within one protection: read-ahead must not fill a reservation
+            // (PROT_NONE) next to committed memory, nor pages lent to a file mapping (no
+            // longer registered with the userfaultfd).
+            let fault_prot = c.prot_of(fault);
             // From the faulting page outward: the run must still contain it.
             let page = if down {
                 let mut p = fault;
-                while p >= start && fits(c.pages[p as usize] & loc::MASK) {
+                while p >= start && fits(c.pages[p as usize] & loc::MASK) && c.prot_of(p) == fault_prot {
                     kinds.push(c.pages[p as usize]);
                     if p == start {
                         break;
@@ -428,6 +432,9 @@ impl Handler {
             } else {
                 for p in start..start + n {
                     let s = c.pages[p as usize];
+                    if c.prot_of(p) != fault_prot {
+                        break;
+                    }
                     match s & loc::MASK {
                         loc::EMPTY | loc::REMOTE => kinds.push(s),
                         _ => break,
@@ -458,7 +465,11 @@ impl Handler {
                     }
                     None => loc::RESIDENT | (s & loc::BRICK_VALID),
                 };
-                c.policy.inserted(p as u32);
+                // A page of a range that is not read-write cannot move to the staging area: it
+                // stays resident until the program makes it read-write again or frees it.
+                if c.movable(p) {
+                    c.policy.inserted(p as u32);
+                }
             }
             c.resident += n;
             let epoch = c.epoch;

@@ -62,6 +62,29 @@ const DEFAULT_SEGMENT_CAP: u64 = 16 << 30;
 const DEFAULT_SEGMENT_DIVISOR: u64 = 4;
 
 /// Where a page of the window is. The low two bits of a page's state byte.
+/// A window page's protection when it is not the window's read-write (`Core::prot`).
+pub(crate) mod prot {
+    /// Set for every page whose protection differs from read-write.
+    pub const SET: u8 = 0x80;
+    /// The page is lent to a file or shared mapping the program made with `MAP_FIXED`: not
+    /// the window's until the program unmaps it.
+    pub const FOREIGN: u8 = 0x40;
+    /// Low bits: the `PROT_*` value.
+    pub const MASK: u8 = 7;
+    /// The state byte for `prot` (0 for read-write).
+    pub fn encode(p: i32) -> u8 {
+        if p == libc::PROT_READ | libc::PROT_WRITE {
+            0
+        } else {
+            SET | (p as u8 & MASK)
+        }
+    }
+    /// True if the page is neither readable nor writable, or lent: it holds no committed memory.
+    pub fn uncommitted(b: u8) -> bool {
+        b & FOREIGN != 0 || (b & SET != 0 && b & MASK == 0)
+    }
+}
+
 pub(crate) mod loc {
     /// Never written to a brick (or released): the next touch installs zeros.
     pub const EMPTY: u8 = 0;
@@ -149,6 +172,16 @@ pub(crate) struct Core {
     pub spent: std::collections::BTreeMap<u32, u32>,
     /// Slots in `spent`.
     pub spent_pages: u32,
+    /// First pages of the regions handed out as malloc-family blocks (see
+    /// [`Runtime::alloc_block`]); other regions are mappings, inside which the program's own
+    /// allocator may place its blocks.
+    pub blocks: std::collections::BTreeSet<u64>,
+    /// Protection of each window page that is not read-write, as `prot::` bits (0: read-write,
+    /// the window's own). Kept apart from `pages`, whose state the data path rewrites.
+    pub prot: Vec<u8>,
+    /// Allocated pages that are not committed: `PROT_NONE` or lent to a file mapping. The
+    /// local buffer's percentage is of the committed footprint.
+    pub uncommitted: u64,
 }
 
 impl Core {
@@ -168,6 +201,9 @@ impl Core {
             streams: prefetch::Streams::default(),
             spent: std::collections::BTreeMap::new(),
             spent_pages: 0,
+            blocks: std::collections::BTreeSet::new(),
+            prot: Vec::new(),
+            uncommitted: 0,
         }
     }
 
@@ -177,6 +213,61 @@ impl Core {
             vec![loc::EMPTY; window_pages as usize],
             RegionAllocator::new(window_pages),
         )
+    }
+
+    /// Allocated pages holding committed memory (not `PROT_NONE`, not lent to a file mapping).
+    pub fn committed_pages(&self) -> u64 {
+        self.alloc.allocated_pages().saturating_sub(self.uncommitted)
+    }
+
+    /// The protection byte of `page` (0: read-write).
+    pub fn prot_of(&self, page: u64) -> u8 {
+        self.prot.get(page as usize).copied().unwrap_or(0)
+    }
+
+    /// True if a resident page may be chosen as a victim: `UFFDIO_MOVE` only moves between
+    /// areas of the same protection, and the staging area is read-write.
+    pub fn movable(&self, page: u64) -> bool {
+        self.prot_of(page) == 0
+    }
+
+    /// Records `b` as the protection of `[first, first+count)`: keeps the uncommitted count,
+    /// and takes resident pages that cannot move out of the eviction policy (or puts them back).
+    /// Lent pages keep their state unless `force` (the program's mprotect on a file mapping is
+    /// the kernel's business).
+    pub fn set_prot(&mut self, first: u64, count: u64, b: u8, force: bool) {
+        if self.prot.is_empty() && b == 0 {
+            return;
+        }
+        if self.prot.len() < self.pages.len() {
+            self.prot.resize(self.pages.len(), 0);
+        }
+        let end = (first + count).min(self.pages.len() as u64);
+        for p in first..end {
+            let old = self.prot[p as usize];
+            if old == b || (old & prot::FOREIGN != 0 && !force) {
+                continue;
+            }
+            self.prot[p as usize] = b;
+            match (prot::uncommitted(old), prot::uncommitted(b)) {
+                (false, true) => self.uncommitted += 1,
+                (true, false) => self.uncommitted -= 1,
+                _ => {}
+            }
+            if self.loc(p) == loc::RESIDENT {
+                if b == 0 {
+                    self.policy.inserted(p as u32);
+                } else if old == 0 {
+                    self.policy.removed(p as u32);
+                }
+            }
+        }
+    }
+
+    /// True if any page of `[first, first+count)` is being evicted (moved out, written back).
+    pub fn any_evicting(&self, first: u64, count: u64) -> bool {
+        let end = (first + count).min(self.pages.len() as u64);
+        !self.evicting.is_empty() && (first..end).any(|p| self.loc(p) == loc::EVICTING)
     }
 
     pub fn loc(&self, page: u64) -> u8 {
@@ -258,7 +349,7 @@ impl Inner {
         let b = self
             .cfg
             .budget
-            .pages(core.alloc.allocated_pages() * PAGE, PAGE, MIN_BUDGET_PAGES);
+            .pages(core.committed_pages() * PAGE, PAGE, MIN_BUDGET_PAGES);
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
     }
@@ -306,6 +397,17 @@ static FORK_STATE: Mutex<Option<ForkState>> = Mutex::new(None);
 
 thread_local! {
     static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runtime threads created but not yet marked as such (see [`spawning_runtime_thread`]).
+static SPAWNING: AtomicUsize = AtomicUsize::new(0);
+
+/// True while a runtime thread is being started: the C library and Rust's thread set-up allocate
+/// on the new thread before it can mark itself (`is_runtime_thread`), so an interposer that must
+/// keep runtime threads off the program's allocator treats every allocation in that short
+/// window as the runtime's.
+pub fn spawning_runtime_thread() -> bool {
+    SPAWNING.load(Ordering::Acquire) != 0
 }
 
 /// True on the runtime's own threads (handler, write-back, watchdog): their allocations must
@@ -513,11 +615,13 @@ impl Runtime {
         }
         let spawn = |name: &str, f: fn(Arc<Inner>)| {
             let i = inner.clone();
-            std::thread::Builder::new()
+            SPAWNING.fetch_add(1, Ordering::AcqRel);
+            let started = std::thread::Builder::new()
                 .name(name.into())
                 .stack_size(256 << 10)
                 .spawn(move || {
                     RUNTIME_THREAD.with(|t| t.set(true));
+                    SPAWNING.fetch_sub(1, Ordering::AcqRel);
                     sys::block_sigpipe();
                     // A runtime thread that dies would leave the program waiting on a fault
                     // forever: stop the program instead, saying why.
@@ -526,7 +630,11 @@ impl Runtime {
                         eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
                         sys::exit_immediately(sys::EXIT_BRICK_LOST);
                     }
-                })
+                });
+            if started.is_err() {
+                SPAWNING.fetch_sub(1, Ordering::AcqRel);
+            }
+            started
         };
         spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
         spawn("rackmem-wb", writeback::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
@@ -753,6 +861,257 @@ impl Runtime {
         }
     }
 
+    /// A private anonymous mapping of `len` bytes with protection `prot` (any of `PROT_NONE`,
+    /// read-only, read-write, with or without exec): at `hint` if the whole range is free window
+    /// space there, anywhere in the window otherwise (a hint is only a hint, as in mmap(2)).
+    pub fn map(&self, hint: usize, len: usize, prot: i32) -> Option<usize> {
+        let pages = (len.max(1) as u64).div_ceil(PAGE);
+        let at = self
+            .page_of(hint)
+            .filter(|&h| hint % PAGE_SIZE == 0 && h + pages <= self.window_pages());
+        let addr = match at.filter(|&h| self.inner.lock().alloc.alloc_at(h, pages)) {
+            Some(h) => {
+                if !self.ensure_backed(h + pages) {
+                    self.inner.lock().alloc.free_range(h, pages);
+                    return None;
+                }
+                self.account_allocation();
+                self.inner.page_addr(h)
+            }
+            None => self.alloc(len, PAGE_SIZE)?,
+        };
+        if prot != libc::PROT_READ | libc::PROT_WRITE && self.protect(addr, len, prot).is_err() {
+            self.release(addr, len);
+            return None;
+        }
+        Some(addr)
+    }
+
+    fn window_pages(&self) -> u64 {
+        (self.inner.window.len() / PAGE_SIZE) as u64
+    }
+
+    fn account_allocation(&self) {
+        let allocated = self.inner.lock().alloc.allocated_pages() * PAGE;
+        let s = &self.inner.stats;
+        s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
+        s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
+        s.window_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `mprotect(2)` on window pages: applies `prot` and records it. Pages that are not
+    /// read-write leave the eviction policy (they cannot be moved to the read-write staging
+    /// area) and `PROT_NONE` pages stop counting as committed. Pages being evicted are waited
+    /// for first, so no move is refused half-way. Err(errno): ENOMEM if part of the range is
+    /// not allocated (as mmap(2) says of unmapped pages).
+    pub fn protect(&self, addr: usize, len: usize, prot: i32) -> Result<(), i32> {
+        let first = self.page_of(addr).ok_or(libc::ENOMEM)?;
+        let pages = (len as u64).div_ceil(PAGE);
+        let end = first + pages;
+        if addr % PAGE_SIZE != 0 || end > self.window_pages() {
+            return Err(libc::EINVAL);
+        }
+        let b = prot::encode(prot);
+        let mut c = self.inner.lock();
+        let mut p = first;
+        while p < end {
+            match c.alloc.region_containing(p) {
+                Some((s, l)) => p = s + l,
+                None => return Err(libc::ENOMEM),
+            }
+        }
+        while c.any_evicting(first, pages) {
+            c = self
+                .inner
+                .core_cv
+                .wait_timeout(c, Duration::from_millis(5))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let syscall = || {
+            rackmem_uffd::mprotect(addr, (pages * PAGE) as usize, prot)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+        };
+        if b != 0 {
+            // Out of the policy before the protection changes: the handler never picks them.
+            c.set_prot(first, pages, b, false);
+            drop(c);
+            syscall()?;
+        } else {
+            drop(c);
+            syscall()?;
+            self.inner.lock().set_prot(first, pages, 0, false);
+        }
+        self.inner.budget_pages(&self.inner.lock());
+        Ok(())
+    }
+
+    /// `mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS)` over window pages: as on Linux, the
+    /// range becomes fresh zero pages with protection `prot`; free window space in it is
+    /// allocated exactly there. `noreplace`: MAP_FIXED_NOREPLACE (EEXIST over allocated pages).
+    pub fn map_fixed(&self, addr: usize, len: usize, prot: i32, noreplace: bool) -> Result<usize, i32> {
+        let first = self.page_of(addr).ok_or(libc::EINVAL)?;
+        let pages = (len as u64).div_ceil(PAGE);
+        let end = first + pages;
+        if addr % PAGE_SIZE != 0 || len == 0 || end > self.window_pages() {
+            return Err(libc::EINVAL);
+        }
+        {
+            let mut c = self.inner.lock();
+            let mut p = first;
+            let mut holes = Vec::new();
+            while p < end {
+                match c.alloc.region_containing(p) {
+                    Some((s, l)) if noreplace => {
+                        let _ = (s, l);
+                        return Err(libc::EEXIST);
+                    }
+                    Some((s, l)) => p = (s + l).min(end),
+                    None => {
+                        let mut q = p + 1;
+                        while q < end && c.alloc.region_containing(q).is_none() {
+                            q += 1;
+                        }
+                        holes.push((p, q - p));
+                        p = q;
+                    }
+                }
+            }
+            for (s, n) in holes {
+                if !c.alloc.alloc_at(s, n) {
+                    return Err(libc::ENOMEM);
+                }
+            }
+        }
+        if !self.ensure_backed(end) {
+            return Err(libc::ENOMEM);
+        }
+        self.account_allocation();
+        self.give_back_lent(first, pages);
+        self.discard_contents(first, pages);
+        self.protect(addr, len, prot)?;
+        Ok(addr)
+    }
+
+    /// Lends window pages to a file or shared mapping the program puts there with `MAP_FIXED`
+    /// (a JVM maps its class-data archive into its reserved heap range): their contents are
+    /// released and they count as uncommitted; free pages in the range are allocated so they
+    /// are never handed out. The caller then makes the real mapping, which takes the range out
+    /// of the userfaultfd. [`Runtime::release`] gives them back to the window.
+    pub fn lend(&self, addr: usize, len: usize) -> Result<(), i32> {
+        let first = self.page_of(addr).ok_or(libc::EINVAL)?;
+        let pages = (len as u64).div_ceil(PAGE);
+        let end = first + pages;
+        if addr % PAGE_SIZE != 0 || end > self.window_pages() {
+            return Err(libc::EINVAL);
+        }
+        {
+            let mut c = self.inner.lock();
+            for p in first..end {
+                if c.alloc.region_containing(p).is_none() && !c.alloc.alloc_at(p, 1) {
+                    return Err(libc::ENOMEM);
+                }
+            }
+        }
+        // Read-write again first, so the discard below and any eviction see plain pages.
+        self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
+        self.discard_contents(first, pages);
+        let mut c = self.inner.lock();
+        c.set_prot(first, pages, prot::FOREIGN, true);
+        Ok(())
+    }
+
+    /// True if `addr` is a window page lent to a file or shared mapping.
+    pub fn is_lent(&self, addr: usize) -> bool {
+        self.page_of(addr)
+            .is_some_and(|p| self.inner.lock().prot_of(p) & prot::FOREIGN != 0)
+    }
+
+    /// Gives lent pages of `[first, first+pages)` back to the window: fresh anonymous memory
+    /// replaces the program's mapping there and is registered with the userfaultfd again.
+    fn give_back_lent(&self, first: u64, pages: u64) {
+        let runs = self.prot_runs(first, pages, |b| b & prot::FOREIGN != 0);
+        for (s, n) in runs {
+            let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
+            let back = rackmem_uffd::remap_anonymous(addr, len)
+                .and_then(|_| rackmem_uffd::madvise_dontfork(addr, len))
+                .and_then(|_| {
+                    self.inner
+                        .uffd
+                        .register(
+                            addr,
+                            len,
+                            RegisterMode {
+                                missing: true,
+                                wp: false,
+                                minor: false,
+                            },
+                        )
+                        .map(|_| ())
+                });
+            if let Err(e) = back {
+                self.inner.internal_error(&format!(
+                    "giving window pages {addr:#x}+{len} back from a file mapping: {e}"
+                ));
+            }
+            self.inner.lock().set_prot(s, n, 0, true);
+        }
+    }
+
+    /// Runs of pages in `[first, first+pages)` whose protection byte satisfies `f`.
+    fn prot_runs(&self, first: u64, pages: u64, f: impl Fn(u8) -> bool) -> Vec<(u64, u64)> {
+        let c = self.inner.lock();
+        if c.prot.is_empty() {
+            return Vec::new();
+        }
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for p in first..(first + pages).min(c.prot.len() as u64) {
+            if f(c.prot[p as usize]) {
+                match out.last_mut() {
+                    Some((s, n)) if *s + *n == p => *n += 1,
+                    _ => out.push((p, 1)),
+                }
+            }
+        }
+        out
+    }
+
+    /// Makes `[first, first+pages)` plain read-write window memory again (before it is freed):
+    /// lent pages come back, other protections are lifted.
+    fn restore_window(&self, first: u64, pages: u64) {
+        self.give_back_lent(first, pages);
+        for (s, n) in self.prot_runs(first, pages, |b| b != 0) {
+            let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
+            if let Err(e) = rackmem_uffd::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
+                self.inner.internal_error(&format!(
+                    "making freed window pages {addr:#x}+{len} read-write again: {e}"
+                ));
+            }
+            self.inner.lock().set_prot(s, n, 0, true);
+        }
+    }
+
+    /// Like [`Runtime::alloc`], for a malloc-family block: `free`, `realloc` and
+    /// `malloc_usable_size` recognise it by [`Runtime::is_block`].
+    pub fn alloc_block(&self, size: usize, align: usize) -> Option<usize> {
+        let a = self.alloc(size, align)?;
+        let page = self.page_of(a)?;
+        self.inner.lock().blocks.insert(page);
+        Some(a)
+    }
+
+    /// True if `addr` is the start of a live block from [`Runtime::alloc_block`]. Other window
+    /// addresses belong to mappings (the program's allocator may carve its own blocks there).
+    pub fn is_block(&self, addr: usize) -> bool {
+        if addr % PAGE_SIZE != 0 {
+            return false;
+        }
+        let Some(page) = self.page_of(addr) else {
+            return false;
+        };
+        self.inner.lock().blocks.contains(&page)
+    }
+
     /// The usable size of the window allocation starting at `addr`, if it is one.
     pub fn usable_size(&self, addr: usize) -> Option<usize> {
         let page = self.page_of(addr)?;
@@ -825,8 +1184,13 @@ impl Runtime {
             return;
         };
         let pages = (len as u64).div_ceil(PAGE);
+        self.restore_window(first, pages);
         self.discard_contents(first, pages);
         let mut c = self.inner.lock();
+        let gone: Vec<u64> = c.blocks.range(first..first + pages).copied().collect();
+        for b in gone {
+            c.blocks.remove(&b);
+        }
         let freed = c.alloc.free_range(first, pages);
         let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
@@ -1106,8 +1470,30 @@ pub fn fork_child() {
         // Same-filled pages live in the parent's core only, not on the brick: the child's
         // remote pages must read as the parent's did.
         core.fills = c.fills.clone();
+        core.blocks = c.blocks.clone();
+        // Protections are the program's: the child's fresh window gets them back below.
+        core.prot = c.prot.clone();
+        core.uncommitted = c.uncommitted;
         drop(c);
-        Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))
+        let prot_runs: Vec<(u64, u64, u8)> = {
+            let mut out: Vec<(u64, u64, u8)> = Vec::new();
+            for (p, &b) in core.prot.iter().enumerate() {
+                if b & prot::SET == 0 {
+                    continue;
+                }
+                match out.last_mut() {
+                    Some((s, n, ob)) if *ob == b && *s + *n == p as u64 => *n += 1,
+                    _ => out.push((p as u64, 1, b)),
+                }
+            }
+            out
+        };
+        let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
+        for (s, n, b) in prot_runs {
+            let addr = child.inner.page_addr(s);
+            rackmem_uffd::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;
+        }
+        Ok(child)
     });
     match result {
         Ok(child) => {

@@ -76,6 +76,31 @@ impl RegionAllocator {
         Some(aligned)
     }
 
+    /// Allocates exactly `[start, start + pages)` if every page of it is free (an `mmap` hint
+    /// or `MAP_FIXED` into free window space).
+    pub fn alloc_at(&mut self, start: u64, pages: u64) -> bool {
+        if pages == 0 {
+            return false;
+        }
+        let Some((&fs, &fl)) = self.free.range(..=start).next_back() else {
+            return false;
+        };
+        let end = start + pages;
+        if fs + fl < end {
+            return false;
+        }
+        self.free.remove(&fs);
+        if start > fs {
+            self.free.insert(fs, start - fs);
+        }
+        if fs + fl > end {
+            self.free.insert(end, fs + fl - end);
+        }
+        self.live.insert(start, pages);
+        self.allocated_pages += pages;
+        true
+    }
+
     /// The live region starting exactly at `start`, as its length in pages.
     pub fn region_at(&self, start: u64) -> Option<u64> {
         self.live.get(&start).copied()
@@ -217,6 +242,10 @@ mod tests {
         assert!(a.resize_in_place(10, 12));
         assert!(!a.resize_in_place(10, 40));
         assert_eq!(a.alloc(1000, 1), None);
+        assert!(a.alloc_at(60, 4));
+        assert!(!a.alloc_at(62, 4), "overlaps a live region");
+        assert_eq!(a.region_at(60), Some(4));
+        a.check_invariants().unwrap();
     }
 
     #[test]

@@ -281,7 +281,20 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
             continue;
         };
         let seg = crate::handler::segment_or_die(inner, brick);
-        inner.window.read(p as usize * PAGE_SIZE, &mut page);
+        let b = c.prot_of(p);
+        if b & crate::prot::SET != 0 && i32::from(b & crate::prot::MASK) & libc::PROT_READ == 0 {
+            // Not readable through the window (PROT_NONE kept with its contents): read it the
+            // way a debugger does, never through the mapping (a fault here would kill the
+            // program).
+            use std::os::unix::fs::FileExt;
+            let read = std::fs::File::open("/proc/self/mem")
+                .and_then(|f| f.read_exact_at(&mut page, inner.page_addr(p) as u64));
+            if let Err(e) = read {
+                inner.internal_error(&format!("reading protected window page {p} before fork: {e}"));
+            }
+        } else {
+            inner.window.read(p as usize * PAGE_SIZE, &mut page);
+        }
         let brick_valid = c.pages[p as usize] & loc::BRICK_VALID != 0;
         let hash = c.hashes.get(&(p as u32)).copied().unwrap_or(zero_hash);
         let mapped = Some(&seg).filter(|s| s.shared.is_some());

@@ -37,7 +37,9 @@ mod pagemap;
 mod shared;
 
 pub use bell::{wait_readable, Doorbell, Woken};
-pub use mem::{break_cow, madvise_dontfork, madvise_dontneed, try_break_cow, Mapping, PAGE_SIZE};
+pub use mem::{
+    break_cow, madvise_dontfork, madvise_dontneed, mprotect, remap_anonymous, try_break_cow, Mapping, PAGE_SIZE,
+};
 pub use pagemap::{page_is, pm_scan, PageRegion, Pagemap, ScanRequest};
 pub use shared::{recv_with_fds, send_with_fd, SharedMemory};
 

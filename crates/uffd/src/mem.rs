@@ -395,3 +395,20 @@ pub fn break_cow(addr: usize) {
     // Ignored by design (see above): the retry of MOVE is the check.
     let _ = try_break_cow(addr);
 }
+
+/// `mprotect(2)` on `[addr, addr + len)` of the window: the program asked for this protection
+/// (a reserve-then-commit allocator); the VMA split keeps its userfaultfd registration.
+pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), UffdError> {
+    // SAFETY: mprotect touches no memory through a pointer; the caller applies to its window
+    // the protection the program asked for its own range, so accesses the program makes
+    // afterwards are the ones it allowed.
+    let r = unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) };
+    check("mprotect", addr, len, r).map(|_| ())
+}
+
+/// Puts fresh private anonymous read-write memory at `[addr, addr + len)`, replacing whatever
+/// mapping the program had put there (MAP_FIXED): a range of the window that a file mapping
+/// borrowed comes back to the window (the caller registers it with its userfaultfd again).
+pub fn remap_anonymous(addr: usize, len: usize) -> Result<(), UffdError> {
+    check("mmap(MAP_FIXED)", addr, len, sys_mmap(addr, len, libc::MAP_FIXED)).map(|_| ())
+}

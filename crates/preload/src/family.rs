@@ -1,0 +1,543 @@
+//! The program's own allocator: the malloc family this shim passes small requests to.
+//!
+//! A program may bring its allocator as a shared library it links (redis-server links
+//! jemalloc) or one preloaded after this shim (`LD_PRELOAD=librackmem.so:libtcmalloc.so`). Its
+//! pointers must only ever reach its own functions: `malloc` from jemalloc and
+//! `malloc_usable_size` from glibc on the same pointer crashes. So the whole family is looked up
+//! with `dlsym(RTLD_NEXT, ...)` once, and a function counts only if it lives in the same object
+//! as the `malloc` found (`dladdr`): a name the allocator does not define (jemalloc has no
+//! `pvalloc`) would otherwise resolve to glibc's. Missing members are built from the others.
+//! When the next `malloc` is glibc's, glibc's `__libc_*` entry points are used directly.
+//!
+//! `dlsym` may itself call `calloc`/`malloc` while the lookup runs; those calls are served
+//! from a small static bootstrap arena, whose blocks `free` recognises and ignores.
+
+use libc::{c_int, c_void, size_t};
+use std::ptr;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+extern "C" {
+    pub fn __libc_malloc(size: size_t) -> *mut c_void;
+    pub fn __libc_calloc(n: size_t, size: size_t) -> *mut c_void;
+    pub fn __libc_realloc(p: *mut c_void, size: size_t) -> *mut c_void;
+    pub fn __libc_memalign(align: size_t, size: size_t) -> *mut c_void;
+    pub fn __libc_free(p: *mut c_void);
+}
+
+type MallocFn = unsafe extern "C" fn(size_t) -> *mut c_void;
+type CallocFn = unsafe extern "C" fn(size_t, size_t) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, size_t) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type MemalignFn = unsafe extern "C" fn(size_t, size_t) -> *mut c_void;
+type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, size_t, size_t) -> c_int;
+type UsableFn = unsafe extern "C" fn(*mut c_void) -> size_t;
+type ReallocarrayFn = unsafe extern "C" fn(*mut c_void, size_t, size_t) -> *mut c_void;
+/// jemalloc's extended API (`mallocx(3)`).
+pub type MallocxFn = unsafe extern "C" fn(size_t, c_int) -> *mut c_void;
+pub type RallocxFn = unsafe extern "C" fn(*mut c_void, size_t, c_int) -> *mut c_void;
+pub type XallocxFn = unsafe extern "C" fn(*mut c_void, size_t, size_t, c_int) -> size_t;
+pub type SallocxFn = unsafe extern "C" fn(*const c_void, c_int) -> size_t;
+pub type DallocxFn = unsafe extern "C" fn(*mut c_void, c_int);
+pub type SdallocxFn = unsafe extern "C" fn(*mut c_void, size_t, c_int);
+
+/// The next allocator's functions; `None` where it does not define one.
+pub struct Next {
+    /// True when the next `malloc` is glibc's: the `__libc_*` entry points are used.
+    pub glibc: bool,
+    malloc: Option<MallocFn>,
+    calloc: Option<CallocFn>,
+    realloc: Option<ReallocFn>,
+    free: Option<FreeFn>,
+    memalign: Option<MemalignFn>,
+    aligned_alloc: Option<MemalignFn>,
+    posix_memalign: Option<PosixMemalignFn>,
+    valloc: Option<MallocFn>,
+    pvalloc: Option<MallocFn>,
+    usable: Option<UsableFn>,
+    reallocarray: Option<ReallocarrayFn>,
+    pub mallocx: Option<MallocxFn>,
+    pub rallocx: Option<RallocxFn>,
+    pub xallocx: Option<XallocxFn>,
+    pub sallocx: Option<SallocxFn>,
+    pub dallocx: Option<DallocxFn>,
+    pub sdallocx: Option<SdallocxFn>,
+}
+
+const GLIBC: Next = Next {
+    glibc: true,
+    malloc: None,
+    calloc: None,
+    realloc: None,
+    free: None,
+    memalign: None,
+    aligned_alloc: None,
+    posix_memalign: None,
+    valloc: None,
+    pvalloc: None,
+    usable: None,
+    reallocarray: None,
+    mallocx: None,
+    rallocx: None,
+    xallocx: None,
+    sallocx: None,
+    dallocx: None,
+    sdallocx: None,
+};
+
+const UNRESOLVED: u8 = 0;
+const RESOLVING: u8 = 1;
+const RESOLVED: u8 = 2;
+static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
+/// Written once by the resolving thread before `STATE` becomes `RESOLVED`.
+static mut NEXT: Next = GLIBC;
+
+/// The next allocator, or `None` while it is being looked up (the caller uses the bootstrap
+/// arena then).
+pub fn next() -> Option<&'static Next> {
+    match STATE.load(Ordering::Acquire) {
+        RESOLVED => {}
+        UNRESOLVED => {
+            if STATE
+                .compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let found = resolve();
+                // SAFETY: only the thread that won the exchange writes NEXT, and no thread reads
+                // it before STATE is RESOLVED (Release below, Acquire above).
+                unsafe { *ptr::addr_of_mut!(NEXT) = found };
+                STATE.store(RESOLVED, Ordering::Release);
+            } else if STATE.load(Ordering::Acquire) != RESOLVED {
+                return None;
+            }
+        }
+        _ => return None,
+    }
+    // SAFETY: NEXT is no longer written once STATE is RESOLVED.
+    Some(unsafe { &*ptr::addr_of!(NEXT) })
+}
+
+/// The base address of the object defining `f` (0 if unknown).
+fn object_of(f: *mut c_void) -> usize {
+    // SAFETY: dladdr only reads the loader's tables and fills `info`.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(f as *const c_void, &mut info) == 0 {
+            return 0;
+        }
+        info.dli_fbase as usize
+    }
+}
+
+fn resolve() -> Next {
+    // SAFETY: dlsym with NUL-terminated names; RTLD_NEXT searches the objects after this one.
+    let sym = |name: &std::ffi::CStr| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    let malloc = sym(c"malloc");
+    if malloc.is_null() || malloc as usize == __libc_malloc as *const () as usize {
+        return GLIBC;
+    }
+    let home = object_of(malloc);
+    let libc_home = object_of(__libc_malloc as *const () as *mut c_void);
+    if home == 0 || home == libc_home {
+        return GLIBC;
+    }
+    let own = |name: &std::ffi::CStr| -> Option<usize> {
+        let f = sym(name);
+        (!f.is_null() && object_of(f) == home).then_some(f as usize)
+    };
+    // SAFETY: each pointer is the named function of the allocator, whose C type is the one
+    // its manual gives (malloc(3), posix_memalign(3), mallocx(3)).
+    unsafe {
+        macro_rules! get {
+            ($name:expr, $t:ty) => {
+                own($name).map(|f| std::mem::transmute::<usize, $t>(f))
+            };
+        }
+        Next {
+            glibc: false,
+            malloc: get!(c"malloc", MallocFn),
+            calloc: get!(c"calloc", CallocFn),
+            realloc: get!(c"realloc", ReallocFn),
+            free: get!(c"free", FreeFn),
+            memalign: get!(c"memalign", MemalignFn),
+            aligned_alloc: get!(c"aligned_alloc", MemalignFn),
+            posix_memalign: get!(c"posix_memalign", PosixMemalignFn),
+            valloc: get!(c"valloc", MallocFn),
+            pvalloc: get!(c"pvalloc", MallocFn),
+            usable: get!(c"malloc_usable_size", UsableFn),
+            reallocarray: get!(c"reallocarray", ReallocarrayFn),
+            mallocx: get!(c"mallocx", MallocxFn),
+            rallocx: get!(c"rallocx", RallocxFn),
+            xallocx: get!(c"xallocx", XallocxFn),
+            sallocx: get!(c"sallocx", SallocxFn),
+            dallocx: get!(c"dallocx", DallocxFn),
+            sdallocx: get!(c"sdallocx", SdallocxFn),
+        }
+    }
+}
+
+/// Bootstrap arena: serves allocations made while the next allocator is being looked up.
+/// Each block has a 16-byte header holding its size; blocks are never reused.
+const ARENA_BYTES: usize = 256 << 10;
+#[repr(C, align(4096))]
+struct Arena(std::cell::UnsafeCell<[u8; ARENA_BYTES]>);
+// SAFETY: disjoint blocks are handed out by an atomic bump pointer; each is used by one caller.
+unsafe impl Sync for Arena {}
+static ARENA: Arena = Arena(std::cell::UnsafeCell::new([0; ARENA_BYTES]));
+static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
+
+fn arena_base() -> usize {
+    ARENA.0.get() as usize
+}
+
+/// True if `p` is a bootstrap block (never freed).
+pub fn in_arena(p: *const c_void) -> bool {
+    let a = p as usize;
+    a >= arena_base() && a < arena_base() + ARENA_BYTES
+}
+
+/// A zeroed bootstrap block of `size` bytes aligned to `align` (at most 4096), or null.
+pub fn arena_alloc(size: usize, align: usize) -> *mut c_void {
+    let align = align.clamp(16, 4096);
+    let mut cur = ARENA_USED.load(Ordering::Relaxed);
+    loop {
+        let start = (arena_base() + cur + 16).next_multiple_of(align) - arena_base();
+        let end = start + size;
+        if end > ARENA_BYTES {
+            return ptr::null_mut();
+        }
+        match ARENA_USED.compare_exchange(cur, end, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                let p = (arena_base() + start) as *mut u8;
+                // SAFETY: [start-16, end) lies in the arena and belongs to this caller alone
+                // (the bump pointer moved past it); the header records the size.
+                unsafe { (p.sub(16) as *mut usize).write(size) };
+                return p as *mut c_void;
+            }
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// The size of a bootstrap block.
+pub fn arena_size(p: *const c_void) -> usize {
+    // SAFETY: `p` is a block from `arena_alloc`, whose header sits 16 bytes before it.
+    unsafe { ((p as *const u8).sub(16) as *const usize).read() }
+}
+
+impl Next {
+    /// `malloc` of the program's allocator.
+    pub unsafe fn malloc(&self, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match self.malloc {
+                Some(f) => f(size),
+                None => __libc_malloc(size),
+            }
+        }
+    }
+
+    pub unsafe fn calloc(&self, n: size_t, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match (self.glibc, self.calloc) {
+                (false, Some(f)) => f(n, size),
+                (false, None) => match n.checked_mul(size) {
+                    Some(t) => {
+                        let p = self.malloc(t);
+                        if !p.is_null() {
+                            ptr::write_bytes(p as *mut u8, 0, t);
+                        }
+                        p
+                    }
+                    None => ptr::null_mut(),
+                },
+                _ => __libc_calloc(n, size),
+            }
+        }
+    }
+
+    pub unsafe fn realloc(&self, p: *mut c_void, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match self.realloc {
+                Some(f) => f(p, size),
+                None => __libc_realloc(p, size),
+            }
+        }
+    }
+
+    pub unsafe fn free(&self, p: *mut c_void) {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match self.free {
+                Some(f) => f(p),
+                None => __libc_free(p),
+            }
+        }
+    }
+
+    pub unsafe fn memalign(&self, align: size_t, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            if self.glibc {
+                return __libc_memalign(align, size);
+            }
+            if let Some(f) = self.memalign {
+                return f(align, size);
+            }
+            if let Some(f) = self.posix_memalign {
+                let mut out = ptr::null_mut();
+                let a = align.max(std::mem::size_of::<*mut c_void>());
+                return if f(&mut out, a, size) == 0 {
+                    out
+                } else {
+                    ptr::null_mut()
+                };
+            }
+            match self.aligned_alloc {
+                Some(f) => f(align, size.next_multiple_of(align.max(1))),
+                None => ptr::null_mut(),
+            }
+        }
+    }
+
+    pub unsafe fn aligned_alloc(&self, align: size_t, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match (self.glibc, self.aligned_alloc) {
+                (false, Some(f)) => f(align, size),
+                _ => self.memalign(align, size),
+            }
+        }
+    }
+
+    pub unsafe fn posix_memalign(&self, out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match (self.glibc, self.posix_memalign) {
+                (false, Some(f)) => f(out, align, size),
+                _ => {
+                    let p = self.memalign(align, size);
+                    if p.is_null() {
+                        return libc::ENOMEM;
+                    }
+                    *out = p;
+                    0
+                }
+            }
+        }
+    }
+
+    pub unsafe fn valloc(&self, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match (self.glibc, self.valloc) {
+                (false, Some(f)) => f(size),
+                _ => self.memalign(4096, size),
+            }
+        }
+    }
+
+    pub unsafe fn pvalloc(&self, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match (self.glibc, self.pvalloc) {
+                (false, Some(f)) => f(size),
+                _ => self.memalign(4096, size.div_ceil(4096).max(1) * 4096),
+            }
+        }
+    }
+
+    pub unsafe fn reallocarray(&self, p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            match (self.glibc, self.reallocarray) {
+                (false, Some(f)) => f(p, n, size),
+                _ => match n.checked_mul(size) {
+                    Some(t) => self.realloc(p, t),
+                    None => {
+                        *libc::__errno_location() = libc::ENOMEM;
+                        ptr::null_mut()
+                    }
+                },
+            }
+        }
+    }
+
+    /// `malloc_usable_size` of the program's allocator (0 if it has none).
+    pub unsafe fn usable_size(&self, p: *mut c_void) -> size_t {
+        // SAFETY: calls into the program's allocator (or glibc's) with the arguments of
+        // the caller's own call, whose contract is the C function's.
+        unsafe {
+            if let Some(f) = self.usable {
+                return f(p);
+            }
+            if !self.glibc {
+                return 0;
+            }
+            static GLIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
+            let mut f = GLIBC_USABLE.load(Ordering::Acquire);
+            if f == 0 {
+                f = { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) } as usize;
+                GLIBC_USABLE.store(f, Ordering::Release);
+            }
+            if f == 0 {
+                return 0;
+            }
+            std::mem::transmute::<usize, UsableFn>(f)(p)
+        }
+    }
+}
+
+/// Blocks that glibc gave to the runtime's own calls (see [`internal_malloc`]), so that `free`
+/// can send them back to glibc whatever thread frees them. An open-addressed table of
+/// addresses; 0 is an empty slot, 1 a removed one.
+const TRACK_SLOTS: usize = 1 << 14;
+const REMOVED: usize = 1;
+static TRACKED: [AtomicUsize; TRACK_SLOTS] = [const { AtomicUsize::new(0) }; TRACK_SLOTS];
+static TRACKED_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+fn slot_of(p: usize) -> usize {
+    (p >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - 14)
+}
+
+fn track(p: usize) -> bool {
+    let mut i = slot_of(p);
+    for _ in 0..TRACK_SLOTS {
+        let cur = TRACKED[i].load(Ordering::Acquire);
+        if (cur == 0 || cur == REMOVED)
+            && TRACKED[i]
+                .compare_exchange(cur, p, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            TRACKED_LIVE.fetch_add(1, Ordering::AcqRel);
+            return true;
+        }
+        i = (i + 1) % TRACK_SLOTS;
+    }
+    false
+}
+
+/// Removes `p` from the table; true if it was there (a glibc block of the runtime's calls).
+pub fn untrack(p: *mut c_void) -> bool {
+    let p = p as usize;
+    if TRACKED_LIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let mut i = slot_of(p);
+    for _ in 0..TRACK_SLOTS {
+        match TRACKED[i].load(Ordering::Acquire) {
+            0 => return false,
+            x if x == p => {
+                TRACKED[i].store(REMOVED, Ordering::Release);
+                TRACKED_LIVE.fetch_sub(1, Ordering::AcqRel);
+                return true;
+            }
+            _ => i = (i + 1) % TRACK_SLOTS,
+        }
+    }
+    false
+}
+
+/// True if `p` is a glibc block of the runtime's calls.
+pub fn is_tracked(p: *const c_void) -> bool {
+    let p = p as usize;
+    if TRACKED_LIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let mut i = slot_of(p);
+    for _ in 0..TRACK_SLOTS {
+        match TRACKED[i].load(Ordering::Acquire) {
+            0 => return false,
+            x if x == p => return true,
+            _ => i = (i + 1) % TRACK_SLOTS,
+        }
+    }
+    false
+}
+
+/// A block for a C library call made by the runtime itself (its threads, or a program thread
+/// inside a runtime call): always glibc's, whose memory is never in the window. The program's
+/// allocator may keep its arenas in the window (its large mappings go there), and a runtime
+/// thread touching the window, or making the allocator purge window pages, would wait on a fault
+/// or event only that thread can serve. `zero`: calloc semantics.
+pub fn internal_malloc(size: usize, zero: bool) -> *mut c_void {
+    // SAFETY: plain calls into glibc's allocator.
+    let p = unsafe {
+        if zero {
+            __libc_calloc(1, size)
+        } else {
+            __libc_malloc(size)
+        }
+    };
+    if !p.is_null() && !track(p as usize) {
+        // Table full (the runtime never holds that many C blocks): refuse rather than hand out
+        // a block `free` would send to the wrong allocator.
+        // SAFETY: `p` just came from glibc.
+        unsafe { __libc_free(p) };
+        return ptr::null_mut();
+    }
+    p
+}
+
+/// `realloc` of a tracked glibc block.
+pub fn internal_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `p` is a live glibc block (tracked).
+    let n = unsafe { __libc_realloc(p, size) };
+    if !n.is_null() && n != p {
+        untrack(p);
+        if !track(n as usize) {
+            // SAFETY: `n` just came from glibc.
+            unsafe { __libc_free(n) };
+            return ptr::null_mut();
+        }
+    }
+    n
+}
+
+/// `memalign` for the runtime's own calls (see [`internal_malloc`]).
+pub fn internal_memalign(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: plain call into glibc's allocator.
+    let p = unsafe { __libc_memalign(align, size) };
+    if !p.is_null() && !track(p as usize) {
+        // SAFETY: `p` just came from glibc.
+        unsafe { __libc_free(p) };
+        return ptr::null_mut();
+    }
+    p
+}
+
+/// glibc's `malloc_usable_size` (found in libc.so.6 itself: `RTLD_NEXT` may name another
+/// allocator's).
+pub fn glibc_usable_size(p: *mut c_void) -> usize {
+    static F: AtomicUsize = AtomicUsize::new(0);
+    let mut f = F.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: dlopen of the already loaded C library (RTLD_NOLOAD loads nothing) and dlsym
+        // with NUL-terminated names.
+        f = unsafe {
+            let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if h.is_null() {
+                0
+            } else {
+                libc::dlsym(h, c"malloc_usable_size".as_ptr()) as usize
+            }
+        };
+        F.store(f, Ordering::Release);
+    }
+    if f == 0 {
+        return 0;
+    }
+    // SAFETY: glibc's malloc_usable_size on a live glibc block.
+    unsafe { std::mem::transmute::<usize, UsableFn>(f)(p) }
+}
