@@ -150,9 +150,7 @@ fn wait_line(lines: &std::sync::mpsc::Receiver<String>, want: &str) {
 
 #[test]
 fn memory_grows_through_the_agent_and_goes_back_at_exit() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let c = cluster();
     let args = ["8", "16", "200"];
     let native = native(&program("grow"), &args);
@@ -191,9 +189,7 @@ fn memory_grows_through_the_agent_and_goes_back_at_exit() {
 
 #[test]
 fn managed_bricks_share_segments_with_programs_on_their_host() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The agent's segments come from control-plane grants; SHARE needs only the attached grant.
     // Mapping them is the default for bricks on this host: no option asks for it.
     let c = cluster();
@@ -218,9 +214,7 @@ fn managed_bricks_share_segments_with_programs_on_their_host() {
 
 #[test]
 fn control_plane_restarts_mid_run_without_losing_anything() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut c = cluster();
     let args = ["8", "16", "300"];
     let want = checksums(&native(&program("grow"), &args));
@@ -258,9 +252,7 @@ fn control_plane_restarts_mid_run_without_losing_anything() {
 
 #[test]
 fn a_killed_program_gives_its_memory_back() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let c = cluster();
     let stats = c.dir.path().join("stats.jsonl");
     // It sleeps a minute after its first step: killed while it holds memory.
@@ -295,9 +287,7 @@ fn ask(conn: &mut (UnixStream, BufReader<UnixStream>), line: &str) -> serde_json
 
 #[test]
 fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let c = cluster();
     let s = UnixStream::connect(&c.socket).expect("connect");
     let mut conn = (s.try_clone().expect("clone"), BufReader::new(s));
@@ -345,9 +335,7 @@ fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
 
 #[test]
 fn a_forking_program_on_agent_memory_execs_its_children() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The children exec (a shell, then this program again, which gets memory of its own from
     // the agent); the parent's data survives both.
     let c = cluster();
@@ -370,9 +358,7 @@ fn a_forking_program_on_agent_memory_execs_its_children() {
 
 #[test]
 fn an_unreachable_agent_is_a_clear_error_before_the_program_starts() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new(rackmem());
     cmd.arg("run")

@@ -95,34 +95,26 @@ fn build_dir_file(name: &str) -> PathBuf {
 
 #[test]
 fn glibc_family() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     same_as_native_preloaded(&program("alloc_family"), None);
 }
 
 #[test]
 fn linked_jemalloc_family_and_extended_api() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     same_as_native_preloaded(&alloc_family_jemalloc(), None);
 }
 
 #[test]
 fn preloaded_tcmalloc_family() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lib = system_lib("libtcmalloc_minimal.so.4");
     same_as_native_preloaded(&program("alloc_family"), Some(&lib));
 }
 
 #[test]
 fn preloaded_mimalloc_family() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lib = system_lib("libmimalloc.so.2");
     same_as_native_preloaded(&program("alloc_family"), Some(&lib));
 }
@@ -150,9 +142,7 @@ fn resp(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Vec<u8> {
 
 #[test]
 fn redis_server_linked_with_jemalloc_serves() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     assert!(
         Path::new("/usr/bin/redis-server").exists(),
         "redis-server is missing: install it with scripts/programs.sh"

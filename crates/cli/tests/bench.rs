@@ -34,9 +34,7 @@ fn bench(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn floors_latency_and_scan_write_json() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let chart = |name: &str, labels: &[&str]| {
         let svg = std::fs::read_to_string(dir.path().join(name)).expect("chart written");
@@ -105,9 +103,7 @@ fn floors_latency_and_scan_write_json() {
 
 #[test]
 fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let before = machine_state();
     assert_eq!(
         before.0.lines().count(),

@@ -111,18 +111,14 @@ fn program_stops_when_its_brick_dies(listen: &str) {
 
 #[test]
 fn brick_killed_mid_run_stops_the_program_with_a_clear_error() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     program_stops_when_its_brick_dies(&format!("unix:{}", dir.path().join("b.sock").display()));
 }
 
 #[test]
 fn brick_over_tcp_killed_mid_run_stops_the_program_with_a_clear_error() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     program_stops_when_its_brick_dies("tcp://127.0.0.1:0");
 }
 
@@ -161,9 +157,7 @@ fn unreachable_brick_is_reported_before_the_program_starts() {
 
 #[test]
 fn program_exit_status_is_passed_through() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut c = Command::new(rackmem());
     c.args(["run", "--", "/bin/sh", "-c", "exit 42"]);
     assert_eq!(run_with_deadline(c, Duration::from_secs(30)).status.code(), Some(42));
@@ -177,9 +171,7 @@ fn program_exit_status_is_passed_through() {
 
 #[test]
 fn sigterm_to_rackmem_run_reaches_the_program() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // A service manager stops `rackmem run`, not the program: rackmem passes SIGTERM on, lets the
     // program shut down its own way, and exits with its status.
     let mut c = Command::new(rackmem());
@@ -205,9 +197,7 @@ fn sigterm_to_rackmem_run_reaches_the_program() {
 
 #[test]
 fn missing_privilege_is_reported_before_the_program_starts() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("ran");
     // Run as `nobody`, with vm.unprivileged_userfaultfd=0 as on this kind of machine.

@@ -433,9 +433,7 @@ type Workload = fn(&mut Run) -> String;
 /// Runs `workload` natively and at each budget: the results must match the native run's and
 /// the statistics must match `expect`.
 fn compat(program: &str, workload: Workload, expect: Expect) {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let start = Instant::now();
     let native = workload(&mut Run::new(Mode::Native));
     eprintln!("{program}: native run took {:.1} s", start.elapsed().as_secs_f64());
@@ -1583,7 +1581,7 @@ fn seconds(d: Duration) -> String {
 #[test]
 #[ignore = "measures (minutes, needs root and /dev/zram0): cargo test --release -p rackmem-cli --test compat -- --ignored compat_table"]
 fn compat_table() {
-    assert!(is_root(), "compat_table needs root (userfaultfd, swap, cgroups)");
+    require_root();
     let only = std::env::var("COMPAT_ONLY").unwrap_or_default();
     let mut rows = Vec::new();
     for &(name, workload, version) in PROGRAMS {

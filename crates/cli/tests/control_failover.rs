@@ -77,10 +77,10 @@ fn disjoint(a: &Segment, b: &Segment) -> bool {
 
 #[test]
 fn a_replica_takes_over_when_the_leader_is_killed() {
-    if etcd_server::binary().is_none() {
-        eprintln!("SKIPPED: no etcd binary on PATH (Debian: apt-get install etcd-server; scripts/setup.sh does)");
-        return;
-    }
+    assert!(
+        etcd_server::binary().is_some(),
+        "this test needs etcd on PATH (Debian: apt-get install etcd-server; scripts/setup.sh does)"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let etcd = EtcdServer::start(&dir.path().join("etcd")).unwrap();
     let (g1, u1) = start_replica(&etcd.store_url());

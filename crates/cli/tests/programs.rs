@@ -16,43 +16,33 @@ const SOCKET: &[&str] = &["--no-shared-memory"];
 
 #[test]
 fn sequential_and_random_passes() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native_with("passes", &["48", "1", "3"], SOCKET);
     assert_used_remote_memory(busiest(&s));
 }
 
 #[test]
 fn pages_of_one_word_come_back_exactly_across_passes_and_fork() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     same_filled_pages_round_trip(SOCKET);
 }
 
 #[test]
 fn pages_only_read_are_not_written_back() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     only_changed_pages_are_written_back(SOCKET);
 }
 
 #[test]
 fn several_threads_fault_on_the_same_pages() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native_with("passes", &["48", "4", "2"], SOCKET);
     assert_used_remote_memory(busiest(&s));
 }
 
 #[test]
 fn read_and_write_syscalls_on_remote_buffers() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_str().expect("utf-8 path");
     let s = same_as_native("fileio", &[d, "32"]);
@@ -61,9 +51,7 @@ fn read_and_write_syscalls_on_remote_buffers() {
 
 #[test]
 fn realloc_across_the_threshold_and_aligned_allocators() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native("realloc_grow", &["64"]);
     let p = busiest(&s);
     assert_used_remote_memory(p);
@@ -76,9 +64,7 @@ fn realloc_across_the_threshold_and_aligned_allocators() {
 
 #[test]
 fn anonymous_mmap_munmap_madvise_mremap() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native("mmap_ops", &["48"]);
     let p = busiest(&s);
     assert_used_remote_memory(p);
@@ -90,9 +76,7 @@ fn anonymous_mmap_munmap_madvise_mremap() {
 
 #[test]
 fn explicit_c_api() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let prog = program("explicit_api");
     assert_eq!(
         String::from_utf8_lossy(&native(&prog, &[]).stdout).trim(),
@@ -108,9 +92,7 @@ fn explicit_c_api() {
 
 #[test]
 fn brick_over_tcp() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let prog = program("passes");
     let (_brick, addr) = start_brick("tcp://127.0.0.1:0", "1GiB", "t");
     let args = ["32", "2", "2"];
@@ -123,9 +105,7 @@ fn brick_over_tcp() {
 
 #[test]
 fn brick_over_unix_socket() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let prog = program("passes");
     let dir = tempfile::tempdir().expect("tempdir");
     let listen = format!("unix:{}", dir.path().join("b.sock").display());
@@ -147,9 +127,7 @@ fn brick_over_unix_socket() {
 
 #[test]
 fn fork_then_exec() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native("fork_exec", &["32"]);
     // The parent and the exec'd copy each had a runtime, a window and a local buffer of their own.
     let big: Vec<&ProcStats> = s.iter().filter(|p| p.footprint_bytes() >= 32 << 20).collect();
@@ -162,9 +140,7 @@ fn fork_then_exec() {
 
 #[test]
 fn forked_child_and_parent_each_see_their_own_copy() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native_with("fork_rw", &["32", "3"], SOCKET);
     // Both the parent and the child wrote more than their buffers and read it back.
     assert!(
@@ -176,9 +152,7 @@ fn forked_child_and_parent_each_see_their_own_copy() {
 
 #[test]
 fn daemonized_child_keeps_using_remote_memory() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let prog = program("daemonize");
     let dir = tempfile::tempdir().expect("tempdir");
     let native_out = dir.path().join("native.txt");
@@ -214,9 +188,7 @@ fn daemonized_child_keeps_using_remote_memory() {
 
 #[test]
 fn concurrent_writes_survive_eviction() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // A local buffer of 2% keeps every page moving in and out while three threads write to it.
     let prog = program("evict_race");
     let args = ["8", "3", "10"];
@@ -252,9 +224,7 @@ fn switches(pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
 
 #[test]
 fn an_idle_program_leaves_its_cpu_alone() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // While a program under rackmem computes on resident pages (here: waits on stdin), no thread
     // of rackmem may wake on a timer of its own faster than the watchdog's 4 Hz: not the fault
     // handler, not `rackmem run` waiting for the program, not the embedded brick's acceptor.
@@ -351,9 +321,7 @@ fn same_updates_as_native(out: &std::process::Output) {
 
 #[test]
 fn a_program_that_outruns_its_link_is_told_once_what_local_buffer_fits() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // Two processes of one run update a hot 40% of 64 MiB at random for 8 s with 10% local:
     // nearly every update faults. One notice for the run, naming a local buffer that holds the
     // hot part (the estimate comes from the pages re-fetched, so somewhat above 40%).
@@ -402,4 +370,42 @@ fn a_program_that_outruns_its_link_is_told_once_what_local_buffer_fits() {
         "a program whose working set fits its local buffer was told it outruns its link: {}",
         show(&o)
     );
+}
+
+/// Reserve-then-commit as JVMs, V8 and mimalloc manage their heaps (`tests/c/reserve_commit.c`):
+/// PROT_NONE reservations with and without hints, commits by mprotect and MAP_FIXED, decommits,
+/// a file mapped into a reservation, read-only data through evictions, SIGSEGV on PROT_NONE
+/// pages and fork. Same checksums and the same SIGSEGVs as natively; the committed memory went
+/// to the brick. At 25% local: pages that are not read-write stay resident (UFFDIO_MOVE needs
+/// equal protections on both sides) and count against the local buffer, so the buffer must hold
+/// the program's 16 MiB read-only range; the read-write pages make room for it.
+#[test]
+fn reserve_then_commit_heaps() {
+    require_root();
+    let prog = program("reserve_commit");
+    let n = native(&prog, &["48"]);
+    let (r, stats) = remote(&prog, &["48"], "25%", &[]);
+    assert!(r.status.success(), "reserve_commit under rackmem failed: {}", show(&r));
+    assert_eq!(
+        checksums(&n),
+        checksums(&r),
+        "results under rackmem differ from the native run"
+    );
+    let segv = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.starts_with("segv faults="))
+            .map(str::to_string)
+    };
+    assert!(
+        segv(&n).is_some(),
+        "reserve_commit printed no SIGSEGV count: {}",
+        show(&n)
+    );
+    assert_eq!(
+        segv(&n),
+        segv(&r),
+        "SIGSEGVs on PROT_NONE pages differ from the native run"
+    );
+    assert_used_remote_memory_at(busiest(&stats), 25);
 }

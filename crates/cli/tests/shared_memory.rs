@@ -11,9 +11,7 @@ use common::*;
 
 #[test]
 fn threads_passing_over_shared_memory_see_their_data() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native("passes", &["48", "4", "2"]);
     let p = busiest(&s);
     assert_used_remote_memory(p);
@@ -31,9 +29,7 @@ fn threads_passing_over_shared_memory_see_their_data() {
 
 #[test]
 fn concurrent_writes_survive_eviction_over_shared_memory() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // A local buffer of 2% keeps every page moving in and out while three threads write to it.
     let prog = program("evict_race");
     let args = ["8", "3", "10"];
@@ -48,25 +44,19 @@ fn concurrent_writes_survive_eviction_over_shared_memory() {
 
 #[test]
 fn pages_only_read_are_not_written_back_to_a_shared_segment() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     only_changed_pages_are_written_back(&[]);
 }
 
 #[test]
 fn pages_of_one_word_come_back_exactly_from_a_shared_segment() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     same_filled_pages_round_trip(&[]);
 }
 
 #[test]
 fn forked_child_gets_a_copy_of_a_shared_segment() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let s = same_as_native("fork_rw", &["32", "3"]);
     assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
     for p in &s {
@@ -77,9 +67,7 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
 
 #[test]
 fn a_program_in_a_memory_cgroup_the_size_of_its_local_buffer_runs_on_shared_memory() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let cgroups = rackmem_bench::swap::detect_cgroups()
         .unwrap_or_else(|e| panic!("this test needs a memory cgroup controller (cgroup v1 or v2 with memory): {e}"));
     // Linux charges a page of shared memory to whoever allocates it. A program in a memory
@@ -117,9 +105,7 @@ fn a_program_in_a_memory_cgroup_the_size_of_its_local_buffer_runs_on_shared_memo
 
 #[test]
 fn a_tcp_brick_keeps_its_link() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let (_brick, addr) = start_brick("tcp://127.0.0.1:0", "1GiB", "t");
     let s = same_as_native_with(
         "passes",
@@ -133,9 +119,7 @@ fn a_tcp_brick_keeps_its_link() {
 
 #[test]
 fn a_bad_setting_is_refused_by_name() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let prog = program("passes");
     let mut c = std::process::Command::new(rackmem());
     c.env("RACKMEM_SHARED_MEMORY", "sometimes")
@@ -154,9 +138,7 @@ fn a_bad_setting_is_refused_by_name() {
 
 #[test]
 fn cpus_confines_the_program_and_its_handler() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The program sees the mask it was given, and computes what it computes natively.
     let o = std::process::Command::new(rackmem())
         .args([
@@ -191,9 +173,7 @@ fn a_bad_cpu_list_is_refused_before_the_program_starts() {
 
 #[test]
 fn the_handler_follows_a_lone_faulting_thread_and_never_confines_new_threads() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let cpus = |o: &std::process::Output, who: &str| -> String {
         String::from_utf8_lossy(&o.stdout)
             .lines()

@@ -1432,8 +1432,45 @@ pub fn fork_child() {
     }
     let result = sys::without_sigpipe(|| -> Result<Arc<Runtime>, RuntimeError> {
         // The window's addresses are free in the child (the window is MADV_DONTFORK): take
-        // them back before anything else maps memory, or a buffer could land there.
-        let window = Mapping::reserve_at(parent.window.addr(), parent.window.len())?;
+        // them back before anything else maps memory, or a buffer could land there. Pages the
+        // parent lent to file or shared mappings hold those mappings here too (they are not
+        // MADV_DONTFORK): they move aside while the window is mapped, and back once the
+        // child's userfaultfd serves the rest (their UNMAP events release the pages again).
+        let (base, len) = (parent.window.addr(), parent.window.len());
+        let lent: Vec<(usize, usize)> = {
+            let c = parent.lock();
+            let mut out: Vec<(usize, usize)> = Vec::new();
+            for (p, &b) in c.prot.iter().enumerate() {
+                if b & prot::FOREIGN == 0 {
+                    continue;
+                }
+                let addr = base + p * PAGE_SIZE;
+                match out.last_mut() {
+                    Some((a, l)) if *a + *l == addr => *l += PAGE_SIZE,
+                    _ => out.push((addr, PAGE_SIZE)),
+                }
+            }
+            out
+        };
+        let mut aside: Vec<(usize, usize, usize)> = Vec::new();
+        if !lent.is_empty() {
+            // The window's free parts first, so the placeholders below cannot land there.
+            let mut gaps = Vec::new();
+            let mut at = base;
+            for &(a, l) in lent.iter().chain(std::iter::once(&(base + len, 0))) {
+                if a > at {
+                    gaps.push(Mapping::reserve_at(at, a - at)?);
+                }
+                at = a + l;
+            }
+            for &(a, l) in &lent {
+                let (placeholder, _) = Mapping::reserve(l, PAGE_SIZE)?.leak();
+                rackmem_uffd::move_mapping(a, l, placeholder)?;
+                aside.push((placeholder, a, l));
+            }
+            drop(gaps);
+        }
+        let window = Mapping::reserve_at(base, len)?;
         let table = SegmentTable::default();
         for (i, b) in parent.table.all().iter().enumerate() {
             let seg = state.grants[i].clone();
@@ -1489,6 +1526,9 @@ pub fn fork_child() {
             out
         };
         let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
+        for (placeholder, addr, len) in aside {
+            rackmem_uffd::move_mapping(placeholder, len, addr)?;
+        }
         for (s, n, b) in prot_runs {
             let addr = child.inner.page_addr(s);
             rackmem_uffd::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;

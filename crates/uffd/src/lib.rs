@@ -38,7 +38,8 @@ mod shared;
 
 pub use bell::{wait_readable, Doorbell, Woken};
 pub use mem::{
-    break_cow, madvise_dontfork, madvise_dontneed, mprotect, remap_anonymous, try_break_cow, Mapping, PAGE_SIZE,
+    break_cow, madvise_dontfork, madvise_dontneed, move_mapping, mprotect, remap_anonymous, try_break_cow, Mapping,
+    PAGE_SIZE,
 };
 pub use pagemap::{page_is, pm_scan, PageRegion, Pagemap, ScanRequest};
 pub use shared::{recv_with_fds, send_with_fd, SharedMemory};
@@ -286,6 +287,29 @@ pub enum UffdError {
 }
 
 impl UffdError {
+    /// The same error for a request that had already handled `before` bytes when the part
+    /// that failed began.
+    fn after(self, before: usize) -> UffdError {
+        match self {
+            UffdError::Exists { done } => UffdError::Exists { done: before + done },
+            UffdError::Again { done } => UffdError::Again { done: before + done },
+            UffdError::Busy { done } => UffdError::Busy { done: before + done },
+            UffdError::Stopped { op, addr, done, errno } => UffdError::Stopped {
+                op,
+                addr: addr - before,
+                done: before + done,
+                errno,
+            },
+            UffdError::Os { op, addr, errno, .. } if before > 0 => UffdError::Stopped {
+                op,
+                addr: addr - before,
+                done: before,
+                errno,
+            },
+            e => e,
+        }
+    }
+
     /// Bytes a multi-page request handled before it failed (0 for other errors).
     pub fn done(&self) -> usize {
         match self {
@@ -594,6 +618,28 @@ impl Uffd {
         }
     }
 
+    /// Does a request again page by page after the kernel refused all of it: a range must lie in
+    /// one VMA, and the window's VMAs split where the program changes protections and stay split
+    /// where the kernel cannot merge them again (neighbours that faulted in with different
+    /// `anon_vma`s, as a JVM committing its heap a page at a time leaves them), which the caller
+    /// cannot see. A page never spans two VMAs. `one(offset)` handles the page at `offset`.
+    fn by_page(len: usize, mut one: impl FnMut(usize) -> Result<usize, UffdError>) -> Result<usize, UffdError> {
+        let mut off = 0;
+        while off < len {
+            match one(off) {
+                Ok(n) => off += n.max(PAGE_SIZE),
+                Err(e) => return Err(e.after(off)),
+            }
+        }
+        Ok(len)
+    }
+
+    /// True if a failed request of `len` bytes should be split by [`by_page`](Self::by_page):
+    /// nothing was done and the kernel gave `errno`, its answer to a range crossing VMAs.
+    fn crosses_vmas(r: &Result<usize, UffdError>, len: usize, errno: i32) -> bool {
+        len > PAGE_SIZE && matches!(r, Err(e @ UffdError::Os { .. }) if e.raw_os_error() == Some(errno))
+    }
+
     /// `UFFDIO_COPY`: atomically fills the missing pages at `dst` (page-aligned, registered with
     /// this uffd) with `src` (whole pages) and, unless `mode.dontwake`, wakes the threads waiting
     /// there. Returns the bytes installed (`src.len()`).
@@ -620,7 +666,13 @@ impl Uffd {
         // which is borrowed for the duration of the call, and only writes pages that are missing
         // in a range registered with this uffd.
         let rc = unsafe { ioctl_ptr(self.as_raw_fd(), UFFDIO_COPY, &mut c) };
-        Self::progress("UFFDIO_COPY", dst, src.len(), rc, c.copy)
+        let r = Self::progress("UFFDIO_COPY", dst, src.len(), rc, c.copy);
+        if Self::crosses_vmas(&r, src.len(), libc::ENOENT) {
+            return Self::by_page(src.len(), |off| {
+                self.copy(dst + off, &src[off..(off + PAGE_SIZE).min(src.len())], mode)
+            });
+        }
+        r
     }
 
     /// `UFFDIO_ZEROPAGE`: maps the shared zero page at the missing pages of `[dst, dst + len)`
@@ -637,7 +689,11 @@ impl Uffd {
         };
         // SAFETY: UFFDIO_ZEROPAGE reads and writes one uffdio_zeropage.
         let rc = unsafe { ioctl_ptr(self.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z) };
-        Self::progress("UFFDIO_ZEROPAGE", dst, len, rc, z.zeropage)
+        let r = Self::progress("UFFDIO_ZEROPAGE", dst, len, rc, z.zeropage);
+        if Self::crosses_vmas(&r, len, libc::ENOENT) {
+            return Self::by_page(len, |off| self.zeropage(dst + off, PAGE_SIZE, dontwake));
+        }
+        r
     }
 
     /// `UFFDIO_WAKE`: wakes the threads waiting on faults in `[start, start + len)`.
@@ -699,7 +755,12 @@ impl Uffd {
         };
         // SAFETY: UFFDIO_MOVE reads and writes one uffdio_move.
         let rc = unsafe { ioctl_ptr(self.as_raw_fd(), UFFDIO_MOVE, &mut mv) };
-        Self::progress("UFFDIO_MOVE", src, len, rc, mv.move_)
+        let r = Self::progress("UFFDIO_MOVE", src, len, rc, mv.move_);
+        // MOVE says EINVAL when either range crosses VMAs.
+        if Self::crosses_vmas(&r, len, libc::EINVAL) {
+            return Self::by_page(len, |off| self.move_pages(dst + off, src + off, PAGE_SIZE, mode));
+        }
+        r
     }
 
     /// `UFFDIO_POISON` (Linux 6.6, feature `POISON`): marks the missing pages of
@@ -717,7 +778,11 @@ impl Uffd {
         };
         // SAFETY: UFFDIO_POISON reads and writes one uffdio_poison.
         let rc = unsafe { ioctl_ptr(self.as_raw_fd(), UFFDIO_POISON, &mut p) };
-        Self::progress("UFFDIO_POISON", start, len, rc, p.updated)
+        let r = Self::progress("UFFDIO_POISON", start, len, rc, p.updated);
+        if Self::crosses_vmas(&r, len, libc::ENOENT) {
+            return Self::by_page(len, |off| self.poison(start + off, PAGE_SIZE, dontwake));
+        }
+        r
     }
 
     /// Reads up to `max` messages (at most 64 per call) with one `read(2)` and appends them to

@@ -406,6 +406,27 @@ pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), UffdEr
     check("mprotect", addr, len, r).map(|_| ())
 }
 
+/// Moves the mapping at `[from, from + len)` (whatever it is: a file, shared memory) to `to`,
+/// replacing what was mapped there, with `mremap(MREMAP_MAYMOVE | MREMAP_FIXED)`. A forked
+/// child moves the file mappings its parent lent window pages to out of the way while it maps
+/// its own window, then back.
+pub fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), UffdError> {
+    // SAFETY: mremap touches no memory through a pointer. The caller moves a mapping of the
+    // program's within its own address space and back before the program runs again (a
+    // forked child's atfork hook, single-threaded), onto a placeholder it owns.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mremap,
+            from,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to,
+        )
+    };
+    check("mremap(MREMAP_FIXED)", from, len, r).map(|_| ())
+}
+
 /// Puts fresh private anonymous read-write memory at `[addr, addr + len)`, replacing whatever
 /// mapping the program had put there (MAP_FIXED): a range of the window that a file mapping
 /// borrowed comes back to the window (the caller registers it with its userfaultfd again).

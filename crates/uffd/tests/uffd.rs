@@ -402,6 +402,60 @@ fn move_takes_a_page_out_and_leaves_the_source_missing() {
     assert_eq!(pages_with(&pm, &stage, page_is::PRESENT), vec![0]);
 }
 
+/// True if `/proc/self/maps` has a mapping that starts at `addr`.
+fn a_vma_starts_at(addr: usize) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("read /proc/self/maps")
+        .lines()
+        .filter_map(|l| l.split('-').next())
+        .any(|start| usize::from_str_radix(start, 16) == Ok(addr))
+}
+
+#[test]
+fn requests_across_two_vmas_are_done_page_by_page() {
+    let _serial = serial();
+    let u = open(Features::MOVE);
+    let win = Mapping::reserve(4 * PAGE_SIZE, PAGE_SIZE).expect("map");
+    let stage = Mapping::reserve(4 * PAGE_SIZE, PAGE_SIZE).expect("map");
+    // Different flags on the first half: two VMAs the kernel will not merge, as a program's
+    // protection changes leave in the window. The kernel refuses one request across both.
+    rackmem_uffd::madvise_dontfork(win.addr(), 2 * PAGE_SIZE).expect("madvise");
+    assert!(a_vma_starts_at(win.addr() + 2 * PAGE_SIZE), "the window did not split");
+    u.register(win.addr(), win.len(), MISSING).expect("register");
+    u.register(stage.addr(), stage.len(), MISSING).expect("register");
+
+    let src: Vec<u8> = (0..4).flat_map(pattern).collect();
+    assert_eq!(
+        u.copy(win.addr(), &src, CopyMode::default()).expect("copy"),
+        4 * PAGE_SIZE
+    );
+    let mut b = vec![0u8; 4 * PAGE_SIZE];
+    win.read(0, &mut b);
+    assert!(b == src, "pages copied across the VMAs differ");
+
+    // Out of the window across its VMAs, then back in.
+    let out = u.move_pages(stage.addr(), win.addr(), 4 * PAGE_SIZE, MoveMode::default());
+    assert_eq!(out.expect("move out"), 4 * PAGE_SIZE);
+    let pm = Pagemap::open().expect("pagemap");
+    assert!(pages_with(&pm, &win, page_is::PRESENT).is_empty());
+    let back = u.move_pages(win.addr(), stage.addr(), 4 * PAGE_SIZE, MoveMode::default());
+    assert_eq!(back.expect("move in"), 4 * PAGE_SIZE);
+    win.read(0, &mut b);
+    assert!(b == src, "pages moved across the VMAs differ");
+
+    // A present page in the second VMA stops a zero-fill after the first VMA's pages.
+    let z = Mapping::reserve(4 * PAGE_SIZE, PAGE_SIZE).expect("map");
+    rackmem_uffd::madvise_dontfork(z.addr(), 2 * PAGE_SIZE).expect("madvise");
+    u.register(z.addr(), z.len(), MISSING).expect("register");
+    u.copy(z.addr() + 3 * PAGE_SIZE, &pattern(3), CopyMode::default())
+        .expect("copy");
+    let r = u.zeropage(z.addr(), 4 * PAGE_SIZE, false);
+    assert!(
+        matches!(r, Err(UffdError::Exists { done }) if done == 3 * PAGE_SIZE),
+        "{r:?}"
+    );
+}
+
 #[test]
 fn move_of_a_page_shared_with_a_forked_child_is_busy_until_cow_is_broken() {
     let _serial = serial();

@@ -23,24 +23,20 @@ pub fn rackmem() -> &'static str {
     env!("CARGO_BIN_EXE_rackmem")
 }
 
-/// True when the tests can run programs on remote memory. They need root (a userfaultfd that
-/// also catches faults taken inside system calls); otherwise this says so on stderr and the
-/// caller returns early: `if !is_root() { return; }`, the only reason a test may skip.
-#[must_use]
-pub fn is_root() -> bool {
+/// Fails the test unless it can run programs on remote memory: that needs root (a userfaultfd
+/// that also catches faults taken inside system calls). A test that cannot run fails with what
+/// it needs; it never skips and passes.
+pub fn require_root() {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let euid = status
         .lines()
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(2));
-    if euid == Some("0") {
-        return true;
-    }
-    eprintln!(
-        "SKIPPED: this test runs programs on remote memory and needs root (userfaultfd without \
+    assert!(
+        euid == Some("0"),
+        "this test runs programs on remote memory and needs root (userfaultfd without \
          UFFD_USER_MODE_ONLY); effective uid is {euid:?}. Run ./scripts/test as root."
     );
-    false
 }
 
 /// A directory for this test binary's compiled programs and statistics files, removed at exit
@@ -327,6 +323,11 @@ pub const RESIDENT_SLACK_BYTES: u64 = 64 << 10;
 /// evicted and wrote back (the footprint exceeded the buffer), fetched pages back, never held
 /// more than the buffer resident, and the buffer was at most ~10% of its footprint.
 pub fn assert_used_remote_memory(s: &ProcStats) {
+    assert_used_remote_memory_at(s, 10);
+}
+
+/// [`assert_used_remote_memory`] for a local buffer of about `percent`% of the footprint.
+pub fn assert_used_remote_memory_at(s: &ProcStats, percent: u64) {
     assert!(s.faults > 0, "no faults: the program did not use remote memory: {s:?}");
     assert!(
         s.evictions > 0 && s.bytes_written_back > 0,
@@ -342,8 +343,8 @@ pub fn assert_used_remote_memory(s: &ProcStats) {
         RESIDENT_SLACK_BYTES
     );
     assert!(
-        s.budget_bytes * 9 <= s.footprint_bytes(),
-        "local buffer {} is more than ~10% of the footprint {}: {s:?}",
+        s.budget_bytes * 90 <= s.footprint_bytes() * percent,
+        "local buffer {} is more than ~{percent}% of the footprint {}: {s:?}",
         s.budget_bytes,
         s.footprint_bytes()
     );
