@@ -185,7 +185,7 @@ fn redis_server_linked_with_jemalloc_serves() {
     let mut conn = BufReader::new(stream);
     let value = |i: usize| -> Vec<u8> {
         (0..(1usize << 20))
-            .map(|k| (k.wrapping_mul(31) ^ i * 7 ^ k >> 9) as u8)
+            .map(|k| (k.wrapping_mul(31) ^ (i * 7) ^ (k >> 9)) as u8)
             .collect()
     };
     for i in 0..24 {

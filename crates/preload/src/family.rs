@@ -132,7 +132,7 @@ fn resolve() -> Next {
     // SAFETY: dlsym with NUL-terminated names; RTLD_NEXT searches the objects after this one.
     let sym = |name: &std::ffi::CStr| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
     let malloc = sym(c"malloc");
-    if malloc.is_null() || malloc as usize == __libc_malloc as *const () as usize {
+    if malloc.is_null() || std::ptr::eq(malloc.cast_const(), (__libc_malloc as *const ()).cast::<c_void>()) {
         return GLIBC;
     }
     let home = object_of(malloc);
