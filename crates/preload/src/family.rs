@@ -16,12 +16,155 @@ use libc::{c_int, c_void, size_t};
 use std::ptr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-extern "C" {
-    pub fn __libc_malloc(size: size_t) -> *mut c_void;
-    pub fn __libc_calloc(n: size_t, size: size_t) -> *mut c_void;
-    pub fn __libc_realloc(p: *mut c_void, size: size_t) -> *mut c_void;
-    pub fn __libc_memalign(align: size_t, size: size_t) -> *mut c_void;
-    pub fn __libc_free(p: *mut c_void);
+/// glibc's own allocator, for this library's Rust allocations and the runtime's C library
+/// calls. Its `__libc_*` entry points are looked up in libc.so.6 itself: an allocator preloaded
+/// after this shim (mimalloc, tcmalloc) defines the same names, and a plain reference binds to
+/// that allocator, whose arenas may lie in the window, where a runtime thread must never wait.
+mod glibc_fns {
+    use super::*;
+
+    extern "C" {
+        // Fallback when libc.so.6 cannot be opened by name (never seen): whatever the loader binds.
+        #[link_name = "__libc_malloc"]
+        fn bound_malloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_calloc"]
+        fn bound_calloc(n: size_t, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_realloc"]
+        fn bound_realloc(p: *mut c_void, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_memalign"]
+        fn bound_memalign(align: size_t, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_free"]
+        fn bound_free(p: *mut c_void);
+    }
+
+    pub struct Fns {
+        pub malloc: MallocFn,
+        pub calloc: CallocFn,
+        pub realloc: ReallocFn,
+        pub memalign: MemalignFn,
+        pub free: FreeFn,
+    }
+
+    static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
+    /// Written once by the resolving thread before `STATE` becomes `RESOLVED`.
+    static mut FNS: Fns = Fns {
+        malloc: bound_malloc,
+        calloc: bound_calloc,
+        realloc: bound_realloc,
+        memalign: bound_memalign,
+        free: bound_free,
+    };
+
+    fn resolve() -> Fns {
+        // SAFETY: dlopen of the already loaded C library (RTLD_NOLOAD loads nothing) and dlsym
+        // with NUL-terminated names; each pointer found is the glibc function of that name,
+        // whose C type is the one given (malloc(3)).
+        unsafe {
+            let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            let sym = |name: &std::ffi::CStr| -> Option<usize> {
+                if h.is_null() {
+                    return None;
+                }
+                let f = libc::dlsym(h, name.as_ptr());
+                (!f.is_null()).then_some(f as usize)
+            };
+            macro_rules! get {
+                ($name:expr, $t:ty, $fallback:expr) => {
+                    sym($name).map_or($fallback as $t, |f| std::mem::transmute::<usize, $t>(f))
+                };
+            }
+            Fns {
+                malloc: get!(c"__libc_malloc", MallocFn, bound_malloc),
+                calloc: get!(c"__libc_calloc", CallocFn, bound_calloc),
+                realloc: get!(c"__libc_realloc", ReallocFn, bound_realloc),
+                memalign: get!(c"__libc_memalign", MemalignFn, bound_memalign),
+                free: get!(c"__libc_free", FreeFn, bound_free),
+            }
+        }
+    }
+
+    /// glibc's functions, or `None` while they are being looked up (the lookup itself may
+    /// allocate: the caller uses the bootstrap arena then).
+    pub fn get() -> Option<&'static Fns> {
+        match STATE.load(Ordering::Acquire) {
+            RESOLVED => {}
+            UNRESOLVED => {
+                if STATE
+                    .compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    let found = resolve();
+                    // SAFETY: only the thread that won the exchange writes FNS, and no thread
+                    // reads it before STATE is RESOLVED (Release below, Acquire above).
+                    unsafe { *ptr::addr_of_mut!(FNS) = found };
+                    STATE.store(RESOLVED, Ordering::Release);
+                } else if STATE.load(Ordering::Acquire) != RESOLVED {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+        // SAFETY: FNS is no longer written once STATE is RESOLVED.
+        Some(unsafe { &*ptr::addr_of!(FNS) })
+    }
+}
+
+/// glibc's `malloc` (a bootstrap block while glibc's functions are being looked up).
+pub unsafe fn libc_malloc(size: size_t) -> *mut c_void {
+    match glibc_fns::get() {
+        // SAFETY: glibc's malloc with the caller's argument.
+        Some(f) => unsafe { (f.malloc)(size) },
+        None => arena_alloc(size, 16),
+    }
+}
+
+/// glibc's `calloc` (bootstrap blocks are zero).
+pub unsafe fn libc_calloc(n: size_t, size: size_t) -> *mut c_void {
+    match glibc_fns::get() {
+        // SAFETY: glibc's calloc with the caller's arguments.
+        Some(f) => unsafe { (f.calloc)(n, size) },
+        None => n.checked_mul(size).map_or(ptr::null_mut(), |t| arena_alloc(t, 16)),
+    }
+}
+
+/// glibc's `realloc`; a bootstrap block is copied into a new glibc block.
+pub unsafe fn libc_realloc(p: *mut c_void, size: size_t) -> *mut c_void {
+    if p.is_null() || in_arena(p) {
+        // SAFETY: a new block of `size` bytes; a bootstrap block holds arena_size(p) bytes.
+        unsafe {
+            let n = libc_malloc(size);
+            if !n.is_null() && !p.is_null() {
+                ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, arena_size(p).min(size));
+            }
+            return n;
+        }
+    }
+    match glibc_fns::get() {
+        // SAFETY: glibc's realloc on a glibc block.
+        Some(f) => unsafe { (f.realloc)(p, size) },
+        None => ptr::null_mut(),
+    }
+}
+
+/// glibc's `memalign`.
+pub unsafe fn libc_memalign(align: size_t, size: size_t) -> *mut c_void {
+    match glibc_fns::get() {
+        // SAFETY: glibc's memalign with the caller's arguments.
+        Some(f) => unsafe { (f.memalign)(align, size) },
+        None if align <= 4096 => arena_alloc(size, align),
+        None => ptr::null_mut(),
+    }
+}
+
+/// glibc's `free`; bootstrap blocks are ignored.
+pub unsafe fn libc_free(p: *mut c_void) {
+    if p.is_null() || in_arena(p) {
+        return;
+    }
+    if let Some(f) = glibc_fns::get() {
+        // SAFETY: glibc's free on a glibc block.
+        unsafe { (f.free)(p) }
+    }
 }
 
 type MallocFn = unsafe extern "C" fn(size_t) -> *mut c_void;
@@ -132,11 +275,12 @@ fn resolve() -> Next {
     // SAFETY: dlsym with NUL-terminated names; RTLD_NEXT searches the objects after this one.
     let sym = |name: &std::ffi::CStr| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
     let malloc = sym(c"malloc");
-    if malloc.is_null() || std::ptr::eq(malloc.cast_const(), (__libc_malloc as *const ()).cast::<c_void>()) {
+    let libc_malloc = glibc_fns::get().map_or(ptr::null_mut(), |f| f.malloc as *mut c_void);
+    if malloc.is_null() || std::ptr::eq(malloc, libc_malloc) {
         return GLIBC;
     }
     let home = object_of(malloc);
-    let libc_home = object_of(__libc_malloc as *const () as *mut c_void);
+    let libc_home = object_of(libc_malloc);
     if home == 0 || home == libc_home {
         return GLIBC;
     }
@@ -232,7 +376,7 @@ impl Next {
         unsafe {
             match self.malloc {
                 Some(f) => f(size),
-                None => __libc_malloc(size),
+                None => libc_malloc(size),
             }
         }
     }
@@ -253,7 +397,7 @@ impl Next {
                     }
                     None => ptr::null_mut(),
                 },
-                _ => __libc_calloc(n, size),
+                _ => libc_calloc(n, size),
             }
         }
     }
@@ -264,7 +408,7 @@ impl Next {
         unsafe {
             match self.realloc {
                 Some(f) => f(p, size),
-                None => __libc_realloc(p, size),
+                None => libc_realloc(p, size),
             }
         }
     }
@@ -275,7 +419,7 @@ impl Next {
         unsafe {
             match self.free {
                 Some(f) => f(p),
-                None => __libc_free(p),
+                None => libc_free(p),
             }
         }
     }
@@ -285,7 +429,7 @@ impl Next {
         // the caller's own call, whose contract is the C function's.
         unsafe {
             if self.glibc {
-                return __libc_memalign(align, size);
+                return libc_memalign(align, size);
             }
             if let Some(f) = self.memalign {
                 return f(align, size);
@@ -475,16 +619,16 @@ pub fn internal_malloc(size: usize, zero: bool) -> *mut c_void {
     // SAFETY: plain calls into glibc's allocator.
     let p = unsafe {
         if zero {
-            __libc_calloc(1, size)
+            libc_calloc(1, size)
         } else {
-            __libc_malloc(size)
+            libc_malloc(size)
         }
     };
     if !p.is_null() && !track(p as usize) {
         // Table full (the runtime never holds that many C blocks): refuse rather than hand out
         // a block `free` would send to the wrong allocator.
         // SAFETY: `p` just came from glibc.
-        unsafe { __libc_free(p) };
+        unsafe { libc_free(p) };
         return ptr::null_mut();
     }
     p
@@ -493,12 +637,12 @@ pub fn internal_malloc(size: usize, zero: bool) -> *mut c_void {
 /// `realloc` of a tracked glibc block.
 pub fn internal_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: `p` is a live glibc block (tracked).
-    let n = unsafe { __libc_realloc(p, size) };
+    let n = unsafe { libc_realloc(p, size) };
     if !n.is_null() && n != p {
         untrack(p);
         if !track(n as usize) {
             // SAFETY: `n` just came from glibc.
-            unsafe { __libc_free(n) };
+            unsafe { libc_free(n) };
             return ptr::null_mut();
         }
     }
@@ -508,10 +652,10 @@ pub fn internal_realloc(p: *mut c_void, size: usize) -> *mut c_void {
 /// `memalign` for the runtime's own calls (see [`internal_malloc`]).
 pub fn internal_memalign(align: usize, size: usize) -> *mut c_void {
     // SAFETY: plain call into glibc's allocator.
-    let p = unsafe { __libc_memalign(align, size) };
+    let p = unsafe { libc_memalign(align, size) };
     if !p.is_null() && !track(p as usize) {
         // SAFETY: `p` just came from glibc.
-        unsafe { __libc_free(p) };
+        unsafe { libc_free(p) };
         return ptr::null_mut();
     }
     p

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 mod family;
-use family::{__libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc};
+use family::{libc_calloc, libc_free, libc_malloc, libc_memalign, libc_realloc};
 
 /// Rust allocations of this library go straight to glibc, never to the interposed `malloc`.
 struct LibcAllocator;
@@ -41,24 +41,24 @@ unsafe impl GlobalAlloc for LibcAllocator {
         // SAFETY: plain calls into glibc's allocator with a valid size/alignment.
         unsafe {
             if layout.align() <= 16 {
-                __libc_malloc(layout.size()) as *mut u8
+                libc_malloc(layout.size()) as *mut u8
             } else {
-                __libc_memalign(layout.align(), layout.size()) as *mut u8
+                libc_memalign(layout.align(), layout.size()) as *mut u8
             }
         }
     }
     unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
         // SAFETY: `p` came from `alloc` above, i.e. from glibc.
-        unsafe { __libc_free(p as *mut c_void) }
+        unsafe { libc_free(p as *mut c_void) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if layout.align() <= 16 {
             // SAFETY: plain call into glibc.
-            unsafe { __libc_calloc(1, layout.size()) as *mut u8 }
+            unsafe { libc_calloc(1, layout.size()) as *mut u8 }
         } else {
             // SAFETY: memalign returns `size` writable bytes or null.
             unsafe {
-                let p = __libc_memalign(layout.align(), layout.size()) as *mut u8;
+                let p = libc_memalign(layout.align(), layout.size()) as *mut u8;
                 if !p.is_null() {
                     ptr::write_bytes(p, 0, layout.size());
                 }
@@ -69,14 +69,14 @@ unsafe impl GlobalAlloc for LibcAllocator {
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if layout.align() <= 16 {
             // SAFETY: `p` came from glibc's malloc/calloc with alignment <= 16.
-            unsafe { __libc_realloc(p as *mut c_void, new_size) as *mut u8 }
+            unsafe { libc_realloc(p as *mut c_void, new_size) as *mut u8 }
         } else {
             // SAFETY: allocate, copy the smaller size, free the old block (all from glibc).
             unsafe {
-                let n = __libc_memalign(layout.align(), new_size) as *mut u8;
+                let n = libc_memalign(layout.align(), new_size) as *mut u8;
                 if !n.is_null() {
                     ptr::copy_nonoverlapping(p, n, layout.size().min(new_size));
-                    __libc_free(p as *mut c_void);
+                    libc_free(p as *mut c_void);
                 }
                 n
             }
@@ -265,7 +265,7 @@ fn local_free(p: *mut c_void) {
     }
     if family::untrack(p) {
         // SAFETY: a tracked block came from glibc.
-        unsafe { __libc_free(p) };
+        unsafe { libc_free(p) };
         return;
     }
     if let Some(n) = local() {
