@@ -230,7 +230,7 @@ fn run_deadline(mut cmd: Command, input: Option<Vec<u8>>, limit: Duration) -> Re
         match child.try_wait() {
             Ok(Some(s)) => break s,
             Ok(None) if t0.elapsed() > limit => {
-                let _ = child.kill();
+                stop(&mut child);
                 let _ = child.wait();
                 return Err(fail(format!("{cmd:?} did not finish within {} s", limit.as_secs())));
             }
@@ -625,6 +625,57 @@ fn exited(child: &mut std::process::Child, grace: Duration) -> bool {
     }
 }
 
+/// Stops a program this bench started: SIGTERM (which `rackmem run` passes on to its program),
+/// then after 10 s SIGKILL to it and everything it started. SIGKILL alone would stop `rackmem
+/// run` and leave its program running, holding the pipes the bench reads to their end.
+fn stop(child: &mut std::process::Child) {
+    let pid = child.id();
+    signal(pid, "TERM");
+    if exited(child, Duration::from_secs(10)) {
+        return;
+    }
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        all.extend(children_of(all[i]));
+        i += 1;
+    }
+    for p in all {
+        signal(p, "KILL");
+    }
+}
+
+/// kill(1): this crate makes no system calls of its own.
+fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after its closing paren.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            if let Ok(c) = e.file_name().to_string_lossy().parse() {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// Peak RSS of a live process (`VmHWM`), bytes.
 fn vm_hwm(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -682,7 +733,7 @@ fn run_redis(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
             return Err(died(&mut child, launch, errs));
         }
         if t0.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
+            stop(&mut child);
             return Err(fail("redis-server did not answer PING within 60 s"));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -740,7 +791,7 @@ fn run_redis(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
     }
     match work {
         Ok((ops, p99, result)) => {
-            let _ = child.kill();
+            stop(&mut child);
             let _ = child.wait();
             Ok(Outcome {
                 metric: ops,
@@ -751,7 +802,7 @@ fn run_redis(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
         }
         Err(e) => {
             // The server is still alive (see above): the load generator's error is the reason.
-            let _ = child.kill();
+            stop(&mut child);
             let _ = child.wait();
             Err(e)
         }
@@ -814,7 +865,7 @@ fn run_memcached(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> 
     let t0 = Instant::now();
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         if child.try_wait().ok().flatten().is_some() || t0.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
+            stop(&mut child);
             let status = child.wait().map_err(|e| fail(format!("waiting for memcached: {e}")))?;
             return Err(launch.failure("memcached", status, &errs.join().unwrap_or_default()));
         }
@@ -833,7 +884,7 @@ fn run_memcached(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> 
     };
     let alive = !exited(&mut child, Duration::from_secs(if r.is_err() { 2 } else { 0 }));
     if alive {
-        let _ = child.kill();
+        stop(&mut child);
     }
     let status = child.wait().map_err(|e| fail(format!("waiting for memcached: {e}")))?;
     let e = errs.join().unwrap_or_default();
