@@ -1152,13 +1152,13 @@ fn text_file(path: &Path, lines: u64) {
     w.flush().expect("write the input");
 }
 
-/// GNU sort with a large -S buffer (eight times the input: sort allocates all of it).
+/// GNU sort with a large -S buffer (four times the input: sort allocates all of it).
 fn gnu_sort(run: &mut Run) -> String {
     let input = run.path("input.txt");
     text_file(&input, 300_000);
     let output = run.path("sorted.txt");
     let mut cmd = Command::new(need("sort", "coreutils"));
-    cmd.args(["-S", "128M", "--parallel=1", "-k", "2,2n", "-k", "1,1", "-o"])
+    cmd.args(["-S", "64M", "--parallel=1", "-k", "2,2n", "-k", "1,1", "-o"])
         .arg(&output)
         .arg(&input)
         .env("LC_ALL", "C");
@@ -1421,7 +1421,7 @@ fn gnu_sort_large_buffer() {
         "sort",
         gnu_sort,
         Expect::Remote {
-            min_footprint: 64 * MIB,
+            min_footprint: 48 * MIB,
         },
     );
 }
@@ -1496,7 +1496,7 @@ const PROGRAMS: &[(&str, Workload, &[&str])] = &[
         &["/usr/lib/postgresql/15/bin/postgres", "--version"],
     ),
     ("memcached -m 2048", memcached, &["memcached", "-V"]),
-    ("GNU sort -S 128M", gnu_sort, &["sort", "--version"]),
+    ("GNU sort -S 64M", gnu_sort, &["sort", "--version"]),
     ("xz --lzma2=dict=256MiB", xz, &["xz", "--version"]),
     ("zstd --ultra -22 --long=27", zstd, &["zstd", "--version"]),
     ("busybox (static)", busybox, &["busybox"]),
