@@ -1,15 +1,17 @@
 //! `librackmem.so`: makes an unmodified program use remote memory when loaded with `LD_PRELOAD`.
 //!
 //! It interposes the malloc family and private anonymous `mmap` (with `munmap`, `mremap`,
-//! `madvise`): requests of at least the threshold (`RACKMEM_THRESHOLD`, 1 MiB by default) are
-//! placed in the rackmem window, smaller ones go to the C library's allocator. Programs that
-//! bring their own allocator (jemalloc, tcmalloc, language runtimes) take their memory with
-//! anonymous `mmap`, so their large mappings land in the window too.
+//! `mprotect`, `madvise`): requests of at least the threshold (`RACKMEM_THRESHOLD`, 1 MiB by
+//! default) are placed in the rackmem window, smaller ones go to the program's own allocator
+//! (glibc's, or a jemalloc, tcmalloc or mimalloc it links or preloads: see `family`). Those
+//! allocators and language runtimes take their memory with anonymous `mmap`, reserving with
+//! `PROT_NONE` and committing with `mprotect` or `MAP_FIXED`, so their large mappings land in
+//! the window too.
 //!
 //! Rules this shim keeps, because it runs inside every allocation of someone else's program:
-//! - no recursion: Rust code in this library allocates through glibc's `__libc_malloc` family
-//!   (the global allocator below), never through the interposed symbols; the runtime's own
-//!   threads always get local memory;
+//! - no recursion: Rust code in this library allocates from glibc's allocator, looked up in
+//!   `libc.so.6` itself (the global allocator below), never through the interposed symbols; the
+//!   runtime's own threads always get local memory;
 //! - safe before `main` and across threads: the runtime starts in a constructor or at the first
 //!   large allocation, whichever comes first; allocations that race with start-up go local;
 //! - `fork` keeps copy semantics through `pthread_atfork` hooks (see `rackmem_runtime::fork_*`);
