@@ -23,6 +23,7 @@ declare -A want=(
   [zstd]=/usr/bin/zstd
   [xz-utils]=/usr/bin/xz
   [busybox-static]=/bin/busybox
+  [sysbench]=/usr/bin/sysbench                  # a held-out workload of rackmem bench workloads
   [etcd-server]=/usr/bin/etcd                   # a Go program: stays local under rackmem
   [etcd-client]=/usr/bin/etcdctl
   [acl]=/usr/bin/setfacl                        # lets user postgres open /dev/userfaultfd in the suite

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use rackmem_bench::floors::{link_floor, uffd_floor, Waiting};
-use rackmem_bench::workloads::{build, num, run};
+use rackmem_bench::workloads::{build, num, parse, parse_sysbench, run, run_parsed, Parser};
 use rackmem_bench::Summary;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -77,8 +77,14 @@ enum Which {
 
 #[derive(Args)]
 pub struct WorkloadArgs {
-    /// Workloads to run.
-    #[arg(long, value_delimiter = ',', default_value = "stream,gups,scan,ptrchase")]
+    /// Workloads to run: stream, gups, scan, ptrchase (C programs of `bench/`), and
+    /// sysbench-write, sysbench-read (Debian's sysbench sweeping 1 GiB three times: a held-out
+    /// program, nobody here wrote it).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "stream,gups,scan,ptrchase,sysbench-write"
+    )]
     only: Vec<String>,
     /// Local buffers, in percent of each workload's footprint.
     #[arg(long, value_delimiter = ',', default_value = "25,50,75,100")]
@@ -278,39 +284,94 @@ fn median(v: &[f64]) -> f64 {
 /// A workload: its program, arguments, footprint and the metric to compare (higher is better).
 struct Workload {
     name: &'static str,
+    /// An installed program (held out: nobody here wrote it), and the package that has it;
+    /// `None` for a C program of `bench/` named `name`.
+    installed: Option<(&'static str, &'static str)>,
     args: Vec<String>,
     footprint: u64,
     metric: &'static str,
+    parse: Parser,
+}
+
+impl Workload {
+    fn ours(name: &'static str, args: Vec<String>, footprint: u64, metric: &'static str) -> Workload {
+        Workload {
+            name,
+            installed: None,
+            args,
+            footprint,
+            metric,
+            parse,
+        }
+    }
+
+    /// `sysbench memory` sweeping one block of `mib` MiB three times, sequentially.
+    fn sysbench(name: &'static str, oper: &str, mib: u64) -> Workload {
+        Workload {
+            name,
+            installed: Some(("sysbench", "sysbench")),
+            args: vec![
+                "memory".into(),
+                "--threads=1".into(),
+                format!("--memory-block-size={mib}M"),
+                format!("--memory-total-size={}M", mib * 3),
+                "--memory-access-mode=seq".into(),
+                format!("--memory-oper={oper}"),
+                "run".into(),
+            ],
+            footprint: mib << 20,
+            metric: "mib_per_s",
+            parse: parse_sysbench,
+        }
+    }
+
+    /// The program to run: an installed one found on PATH, or ours compiled into `tmp`.
+    fn program(&self, bench_dir: &Path, tmp: &Path) -> Result<PathBuf> {
+        match self.installed {
+            Some((prog, package)) => std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths)
+                .map(|d| d.join(prog))
+                .find(|p| p.is_file())
+                .with_context(|| {
+                    format!("{prog} is not installed: apt-get install {package} (./scripts/programs.sh does)")
+                }),
+            None => Ok(build(bench_dir, self.name, tmp)?),
+        }
+    }
 }
 
 fn workloads(scale: f64) -> Vec<Workload> {
     let sz = |v: f64| ((v * scale) as u64).max(1);
     let stream_n = sz(10_000_000.0);
     vec![
-        Workload {
-            name: "stream",
-            args: vec![stream_n.to_string(), "3".into()],
-            footprint: stream_n * 24,
-            metric: "triad_mb_s",
-        },
-        Workload {
-            name: "gups",
-            args: vec![sz(1024.0).to_string(), sz(200_000.0).to_string()],
-            footprint: sz(1024.0) << 20,
-            metric: "updates_per_s",
-        },
-        Workload {
-            name: "scan",
-            args: vec![sz(1024.0).to_string(), "3".into()],
-            footprint: sz(1024.0) << 20,
-            metric: "mb_per_s",
-        },
-        Workload {
-            name: "ptrchase",
-            args: vec![sz(256.0).to_string(), sz(100_000.0).to_string()],
-            footprint: sz(256.0) << 20,
-            metric: "steps_per_s",
-        },
+        Workload::ours(
+            "stream",
+            vec![stream_n.to_string(), "3".into()],
+            stream_n * 24,
+            "triad_mb_s",
+        ),
+        Workload::ours(
+            "gups",
+            vec![sz(1024.0).to_string(), sz(200_000.0).to_string()],
+            sz(1024.0) << 20,
+            "updates_per_s",
+        ),
+        Workload::ours(
+            "scan",
+            vec![sz(1024.0).to_string(), "3".into()],
+            sz(1024.0) << 20,
+            "mb_per_s",
+        ),
+        Workload::ours(
+            "ptrchase",
+            vec![sz(256.0).to_string(), sz(100_000.0).to_string()],
+            sz(256.0) << 20,
+            "steps_per_s",
+        ),
+        // sysbench takes block sizes that are powers of two only.
+        Workload::sysbench("sysbench-write", "write", 1 << sz(1024.0).ilog2()),
+        Workload::sysbench("sysbench-read", "read", 1 << sz(1024.0).ilog2()),
     ]
 }
 
@@ -368,7 +429,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     let chosen: Vec<&Workload> = all.iter().filter(|w| a.only.iter().any(|o| o == w.name)).collect();
     anyhow::ensure!(
         !chosen.is_empty(),
-        "--only names no known workload (stream, gups, scan, ptrchase)"
+        "--only names no known workload (stream, gups, scan, ptrchase, sysbench-write, sysbench-read)"
     );
     let peers: Vec<SwapBackend> = a
         .peers
@@ -410,7 +471,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     let mut rows: Vec<Row> = Vec::new();
     let t0 = std::time::Instant::now();
     for w in &chosen {
-        let prog = build(bench_dir, w.name, tmp)?;
+        let prog = w.program(bench_dir, tmp)?;
         // The rackmem setups, each run once per round right after a native run: a drift of the
         // machine (host memory, other guests) then hits native and every setup alike, instead of
         // whichever setup happened to run while it lasted.
@@ -436,11 +497,14 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
             anyhow::ensure!(!stop.load(std::sync::atomic::Ordering::Relaxed), "interrupted");
             pb.set_message(format!("{} native", w.name));
             natives.push(Timed::run(t0, || {
-                run({
-                    let mut c = Command::new(&prog);
-                    c.args(&w.args);
-                    c
-                })
+                run_parsed(
+                    {
+                        let mut c = Command::new(&prog);
+                        c.args(&w.args);
+                        c
+                    },
+                    w.parse,
+                )
                 .map_err(Into::into)
             })?);
             pb.inc(1);
@@ -449,7 +513,10 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 pb.set_message(format!("{} rackmem {local}% {t}", w.name));
                 let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
                 kvs.push(Timed::run(t0, || {
-                    Ok(run(rackmem_run(&format!("{local}%"), &extra, &prog, &w.args)?)?)
+                    Ok(run_parsed(
+                        rackmem_run(&format!("{local}%"), &extra, &prog, &w.args)?,
+                        w.parse,
+                    )?)
                 })?);
                 pb.inc(1);
             }
@@ -508,7 +575,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                     }
                     kvs.push(Timed {
                         started_s,
-                        kv: rackmem_bench::workloads::parse(&out.stdout)?,
+                        kv: (w.parse)(&out.stdout)?,
                     });
                 }
                 if let Some(out) = failed {

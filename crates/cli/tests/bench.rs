@@ -101,6 +101,52 @@ fn floors_latency_and_scan_write_json() {
     assert_eq!(v["scan"].as_array().map(Vec::len), Some(4), "{v}");
 }
 
+/// A held-out program (Debian's sysbench, which nobody here wrote) through the same bench:
+/// natively, under rackmem's defaults and under zram, its throughput parsed from its own output.
+#[test]
+fn held_out_sysbench_runs_natively_under_rackmem_and_under_zram() {
+    require_root();
+    assert!(
+        Path::new("/usr/bin/sysbench").exists(),
+        "this test needs sysbench (apt-get install sysbench; ./scripts/programs.sh does)"
+    );
+    let before = machine_state();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("w.json");
+    let o = bench(&[
+        "workloads",
+        "--scale",
+        "0.05",
+        "--only",
+        "sysbench-write,sysbench-read",
+        "--locals",
+        "25",
+        "--transports",
+        "defaults",
+        "--peers",
+        "zram",
+        "--peer-locals",
+        "25",
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let rows = v["workloads"].as_array().expect("rows");
+    for w in ["sysbench-write", "sysbench-read"] {
+        for setup in ["native", "rackmem defaults", "zram"] {
+            let r = rows
+                .iter()
+                .find(|r| r["workload"] == w && r["setup"] == setup)
+                .unwrap_or_else(|| panic!("no {w} row for {setup}: {v}"));
+            assert_eq!(r["metric"], "mib_per_s", "{r}");
+            assert!(r["value"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        }
+    }
+    assert_eq!(machine_state(), before, "swap, zram and cgroups are as they were");
+}
+
 #[test]
 fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
     require_root();
