@@ -42,10 +42,20 @@ pub fn run_parsed(mut cmd: Command, parser: Parser) -> Result<BTreeMap<String, S
         .output()
         .map_err(|e| BenchError::Workload(format!("{cmd:?}: {e}")))?;
     if !o.status.success() {
+        // Programs say why on either stream (sysbench prints its FATAL lines on stdout).
+        let tail = |b: &[u8]| {
+            let t = String::from_utf8_lossy(b);
+            let lines: Vec<&str> = t.lines().filter(|l| !l.trim().is_empty()).collect();
+            lines[lines.len().saturating_sub(5)..].join("\n")
+        };
         return Err(BenchError::Workload(format!(
-            "{cmd:?} failed ({}): {}",
+            "{cmd:?} failed ({}): {}{}",
             o.status,
-            String::from_utf8_lossy(&o.stderr)
+            tail(&o.stderr),
+            match tail(&o.stdout) {
+                t if t.is_empty() => String::new(),
+                t => format!("\n(its standard output ends with:)\n{t}"),
+            }
         )));
     }
     parser(&o.stdout).map_err(|e| BenchError::Workload(format!("{cmd:?}: {e}")))
@@ -98,5 +108,16 @@ mod tests {
         let out = b"Total operations: 3 ( 6.57 per second)\n\n3072.00 MiB transferred (20198.70 MiB/sec)\n";
         assert_eq!(parse_sysbench(out).unwrap()["mib_per_s"], "20198.7");
         assert!(parse_sysbench(b"sysbench: unknown option\n").is_err());
+    }
+
+    #[test]
+    fn a_failing_program_is_reported_with_what_it_said_on_either_stream() {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "echo 'FATAL: Invalid value for memory-block-size: 51M'; echo oops >&2; exit 1",
+        ]);
+        let e = run_parsed(c, parse_sysbench).unwrap_err().to_string();
+        assert!(e.contains("oops") && e.contains("FATAL: Invalid value"), "{e}");
     }
 }

@@ -1530,16 +1530,27 @@ fn version_of(cmd: &[&str]) -> String {
         })
         .unwrap_or_default();
     let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("?").trim();
-    // Keep the words that hold a digit (the version), drop the rest of the banner.
+    // The version numbers in the banner (`v=7.0.15`, `"17.0.21.1"`, `v1.5.4,`): dotted numbers
+    // once a `v`, `v=`, quotes and punctuation are trimmed; the whole line when there is none
+    // (dpkg-query prints the package version alone).
     let words: Vec<&str> = line
         .split_whitespace()
-        .filter(|w| w.chars().any(|c| c.is_ascii_digit()))
+        .map(|w| {
+            w.trim_matches(|c: char| matches!(c, '"' | ',' | '(' | ')'))
+                .trim_start_matches("v=")
+                .trim_start_matches('v')
+        })
+        .filter(|w| {
+            w.contains('.')
+                && w.split('.')
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        })
         .take(2)
         .collect();
     if words.is_empty() {
         line.to_string()
     } else {
-        words.join(" ").trim_matches(['"', ',']).to_string()
+        words.join(" ")
     }
 }
 
