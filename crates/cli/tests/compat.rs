@@ -355,6 +355,20 @@ impl Server {
     }
 }
 
+impl Drop for Server {
+    /// A test that fails while a server runs (a client's connection reset, say) shows what the
+    /// server said, and whether it is still alive: that is where the cause is.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let state = match self.guard.child().try_wait() {
+                Ok(Some(s)) => format!("exited ({s:?})"),
+                _ => "still running".to_string(),
+            };
+            eprintln!("--- {} ({state}); its log:\n{}---", self.name, self.log());
+        }
+    }
+}
+
 fn signal_pid(pid: u32, signal: &str) {
     let _ = Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
