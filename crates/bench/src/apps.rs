@@ -625,6 +625,25 @@ fn exited(child: &mut std::process::Child, grace: Duration) -> bool {
     }
 }
 
+/// Starts a server with its standard error read to its end by a thread (its last lines explain a
+/// failure), standard input and output closed.
+fn start_server(
+    mut cmd: Command,
+    what: &str,
+) -> Result<(std::process::Child, std::thread::JoinHandle<String>), Failure> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| fail(format!("starting {what}: {e}")))?;
+    let mut stderr = child.stderr.take();
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(e) = stderr.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    });
+    Ok((child, errs))
+}
+
 /// Stops a program this bench started: SIGTERM (which `rackmem run` passes on to its program),
 /// then after 10 s SIGKILL to it and everything it started. SIGKILL alone would stop `rackmem
 /// run` and leave its program running, holding the pipes the bench reads to their end.
@@ -707,17 +726,7 @@ fn run_redis(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut cmd = launch.command(&p.prog, &args);
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| fail(format!("starting redis-server: {e}")))?;
-    let mut stderr = child.stderr.take();
-    let errs = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(e) = stderr.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    });
+    let (mut child, errs) = start_server(launch.command(&p.prog, &args), "redis-server")?;
     let died = |child: &mut std::process::Child, launch: &mut Launch, errs: std::thread::JoinHandle<String>| {
         let status = child.wait().ok();
         let mut e = errs.join().unwrap_or_default();
@@ -851,17 +860,7 @@ fn run_memcached(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> 
         // memcached refuses to run as root unless told which user to be.
         args.extend(["-u".into(), "root".into()]);
     }
-    let mut cmd = launch.command(&p.prog, &args);
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| fail(format!("starting memcached: {e}")))?;
-    let mut stderr = child.stderr.take();
-    let errs = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(e) = stderr.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    });
+    let (mut child, errs) = start_server(launch.command(&p.prog, &args), "memcached")?;
     let t0 = Instant::now();
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         if child.try_wait().ok().flatten().is_some() || t0.elapsed() > Duration::from_secs(60) {

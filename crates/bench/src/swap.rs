@@ -207,33 +207,12 @@ pub fn run_in_memory_cgroup(
     program: &Path,
     args: &[String],
 ) -> Result<Output, BenchError> {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!("rackmem-bench-{}-{n}", std::process::id());
-    let (dir, limit_file) = match cgroups {
-        Cgroups::V1(root) => (root.join(&name), "memory.limit_in_bytes"),
-        Cgroups::V2(root) => {
-            let _ = write(&root.join("cgroup.subtree_control"), "+memory");
-            (root.join(&name), "memory.max")
-        }
-    };
-    let _ = std::fs::remove_dir(&dir);
-    std::fs::create_dir(&dir).map_err(|e| BenchError::Workload(format!("creating cgroup {}: {e}", dir.display())))?;
-    let guard = CgroupDir(dir.clone());
-    write(&dir.join(limit_file), &limit_bytes.to_string())?;
-    if let Cgroups::V1(_) = cgroups {
-        let _ = write(&dir.join("memory.swappiness"), "60");
-    }
-    let procs = dir.join("cgroup.procs");
-    let mut script = format!("echo $$ > '{}' && exec '{}'", procs.display(), program.display());
-    for a in args {
-        script.push_str(&format!(" '{a}'"));
-    }
-    let out = Command::new("sh")
-        .args(["-c", &script])
+    let cg = MemoryCgroup::create(cgroups, limit_bytes)?;
+    let out = cg
+        .command(program, args)
         .output()
         .map_err(|e| BenchError::Workload(format!("running {}: {e}", program.display())))?;
-    drop(guard);
+    drop(cg);
     Ok(out)
 }
 

@@ -16,6 +16,57 @@ use libc::{c_int, c_void, size_t};
 use std::ptr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
+/// A value looked up once, by whichever thread asks first. Callers that ask while the lookup
+/// runs (that thread itself, when `dlsym` allocates, or another thread) get `None` and use the
+/// bootstrap arena: `std::sync::OnceLock` would block them, and deadlock the first.
+struct Resolved<T> {
+    state: AtomicU8,
+    /// Written once by the resolving thread before `state` becomes `RESOLVED`.
+    value: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: `value` is written by one thread only (the winner of the exchange on `state`) and read
+// only after `state` is RESOLVED (Release on write, Acquire on read).
+unsafe impl<T: Sync> Sync for Resolved<T> {}
+
+const UNRESOLVED: u8 = 0;
+const RESOLVING: u8 = 1;
+const RESOLVED: u8 = 2;
+
+impl<T> Resolved<T> {
+    const fn new(placeholder: T) -> Resolved<T> {
+        Resolved {
+            state: AtomicU8::new(UNRESOLVED),
+            value: std::cell::UnsafeCell::new(placeholder),
+        }
+    }
+
+    /// The value, looked up with `resolve` on the first call; `None` while that runs.
+    fn get(&self, resolve: impl FnOnce() -> T) -> Option<&T> {
+        match self.state.load(Ordering::Acquire) {
+            RESOLVED => {}
+            UNRESOLVED => {
+                if self
+                    .state
+                    .compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    let found = resolve();
+                    // SAFETY: only the thread that won the exchange writes, and no thread reads
+                    // before `state` is RESOLVED.
+                    unsafe { *self.value.get() = found };
+                    self.state.store(RESOLVED, Ordering::Release);
+                } else if self.state.load(Ordering::Acquire) != RESOLVED {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+        // SAFETY: `value` is no longer written once `state` is RESOLVED.
+        Some(unsafe { &*self.value.get() })
+    }
+}
+
 /// glibc's own allocator, for this library's Rust allocations and the runtime's C library
 /// calls. Its `__libc_*` entry points are looked up in libc.so.6 itself: an allocator preloaded
 /// after this shim (mimalloc, tcmalloc) defines the same names, and a plain reference binds to
@@ -45,15 +96,13 @@ mod glibc_fns {
         pub free: FreeFn,
     }
 
-    static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
-    /// Written once by the resolving thread before `STATE` becomes `RESOLVED`.
-    static mut FNS: Fns = Fns {
+    static FNS: Resolved<Fns> = Resolved::new(Fns {
         malloc: bound_malloc,
         calloc: bound_calloc,
         realloc: bound_realloc,
         memalign: bound_memalign,
         free: bound_free,
-    };
+    });
 
     fn resolve() -> Fns {
         // SAFETY: dlopen of the already loaded C library (RTLD_NOLOAD loads nothing) and dlsym
@@ -86,26 +135,7 @@ mod glibc_fns {
     /// glibc's functions, or `None` while they are being looked up (the lookup itself may
     /// allocate: the caller uses the bootstrap arena then).
     pub fn get() -> Option<&'static Fns> {
-        match STATE.load(Ordering::Acquire) {
-            RESOLVED => {}
-            UNRESOLVED => {
-                if STATE
-                    .compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    let found = resolve();
-                    // SAFETY: only the thread that won the exchange writes FNS, and no thread
-                    // reads it before STATE is RESOLVED (Release below, Acquire above).
-                    unsafe { *ptr::addr_of_mut!(FNS) = found };
-                    STATE.store(RESOLVED, Ordering::Release);
-                } else if STATE.load(Ordering::Acquire) != RESOLVED {
-                    return None;
-                }
-            }
-            _ => return None,
-        }
-        // SAFETY: FNS is no longer written once STATE is RESOLVED.
-        Some(unsafe { &*ptr::addr_of!(FNS) })
+        FNS.get(resolve)
     }
 }
 
@@ -227,36 +257,12 @@ const GLIBC: Next = Next {
     sdallocx: None,
 };
 
-const UNRESOLVED: u8 = 0;
-const RESOLVING: u8 = 1;
-const RESOLVED: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
-/// Written once by the resolving thread before `STATE` becomes `RESOLVED`.
-static mut NEXT: Next = GLIBC;
+static NEXT: Resolved<Next> = Resolved::new(GLIBC);
 
 /// The next allocator, or `None` while it is being looked up (the caller uses the bootstrap
 /// arena then).
 pub fn next() -> Option<&'static Next> {
-    match STATE.load(Ordering::Acquire) {
-        RESOLVED => {}
-        UNRESOLVED => {
-            if STATE
-                .compare_exchange(UNRESOLVED, RESOLVING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                let found = resolve();
-                // SAFETY: only the thread that won the exchange writes NEXT, and no thread reads
-                // it before STATE is RESOLVED (Release below, Acquire above).
-                unsafe { *ptr::addr_of_mut!(NEXT) = found };
-                STATE.store(RESOLVED, Ordering::Release);
-            } else if STATE.load(Ordering::Acquire) != RESOLVED {
-                return None;
-            }
-        }
-        _ => return None,
-    }
-    // SAFETY: NEXT is no longer written once STATE is RESOLVED.
-    Some(unsafe { &*ptr::addr_of!(NEXT) })
+    NEXT.get(resolve)
 }
 
 /// The base address of the object defining `f` (0 if unknown).
