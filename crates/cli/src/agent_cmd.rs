@@ -4,7 +4,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rackmem_control::agent::{Agent, AgentConfig};
 use rackmem_control::api::{NodeRegistration, PortSpec};
-use rackmem_control::client::Client;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +16,7 @@ pub const DEFAULT_SOCKET: &str = "/run/rackmem/agent.sock";
     long_about = "Run the node agent: it registers this machine (a node) with the control plane and \
         hands memory segments to local programs as they need them.\n\n\
         Programs reach it through its Unix socket:\n  \
-        rackmem agent --control http://ctl:7080 &\n  \
+        rackmem agent --control http://ctl:7080 --token-file web1.token &\n  \
         rackmem run --agent /run/rackmem/agent.sock --local 25% -- ./app\n\n\
         Each program's memory grows in steps as it allocates, and everything it was given goes \
         back to the control plane when it exits, crashes or is killed."
@@ -26,6 +25,8 @@ pub struct AgentArgs {
     /// The control plane's URL; several (comma-separated) for replicated control planes.
     #[arg(long, value_name = "URL[,URL...]")]
     control: String,
+    #[command(flatten)]
+    auth: crate::client_args::ControlAuthArgs,
     /// The Unix socket programs connect to.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -48,8 +49,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    let client =
-        Client::new(&Client::parse_urls(&args.control)).with_context(|| format!("--control {}", args.control))?;
+    let client = args.auth.client(&args.control, None)?;
     let ports = if args.ports.is_empty() {
         vec![crate::ctl_cmd::parse_port("eth0:10GB/s").map_err(anyhow::Error::msg)?]
     } else {

@@ -99,7 +99,9 @@ fn etcd_unavailable() -> Option<String> {
 /// Starts the control plane on `url` and waits until it serves (an etcd replica campaigns first).
 fn serve(url: &str) -> Result<(ServerHandle, Client)> {
     let store = rackmem_control::store::open(url).with_context(|| format!("opening the store {url}"))?;
-    let mut cfg = ServerConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), store);
+    // Requests carry a token as in production: its check is part of each latency measured.
+    let token = rackmem_control::auth::new_admin_token().context("making an admin token")?;
+    let mut cfg = ServerConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), store).with_admin_token(&token);
     // No brick sends heartbeats here: none may be marked down while the graph fills.
     cfg.brick_timeout = Duration::from_secs(7 * 24 * 3600);
     let server = spawn(cfg).context("starting the control plane")?;
@@ -110,7 +112,7 @@ fn serve(url: &str) -> Result<(ServerHandle, Client)> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let client = Client::new(&[server.url()])?;
+    let client = Client::new(&[server.url()])?.with_token(Some(token));
     Ok((server, client))
 }
 

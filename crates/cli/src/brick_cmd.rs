@@ -4,7 +4,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};
 use rackmem_control::api::{BrickRegistration, LiveSegment, PortSpec};
-use rackmem_control::client::Client;
 use rackmem_runtime::size::{format_size, parse_size};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,14 +28,20 @@ pub struct BrickArgs {
     /// File holding the shared secret (first line).
     #[arg(long, value_name = "PATH")]
     secret_file: Option<std::path::PathBuf>,
-    /// File holding the key grants are signed with (created with a random key if absent).
+    /// File holding the key grants are signed with (created with a random key if absent). A
+    /// managed brick re-registers under its name only with the same key; with --control and
+    /// --name and no --key-file, the key is kept in $XDG_STATE_HOME/rackmem/brick-NAME.key
+    /// (else ~/.local/state/rackmem/brick-NAME.key).
     #[arg(long, value_name = "PATH")]
     key_file: Option<std::path::PathBuf>,
     /// Control plane URL(s), comma-separated: register there, send heartbeats, and serve the
     /// segments it grants (a managed brick). Without it the brick is standalone.
     #[arg(long, value_name = "URL[,URL...]")]
     control: Option<String>,
-    /// Name to register under, unique in the control plane (default: HOSTNAME-PORT).
+    #[command(flatten)]
+    auth: crate::client_args::ControlAuthArgs,
+    /// Name to register under, unique in the control plane (default: HOSTNAME-PORT). The name is
+    /// bound to the brick's key: keep --key-file across restarts.
     #[arg(long, value_name = "NAME", requires = "control")]
     name: Option<String>,
     /// A port of this brick: NAME:RATE[:SWITCH], rate in bytes/s; repeatable. Default: one port
@@ -149,8 +154,23 @@ fn load_key(path: Option<&std::path::Path>) -> Result<Vec<u8>> {
         Ok(_) => bail!("the key file {} is empty", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let k = random_hex(32)?;
-            std::fs::write(path, format!("{k}\n"))
-                .with_context(|| format!("creating the key file {}", path.display()))?;
+            // The key signs grants: readable by the brick's user only.
+            let created = {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(path)
+            };
+            let mut f = match created {
+                Ok(f) => f,
+                // Another brick of the same name made it meanwhile: use its key.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return load_key(Some(path)),
+                Err(e) => return Err(e).with_context(|| format!("creating the key file {}", path.display())),
+            };
+            std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes())
+                .with_context(|| format!("writing the key file {}", path.display()))?;
             Ok(k.into_bytes())
         }
         Err(e) => Err(e).with_context(|| format!("reading the key file {}", path.display())),
@@ -169,7 +189,19 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     if secret.is_none() {
         eprintln!("rackmem brick: no --secret given: nodes cannot carve segments until a control plane issues grants");
     }
-    let key = load_key(args.key_file.as_deref())?;
+    // A managed brick's name is bound to its key: keep the key where a restart finds it.
+    let key_file = args.key_file.clone().or_else(|| {
+        let name = args.name.as_ref().filter(|_| args.control.is_some())?;
+        Some(crate::control_cmd::state_dir()?.join(format!("rackmem/brick-{name}.key")))
+    });
+    if let Some(dir) = key_file
+        .as_ref()
+        .and_then(|f| f.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let key = load_key(key_file.as_deref())?;
     // Handlers first: a SIGTERM that arrives as soon as the socket exists must stop the brick
     // cleanly, not kill it with the socket file left behind.
     let stop = Arc::new(AtomicBool::new(false));
@@ -194,7 +226,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     let heartbeat = match &args.control {
         None => None,
         Some(urls) => {
-            let client = Client::new(&Client::parse_urls(urls)).with_context(|| format!("--control {urls}"))?;
+            let client = args.auth.client(urls, None)?;
             let (address, default_name) = advertised(&handle.local_addr());
             let ports = if args.ports.is_empty() {
                 vec![crate::ctl_cmd::parse_port(DEFAULT_PORT).map_err(anyhow::Error::msg)?]

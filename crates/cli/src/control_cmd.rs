@@ -3,7 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_control::graph::Topology;
-use rackmem_control::server::{spawn, ServerConfig};
+use rackmem_control::serve::{HttpLimits, TlsFiles};
+use rackmem_control::server::{spawn, PublicRoutes, ServerConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,17 +14,27 @@ use std::time::Duration;
 #[command(
     long_about = "Serve the control plane: bricks register and send heartbeats, agents and \
         `rackmem ctl` allocate segments for nodes, and every change is stored before it is answered.\n\n\
-        Example (two bricks in one rack):\n  \
-        rackmem control --listen 0.0.0.0:7080 --store sqlite:/var/lib/rackmem/control.db\n  \
-        rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --control http://ctl:7080 --name mem1\n  \
-        rackmem ctl --control http://ctl:7080 bricks\n\n\
+        Every request but GET /healthz and GET /v1/leader needs a token (deny by default). The first \
+        admin token is made at start in --admin-token-file (mode 0600) if that file is absent; with it, \
+        `rackmem ctl token create` makes tokens for nodes (agents) and bricks.\n\n\
+        Example (one brick, one node):\n  \
+        rackmem control --listen 0.0.0.0:7080 --store sqlite:/var/lib/rackmem/control.db \\\n      \
+        --admin-token-file /etc/rackmem/admin.token\n  \
+        rackmem ctl --control http://ctl:7080 --token-file /etc/rackmem/admin.token \\\n      \
+        token create --role brick --name mem1 > mem1.token\n  \
+        rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --control http://ctl:7080 --name mem1 \\\n      \
+        --token-file mem1.token --key-file /var/lib/rackmem/mem1.key\n\n\
+        HTTPS: --tls-cert and --tls-key; clients then use https:// URLs (and --control-ca for a private \
+        CA). With --tls-client-ca, client certificates signed by that CA whose subject CN is ROLE:NAME \
+        (e.g. node:web1) are accepted instead of tokens.\n\n\
         Replicas (cargo feature `etcd`): start several with --store etcd:http://etcd1:2379,... and a \
         distinct --advertise each; one leads, the others answer 503 not_leader until it fails, and \
         clients given every URL (--control URL1,URL2) follow the leader.\n\n\
-        The REST API is described by GET /openapi.json; metrics are at GET /metrics."
+        The REST API is described by GET /openapi.json; metrics are at GET /metrics (both need a \
+        token unless opened with --public-openapi, --public-metrics)."
 )]
 pub struct ControlArgs {
-    /// Address and port to listen on (HTTP).
+    /// Address and port to listen on (HTTP, or HTTPS with --tls-cert).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7080")]
     listen: std::net::SocketAddr,
     /// Where the state lives: sqlite:PATH (default: $XDG_STATE_HOME/rackmem/control.db, else
@@ -45,6 +56,61 @@ pub struct ControlArgs {
     /// How often bricks are told to send heartbeats.
     #[arg(long, value_name = "DUR", default_value = "1s", value_parser = parse_duration)]
     heartbeat_interval: Duration,
+    /// File holding the first admin token; created with a fresh token (mode 0600) if absent
+    /// (default: admin.token next to the default store, $XDG_STATE_HOME/rackmem/admin.token or
+    /// ~/.local/state/rackmem/admin.token). Only its hash is kept in memory. `rackmem ctl` on this
+    /// host reads the default file by itself.
+    #[arg(long, value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
+    /// Certificate chain (PEM) to serve HTTPS with (needs --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// CA (PEM) whose client certificates authenticate callers instead of tokens: the subject
+    /// CN names the principal, ROLE:NAME (admin:ops, node:web1, brick:mem1). Needs --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve GET /metrics without a token (for scrapers that cannot send one).
+    #[arg(long)]
+    public_metrics: bool,
+    /// Serve GET /openapi.json without a token.
+    #[arg(long)]
+    public_openapi: bool,
+    /// Open connections at most; more are closed at accept (keep it under the descriptor limit).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_connections: usize,
+    /// Open connections from one IP address at most.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_connections_per_peer: usize,
+    /// Time a connection has to send a request's headers (also how long an idle kept-alive
+    /// connection stays open).
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// Time a request has to send its body and be answered (slower: 408).
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
+    request_timeout: Duration,
+}
+
+/// Where the admin token lives unless --admin-token-file says otherwise.
+pub fn default_admin_token_file() -> PathBuf {
+    match state_dir() {
+        Some(dir) => dir.join("rackmem/admin.token"),
+        None => PathBuf::from("rackmem-admin.token"),
+    }
+}
+
+/// `$XDG_STATE_HOME`, else `~/.local/state`.
+pub fn state_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/state"))
+        })
 }
 
 /// `500ms`, `10s`, `2m`, `1.5s`; a bare number is seconds.
@@ -66,15 +132,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn default_store() -> String {
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/state"))
-        });
-    match state {
+    match state_dir() {
         Some(dir) => format!("sqlite:{}", dir.join("rackmem/control.db").display()),
         None => "sqlite:rackmem-control.db".to_string(),
     }
@@ -93,12 +151,22 @@ pub fn run(args: ControlArgs) -> Result<i32> {
         None => None,
     };
     if let Some(a) = &args.advertise {
-        if !a.starts_with("http://") || a.len() <= "http://".len() {
-            bail!("--advertise {a:?} is not a URL: use http://HOST:PORT");
+        let rest = a.strip_prefix("http://").or_else(|| a.strip_prefix("https://"));
+        if rest.is_none_or(str::is_empty) {
+            bail!("--advertise {a:?} is not a URL: use http://HOST:PORT or https://HOST:PORT");
         }
     }
     let url = args.store.unwrap_or_else(default_store);
     let store = rackmem_control::store::open(&url).with_context(|| format!("opening the store {url}"))?;
+    let token_file = args.admin_token_file.clone().unwrap_or_else(default_admin_token_file);
+    if let Some(dir) = token_file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let (admin_token, created) = rackmem_control::auth::admin_token_file(&token_file)
+        .with_context(|| format!("the admin token file {}", token_file.display()))?;
+    if args.max_connections == 0 || args.max_connections_per_peer == 0 {
+        bail!("--max-connections and --max-connections-per-peer must be at least 1");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -108,7 +176,28 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.brick_timeout = args.brick_timeout;
     config.heartbeat_interval = args.heartbeat_interval;
     config.advertise = args.advertise.map(|a| a.trim_end_matches('/').to_string());
+    config.admin_token = Some(admin_token);
+    config.public = PublicRoutes {
+        openapi: args.public_openapi,
+        metrics: args.public_metrics,
+    };
+    config.limits = HttpLimits {
+        max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
+        header_timeout: args.header_timeout,
+        request_timeout: args.request_timeout,
+    };
+    config.tls = args.tls_cert.zip(args.tls_key).map(|(cert, key)| TlsFiles {
+        cert,
+        key,
+        client_ca: args.tls_client_ca,
+    });
     let server = spawn(config).context("starting the control plane")?;
+    eprintln!(
+        "rackmem control: admin token {} {}",
+        if created { "created in" } else { "read from" },
+        token_file.display()
+    );
     eprintln!(
         "rackmem control: serving on {} (store {url}; advertised as {}; brick timeout {:?}; SIGTERM or Ctrl-C stops it)",
         server.url(),

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use rackmem_control::api::{AllocationRequest, NodeRegistration, PortSpec};
+use rackmem_control::api::{AllocationRequest, NodeRegistration, PortSpec, TokenRequest};
 use rackmem_control::client::{Client, ClientError};
 use rackmem_runtime::size::{format_size, parse_size};
 use serde::Serialize;
@@ -15,6 +15,8 @@ pub mod exit {
     pub const BAD_INPUT: i32 = 65;
     /// No control plane could be reached.
     pub const UNREACHABLE: i32 = 69;
+    /// The control plane refused the credentials (401) or the role (403).
+    pub const DENIED: i32 = 77;
 }
 
 #[derive(Args)]
@@ -25,9 +27,12 @@ pub mod exit {
         rackmem ctl add-node --name web1 --port eth0:10GB/s\n  \
         rackmem ctl alloc --node web1 --size 8GiB --stripe 2 --bandwidth 2GB/s\n  \
         rackmem ctl --json allocations | jq '.[].segments[].brick_address'\n  \
-        rackmem ctl free 7\n\n\
+        rackmem ctl free 7\n  \
+        rackmem ctl token create --role node --name web1 > web1.token\n\n\
+        Credentials: --token-file (or RACKMEM_TOKEN); on the control plane's host the admin token \
+        file it made is found by itself.\n\n\
         Exit status: 0 done; 1 the control plane refused (the message says why); 2 or 65 bad \
-        input; 69 no control plane reachable.",
+        input; 69 no control plane reachable; 77 the token is missing, invalid or not allowed this.",
     after_help = "Sizes: 4096, 64MiB, 8GiB, 1.5G. Rates are bytes per second: 10GB/s, 1.25G, 500MB/s."
 )]
 pub struct CtlArgs {
@@ -39,6 +44,8 @@ pub struct CtlArgs {
         default_value = "http://127.0.0.1:7080"
     )]
     control: String,
+    #[command(flatten)]
+    auth: crate::client_args::ControlAuthArgs,
     /// Print JSON (the API's own objects) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -87,6 +94,14 @@ enum CtlCommand {
         #[arg(long, value_name = "SIZE", value_parser = crate::brick_cmd::parse_size_arg)]
         size: u64,
     },
+    /// Create, list and revoke API tokens (admins only).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Forget a brick that holds no segment, so its name can be registered with another key.
+    ForgetBrick {
+        /// Brick id or name.
+        brick: String,
+    },
     /// Register a node by hand (agents do this themselves).
     AddNode {
         /// Unique name.
@@ -95,6 +110,27 @@ enum CtlCommand {
         /// A port: NAME:RATE[:SWITCH]; repeatable.
         #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = parse_port, default_value = "eth0:10GB/s")]
         ports: Vec<PortSpec>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Make a token and print it (only this once: the control plane keeps its hash).
+    Create {
+        /// admin (everything), node (an agent: that node's allocations), brick (that brick's
+        /// registration and heartbeats).
+        #[arg(long, value_parser = ["admin", "node", "brick"])]
+        role: String,
+        /// The node or brick it speaks for (for admins, a label).
+        #[arg(long)]
+        name: String,
+    },
+    /// List the tokens (ids, roles, names; never secrets).
+    List,
+    /// Revoke a token: it stops working at once.
+    Revoke {
+        /// Token id (the number in rmk_ID_...; `token list` shows them).
+        id: u64,
     },
 }
 
@@ -172,7 +208,10 @@ enum CtlError {
 }
 
 pub fn run(args: CtlArgs) -> Result<i32> {
-    let r = Client::new(&Client::parse_urls(&args.control))
+    let fallback = Some(crate::control_cmd::default_admin_token_file());
+    let r = args
+        .auth
+        .client(&args.control, fallback)
         .map_err(CtlError::from)
         .and_then(|c| run_with(&c, args.json, args.command));
     Ok(match r {
@@ -181,6 +220,7 @@ pub fn run(args: CtlArgs) -> Result<i32> {
             eprintln!("rackmem ctl: {e}");
             match e {
                 CtlError::Client(ClientError::Unreachable { .. }) => exit::UNREACHABLE,
+                CtlError::Client(ClientError::Server { status: 401 | 403, .. }) => exit::DENIED,
                 CtlError::Client(ClientError::BadUrl(_)) | CtlError::BadInput(_) => exit::BAD_INPUT,
                 _ => exit::SERVER_ERROR,
             }
@@ -336,6 +376,50 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 a.segments.len()
             )
         })?,
+        CtlCommand::Token(TokenCommand::Create { role, name }) => {
+            let role = rackmem_control::auth::Role::parse(&role)
+                .ok_or_else(|| CtlError::BadInput(format!("--role {role}: use admin, node or brick")))?;
+            let t = c.create_token(&TokenRequest { role, name })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t).map_err(anyhow::Error::from)?);
+            } else {
+                // The token alone on stdout (`> file` keeps it); what it is on stderr.
+                eprintln!(
+                    "token {} for {} {:?} (shown once; revoke with `rackmem ctl token revoke {}`)",
+                    t.id, t.role, t.name, t.id
+                );
+                println!("{}", t.token);
+            }
+        }
+        CtlCommand::Token(TokenCommand::List) => print(json, &c.tokens()?, |tokens| {
+            let mut t = table(&["id", "role", "name", "created"]);
+            for k in tokens {
+                t.add_row(vec![
+                    k.id.to_string(),
+                    k.role.to_string(),
+                    k.name.clone(),
+                    format!("{} s after the epoch", k.created_unix_ms / 1000),
+                ]);
+            }
+            t.to_string()
+        })?,
+        CtlCommand::Token(TokenCommand::Revoke { id }) => print(json, &c.revoke_token(id)?, |k| {
+            format!("revoked token {} ({} {:?})", k.id, k.role, k.name)
+        })?,
+        CtlCommand::ForgetBrick { brick } => {
+            let id = match brick.parse::<u64>() {
+                Ok(id) => id,
+                Err(_) => c
+                    .bricks()?
+                    .into_iter()
+                    .find(|b| b.name == brick)
+                    .map(|b| b.id)
+                    .ok_or_else(|| CtlError::BadInput(format!("no brick is named {brick:?}")))?,
+            };
+            print(json, &c.forget_brick(id)?, |b| {
+                format!("forgot brick {} ({})", b.id, b.name)
+            })?
+        }
         CtlCommand::AddNode { name, ports } => {
             print(json, &c.register_node(&NodeRegistration { name, ports })?, |r| {
                 format!("node id {}", r.id)

@@ -24,7 +24,11 @@ fn start_replica(store: &str) -> (Guard, String) {
 }
 
 fn leader_info(url: &str) -> Option<LeaderInfo> {
-    Client::with_timeout(&[url], Duration::from_secs(2)).ok()?.leader().ok()
+    Client::with_timeout(&[url], Duration::from_secs(2))
+        .ok()?
+        .with_token(Some(admin_token()))
+        .leader()
+        .ok()
 }
 
 /// Polls until one of `urls` serves as leader; returns its index.
@@ -97,7 +101,7 @@ fn a_replica_takes_over_when_the_leader_is_killed() {
     }
 
     // The follower refuses a write and names the leader.
-    let direct = Client::new(&[urls[follower]]).unwrap();
+    let direct = Client::new(&[urls[follower]]).unwrap().with_token(Some(admin_token()));
     match direct.register_node(&NodeRegistration {
         name: "x".into(),
         ports: vec![],
@@ -112,7 +116,7 @@ fn a_replica_takes_over_when_the_leader_is_killed() {
     }
 
     // Allocate through both URLs (the client finds the leader).
-    let client = Client::new(&urls).unwrap();
+    let client = Client::new(&urls).unwrap().with_token(Some(admin_token()));
     let port = |name: &str| PortSpec {
         name: name.into(),
         bandwidth_bps: 10_000_000_000,

@@ -400,3 +400,40 @@ pub struct LeaderInfo {
     /// Which store holds the state.
     pub store: String,
 }
+
+/// `POST /v1/tokens` (admin only): a token for a principal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// `admin`, `node` (an agent: that node's allocations only) or `brick` (that brick's
+    /// registration and heartbeats only).
+    pub role: crate::auth::Role,
+    /// The node or brick the token speaks for (for admins, a label).
+    pub name: String,
+}
+
+/// A new token. The secret is shown here once; the control plane keeps only its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TokenCreated {
+    /// Id (to revoke it).
+    pub id: u64,
+    /// Role.
+    pub role: crate::auth::Role,
+    /// Name.
+    pub name: String,
+    /// The token: send it as `Authorization: Bearer TOKEN`.
+    pub token: String,
+}
+
+/// A token, without its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TokenInfo {
+    /// Id.
+    pub id: u64,
+    /// Role.
+    pub role: crate::auth::Role,
+    /// Name.
+    pub name: String,
+    /// Creation time.
+    pub created_unix_ms: u64,
+}

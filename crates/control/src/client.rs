@@ -19,12 +19,60 @@ pub const NOT_LEADER: &str = "not_leader";
 /// Default time limit of one request.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+fn with_auth<B>(r: ureq::RequestBuilder<B>, authorization: Option<&str>) -> ureq::RequestBuilder<B> {
+    match authorization {
+        Some(a) => r.header("Authorization", a),
+        None => r,
+    }
+}
+
+/// ureq's TLS settings for `config`: its CA file and client certificate, if any.
+fn tls_config(config: &ClientConfig) -> Result<ureq::tls::TlsConfig, ClientError> {
+    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+    let read =
+        |p: &std::path::Path| std::fs::read(p).map_err(|e| ClientError::Tls(format!("reading {}: {e}", p.display())));
+    let mut b = TlsConfig::builder();
+    if let Some(ca) = &config.ca_file {
+        let pem = read(ca)?;
+        let mut certs = Vec::new();
+        for item in ureq::tls::parse_pem(&pem) {
+            match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => certs.push(c),
+                Ok(_) => {}
+                Err(e) => return Err(ClientError::Tls(format!("{}: {e}", ca.display()))),
+            }
+        }
+        if certs.is_empty() {
+            return Err(ClientError::Tls(format!("{} holds no certificate", ca.display())));
+        }
+        b = b.root_certs(RootCerts::new_with_certs(&certs));
+    }
+    if let Some((cert, key)) = &config.identity {
+        let cert_pem = read(cert)?;
+        let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(&cert_pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if chain.is_empty() {
+            return Err(ClientError::Tls(format!("{} holds no certificate", cert.display())));
+        }
+        let key = PrivateKey::from_pem(&read(key)?).map_err(|e| ClientError::Tls(format!("{}: {e}", key.display())))?;
+        b = b.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+    }
+    Ok(b.build())
+}
+
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No control plane URL is usable.
-    #[error("control plane URL {0:?} is not valid: use http://HOST:PORT")]
+    #[error("control plane URL {0:?} is not valid: use http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    /// The CA file or client certificate cannot be used.
+    #[error("control plane TLS settings: {0}")]
+    Tls(String),
     /// None of the control planes answered.
     #[error("no control plane reachable at {urls}: {message}")]
     Unreachable {
@@ -71,6 +119,34 @@ pub struct Client {
     agent: ureq::Agent,
     urls: Vec<String>,
     current: AtomicUsize,
+    /// `Bearer TOKEN`, sent with every request.
+    authorization: Option<String>,
+}
+
+/// How a client authenticates and whom it trusts.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Time limit of one request.
+    pub timeout: Duration,
+    /// The API token (`rmk_ID_SECRET`), sent as a bearer token.
+    pub token: Option<String>,
+    /// CA certificates (PEM) that sign the control planes' certificates, for `https://` URLs
+    /// (`None`: the system's web PKI roots).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), instead of a token where the control plane
+    /// takes certificates.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            timeout: DEFAULT_TIMEOUT,
+            token: None,
+            ca_file: None,
+            identity: None,
+        }
+    }
 }
 
 enum Method {
@@ -89,11 +165,30 @@ impl Client {
 
     /// Like [`Client::new`], with a time limit for each request.
     pub fn with_timeout<S: AsRef<str>>(urls: &[S], timeout: Duration) -> Result<Client, ClientError> {
+        Client::with_config(
+            urls,
+            &ClientConfig {
+                timeout,
+                ..ClientConfig::default()
+            },
+        )
+    }
+
+    /// The same client, sending `token` (when `Some`) with every request.
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.authorization = token.map(|t| format!("Bearer {}", t.trim()));
+        self
+    }
+
+    /// A client of `urls` (`http://HOST:PORT` or `https://HOST:PORT`) as `config` says.
+    pub fn with_config<S: AsRef<str>>(urls: &[S], config: &ClientConfig) -> Result<Client, ClientError> {
+        let timeout = config.timeout;
         let mut v = Vec::new();
         for u in urls {
             let u = u.as_ref().trim().trim_end_matches('/');
             let rest = u
                 .strip_prefix("http://")
+                .or_else(|| u.strip_prefix("https://"))
                 .ok_or_else(|| ClientError::BadUrl(u.to_string()))?;
             if rest.is_empty() || rest.contains('/') {
                 return Err(ClientError::BadUrl(u.to_string()));
@@ -103,15 +198,19 @@ impl Client {
         if v.is_empty() {
             return Err(ClientError::BadUrl(String::new()));
         }
-        let config = ureq::Agent::config_builder()
+        let tls = tls_config(config)?;
+        let agent_config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(timeout))
+            .tls_config(tls)
             .build();
         Ok(Client {
-            agent: config.into(),
+            agent: agent_config.into(),
             urls: v,
             current: AtomicUsize::new(0),
-        })
+            authorization: None,
+        }
+        .with_token(config.token.clone()))
     }
 
     /// Splits `URL[,URL...]`.
@@ -143,15 +242,16 @@ impl Client {
             let idx = (first + i) % n;
             let base = &self.urls[idx];
             let url = format!("{base}{path}");
+            let auth = self.authorization.as_deref();
             let r = match (&method, body) {
-                (Method::Get, _) => self.agent.get(&url).call(),
-                (Method::Delete, _) => self.agent.delete(&url).call(),
-                (Method::Post, Some(b)) => self.agent.post(&url).send_json(b),
-                (Method::Post, None) => self.agent.post(&url).send_empty(),
-                (Method::Put, Some(b)) => self.agent.put(&url).send_json(b),
-                (Method::Put, None) => self.agent.put(&url).send_empty(),
-                (Method::Patch, Some(b)) => self.agent.patch(&url).send_json(b),
-                (Method::Patch, None) => self.agent.patch(&url).send_empty(),
+                (Method::Get, _) => with_auth(self.agent.get(&url), auth).call(),
+                (Method::Delete, _) => with_auth(self.agent.delete(&url), auth).call(),
+                (Method::Post, Some(b)) => with_auth(self.agent.post(&url), auth).send_json(b),
+                (Method::Post, None) => with_auth(self.agent.post(&url), auth).send_empty(),
+                (Method::Put, Some(b)) => with_auth(self.agent.put(&url), auth).send_json(b),
+                (Method::Put, None) => with_auth(self.agent.put(&url), auth).send_empty(),
+                (Method::Patch, Some(b)) => with_auth(self.agent.patch(&url), auth).send_json(b),
+                (Method::Patch, None) => with_auth(self.agent.patch(&url), auth).send_empty(),
             };
             let mut resp = match r {
                 Ok(resp) => resp,
@@ -285,6 +385,25 @@ impl Client {
         self.request::<(), _>(Method::Delete, &format!("/v1/allocations/{id}"), None)
     }
 
+    /// `POST /v1/tokens` (admins only).
+    pub fn create_token(&self, req: &TokenRequest) -> Result<TokenCreated, ClientError> {
+        self.request(Method::Post, "/v1/tokens", Some(req))
+    }
+
+    /// `GET /v1/tokens` (admins only).
+    pub fn tokens(&self) -> Result<Vec<TokenInfo>, ClientError> {
+        self.get("/v1/tokens")
+    }
+
+    /// `DELETE /v1/tokens/{id}` (admins only).
+    pub fn revoke_token(&self, id: u64) -> Result<TokenInfo, ClientError> {
+        self.request::<(), _>(Method::Delete, &format!("/v1/tokens/{id}"), None)
+    }
+
+    /// `DELETE /v1/bricks/{id}` (admins only; the brick must hold no segment).
+    pub fn forget_brick(&self, id: u64) -> Result<Brick, ClientError> {
+        self.request::<(), _>(Method::Delete, &format!("/v1/bricks/{id}"), None)
+    }
     /// `GET /v1/graph`.
     pub fn graph(&self) -> Result<Graph, ClientError> {
         self.get("/v1/graph")

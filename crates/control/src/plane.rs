@@ -7,13 +7,15 @@
 
 use crate::alloc::{align_up, BrickIndex, FreeExtents, EXTENT_ALIGN};
 use crate::api::{self, BrickState, Endpoint, HeartbeatStats, LiveSegment, Port};
+use crate::auth::TokenTable;
 use crate::grant;
 use crate::graph::{check_owner_name, Graph, GraphError, Topology};
 use crate::store::{
     AllocationRecord, BrickRecord, Counters, Key, NodeRecord, Op, Record, SegmentRecord, Store, StoreError,
-    SwitchRecord,
+    SwitchRecord, TokenRecord,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Most bricks one allocation may be striped over.
@@ -31,6 +33,9 @@ pub enum PlaneError {
     /// re-registration that would orphan live segments) (409).
     #[error("{0}")]
     Conflict(String),
+    /// The caller's role may not touch this object (403); the server's authorization.
+    #[error("{0}")]
+    Forbidden(String),
     /// The request can never succeed as asked (size 0, stripe 0, bad names or key) (422).
     #[error("{0}")]
     Invalid(String),
@@ -123,6 +128,19 @@ pub struct ControlPlane {
     stored_switches: HashSet<String>,
     brick_timeout: Duration,
     heartbeat_interval: Duration,
+    /// API tokens by id (hashes only).
+    tokens: BTreeMap<u64, TokenRecord>,
+    /// What the REST server authenticates against: refilled whenever `tokens` changes.
+    token_table: Arc<TokenTable>,
+}
+
+fn token_info(t: &TokenRecord) -> api::TokenInfo {
+    api::TokenInfo {
+        id: t.id,
+        role: t.role,
+        name: t.name.clone(),
+        created_unix_ms: t.created_unix_ms,
+    }
 }
 
 fn decode_key(key_hex: &str) -> Result<Vec<u8>, String> {
@@ -187,7 +205,9 @@ impl ControlPlane {
             }
         }
         std::mem::swap(&mut fresh.store, &mut self.store);
+        fresh.token_table = self.token_table.clone();
         *self = fresh;
+        self.publish_tokens();
         Ok(())
     }
 
@@ -220,6 +240,8 @@ impl ControlPlane {
             stored_switches: HashSet::new(),
             brick_timeout,
             heartbeat_interval,
+            tokens: snap.tokens.into_iter().map(|t| (t.id, t)).collect(),
+            token_table: Arc::new(TokenTable::default()),
         };
         for s in snap.switches {
             p.graph.add_switch(&s.name);
@@ -287,6 +309,105 @@ impl ControlPlane {
             p.index.update(*id, None, b.extents.largest());
         }
         Ok(p)
+    }
+
+    /// Makes `table` the one the REST server authenticates against, filled with the stored
+    /// tokens now and after every change or reload.
+    pub fn share_tokens(&mut self, table: Arc<TokenTable>) {
+        self.token_table = table;
+        self.publish_tokens();
+    }
+
+    fn publish_tokens(&self) {
+        let v: Vec<TokenRecord> = self.tokens.values().cloned().collect();
+        self.token_table.replace(&v);
+    }
+
+    /// `POST /v1/tokens`: a new token for `role` and `name`; the secret is in the reply only.
+    pub fn create_token(&mut self, req: api::TokenRequest) -> Result<api::TokenCreated, PlaneError> {
+        crate::auth::check_name(&req.name).map_err(PlaneError::Invalid)?;
+        let mut counters = self.counters;
+        // Id 0 is the admin token file's.
+        let id = counters.next_token.max(1);
+        counters.next_token = id + 1;
+        let t = crate::auth::issue(id, req.role, &req.name, now_unix_ms()).map_err(|e| {
+            PlaneError::Store(StoreError::Backend {
+                store: self.store.describe(),
+                message: e.to_string(),
+            })
+        })?;
+        self.store.commit(&[
+            Op::Put(Record::Token(t.record.clone())),
+            Op::Put(Record::Counters(counters)),
+        ])?;
+        self.counters = counters;
+        self.tokens.insert(id, t.record.clone());
+        self.publish_tokens();
+        Ok(api::TokenCreated {
+            id,
+            role: req.role,
+            name: req.name,
+            token: t.token,
+        })
+    }
+
+    /// `GET /v1/tokens`: every token, without secrets.
+    pub fn tokens(&self) -> Vec<api::TokenInfo> {
+        self.tokens.values().map(token_info).collect()
+    }
+
+    /// `DELETE /v1/tokens/{id}`: the token stops working at once.
+    pub fn revoke_token(&mut self, id: u64) -> Result<api::TokenInfo, PlaneError> {
+        let t = self
+            .tokens
+            .get(&id)
+            .map(token_info)
+            .ok_or_else(|| PlaneError::NotFound(format!("token {id}")))?;
+        self.store.commit(&[Op::Delete(Key::Token(id))])?;
+        self.tokens.remove(&id);
+        self.publish_tokens();
+        Ok(t)
+    }
+
+    /// `DELETE /v1/bricks/{id}`: forgets a brick that holds no segment (its name and key are
+    /// free again, e.g. to replace a machine).
+    pub fn forget_brick(&mut self, id: u64) -> Result<api::Brick, PlaneError> {
+        let b = self
+            .bricks
+            .get(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("brick {id}")))?;
+        if !b.segments.is_empty() {
+            return Err(PlaneError::Conflict(format!(
+                "brick {} still holds {} segments: release their allocations first",
+                b.rec.name,
+                b.segments.len()
+            )));
+        }
+        let shown = self.brick(id)?;
+        self.store.commit(&[Op::Delete(Key::Brick(id))])?;
+        if let Some(b) = self.bricks.remove(&id) {
+            if b.up {
+                self.index.remove(id, b.extents.largest());
+            }
+            self.graph.attach(&Endpoint::Brick { id }, &b.rec.ports, &mut []);
+            self.brick_names.remove(&b.rec.name);
+        }
+        Ok(shown)
+    }
+
+    /// The id of the node named `name`.
+    pub fn node_id(&self, name: &str) -> Option<u64> {
+        self.node_names.get(name).copied()
+    }
+
+    /// The name of brick `id`.
+    pub fn brick_name(&self, id: u64) -> Option<&str> {
+        self.bricks.get(&id).map(|b| b.rec.name.as_str())
+    }
+
+    /// The node allocation `id` belongs to.
+    pub fn allocation_node(&self, id: u64) -> Option<u64> {
+        self.allocations.get(&id).map(|a| a.node)
     }
 
     /// Which store holds the state.
@@ -409,6 +530,16 @@ impl ControlPlane {
         let mut extents = FreeExtents::new(reg.capacity_bytes);
         let mut old_ports = Vec::new();
         if let Some(b) = existing.and_then(|id| self.bricks.get(&id)) {
+            // The name is bound to the key: whoever else registers it cannot take over the
+            // brick's segments, nor sign grants the real brick would honour.
+            if b.key != key {
+                return Err(PlaneError::Conflict(format!(
+                    "brick {} is registered with another grant key: a brick keeps its key across restarts \
+                     (rackmem brick --key-file PATH); to replace the brick, release its allocations and \
+                     `rackmem ctl forget-brick {}` first",
+                    reg.name, reg.name
+                )));
+            }
             for (sid, &(off, size)) in &b.segments {
                 if !extents.carve_at(off, size) {
                     return Err(PlaneError::Conflict(format!(

@@ -8,6 +8,8 @@
 //! | status | code | when |
 //! |---|---|---|
 //! | 400 | `bad_request` | malformed JSON, wrong types, negative or out-of-range numbers, bad path ids |
+//! | 401 | `unauthorized` | no token, or one that is unknown or revoked (see [`crate::auth`]) |
+//! | 403 | `forbidden` | a valid principal whose role may not touch that object (another node's allocation, another brick) |
 //! | 404 | `not_found` | unknown node, brick, allocation or route |
 //! | 405 | `method_not_allowed` | known route, other method |
 //! | 409 | `conflict` | a registration contradicts the state (address taken, live segments orphaned) |
@@ -25,6 +27,7 @@
 //! whole state from the store before it serves.
 
 use crate::api::*;
+use crate::auth::{AuthError, Principal, Role as AuthRole, TokenTable};
 use crate::graph::Topology;
 use crate::plane::{ControlPlane, PlaneError};
 use crate::store::{Leadership, Role, Store, StoreError};
@@ -60,9 +63,35 @@ pub struct ServerConfig {
     pub heartbeat_interval: Duration,
     /// Largest request body accepted.
     pub body_limit_bytes: usize,
-    /// The URL other replicas send clients to while this one leads (`None`: `http://` and the
-    /// bound address, the host's name replacing an unspecified address).
+    /// The URL other replicas send clients to while this one leads (`None`: `http://` (or
+    /// `https://`) and the bound address, the host's name replacing an unspecified address).
     pub advertise: Option<String>,
+    /// The admin token read from `--admin-token-file` (accepted as admin, never stored).
+    /// `None`: only tokens in the store are accepted (deny by default: none on a new store).
+    pub admin_token: Option<String>,
+    /// Routes served without a token besides `/healthz` and `/v1/leader`.
+    pub public: PublicRoutes,
+    /// Connection caps and timeouts.
+    pub limits: crate::serve::HttpLimits,
+    /// HTTPS (`None`: plain HTTP).
+    pub tls: Option<crate::serve::TlsFiles>,
+}
+
+impl ServerConfig {
+    /// The same configuration, accepting `token` as an admin's (as `--admin-token-file` does).
+    pub fn with_admin_token(mut self, token: &str) -> ServerConfig {
+        self.admin_token = Some(token.to_string());
+        self
+    }
+}
+
+/// Routes a deployment may open to callers without a token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublicRoutes {
+    /// `GET /openapi.json`.
+    pub openapi: bool,
+    /// `GET /metrics` (for a Prometheus that cannot send a bearer token).
+    pub metrics: bool,
 }
 
 impl ServerConfig {
@@ -77,6 +106,10 @@ impl ServerConfig {
             heartbeat_interval: Duration::from_secs(1),
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             advertise: None,
+            admin_token: None,
+            public: PublicRoutes::default(),
+            limits: crate::serve::HttpLimits::default(),
+            tls: None,
         }
     }
 }
@@ -90,6 +123,9 @@ pub enum ServerError {
     /// The store failed to open.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The certificate or key cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::serve::TlsError),
     /// The listening socket or the runtime failed.
     #[error("{what}: {source}")]
     Io {
@@ -139,6 +175,7 @@ impl From<PlaneError> for ApiError {
             PlaneError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             PlaneError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             PlaneError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            PlaneError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             PlaneError::InsufficientCapacity(_) => (StatusCode::CONFLICT, "insufficient_capacity"),
             PlaneError::InsufficientBandwidth(_) => (StatusCode::CONFLICT, "insufficient_bandwidth"),
             PlaneError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
@@ -156,8 +193,92 @@ impl IntoResponse for ApiError {
                 leader: self.leader,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"rackmem\""),
+            );
+        }
+        r
     }
+}
+
+/// The principal a request proves: a client certificate's (put in the request's extensions
+/// by the HTTPS acceptor), else the bearer token's; 401 otherwise. Extracted before the body,
+/// so an unauthenticated request is refused before its body is read.
+struct Caller(Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, Self::Rejection> {
+        let unauthorized = |e: AuthError| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+        if let Some(p) = parts.extensions.get::<Principal>() {
+            return Ok(Caller(p.clone()));
+        }
+        if let Some(e) = parts.extensions.get::<AuthError>() {
+            return Err(unauthorized(e.clone()));
+        }
+        let Some(v) = parts.headers.get(header::AUTHORIZATION) else {
+            return Err(unauthorized(AuthError::Missing));
+        };
+        let token = v
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .ok_or_else(|| unauthorized(AuthError::Missing))?;
+        st.tokens.authenticate(token).map(Caller).map_err(unauthorized)
+    }
+}
+
+/// An object a request touches, for [`may`].
+enum Target<'a> {
+    /// Only admins.
+    Admin,
+    /// The node of this name.
+    NodeName(&'a str),
+    /// The node of this id.
+    Node(u64),
+    /// The brick of this name.
+    BrickName(&'a str),
+    /// The brick of this id.
+    Brick(u64),
+    /// An allocation (its node's).
+    Allocation(u64),
+}
+
+/// Whether `c` may touch `t` (deny by default: each role passes only where named here).
+fn may(p: &ControlPlane, c: &Principal, t: &Target<'_>) -> Result<(), PlaneError> {
+    let ok = match (c.role, t) {
+        (AuthRole::Admin, _) => true,
+        (AuthRole::Node, Target::NodeName(n)) => *n == c.name,
+        (AuthRole::Node, Target::Node(id)) => p.node_id(&c.name) == Some(*id),
+        (AuthRole::Node, Target::Allocation(id)) => {
+            let Some(node) = p.allocation_node(*id) else {
+                return Err(PlaneError::NotFound(format!("allocation {id}")));
+            };
+            p.node_id(&c.name) == Some(node)
+        }
+        (AuthRole::Brick, Target::BrickName(n)) => *n == c.name,
+        (AuthRole::Brick, Target::Brick(id)) => p.brick_name(*id) == Some(c.name.as_str()),
+        _ => false,
+    };
+    if ok {
+        return Ok(());
+    }
+    let what = match t {
+        Target::Admin => "this (admins only)".to_string(),
+        Target::NodeName(n) => format!("node {n:?}"),
+        Target::Node(id) => format!("node {id}"),
+        Target::BrickName(n) => format!("brick {n:?}"),
+        Target::Brick(id) => format!("brick {id}"),
+        Target::Allocation(id) => format!("allocation {id}"),
+    };
+    Err(PlaneError::Forbidden(format!(
+        "{} may not touch {what}: a node token acts for its own node, a brick token for its own brick",
+        c.describe()
+    )))
 }
 
 /// A JSON body whose rejections are JSON errors (400, 413, 415) instead of axum's plain text.
@@ -254,6 +375,11 @@ struct AppState {
     store: Arc<String>,
     leadership: Arc<Leadership>,
     advertise: Arc<String>,
+    tokens: Arc<TokenTable>,
+    /// `/openapi.json` and `/metrics` without a token.
+    public: PublicRoutes,
+    conns: Arc<crate::serve::ConnStats>,
+    request_timeout: Duration,
 }
 
 /// Why this control plane may not serve the API now, if so: it follows (`not_leader`), or it
@@ -317,23 +443,52 @@ where
     ))]
 async fn register_brick(
     State(st): State<AppState>,
+    Caller(c): Caller,
     ApiJson(reg): ApiJson<BrickRegistration>,
 ) -> Result<Json<BrickRegistered>, ApiError> {
-    with_plane(&st, move |p| p.register_brick(reg)).await.map(Json)
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::BrickName(&reg.name))?;
+        p.register_brick(reg)
+    })
+    .await
+    .map(Json)
 }
 
 /// Lists the bricks.
 #[utoipa::path(get, path = "/v1/bricks", tag = "bricks", responses((status = 200, body = Vec<Brick>)))]
-async fn list_bricks(State(st): State<AppState>) -> Result<Json<Vec<Brick>>, ApiError> {
-    with_plane(&st, |p| Ok(p.bricks())).await.map(Json)
+async fn list_bricks(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Vec<Brick>>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        Ok(p.bricks())
+    })
+    .await
+    .map(Json)
 }
 
 /// One brick.
 #[utoipa::path(get, path = "/v1/bricks/{id}", tag = "bricks",
     params(("id" = u64, Path, description = "Brick id")),
     responses((status = 200, body = Brick), (status = 404, body = ErrorBody)))]
-async fn get_brick(State(st): State<AppState>, Id(id): Id) -> Result<Json<Brick>, ApiError> {
-    with_plane(&st, move |p| p.brick(id)).await.map(Json)
+async fn get_brick(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<Brick>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Brick(id))?;
+        p.brick(id)
+    })
+    .await
+    .map(Json)
+}
+
+/// Forgets a brick that holds no segment: its name is free for a brick with another key.
+#[utoipa::path(delete, path = "/v1/bricks/{id}", tag = "bricks",
+    params(("id" = u64, Path, description = "Brick id")),
+    responses((status = 200, body = Brick), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn forget_brick(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<Brick>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        p.forget_brick(id)
+    })
+    .await
+    .map(Json)
 }
 
 /// A brick's heartbeat; the reply lists the segments it must keep (it releases the others).
@@ -343,6 +498,7 @@ async fn get_brick(State(st): State<AppState>, Id(id): Id) -> Result<Json<Brick>
     responses((status = 200, body = HeartbeatReply), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn heartbeat(
     State(st): State<AppState>,
+    Caller(c): Caller,
     Id(id): Id,
     body: axum::body::Bytes,
 ) -> Result<Json<HeartbeatReply>, ApiError> {
@@ -354,7 +510,12 @@ async fn heartbeat(
                 .map_err(|e| ApiError::bad_request(format!("heartbeat body is not valid: {e}")))?,
         )
     };
-    with_plane(&st, move |p| p.heartbeat(id, stats)).await.map(Json)
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Brick(id))?;
+        p.heartbeat(id, stats)
+    })
+    .await
+    .map(Json)
 }
 
 /// Registers a node (or re-registers it by name).
@@ -367,31 +528,52 @@ async fn heartbeat(
     ))]
 async fn register_node(
     State(st): State<AppState>,
+    Caller(c): Caller,
     ApiJson(reg): ApiJson<NodeRegistration>,
 ) -> Result<Json<NodeRegistered>, ApiError> {
-    with_plane(&st, move |p| p.register_node(reg)).await.map(Json)
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::NodeName(&reg.name))?;
+        p.register_node(reg)
+    })
+    .await
+    .map(Json)
 }
 
 /// Lists the nodes.
 #[utoipa::path(get, path = "/v1/nodes", tag = "nodes", responses((status = 200, body = Vec<Node>)))]
-async fn list_nodes(State(st): State<AppState>) -> Result<Json<Vec<Node>>, ApiError> {
-    with_plane(&st, |p| Ok(p.nodes())).await.map(Json)
+async fn list_nodes(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Vec<Node>>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        Ok(p.nodes())
+    })
+    .await
+    .map(Json)
 }
 
 /// One node.
 #[utoipa::path(get, path = "/v1/nodes/{id}", tag = "nodes",
     params(("id" = u64, Path, description = "Node id")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
-async fn get_node(State(st): State<AppState>, Id(id): Id) -> Result<Json<Node>, ApiError> {
-    with_plane(&st, move |p| p.node(id)).await.map(Json)
+async fn get_node(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<Node>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Node(id))?;
+        p.node(id)
+    })
+    .await
+    .map(Json)
 }
 
 /// The rate limit of each segment of a node, for its agent's token buckets.
 #[utoipa::path(get, path = "/v1/nodes/{id}/rates", tag = "nodes",
     params(("id" = u64, Path, description = "Node id")),
     responses((status = 200, body = NodeRates), (status = 404, body = ErrorBody)))]
-async fn node_rates(State(st): State<AppState>, Id(id): Id) -> Result<Json<NodeRates>, ApiError> {
-    with_plane(&st, move |p| p.rates(id)).await.map(Json)
+async fn node_rates(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<NodeRates>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Node(id))?;
+        p.rates(id)
+    })
+    .await
+    .map(Json)
 }
 
 /// Allocates memory for a node: all segments or none.
@@ -405,10 +587,15 @@ async fn node_rates(State(st): State<AppState>, Id(id): Id) -> Result<Json<NodeR
     ))]
 async fn create_allocation(
     State(st): State<AppState>,
+    Caller(c): Caller,
     ApiJson(req): ApiJson<AllocationRequest>,
 ) -> Result<(StatusCode, Json<Allocation>), ApiError> {
     let start = Instant::now();
-    let r = with_plane(&st, move |p| p.allocate(req)).await;
+    let r = with_plane(&st, move |p| {
+        may(p, &c, &Target::Node(req.node))?;
+        p.allocate(req)
+    })
+    .await;
     st.metrics.observe_allocation(start.elapsed());
     r.map(|a| (StatusCode::CREATED, Json(a)))
 }
@@ -425,27 +612,66 @@ struct AllocationQuery {
     responses((status = 200, body = Vec<Allocation>), (status = 400, body = ErrorBody)))]
 async fn list_allocations(
     State(st): State<AppState>,
+    Caller(c): Caller,
     q: Result<axum::extract::Query<AllocationQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<Allocation>>, ApiError> {
     let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let node = q.node;
-    with_plane(&st, move |p| Ok(p.allocations(node))).await.map(Json)
+    with_plane(&st, move |p| {
+        let node = match (c.role, node) {
+            (AuthRole::Admin, n) => n,
+            // A node sees its own allocations only (none before it registers).
+            (AuthRole::Node, None) => match p.node_id(&c.name) {
+                Some(id) => Some(id),
+                None => return Ok(Vec::new()),
+            },
+            (_, Some(n)) => {
+                may(p, &c, &Target::Node(n))?;
+                Some(n)
+            }
+            (_, None) => {
+                may(p, &c, &Target::Admin)?;
+                None
+            }
+        };
+        Ok(p.allocations(node))
+    })
+    .await
+    .map(Json)
 }
 
 /// One allocation, with current rate limits.
 #[utoipa::path(get, path = "/v1/allocations/{id}", tag = "allocations",
     params(("id" = u64, Path, description = "Allocation id")),
     responses((status = 200, body = Allocation), (status = 404, body = ErrorBody)))]
-async fn get_allocation(State(st): State<AppState>, Id(id): Id) -> Result<Json<Allocation>, ApiError> {
-    with_plane(&st, move |p| p.allocation(id)).await.map(Json)
+async fn get_allocation(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+) -> Result<Json<Allocation>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Allocation(id))?;
+        p.allocation(id)
+    })
+    .await
+    .map(Json)
 }
 
 /// Releases an allocation; the reply lists the extents given back.
 #[utoipa::path(delete, path = "/v1/allocations/{id}", tag = "allocations",
     params(("id" = u64, Path, description = "Allocation id")),
     responses((status = 200, body = Released), (status = 404, body = ErrorBody)))]
-async fn delete_allocation(State(st): State<AppState>, Id(id): Id) -> Result<Json<Released>, ApiError> {
-    with_plane(&st, move |p| p.free(id)).await.map(Json)
+async fn delete_allocation(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+) -> Result<Json<Released>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Allocation(id))?;
+        p.free(id)
+    })
+    .await
+    .map(Json)
 }
 
 /// Grows (adds segments) or shrinks (drops whole segments from the end) an allocation.
@@ -460,16 +686,74 @@ async fn delete_allocation(State(st): State<AppState>, Id(id): Id) -> Result<Jso
     ))]
 async fn resize_allocation(
     State(st): State<AppState>,
+    Caller(c): Caller,
     Id(id): Id,
     ApiJson(req): ApiJson<ResizeRequest>,
 ) -> Result<Json<Allocation>, ApiError> {
-    with_plane(&st, move |p| p.resize(id, req.size_bytes)).await.map(Json)
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Allocation(id))?;
+        p.resize(id, req.size_bytes)
+    })
+    .await
+    .map(Json)
 }
 
 /// The resource graph with reserved and free bandwidth per link.
 #[utoipa::path(get, path = "/v1/graph", tag = "graph", responses((status = 200, body = Graph)))]
-async fn get_graph(State(st): State<AppState>) -> Result<Json<Graph>, ApiError> {
-    with_plane(&st, |p| Ok(p.graph())).await.map(Json)
+async fn get_graph(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Graph>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        Ok(p.graph())
+    })
+    .await
+    .map(Json)
+}
+
+/// Creates a token (admins only); the reply holds the secret, shown this once.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = TokenRequest,
+    responses(
+        (status = 201, body = TokenCreated),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+async fn create_token(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    ApiJson(req): ApiJson<TokenRequest>,
+) -> Result<(StatusCode, Json<TokenCreated>), ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        p.create_token(req)
+    })
+    .await
+    .map(|t| (StatusCode::CREATED, Json(t)))
+}
+
+/// Lists the tokens, without secrets (admins only).
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
+    responses((status = 200, body = Vec<TokenInfo>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn list_tokens(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Vec<TokenInfo>>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        Ok(p.tokens())
+    })
+    .await
+    .map(Json)
+}
+
+/// Revokes a token (admins only): it stops working at once.
+#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens",
+    params(("id" = u64, Path, description = "Token id")),
+    responses((status = 200, body = TokenInfo), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn revoke_token(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<TokenInfo>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Admin)?;
+        p.revoke_token(id)
+    })
+    .await
+    .map(Json)
 }
 
 fn role_name(r: Role) -> &'static str {
@@ -512,7 +796,12 @@ async fn leader(State(st): State<AppState>) -> Json<LeaderInfo> {
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "meta",
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
-async fn openapi_json(State(st): State<AppState>) -> Response {
+async fn openapi_json(State(st): State<AppState>, c: Result<Caller, ApiError>) -> Response {
+    if !st.public.openapi {
+        if let Err(e) = c {
+            return e.into_response();
+        }
+    }
     (
         [(header::CONTENT_TYPE, "application/json")],
         st.openapi_json.to_string(),
@@ -523,7 +812,10 @@ async fn openapi_json(State(st): State<AppState>) -> Response {
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain")))]
-async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(State(st): State<AppState>, c: Result<Caller, ApiError>) -> Result<Response, ApiError> {
+    if !st.public.metrics {
+        c?;
+    }
     let serving = st.leadership.serving();
     // A follower's state is as of its last load: it reports only its role and its requests.
     let g = if serving {
@@ -546,6 +838,25 @@ async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
     if let Some(g) = g {
         plane_gauges(&g, &mut gauge);
     }
+    gauge(
+        "rackmem_control_connections",
+        "HTTP connections open now.",
+        &[(
+            String::new(),
+            st.conns.open.load(std::sync::atomic::Ordering::Relaxed) as u64,
+        )],
+    );
+    let _ = writeln!(
+        out,
+        "# HELP rackmem_control_connections_refused_total Connections closed at accept: a connection cap was reached.\n\
+         # TYPE rackmem_control_connections_refused_total counter\n\
+         rackmem_control_connections_refused_total {}\n\
+         # HELP rackmem_control_tls_failures_total TLS handshakes that failed or timed out.\n\
+         # TYPE rackmem_control_tls_failures_total counter\n\
+         rackmem_control_tls_failures_total {}",
+        st.conns.refused.load(std::sync::atomic::Ordering::Relaxed),
+        st.conns.tls_failures.load(std::sync::atomic::Ordering::Relaxed),
+    );
     let _ = writeln!(
         out,
         "# HELP rackmem_control_requests_total HTTP requests by route, method and status.\n\
@@ -645,7 +956,19 @@ async fn count_requests(State(st): State<AppState>, req: Request, next: Next) ->
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let method = req.method().to_string();
-    let resp = next.run(req).await;
+    // The body is read inside: a client that trickles it is cut here.
+    let resp = match tokio::time::timeout(st.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request took longer than {} s (body sent too slowly?)",
+                st.request_timeout.as_secs_f64()
+            ),
+        )
+        .into_response(),
+    };
     *lock(&st.metrics.requests)
         .entry((route, method, resp.status().as_u16()))
         .or_insert(0) += 1;
@@ -664,6 +987,7 @@ async fn count_requests(State(st): State<AppState>, req: Request, next: Next) ->
         (name = "nodes", description = "Nodes (compute bricks) and their rate limits"),
         (name = "allocations", description = "Segments of bricks granted to nodes"),
         (name = "graph", description = "The resource graph"),
+        (name = "tokens", description = "API tokens (admins only)"),
         (name = "meta", description = "Health, metrics, this document"),
     ),
     components(schemas(ErrorBody, ErrorDetail, LeaderInfo, Endpoint, BrickState, PortSpec, Port, LiveSegment, Segment))
@@ -674,7 +998,7 @@ struct ApiDoc;
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(register_brick, list_bricks))
-        .routes(routes!(get_brick))
+        .routes(routes!(get_brick, forget_brick))
         .routes(routes!(heartbeat))
         .routes(routes!(register_node, list_nodes))
         .routes(routes!(get_node))
@@ -682,6 +1006,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_allocation, list_allocations))
         .routes(routes!(get_allocation, delete_allocation, resize_allocation))
         .routes(routes!(get_graph))
+        .routes(routes!(create_token, list_tokens))
+        .routes(routes!(revoke_token))
         .routes(routes!(healthz))
         .routes(routes!(leader))
         .routes(routes!(openapi_json))
@@ -689,12 +1015,19 @@ fn api_router() -> OpenApiRouter<AppState> {
 }
 
 /// The router, and the control plane it serves.
-fn build(
-    plane: ControlPlane,
+/// What [`build`] needs besides the state.
+struct Settings {
     body_limit_bytes: usize,
     leadership: Arc<Leadership>,
     advertise: String,
-) -> (axum::Router, Arc<Mutex<ControlPlane>>) {
+    tokens: Arc<TokenTable>,
+    public: PublicRoutes,
+    conns: Arc<crate::serve::ConnStats>,
+    request_timeout: Duration,
+}
+
+fn build(mut plane: ControlPlane, s: Settings) -> (axum::Router, Arc<Mutex<ControlPlane>>) {
+    plane.share_tokens(s.tokens.clone());
     let (router, api) = api_router().split_for_parts();
     let openapi_json = api
         .to_json()
@@ -706,14 +1039,18 @@ fn build(
         metrics: Arc::new(Metrics::default()),
         openapi_json: Arc::new(openapi_json),
         store: Arc::new(store),
-        leadership,
-        advertise: Arc::new(advertise),
+        leadership: s.leadership,
+        advertise: Arc::new(s.advertise),
+        tokens: s.tokens,
+        public: s.public,
+        conns: s.conns,
+        request_timeout: s.request_timeout,
     };
     let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), count_requests))
-        .layer(axum::extract::DefaultBodyLimit::max(body_limit_bytes))
+        .layer(axum::extract::DefaultBodyLimit::max(s.body_limit_bytes))
         .with_state(state);
     (router, plane)
 }
@@ -795,6 +1132,7 @@ pub struct ServerHandle {
     addr: SocketAddr,
     leadership: Arc<Leadership>,
     advertise: String,
+    scheme: &'static str,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
 }
@@ -805,9 +1143,9 @@ impl ServerHandle {
         self.addr
     }
 
-    /// `http://ADDR`.
+    /// `http://ADDR` (`https://ADDR` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// The URL it advertises to the other replicas.
@@ -863,8 +1201,10 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
             std::net::IpAddr::V6(ip) => format!("[{ip}]"),
             ip => ip.to_string(),
         };
-        format!("http://{host}:{}", addr.port())
+        let scheme = if config.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{host}:{}", addr.port())
     });
+    let tls = config.tls.as_ref().map(crate::serve::tls_config).transpose()?;
     // Campaign before loading: a replica that wins reloads anyway, and one that follows must
     // not serve what it loads now.
     let leadership = match config.store.start_election(&advertise)? {
@@ -884,27 +1224,33 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
         .build()
         .map_err(io("starting the tokio runtime".to_string()))?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let body_limit = config.body_limit_bytes;
+    let conns = Arc::new(crate::serve::ConnStats::default());
+    let settings = Settings {
+        body_limit_bytes: config.body_limit_bytes,
+        leadership: leadership.clone(),
+        advertise: advertise.clone(),
+        tokens: Arc::new(TokenTable::new(config.admin_token.as_deref())),
+        public: config.public,
+        conns: conns.clone(),
+        request_timeout: config.limits.request_timeout,
+    };
+    let limits = config.limits;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let expiry_period = (config.brick_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let (l2, l3, adv2) = (leadership.clone(), leadership.clone(), advertise.clone());
+    let l3 = leadership.clone();
     let thread = std::thread::Builder::new()
         .name("rackmem-control".to_string())
         .spawn(move || {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)
                     .map_err(io("registering the listening socket".to_string()))?;
-                let (router, plane) = build(plane, body_limit, l2, adv2);
+                let (router, plane) = build(plane, settings);
                 let follow = tokio::spawn(follow_leadership(plane.clone(), l3, Duration::from_millis(50)));
                 let expiry = tokio::spawn(expire_bricks(plane, expiry_period));
-                let r = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.await;
-                    })
-                    .await
-                    .map_err(io(format!("serving on {addr}")));
+                crate::serve::serve(listener, router, limits, tls, conns, rx).await;
                 expiry.abort();
                 follow.abort();
-                r
+                Ok(())
             })
         })
         .map_err(io("starting the server thread".to_string()))?;
@@ -912,6 +1258,7 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
         addr,
         leadership,
         advertise,
+        scheme,
         stop: Some(tx),
         thread: Some(thread),
     })

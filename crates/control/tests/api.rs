@@ -15,15 +15,19 @@ use rackmem_proto::Grant;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The admin token of every control plane these tests start.
+const ADMIN: &str = "rmk_0_7e57ad3170ce5e1f00d1dea5c0ffee0123456789abcdef0123456789abcdef";
 const MIB: u64 = 1 << 20;
 const GBPS: u64 = 1_000_000_000;
 
 fn start(db: &Path, configure: impl FnOnce(&mut ServerConfig)) -> (ServerHandle, Client) {
     let store = store::open(&format!("sqlite:{}", db.display())).unwrap();
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), store);
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), store).with_admin_token(ADMIN);
     configure(&mut cfg);
     let server = spawn(cfg).unwrap();
-    let client = Client::new(&[server.url()]).unwrap();
+    let client = Client::new(&[server.url()])
+        .unwrap()
+        .with_token(Some(ADMIN.to_string()));
     (server, client)
 }
 
@@ -66,21 +70,44 @@ fn server_err(r: Result<impl std::fmt::Debug, ClientError>) -> (u16, String, Str
 }
 
 /// Sends a raw body; returns status and parsed JSON.
+/// A request as the admin.
 fn raw(url: &str, method: &str, path: &str, content_type: Option<&str>, body: &str) -> (u16, serde_json::Value) {
+    raw_as(Some(ADMIN), url, method, path, content_type, body)
+}
+
+/// A request with `token` (`None`: no Authorization header).
+fn raw_as(
+    token: Option<&str>,
+    url: &str,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> (u16, serde_json::Value) {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let full = format!("{url}{path}");
+    let auth = token.map(|t| format!("Bearer {t}"));
+    macro_rules! authed {
+        ($b:expr) => {{
+            let b = $b;
+            match &auth {
+                Some(a) => b.header("Authorization", a),
+                None => b,
+            }
+        }};
+    }
     let r = match method {
         "POST" => {
-            let mut b = agent.post(&full);
+            let mut b = authed!(agent.post(&full));
             if let Some(ct) = content_type {
                 b = b.content_type(ct);
             }
             b.send(body)
         }
-        "PUT" => agent.put(&full).content_type("application/json").send(body),
-        "PATCH" => agent.patch(&full).content_type("application/json").send(body),
-        "DELETE" => agent.delete(&full).call(),
-        _ => agent.get(&full).call(),
+        "PUT" => authed!(agent.put(&full)).content_type("application/json").send(body),
+        "PATCH" => authed!(agent.patch(&full)).content_type("application/json").send(body),
+        "DELETE" => authed!(agent.delete(&full)).call(),
+        _ => authed!(agent.get(&full)).call(),
     };
     let mut resp = r.unwrap();
     let status = resp.status().as_u16();
@@ -577,7 +604,7 @@ fn silent_bricks_go_down_and_are_avoided() {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<LiveSegment>>::new()));
     let s2 = seen.clone();
     let hb = spawn_brick_heartbeat(
-        Client::new(&urls).unwrap(),
+        Client::new(&urls).unwrap().with_token(Some(ADMIN.to_string())),
         brick_reg("live", 64 * MIB, GBPS),
         Duration::from_millis(50),
         move |segs, _| s2.lock().unwrap().push(segs.to_vec()),
@@ -632,7 +659,9 @@ fn heartbeat_thread_waits_for_the_control_plane() {
     };
     let url = format!("http://127.0.0.1:{port}");
     let hb = spawn_brick_heartbeat(
-        Client::with_timeout(&[url], Duration::from_secs(2)).unwrap(),
+        Client::with_timeout(&[url], Duration::from_secs(2))
+            .unwrap()
+            .with_token(Some(ADMIN.to_string())),
         brick_reg("late", 64 * MIB, GBPS),
         Duration::from_millis(50),
         |_, _| {},
@@ -641,13 +670,16 @@ fn heartbeat_thread_waits_for_the_control_plane() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(hb.brick_id(), None);
     let store = store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
-    let server = spawn(ServerConfig::new(format!("127.0.0.1:{port}").parse().unwrap(), store)).unwrap();
+    let server =
+        spawn(ServerConfig::new(format!("127.0.0.1:{port}").parse().unwrap(), store).with_admin_token(ADMIN)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while hb.brick_id().is_none() {
         assert!(Instant::now() < deadline, "never registered");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let c = Client::new(&[server.url()]).unwrap();
+    let c = Client::new(&[server.url()])
+        .unwrap()
+        .with_token(Some(ADMIN.to_string()));
     assert_eq!(c.bricks().unwrap()[0].name, "late");
     hb.stop();
 }
@@ -660,9 +692,11 @@ fn client_fails_over_to_the_next_control_plane() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
-    let c = Client::new(&[dead.clone(), server.url()]).unwrap();
+    let c = Client::new(&[dead.clone(), server.url()])
+        .unwrap()
+        .with_token(Some(ADMIN.to_string()));
     assert_eq!(c.health().unwrap().status, "ok");
-    let only_dead = Client::new(&[dead]).unwrap();
+    let only_dead = Client::new(&[dead]).unwrap().with_token(Some(ADMIN.to_string()));
     assert!(matches!(only_dead.health(), Err(ClientError::Unreachable { .. })));
     assert!(matches!(Client::new(&["ftp://x"]), Err(ClientError::BadUrl(_))));
 }
@@ -688,7 +722,9 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
     let paths = doc["paths"].as_object().unwrap();
     for (path, methods) in [
         ("/v1/bricks", &["get", "post"][..]),
-        ("/v1/bricks/{id}", &["get"]),
+        ("/v1/bricks/{id}", &["get", "delete"]),
+        ("/v1/tokens", &["get", "post"]),
+        ("/v1/tokens/{id}", &["delete"]),
         ("/v1/bricks/{id}/heartbeat", &["put"]),
         ("/v1/nodes", &["get", "post"]),
         ("/v1/nodes/{id}", &["get"]),
@@ -738,4 +774,264 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
     ] {
         assert!(text.contains(series), "{series} missing from:\n{text}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication and authorization (docs/security.md)
+
+/// A client sending `token`.
+fn client_as(server: &ServerHandle, token: &str) -> Client {
+    Client::new(&[server.url()])
+        .unwrap()
+        .with_token(Some(token.to_string()))
+}
+
+fn token(c: &Client, role: &str, name: &str) -> String {
+    let role = rackmem_control::auth::Role::parse(role).unwrap();
+    c.create_token(&TokenRequest {
+        role,
+        name: name.to_string(),
+    })
+    .unwrap()
+    .token
+}
+
+/// Everything the state holds, as the admin sees it.
+fn state(c: &Client) -> (Vec<Brick>, Vec<Node>, Vec<Allocation>, Vec<TokenInfo>) {
+    (
+        c.bricks().unwrap(),
+        c.nodes().unwrap(),
+        c.allocations().unwrap(),
+        c.tokens().unwrap(),
+    )
+}
+
+#[test]
+fn requests_without_a_valid_token_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, admin) = start(&dir.path().join("control.db"), |_| {});
+    let url = server.url();
+    admin.register_brick(&brick_reg("b", 64 * MIB, GBPS)).unwrap();
+    let n = admin.register_node(&node_reg("n", GBPS)).unwrap().id;
+    let a = admin
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: MIB,
+            ..Default::default()
+        })
+        .unwrap();
+    let revoked = admin
+        .create_token(&TokenRequest {
+            role: rackmem_control::auth::Role::Admin,
+            name: "old".into(),
+        })
+        .unwrap();
+    admin.revoke_token(revoked.id).unwrap();
+    let before = state(&admin);
+    let alloc = format!(r#"{{"node": {n}, "size_bytes": 1048576}}"#);
+    let hijack = serde_json::to_string(&BrickRegistration {
+        address: "tcp://evil.example:7070".into(),
+        key_hex: hex::encode(b"an-attacker-chosen-key-0123456789"),
+        ..brick_reg("b", 64 * MIB, GBPS)
+    })
+    .unwrap();
+    let requests: Vec<(&str, String, String)> = vec![
+        ("GET", "/v1/allocations".into(), String::new()),
+        ("GET", format!("/v1/allocations/{}", a.id), String::new()),
+        ("POST", "/v1/allocations".into(), alloc.clone()),
+        ("DELETE", format!("/v1/allocations/{}", a.id), String::new()),
+        (
+            "PATCH",
+            format!("/v1/allocations/{}", a.id),
+            r#"{"size_bytes": 8388608}"#.into(),
+        ),
+        ("POST", "/v1/bricks".into(), hijack.clone()),
+        ("GET", "/v1/bricks".into(), String::new()),
+        ("PUT", "/v1/bricks/1/heartbeat".into(), String::new()),
+        ("DELETE", "/v1/bricks/1".into(), String::new()),
+        (
+            "POST",
+            "/v1/nodes".into(),
+            serde_json::to_string(&node_reg("m", GBPS)).unwrap(),
+        ),
+        ("GET", "/v1/nodes".into(), String::new()),
+        ("GET", format!("/v1/nodes/{n}/rates"), String::new()),
+        ("GET", "/v1/graph".into(), String::new()),
+        ("POST", "/v1/tokens".into(), r#"{"role": "admin", "name": "me"}"#.into()),
+        ("GET", "/v1/tokens".into(), String::new()),
+        ("GET", "/metrics".into(), String::new()),
+        ("GET", "/openapi.json".into(), String::new()),
+    ];
+    let bad_tokens = [
+        None,
+        Some("rmk_1_0000000000000000000000000000000000000000000000000000000000000000"),
+        Some(revoked.token.as_str()),
+        Some("not a token at all"),
+    ];
+    for (method, path, body) in &requests {
+        for t in bad_tokens {
+            let (status, v) = raw_as(t, &url, method, path, Some("application/json"), body);
+            assert_eq!(status, 401, "{method} {path} with {t:?}: {v}");
+            assert_json_error(&v, "unauthorized");
+        }
+    }
+    assert_eq!(state(&admin), before, "a refused request changed the state");
+    // Open to all: liveness and where the leader is.
+    assert_eq!(raw_as(None, &url, "GET", "/healthz", None, "").0, 200);
+    assert_eq!(raw_as(None, &url, "GET", "/v1/leader", None, "").0, 200);
+}
+
+#[test]
+fn a_node_sees_and_changes_only_its_own_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, admin) = start(&dir.path().join("control.db"), |_| {});
+    let url = server.url();
+    admin.register_brick(&brick_reg("b", 256 * MIB, GBPS)).unwrap();
+    let web1 = client_as(&server, &token(&admin, "node", "web1"));
+    let web2_token = token(&admin, "node", "web2");
+    let web2 = client_as(&server, &web2_token);
+    let n1 = web1.register_node(&node_reg("web1", GBPS)).unwrap().id;
+    let n2 = web2.register_node(&node_reg("web2", GBPS)).unwrap().id;
+    // A node registers under its own name only.
+    assert_eq!(server_err(web1.register_node(&node_reg("web3", GBPS))).1, "forbidden");
+    let ask = |node| AllocationRequest {
+        node,
+        size_bytes: MIB,
+        ..Default::default()
+    };
+    let mine = web1.allocate(&ask(n1)).unwrap();
+    let theirs = web2.allocate(&ask(n2)).unwrap();
+    let before = state(&admin);
+
+    // Listing shows web1's allocations only: web2's grants and session keys stay hidden.
+    let listed = web1.allocations().unwrap();
+    assert_eq!(listed.iter().map(|a| a.id).collect::<Vec<_>>(), vec![mine.id]);
+    let (status, v) = raw_as(
+        Some(&web2_token),
+        &url,
+        "GET",
+        &format!("/v1/allocations?node={n1}"),
+        None,
+        "",
+    );
+    assert_eq!(status, 403, "{v}");
+    assert_json_error(&v, "forbidden");
+    let text = raw_as(Some(&web2_token), &url, "GET", "/v1/allocations", None, "")
+        .1
+        .to_string();
+    assert!(
+        !text.contains(&mine.segments[0].session_key_hex) && !text.contains(&mine.segments[0].grant_hex),
+        "web2 read web1's grant"
+    );
+    for (code, r) in [
+        ("forbidden", web1.allocation(theirs.id).map(|_| ())),
+        ("forbidden", web1.free(theirs.id).map(|_| ())),
+        ("forbidden", web1.resize(theirs.id, 4 * MIB).map(|_| ())),
+        ("forbidden", web1.allocate(&ask(n2)).map(|_| ())),
+        ("forbidden", web1.rates(n2).map(|_| ())),
+        ("forbidden", web1.node(n2).map(|_| ())),
+        ("forbidden", web1.nodes().map(|_| ())),
+        ("forbidden", web1.bricks().map(|_| ())),
+        ("forbidden", web1.graph().map(|_| ())),
+        ("forbidden", web1.tokens().map(|_| ())),
+        (
+            "forbidden",
+            web1.create_token(&TokenRequest {
+                role: rackmem_control::auth::Role::Admin,
+                name: "escalate".into(),
+            })
+            .map(|_| ()),
+        ),
+        (
+            "forbidden",
+            web1.register_brick(&brick_reg("rogue", 64 * MIB, GBPS)).map(|_| ()),
+        ),
+    ] {
+        let (status, got, message) = server_err(r);
+        assert_eq!((status, got.as_str()), (403, code), "{message}");
+        assert!(message.contains("web1"), "the refusal names the principal: {message}");
+    }
+    assert_eq!(state(&admin), before, "a forbidden request changed the state");
+    // Its own: all of it.
+    assert_eq!(web1.allocation(mine.id).unwrap().id, mine.id);
+    assert_eq!(web1.rates(n1).unwrap().node, n1);
+    web1.free(mine.id).unwrap();
+    assert_eq!(admin.allocations().unwrap().len(), 1);
+    // A revoked node token stops working at once.
+    let id = admin
+        .tokens()
+        .unwrap()
+        .into_iter()
+        .find(|t| t.name == "web2")
+        .unwrap()
+        .id;
+    admin.revoke_token(id).unwrap();
+    assert_eq!(server_err(web2.allocation(theirs.id)).0, 401);
+}
+
+#[test]
+fn a_brick_name_cannot_be_hijacked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, admin) = start(&dir.path().join("control.db"), |_| {});
+    let b1 = client_as(&server, &token(&admin, "brick", "b1"));
+    let rogue = client_as(&server, &token(&admin, "brick", "rogue"));
+    let id = b1.register_brick(&brick_reg("b1", 64 * MIB, GBPS)).unwrap().id;
+    let n = admin.register_node(&node_reg("n", GBPS)).unwrap().id;
+    let a = admin
+        .allocate(&AllocationRequest {
+            node: n,
+            size_bytes: MIB,
+            ..Default::default()
+        })
+        .unwrap();
+    let before = state(&admin);
+    let evil = BrickRegistration {
+        address: "tcp://evil.example:7070".into(),
+        key_hex: hex::encode(b"an-attacker-chosen-key-0123456789"),
+        ..brick_reg("b1", 64 * MIB, GBPS)
+    };
+    // Another brick's token may not register under b1's name, nor send its heartbeats.
+    assert_eq!(server_err(rogue.register_brick(&evil)).1, "forbidden");
+    assert_eq!(
+        server_err(rogue.heartbeat(id, &HeartbeatStats::default())).1,
+        "forbidden"
+    );
+    // Even b1's own token (or an admin) cannot re-key the name while it holds live data.
+    for c in [&b1, &admin] {
+        let (status, code, message) = server_err(c.register_brick(&evil));
+        assert_eq!((status, code.as_str()), (409, "conflict"), "{message}");
+        assert!(message.contains("key"), "{message}");
+    }
+    assert_eq!(state(&admin), before, "a refused registration changed the state");
+    assert_eq!(admin.brick(id).unwrap().address, "tcp://b1.example:7070");
+    // Re-registering with the same key (a restart) is fine; its heartbeats too.
+    b1.register_brick(&brick_reg("b1", 64 * MIB, GBPS)).unwrap();
+    b1.heartbeat(id, &HeartbeatStats::default()).unwrap();
+    // Forgetting a brick needs it empty; then the name is free for a new key.
+    assert_eq!(server_err(admin.forget_brick(id)).1, "conflict");
+    admin.free(a.id).unwrap();
+    assert_eq!(server_err(b1.forget_brick(id)).1, "forbidden");
+    admin.forget_brick(id).unwrap();
+    assert!(admin.bricks().unwrap().is_empty());
+    b1.register_brick(&BrickRegistration {
+        key_hex: hex::encode(b"a-new-machine-key-0123456789abcdef"),
+        ..brick_reg("b1", 64 * MIB, GBPS)
+    })
+    .unwrap();
+}
+
+#[test]
+fn tokens_survive_a_restart_and_only_their_hash_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("control.db");
+    let t = {
+        let (_server, admin) = start(&db, |_| {});
+        token(&admin, "node", "web1")
+    };
+    let text = String::from_utf8_lossy(&std::fs::read(&db).unwrap()).to_string();
+    let secret = t.rsplit('_').next().unwrap();
+    assert!(!text.contains(secret), "the token's secret is in the store");
+    let (server, _admin) = start(&db, |_| {});
+    let web1 = client_as(&server, &t);
+    web1.register_node(&node_reg("web1", GBPS)).unwrap();
 }

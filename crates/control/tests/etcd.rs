@@ -16,6 +16,8 @@ use rackmem_control::store::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The admin token of every control plane these tests start.
+const ADMIN: &str = "rmk_0_7e57ad3170ce5e1f00d1dea5c0ffee0123456789abcdef0123456789abcdef";
 const MIB: u64 = 1 << 20;
 /// Generous: elections take a lease TTL (3 s) plus a campaign period; machines are busy.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -204,7 +206,7 @@ fn a_deposed_leader_cannot_write() {
 // Replicated control planes, in process
 
 fn start(url: &str) -> ServerHandle {
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), store::open(url).unwrap());
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), store::open(url).unwrap()).with_admin_token(ADMIN);
     cfg.brick_timeout = Duration::from_secs(3600);
     spawn(cfg).unwrap()
 }
@@ -286,7 +288,11 @@ fn a_follower_refuses_the_api_and_takes_over_with_the_whole_state() {
     assert_eq!(status, 200);
     assert_eq!(body["role"], "follower");
     assert_eq!(body["leader"], a.url());
-    let health = Client::new(&[b.url()]).unwrap().health().unwrap();
+    let health = Client::new(&[b.url()])
+        .unwrap()
+        .with_token(Some(ADMIN.to_string()))
+        .health()
+        .unwrap();
     assert_eq!(
         (health.role.as_str(), health.leader.as_deref()),
         ("follower", Some(a.url().as_str()))
@@ -295,7 +301,9 @@ fn a_follower_refuses_the_api_and_takes_over_with_the_whole_state() {
     assert_eq!(metric(&a.url(), "rackmem_control_leader").as_deref(), Some("1"));
 
     // A client given the follower first moves on to the leader.
-    let client = Client::new(&[b.url(), a.url()]).unwrap();
+    let client = Client::new(&[b.url(), a.url()])
+        .unwrap()
+        .with_token(Some(ADMIN.to_string()));
     let brick = client.register_brick(&brick_reg("mem1", 256 * MIB)).unwrap().id;
     let n = client.register_node(&node_reg("web1")).unwrap().id;
     let before: Vec<Allocation> = (0..4)
@@ -310,7 +318,7 @@ fn a_follower_refuses_the_api_and_takes_over_with_the_whole_state() {
         })
         .collect();
     // Only followers in the list: the client reports their answer.
-    let only_b = Client::new(&[b.url()]).unwrap();
+    let only_b = Client::new(&[b.url()]).unwrap().with_token(Some(ADMIN.to_string()));
     match only_b.bricks() {
         Err(ClientError::Server { status: 503, code, .. }) => assert_eq!(code, "not_leader"),
         other => panic!("expected not_leader, got {other:?}"),
@@ -369,7 +377,7 @@ fn a_failed_commit_answers_503_and_leaves_nothing_reserved() {
     let Some(mut etcd) = etcd(dir.path()) else { return };
     let a = start(&etcd.store_url());
     wait_for("a to serve", || serving(&a).then_some(()));
-    let client = Client::new(&[a.url()]).unwrap();
+    let client = Client::new(&[a.url()]).unwrap().with_token(Some(ADMIN.to_string()));
     let brick = client.register_brick(&brick_reg("mem1", 64 * MIB)).unwrap().id;
     let n = client.register_node(&node_reg("web1")).unwrap().id;
     let req = AllocationRequest {

@@ -20,7 +20,33 @@ use std::time::{Duration, Instant};
 pub const LIMIT: Duration = Duration::from_secs(120);
 
 pub fn rackmem() -> &'static str {
+    test_credentials();
     env!("CARGO_BIN_EXE_rackmem")
+}
+
+/// The admin token every control plane these tests start accepts (`--admin-token-file`), and
+/// that every `rackmem` they run sends (RACKMEM_TOKEN_FILE, inherited); XDG_STATE_HOME points
+/// into a temporary directory so bricks' key files stay out of the home directory.
+pub fn admin_token_file() -> &'static Path {
+    test_credentials()
+}
+
+fn test_credentials() -> &'static Path {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rackmem-test-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&dir).expect("creating the tests' state directory");
+        let file = dir.join("admin.token");
+        let mut b = [0u8; 32];
+        let mut f = std::fs::File::open("/dev/urandom").expect("opening /dev/urandom");
+        f.read_exact(&mut b).expect("reading /dev/urandom");
+        let token = format!("rmk_0_{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+        std::fs::write(&file, format!("{token}\n")).expect("writing the tests' admin token");
+        // Set before any child process exists; the tests' own threads read no such variable.
+        std::env::set_var("RACKMEM_TOKEN_FILE", &file);
+        std::env::set_var("XDG_STATE_HOME", dir.join("state"));
+        file
+    })
 }
 
 /// Fails the test unless it can run programs on remote memory: that needs root (a userfaultfd
@@ -456,11 +482,11 @@ pub fn start_control_on(db: &std::path::Path, listen: &str) -> (Guard, String) {
 /// Starts `rackmem control ARGS...`; returns the guard and the URL it announces.
 pub fn start_control_with(args: &[&str]) -> (Guard, String) {
     let mut cmd = Command::new(rackmem());
-    cmd.arg("control")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.arg("control").args(args);
+    if !args.contains(&"--admin-token-file") {
+        cmd.arg("--admin-token-file").arg(admin_token_file());
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut g = Guard::spawn(&mut cmd);
     let lines = lines_of(g.child().stderr.take().expect("stderr"));
     let deadline = Instant::now() + START_LIMIT;
@@ -509,4 +535,12 @@ pub fn same_filled_pages_round_trip(extra: &[&str]) {
             "no page was evicted as same-filled, though most pages are one word: {p:?}"
         );
     }
+}
+
+/// The tests' admin token (see [`admin_token_file`]).
+pub fn admin_token() -> String {
+    std::fs::read_to_string(admin_token_file())
+        .expect("reading the tests' admin token")
+        .trim()
+        .to_string()
 }

@@ -132,6 +132,21 @@ pub struct AllocationRecord {
     pub created_unix_ms: u64,
 }
 
+/// An API token, as stored: only the SHA-256 of its secret, never the secret itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    /// Id (the number in `rmk_ID_SECRET`).
+    pub id: u64,
+    /// What it may do: `admin`, `node` or `brick`.
+    pub role: crate::auth::Role,
+    /// The node or brick it speaks for (for admins: a label).
+    pub name: String,
+    /// Hex of SHA-256 of the secret part.
+    pub hash_hex: String,
+    /// Creation time.
+    pub created_unix_ms: u64,
+}
+
 /// The id counters; ids are never reused, segment ids above all (a brick must never mistake a
 /// new grant for a segment it still holds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +159,9 @@ pub struct Counters {
     pub next_allocation: u64,
     /// Next segment id.
     pub next_segment: u64,
+    /// Next token id (absent in stores written before tokens existed).
+    #[serde(default)]
+    pub next_token: u64,
 }
 
 /// A typed record.
@@ -159,6 +177,8 @@ pub enum Record {
     Allocation(AllocationRecord),
     /// The id counters (one record).
     Counters(Counters),
+    /// An API token.
+    Token(TokenRecord),
 }
 
 /// The key of a record.
@@ -174,6 +194,8 @@ pub enum Key {
     Allocation(u64),
     /// The id counters.
     Counters,
+    /// A token by id.
+    Token(u64),
 }
 
 impl Key {
@@ -185,13 +207,14 @@ impl Key {
             Key::Switch(_) => "switches",
             Key::Allocation(_) => "allocations",
             Key::Counters => "meta",
+            Key::Token(_) => "tokens",
         }
     }
 
     /// The name within the kind (an id, a switch name, `counters`).
     pub fn name(&self) -> String {
         match self {
-            Key::Brick(i) | Key::Node(i) | Key::Allocation(i) => i.to_string(),
+            Key::Brick(i) | Key::Node(i) | Key::Allocation(i) | Key::Token(i) => i.to_string(),
             Key::Switch(s) => s.clone(),
             Key::Counters => "counters".to_string(),
         }
@@ -212,6 +235,7 @@ impl Record {
             Record::Switch(s) => Key::Switch(s.name.clone()),
             Record::Allocation(a) => Key::Allocation(a.id),
             Record::Counters(_) => Key::Counters,
+            Record::Token(t) => Key::Token(t.id),
         }
     }
 
@@ -223,6 +247,7 @@ impl Record {
             Record::Switch(s) => serde_json::to_string(s),
             Record::Allocation(a) => serde_json::to_string(a),
             Record::Counters(c) => serde_json::to_string(c),
+            Record::Token(t) => serde_json::to_string(t),
         };
         // These types serialize plain fields only: serde_json cannot fail on them.
         r.unwrap_or_else(|e| unreachable!("record serialization failed: {e}"))
@@ -237,6 +262,7 @@ impl Record {
             "switches" => Record::Switch(serde_json::from_str(body).map_err(e)?),
             "allocations" => Record::Allocation(serde_json::from_str(body).map_err(e)?),
             "meta" => Record::Counters(serde_json::from_str(body).map_err(e)?),
+            "tokens" => Record::Token(serde_json::from_str(body).map_err(e)?),
             other => return Err(format!("unknown record kind {other:?}")),
         })
     }
@@ -264,6 +290,8 @@ pub struct Snapshot {
     pub allocations: Vec<AllocationRecord>,
     /// Id counters (zero on a new store).
     pub counters: Counters,
+    /// API tokens.
+    pub tokens: Vec<TokenRecord>,
 }
 
 impl Snapshot {
@@ -275,6 +303,7 @@ impl Snapshot {
             Record::Switch(s) => self.switches.push(s),
             Record::Allocation(a) => self.allocations.push(a),
             Record::Counters(c) => self.counters = c,
+            Record::Token(t) => self.tokens.push(t),
         }
     }
 }
