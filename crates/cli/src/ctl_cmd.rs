@@ -212,7 +212,8 @@ pub fn run(args: CtlArgs) -> Result<i32> {
     let r = args
         .auth
         .client(&args.control, fallback)
-        .map_err(CtlError::from)
+        // A bad URL, CA or token file is the user's input.
+        .map_err(|e| CtlError::BadInput(format!("{e:#}")))
         .and_then(|c| run_with(&c, args.json, args.command));
     Ok(match r {
         Ok(()) => 0,

@@ -106,3 +106,127 @@ fn ctl_against_a_real_control_plane_and_managed_brick() {
         .expect("rackmem control did not stop on SIGTERM");
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn ctl_tokens_give_each_role_its_own_objects_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    // The control plane made no token but the admin file's: without it, nothing.
+    let mut c = Command::new(rackmem());
+    c.env_remove("RACKMEM_TOKEN_FILE")
+        .args(["ctl", "--control", &url, "nodes"]);
+    let o = run_with_deadline(c, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(77), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("token"), "{}", show(&o));
+
+    let o = ctl(&url, &["token", "create", "--role", "node", "--name", "web1"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let web1 = dir.path().join("web1.token");
+    std::fs::write(&web1, &o.stdout).expect("writing the token file");
+    let as_web1 = |args: &[&str]| {
+        let mut c = Command::new(rackmem());
+        c.env_remove("RACKMEM_TOKEN_FILE")
+            .args(["ctl", "--control", &url, "--token-file"])
+            .arg(&web1)
+            .args(args);
+        run_with_deadline(c, Duration::from_secs(60))
+    };
+    let o = as_web1(&["add-node", "--name", "web1"]);
+    assert!(o.status.success(), "{}", show(&o));
+    // Admin-only listings are refused with 77 and a message naming the principal.
+    let o = as_web1(&["bricks"]);
+    assert_eq!(o.status.code(), Some(77), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("web1"), "{}", show(&o));
+    let o = as_web1(&["add-node", "--name", "web2"]);
+    assert_eq!(o.status.code(), Some(77), "{}", show(&o));
+    // Listing and revoking: the token stops working.
+    let tokens = ctl_json(&url, &["token", "list"]);
+    let t = tokens
+        .as_array()
+        .and_then(|v| v.iter().find(|t| t["name"] == "web1"))
+        .unwrap_or_else(|| panic!("web1's token is not listed: {tokens}"));
+    assert_eq!(t["role"], "node");
+    assert!(
+        !tokens.to_string().contains("rmk_"),
+        "token list shows a secret: {tokens}"
+    );
+    let id = t["id"].as_u64().expect("token id").to_string();
+    let o = ctl(&url, &["token", "revoke", &id]);
+    assert!(o.status.success(), "{}", show(&o));
+    let o = as_web1(&["allocations"]);
+    assert_eq!(o.status.code(), Some(77), "{}", show(&o));
+}
+
+/// Opens `n` TCP connections to `addr` that never send a byte.
+fn silent_connections(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .filter_map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok())
+        .collect()
+}
+
+/// `GET /healthz` from the source address 127.0.0.2, another peer than the flood's.
+fn healthz_from_another_peer(addr: std::net::SocketAddr) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).map_err(|e| e.to_string())?;
+    let from: std::net::SocketAddr = "127.0.0.2:0".parse().map_err(|e| format!("{e}"))?;
+    s.bind(&from.into()).map_err(|e| format!("binding 127.0.0.2: {e}"))?;
+    s.connect_timeout(&addr.into(), Duration::from_secs(10))
+        .map_err(|e| format!("connecting: {e}"))?;
+    let mut s: std::net::TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| format!("reading: {e}"))?;
+    Ok(out)
+}
+
+#[test]
+fn control_plane_answers_healthz_under_an_idle_connection_flood() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite:{}", dir.path().join("control.db").display());
+    // As found: 256 descriptors, 300 silent connections.
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -n 256 && exec {} control --listen 127.0.0.1:0 --store {store} --admin-token-file {}",
+            rackmem(),
+            admin_token_file().display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut g = Guard::spawn(&mut cmd);
+    let lines = lines_of(g.child().stderr.take().expect("stderr"));
+    let url = loop {
+        let l = lines
+            .recv_timeout(START_LIMIT)
+            .expect("rackmem control announced no URL");
+        if let Some(u) = l.split_whitespace().find(|w| w.starts_with("http://")) {
+            break u.to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("address");
+    let flood = silent_connections(addr, 300);
+    assert!(flood.len() >= 64, "the flood itself could not connect: {}", flood.len());
+    let reply = healthz_from_another_peer(addr).unwrap_or_else(|e| panic!("/healthz under the flood: {e}"));
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // The flood's own connections are closed by the header timeout: all of them, eventually.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for mut s in flood {
+        use std::io::Read as _;
+        s.set_read_timeout(Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ))
+        .expect("timeout");
+        let mut b = [0u8; 1];
+        assert!(
+            matches!(s.read(&mut b), Ok(0) | Err(_)) && Instant::now() < deadline,
+            "a silent connection was kept past the header timeout"
+        );
+    }
+}

@@ -177,6 +177,34 @@ impl Drop for Slot {
     }
 }
 
+/// Descriptors kept free of connections: the store, etcd clients, logs, the blocking pool.
+const RESERVED_DESCRIPTORS: usize = 64;
+
+/// The soft limit on open files of this process, from `/proc/self/limits`.
+fn open_files_limit() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// `limits` with the connection cap lowered under the descriptor limit: past it, accept fails
+/// and every client, the health check included, waits.
+pub fn fit_to_descriptors(mut limits: HttpLimits) -> HttpLimits {
+    if let Some(n) = open_files_limit() {
+        let room = n.saturating_sub(RESERVED_DESCRIPTORS).max(1);
+        if limits.max_connections > room {
+            tracing::warn!(
+                "at most {room} connections: the open-file limit is {n} (raise it with ulimit -n to allow \
+                 the {} asked for)",
+                limits.max_connections
+            );
+            limits.max_connections = room;
+        }
+    }
+    limits.max_connections_per_peer = limits.max_connections_per_peer.min(limits.max_connections);
+    limits
+}
+
 /// Serves `router` on `listener` until `shutdown` fires, then lets requests in flight finish
 /// (at most the request timeout).
 pub async fn serve(
@@ -187,6 +215,7 @@ pub async fn serve(
     stats: Arc<ConnStats>,
     shutdown: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let limits = fit_to_descriptors(limits);
     let per_peer = Arc::new(Mutex::new(HashMap::new()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);

@@ -1035,3 +1035,131 @@ fn tokens_survive_a_restart_and_only_their_hash_is_stored() {
     let web1 = client_as(&server, &t);
     web1.register_node(&node_reg("web1", GBPS)).unwrap();
 }
+
+#[test]
+fn slow_headers_and_slow_bodies_are_cut_and_caps_hold() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    let (server, admin) = start(&dir.path().join("control.db"), |cfg| {
+        cfg.limits.header_timeout = Duration::from_millis(500);
+        cfg.limits.request_timeout = Duration::from_millis(800);
+        cfg.limits.max_connections_per_peer = 8;
+    });
+    let addr = server.addr();
+    let read_all = |s: &mut std::net::TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut out = Vec::new();
+        let r = s.read_to_end(&mut out);
+        (r.is_ok(), String::from_utf8_lossy(&out).to_string())
+    };
+    // Half a request head, never finished: closed without an answer.
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let (closed, text) = read_all(&mut slow);
+    assert!(closed && !text.contains("200 OK"), "a slow head was served: {text}");
+    // A body that never arrives whole: 408 with a JSON error.
+    let mut trickle = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        trickle,
+        "POST /v1/nodes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"name\":"
+    )
+    .unwrap();
+    let (_, text) = read_all(&mut trickle);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    // Eight silent connections fill this peer's share; the ninth is closed at once; the
+    // refusal is counted; once the silent ones time out the peer is served again.
+    let silent: Vec<_> = (0..8).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut ninth = std::net::TcpStream::connect(addr).unwrap();
+    let _ = ninth.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (_, text) = read_all(&mut ninth);
+    assert!(text.is_empty(), "over the per-peer cap yet answered: {text}");
+    drop(silent);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match admin.health() {
+            Ok(h) if h.status == "ok" => break,
+            r => assert!(Instant::now() < deadline, "never served again: {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, metrics) = raw(&server.url(), "GET", "/metrics", None, "");
+    let m = metrics.as_str().unwrap().to_string();
+    let refused = m
+        .lines()
+        .find_map(|l| l.strip_prefix("rackmem_control_connections_refused_total "))
+        .unwrap();
+    assert!(refused.trim().parse::<u64>().unwrap() >= 1, "{m}");
+}
+
+#[test]
+fn https_with_tokens_and_client_certificates() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // A private CA, the server's certificate for 127.0.0.1 and a client certificate node:web1.
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params.distinguished_name.push(DnType::CommonName, "rackmem test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf = |names: Vec<String>, cn: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(names).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec!["127.0.0.1".into()], "control");
+    let (web1_cert, web1_key) = leaf(vec![], "node:web1");
+    let ca_pem = write("ca.pem", &ca.pem());
+    let tls = rackmem_control::serve::TlsFiles {
+        cert: write("server.pem", &server_cert),
+        key: write("server.key", &server_key),
+        client_ca: Some(ca_pem.clone()),
+    };
+    let (server, _) = start(&dir.path().join("control.db"), |cfg| cfg.tls = Some(tls));
+    let url = server.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let config = |token: Option<&str>, identity: Option<(&str, &str)>| rackmem_control::client::ClientConfig {
+        token: token.map(str::to_string),
+        ca_file: Some(ca_pem.clone()),
+        identity: identity.map(|(c, k)| (write("c.pem", c), write("c.key", k))),
+        ..Default::default()
+    };
+    // A token over HTTPS.
+    let admin = Client::with_config(&[url.clone()], &config(Some(ADMIN), None)).unwrap();
+    admin.register_brick(&brick_reg("b", 64 * MIB, GBPS)).unwrap();
+    // The client certificate stands for node web1: its own node only.
+    let web1 = Client::with_config(&[url.clone()], &config(None, Some((&web1_cert, &web1_key)))).unwrap();
+    let n = web1.register_node(&node_reg("web1", GBPS)).unwrap().id;
+    web1.allocate(&AllocationRequest {
+        node: n,
+        size_bytes: MIB,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(server_err(web1.register_node(&node_reg("web2", GBPS))).0, 403);
+    assert_eq!(server_err(web1.bricks()).0, 403);
+    // Neither: 401. A client that does not trust the CA: no connection at all.
+    let nobody = Client::with_config(&[url.clone()], &config(None, None)).unwrap();
+    assert_eq!(server_err(nobody.nodes()).0, 401);
+    let untrusting = Client::with_config(
+        &[url],
+        &rackmem_control::client::ClientConfig {
+            token: Some(ADMIN.into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(untrusting.nodes(), Err(ClientError::Unreachable { .. })));
+    assert_eq!(admin.allocations().unwrap().len(), 1);
+}
