@@ -1136,10 +1136,10 @@ fn https_with_tokens_and_client_certificates() {
         ..Default::default()
     };
     // A token over HTTPS.
-    let admin = Client::with_config(&[url.clone()], &config(Some(ADMIN), None)).unwrap();
+    let admin = Client::with_config(std::slice::from_ref(&url), &config(Some(ADMIN), None)).unwrap();
     admin.register_brick(&brick_reg("b", 64 * MIB, GBPS)).unwrap();
     // The client certificate stands for node web1: its own node only.
-    let web1 = Client::with_config(&[url.clone()], &config(None, Some((&web1_cert, &web1_key)))).unwrap();
+    let web1 = Client::with_config(std::slice::from_ref(&url), &config(None, Some((&web1_cert, &web1_key)))).unwrap();
     let n = web1.register_node(&node_reg("web1", GBPS)).unwrap().id;
     web1.allocate(&AllocationRequest {
         node: n,
@@ -1150,7 +1150,7 @@ fn https_with_tokens_and_client_certificates() {
     assert_eq!(server_err(web1.register_node(&node_reg("web2", GBPS))).0, 403);
     assert_eq!(server_err(web1.bricks()).0, 403);
     // Neither: 401. A client that does not trust the CA: no connection at all.
-    let nobody = Client::with_config(&[url.clone()], &config(None, None)).unwrap();
+    let nobody = Client::with_config(std::slice::from_ref(&url), &config(None, None)).unwrap();
     assert_eq!(server_err(nobody.nodes()).0, 401);
     let untrusting = Client::with_config(
         &[url],
