@@ -213,7 +213,14 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, Self::Rejection> {
-        let unauthorized = |e: AuthError| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+        let unauthorized = |e: AuthError| {
+            // A follower's tokens are as of its last load: one made since is unknown here.
+            // Send the client on to the leader rather than refuse what the leader accepts.
+            match refusal(&st.leadership, &st.store) {
+                Some(r) => ApiError::from(r),
+                None => ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string()),
+            }
+        };
         if let Some(p) = parts.extensions.get::<Principal>() {
             return Ok(Caller(p.clone()));
         }

@@ -244,8 +244,15 @@ fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, serde_json::Val
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let full = format!("{url}{path}");
     let r = match method {
-        "POST" => agent.post(&full).content_type("application/json").send(body),
-        _ => agent.get(&full).call(),
+        "POST" => agent
+            .post(&full)
+            .header("Authorization", format!("Bearer {ADMIN}"))
+            .content_type("application/json")
+            .send(body),
+        _ => agent
+            .get(&full)
+            .header("Authorization", format!("Bearer {ADMIN}"))
+            .call(),
     };
     let mut r = r.unwrap();
     let status = r.status().as_u16();
@@ -406,4 +413,37 @@ fn a_failed_commit_answers_503_and_leaves_nothing_reserved() {
     assert_eq!(client.brick(brick).unwrap().free_bytes, 64 * MIB - 2 * 16 * MIB);
     let (s, t) = (&first.segments[0], &second.segments[0]);
     assert!(s.offset + s.size_bytes <= t.offset || t.offset + t.size_bytes <= s.offset);
+}
+
+#[test]
+fn a_token_made_on_the_leader_works_on_the_next_leader_and_a_follower_sends_it_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd(dir.path()) else { return };
+    let url = etcd.store_url();
+    let a = start(&url);
+    wait_for("a to serve", || serving(&a).then_some(()));
+    let b = start(&url);
+    let admin = Client::new(&[a.url()]).unwrap().with_token(Some(ADMIN.to_string()));
+    let t = admin
+        .create_token(&TokenRequest {
+            role: rackmem_control::auth::Role::Node,
+            name: "web1".into(),
+        })
+        .unwrap()
+        .token;
+    // b loaded its state before the token existed: it must send the client on, not refuse it.
+    let web1 = Client::new(&[b.url(), a.url()]).unwrap().with_token(Some(t.clone()));
+    web1.register_node(&node_reg("web1")).unwrap();
+    // The leader goes; b takes over with the token in its state.
+    drop(a);
+    let only_b = Client::new(&[b.url()]).unwrap().with_token(Some(t));
+    wait_for("b to serve", || serving(&b).then_some(()));
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match only_b.register_node(&node_reg("web1")) {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "b refused the token made on a: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
