@@ -316,6 +316,11 @@ impl Client {
         self.get("/v1/allocations")
     }
 
+    /// `GET /v1/allocations?node={node}`: the allocations of one node.
+    pub fn node_allocations(&self, node: u64) -> Result<Vec<Allocation>, ClientError> {
+        self.get(&format!("/v1/allocations?node={node}"))
+    }
+
     /// `GET /v1/allocations/{id}`.
     pub fn allocation(&self, id: u64) -> Result<Allocation, ClientError> {
         self.get(&format!("/v1/allocations/{id}"))
