@@ -60,8 +60,8 @@ pub struct AgentArgs {
     #[arg(long = "allow-gid", value_name = "GID")]
     allow_gids: Vec<u32>,
     /// Most memory one process may hold at once (e.g. 64GiB), checked before the control plane
-    /// is asked; a grow past it is refused with quota_exceeded. The default keeps one runaway
-    /// program from taking a rack's pool while fitting any single program we have measured.
+    /// is asked; a grow past it is refused with quota_exceeded. The default stops one runaway
+    /// program from taking a whole rack's pool; raise it for programs that need more.
     #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = crate::brick_cmd::parse_size_arg)]
     quota_per_process: u64,
     /// Most memory all processes of one user may hold at once (e.g. 256GiB): several programs of
