@@ -7,6 +7,7 @@ use rackmem_control::api::{NodeRegistration, PortSpec};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Where processes find the agent unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/rackmem/agent.sock";
@@ -19,7 +20,14 @@ pub const DEFAULT_SOCKET: &str = "/run/rackmem/agent.sock";
         rackmem agent --control http://ctl:7080 --token-file web1.token &\n  \
         rackmem run --agent /run/rackmem/agent.sock --local 25% -- ./app\n\n\
         Each program's memory grows in steps as it allocates, and everything it was given goes \
-        back to the control plane when it exits, crashes or is killed."
+        back to the control plane when it exits, crashes or is killed.\n\n\
+        Who may ask: root and the agent's own user, by default. The agent reads each \
+        connection's credentials from the kernel (SO_PEERCRED) and turns others away with a \
+        message naming the option that would admit them (--allow-uid, --allow-gid). Each \
+        process and each user is held to a quota, at most --max-connections programs are \
+        served at once, and allocations nobody holds any more (a reply lost to a control-plane \
+        crash, a program that outlived an earlier agent and then exited) are released every \
+        --reconcile-interval."
 )]
 pub struct AgentArgs {
     /// The control plane's URL; several (comma-separated) for replicated control planes.
@@ -42,6 +50,40 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9101.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Also admit the processes of this user id (repeat for several). Root and the agent's
+    /// own user are always admitted. Admitting a user other than those opens the socket file
+    /// to everyone (mode 0666): the kernel-checked credentials are then what keeps others out.
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uids: Vec<u32>,
+    /// Also admit processes whose primary or supplementary group is this group id (repeat for
+    /// several). With exactly one group (and no --allow-uid) the socket is mode 0660 and owned
+    /// by that group; without either option it is 0600.
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gids: Vec<u32>,
+    /// Most memory one process may hold at once (e.g. 64GiB), checked before the control plane
+    /// is asked; a grow past it is refused with quota_exceeded. The default stops one runaway
+    /// program from taking a whole rack's pool; raise it for programs that need more.
+    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = crate::brick_cmd::parse_size_arg)]
+    quota_per_process: u64,
+    /// Most memory all processes of one user may hold at once (e.g. 256GiB): several programs of
+    /// one user, or one program forking many, stay within it. Default: four full-size programs.
+    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = crate::brick_cmd::parse_size_arg)]
+    quota_per_uid: u64,
+    /// Most programs served at once (each costs a thread with a 256 KiB stack while it is
+    /// connected); over it a connection gets a too_many_connections line and is closed.
+    #[arg(long, value_name = "N", default_value_t = rackmem_control::agent::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
+    max_connections: usize,
+    /// How long a request line may take to arrive once its first byte has (a client that
+    /// trickles bytes is cut off with request_timeout). Idle time between requests is
+    /// unlimited: programs hold their connection for life.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::control_cmd::parse_duration)]
+    request_timeout: Duration,
+    /// How often to release this node's agent-made allocations that nobody holds: none of this
+    /// agent's connections has it and its process is gone (it also runs at start). Allocations
+    /// made by hand (rackmem ctl alloc) are never released by the agent.
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::control_cmd::parse_duration)]
+    reconcile_interval: Duration,
 }
 
 pub fn run(args: AgentArgs) -> Result<i32> {
@@ -56,18 +98,22 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         args.ports
     };
     let name = args.name.unwrap_or_else(crate::brick_cmd::hostname);
-    let agent = Agent::start(
-        client,
-        AgentConfig {
-            socket: args.socket.clone(),
-            registration: NodeRegistration {
-                name: name.clone(),
-                ports,
-            },
-            stripe: args.stripe,
+    let mut cfg = AgentConfig::new(
+        args.socket.clone(),
+        NodeRegistration {
+            name: name.clone(),
+            ports,
         },
-    )
-    .context("starting the agent")?;
+    );
+    cfg.stripe = args.stripe;
+    cfg.allow_uids = args.allow_uids;
+    cfg.allow_gids = args.allow_gids;
+    cfg.quota_per_process_bytes = args.quota_per_process;
+    cfg.quota_per_uid_bytes = args.quota_per_uid;
+    cfg.max_connections = args.max_connections;
+    cfg.request_timeout = args.request_timeout;
+    cfg.reconcile_interval = args.reconcile_interval;
+    let agent = Agent::start(client, cfg).context("starting the agent")?;
     eprintln!(
         "rackmem agent: node {name} (id {}) serving programs on {} (SIGTERM or Ctrl-C stops it)",
         agent.node(),

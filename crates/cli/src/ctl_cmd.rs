@@ -346,6 +346,10 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 bandwidth_bps: bandwidth,
                 bricks: (!bricks.is_empty()).then_some(bricks),
                 links: None,
+                // The client picks a key (so its retries are safe); no holder: made by hand,
+                // no agent ever reclaims it.
+                idempotency_key: None,
+                holder: None,
             })?;
             print(json, &a, |a| {
                 let mut t = table(&["segment", "brick", "offset", "size", "rate limit"]);

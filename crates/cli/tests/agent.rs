@@ -4,7 +4,10 @@
 //! a native run; the control plane's state is checked through `rackmem ctl`.
 
 mod common;
+#[path = "../../control/tests/lossy_proxy/mod.rs"]
+mod lossy_proxy;
 use common::*;
+use lossy_proxy::LossyProxy;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -17,9 +20,27 @@ struct Cluster {
     listen: String,
     control: Option<Guard>,
     _bricks: Vec<Guard>,
-    _agent: Guard,
+    agent: Option<Guard>,
+    /// The agent's command line, to start it again.
+    agent_args: Vec<String>,
     socket: PathBuf,
     metrics: String,
+    /// Between agent and control plane, when asked for.
+    proxy: Option<LossyProxy>,
+}
+
+impl Cluster {
+    /// (Re)starts the agent and waits for its socket.
+    fn start_agent(&mut self) {
+        let mut cmd = Command::new(rackmem());
+        cmd.args(&self.agent_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.agent = Some(Guard::spawn(&mut cmd));
+        let socket = self.socket.clone();
+        wait_for("the agent's socket", || UnixStream::connect(&socket).is_ok());
+    }
 }
 
 fn free_port() -> String {
@@ -38,7 +59,16 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 /// A control plane on a fixed port (so it can be restarted), two 1 GiB bricks over Unix
 /// sockets, and an agent spreading each allocation over both bricks.
 fn cluster() -> Cluster {
+    cluster_with(&[], false)
+}
+
+/// [`cluster`] with more agent options, and the agent talking to the control plane through a
+/// [`LossyProxy`] when `proxy` is set.
+fn cluster_with(agent_extra: &[&str], proxy: bool) -> Cluster {
     let dir = tempfile::tempdir().expect("tempdir");
+    // Tests run clients as another user: they must reach the socket's directory.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let listen = free_port();
     let (control, url) = start_control_on(&dir.path().join("control.db"), &listen);
     let mut bricks = Vec::new();
@@ -58,11 +88,12 @@ fn cluster() -> Cluster {
     });
     let socket = dir.path().join("agent.sock");
     let metrics = free_port();
-    let mut cmd = Command::new(rackmem());
-    cmd.args([
+    let proxy = proxy.then(|| LossyProxy::start(&url, 0));
+    let agent_control = proxy.as_ref().map_or(url.clone(), |p| p.url.clone());
+    let mut agent_args: Vec<String> = [
         "agent",
         "--control",
-        &url,
+        &agent_control,
         "--name",
         "n1",
         "--stripe",
@@ -70,23 +101,26 @@ fn cluster() -> Cluster {
         "--metrics",
         &metrics,
         "--socket",
-    ])
-    .arg(&socket)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    let agent = Guard::spawn(&mut cmd);
-    wait_for("the agent's socket", || UnixStream::connect(&socket).is_ok());
-    Cluster {
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    agent_args.push(socket.display().to_string());
+    agent_args.extend(agent_extra.iter().map(|s| s.to_string()));
+    let mut c = Cluster {
         dir,
         url,
         listen,
         control: Some(control),
         _bricks: bricks,
-        _agent: agent,
+        agent: None,
+        agent_args,
         socket,
         metrics,
-    }
+        proxy,
+    };
+    c.start_agent();
+    c
 }
 
 fn live_allocations(url: &str) -> Vec<serde_json::Value> {
@@ -306,7 +340,10 @@ fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
     assert!(r["node"].as_u64().is_some_and(|n| n > 0), "{r}");
     let r = ask(&mut conn, r#"{"op":"grow","bytes":1099511627776}"#);
     assert_eq!(r["ok"], false, "a terabyte cannot be had: {r}");
-    assert!(["insufficient_capacity", "invalid"].contains(&code(&r).as_str()), "{r}");
+    assert!(
+        ["insufficient_capacity", "invalid", "quota_exceeded"].contains(&code(&r).as_str()),
+        "{r}"
+    );
     let r = ask(&mut conn, r#"{"op":"grow","bytes":0}"#);
     assert_eq!(r["ok"], false, "{r}");
     let r = ask(&mut conn, r#"{"op":"release","allocation":424242}"#);
@@ -373,4 +410,351 @@ fn an_unreachable_agent_is_a_clear_error_before_the_program_starts() {
         !String::from_utf8_lossy(&o.stdout).contains("started"),
         "the program must not run"
     );
+}
+
+/// The user tests run clients as (nobody, nogroup on Debian-like systems).
+const NOBODY: u32 = 65534;
+const HELLO: &str = r#"{"op":"hello","pid":1,"program":"test"}"#;
+
+fn code_of(v: &serde_json::Value) -> String {
+    v["error"]["code"].as_str().unwrap_or("").to_string()
+}
+
+/// Runs `tests/c/agent_client` (as `uid`:`uid`, or as this test's user) sending `lines`;
+/// returns the lines it printed.
+fn agent_client(socket: &Path, uid: Option<u32>, lines: &[&str]) -> Vec<String> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program("agent_client"));
+    cmd.arg(socket).arg("0").args(lines);
+    if let Some(u) = uid {
+        cmd.uid(u).gid(u);
+    }
+    let o = run_with_deadline(cmd, LIMIT);
+    String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect()
+}
+
+fn json(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"))
+}
+
+fn connect(socket: &Path) -> (UnixStream, BufReader<UnixStream>) {
+    let s = UnixStream::connect(socket).expect("connect to the agent");
+    // A generous deadline: an agent that never answers fails the test instead of hanging it.
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    (s.try_clone().expect("clone"), BufReader::new(s))
+}
+
+/// An agent of its own (node `name`) on `socket` with `extra` options.
+fn spawn_agent(url: &str, name: &str, socket: &Path, extra: &[&str]) -> Guard {
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["agent", "--control", url, "--name", name, "--socket"])
+        .arg(socket)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let g = Guard::spawn(&mut cmd);
+    wait_for("the agent's socket", || UnixStream::connect(socket).is_ok());
+    g
+}
+
+fn mode_of(p: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).expect("socket metadata");
+    (m.mode() & 0o777, m.gid())
+}
+
+#[test]
+fn only_root_and_the_agents_user_are_admitted_unless_others_are_allowed() {
+    require_root();
+    let c = cluster();
+    // By default the socket is the agent's user's alone: another user cannot even open it.
+    assert_eq!(mode_of(&c.socket).0, 0o600);
+    let out = agent_client(&c.socket, Some(NOBODY), &[HELLO]);
+    assert!(
+        out.first().is_some_and(|l| l.starts_with("connect:")),
+        "nobody must not reach a default agent: {out:?}"
+    );
+    let mut conn = connect(&c.socket);
+    assert_eq!(ask(&mut conn, HELLO)["ok"], true, "root is admitted");
+
+    // Admitting another user opens the file to all; the kernel's credentials still keep
+    // nobody out, with a line naming the options that would let it in.
+    let sock2 = c.dir.path().join("a2.sock");
+    let _a2 = spawn_agent(&c.url, "n2", &sock2, &["--allow-uid", "12345"]);
+    assert_eq!(mode_of(&sock2).0, 0o666);
+    let out = agent_client(&sock2, Some(NOBODY), &[HELLO, r#"{"op":"grow","bytes":1048576}"#]);
+    // (The agent may close before the client has written: it reports that, then the line.)
+    let v = json(out.iter().find(|l| l.starts_with('{')).map_or("", String::as_str));
+    assert_eq!(
+        (v["ok"].as_bool(), code_of(&v).as_str()),
+        (Some(false), "permission_denied"),
+        "{out:?}"
+    );
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("--allow-uid 65534") && msg.contains("--allow-gid 65534"),
+        "{msg}"
+    );
+    assert!(
+        !out.iter().any(|l| l.contains("\"ok\":true")),
+        "the refused peer got nothing more: {out:?}"
+    );
+
+    // Admitting nobody's group: the socket belongs to that group (0660) and nobody is served.
+    let sock3 = c.dir.path().join("a3.sock");
+    let _a3 = spawn_agent(&c.url, "n3", &sock3, &["--allow-gid", &NOBODY.to_string()]);
+    assert_eq!(mode_of(&sock3), (0o660, NOBODY));
+    let out = agent_client(&sock3, Some(NOBODY), &[HELLO, r#"{"op":"grow","bytes":1048576}"#]);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(json(&out[0])["ok"], true, "{out:?}");
+    let grown = json(&out[1]);
+    assert_eq!(grown["ok"], true, "{out:?}");
+    let id = grown["allocation"].as_u64().expect("allocation id");
+    wait_for("nobody's allocation to go back when it exits", || {
+        !live_allocations(&c.url).iter().any(|a| a["id"].as_u64() == Some(id))
+    });
+}
+
+#[test]
+fn quotas_per_process_and_per_user_are_checked_before_the_control_plane() {
+    require_root();
+    let c = cluster_with(&["--quota-per-process", "8MiB", "--quota-per-uid", "12MiB"], false);
+    let grow = |mib: u64| format!(r#"{{"op":"grow","bytes":{}}}"#, mib << 20);
+    let mut a = connect(&c.socket);
+    assert_eq!(ask(&mut a, HELLO)["ok"], true);
+    for _ in 0..2 {
+        let r = ask(&mut a, &grow(4));
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    let r = ask(&mut a, &grow(1));
+    assert_eq!(code_of(&r), "quota_exceeded", "{r}");
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("8388608") && msg.contains("--quota-per-process"),
+        "the message gives the numbers and the option: {msg}"
+    );
+    // A second connection of the same process counts with the first (the kernel's pid).
+    let mut b = connect(&c.socket);
+    assert_eq!(ask(&mut b, HELLO)["ok"], true);
+    assert_eq!(code_of(&ask(&mut b, &grow(1))), "quota_exceeded");
+    // Another process of the same user gets what is left of the user's 12 MiB, no more.
+    let out = agent_client(&c.socket, None, &[HELLO, &grow(4), &grow(1)]);
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert_eq!(json(&out[1])["ok"], true, "{out:?}");
+    let r = json(&out[2]);
+    assert_eq!(code_of(&r), "quota_exceeded", "{out:?}");
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("--quota-per-uid") && msg.contains("12582912"), "{msg}");
+    // The refused grows reserved nothing: the first process's two allocations are all there
+    // is (the other process has exited and given its own back).
+    wait_for("the other process's allocation to go back", || {
+        live_allocations(&c.url).len() == 2
+    });
+    // Released memory counts no more.
+    let id = live_allocations(&c.url)[0]["id"].as_u64().expect("id");
+    let r = ask(&mut a, &format!(r#"{{"op":"release","allocation":{id}}}"#));
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(ask(&mut b, &grow(4))["ok"], true, "within the quota again");
+}
+
+/// Threads of process `pid`.
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn connections_are_capped_and_every_request_gets_an_answer() {
+    require_root();
+    let cap = 20;
+    let c = cluster_with(
+        &["--max-connections", &cap.to_string(), "--request-timeout", "1s"],
+        false,
+    );
+    let agent_pid = c.agent.as_ref().expect("agent").id();
+    // Up to the cap, every connection is served; past it each gets one line and is closed.
+    let mut served = Vec::new();
+    for _ in 0..cap {
+        let mut conn = connect(&c.socket);
+        assert_eq!(ask(&mut conn, HELLO)["ok"], true);
+        served.push(conn);
+    }
+    for _ in 0..3 * cap {
+        let mut extra = connect(&c.socket);
+        let mut line = String::new();
+        extra.1.read_line(&mut line).expect("a refusal line");
+        let v = json(&line);
+        assert_eq!(code_of(&v), "too_many_connections", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("--max-connections"),
+            "{v}"
+        );
+        line.clear();
+        assert_eq!(extra.1.read_line(&mut line).ok(), Some(0), "then closed: {line:?}");
+    }
+    let threads = threads_of(agent_pid);
+    // One thread per served connection, and a handful of the agent's own (main, accept,
+    // release and reconcile, metrics): the refused connections cost none.
+    assert!(threads <= cap + 8, "{threads} threads for {cap} connections");
+    // One closes: a new one is served.
+    drop(served.pop());
+    wait_for("a free connection slot", || {
+        let mut conn = connect(&c.socket);
+        conn.0
+            .write_all(HELLO.as_bytes())
+            .and_then(|_| conn.0.write_all(b"\n"))
+            .is_ok()
+            && {
+                let mut line = String::new();
+                conn.1.read_line(&mut line).is_ok() && json(&line)["ok"] == true && {
+                    served.push(conn);
+                    true
+                }
+            }
+    });
+
+    // Malformed requests each get a JSON error with a code, and the connection goes on.
+    let conn = served.last_mut().expect("a connection");
+    for (line, want) in [
+        ("this is not json", "bad_request"),
+        ("", "bad_request"),
+        ("[1,2,3]", "bad_request"),
+        (r#"{"op":"fly"}"#, "unknown_op"),
+        (r#"{"op":7}"#, "bad_request"),
+        (r#"{"op":"grow","bytes":"many"}"#, "bad_request"),
+        (r#"{"op":"grow","bytes":-1}"#, "bad_request"),
+        (r#"{"op":"grow"}"#, "bad_request"),
+        (r#"{"op":"release","allocation":1.5}"#, "bad_request"),
+    ] {
+        let r = ask(conn, line);
+        assert_eq!(
+            (r["ok"].as_bool(), code_of(&r).as_str()),
+            (Some(false), want),
+            "{line:?}: {r}"
+        );
+    }
+    // Not UTF-8.
+    conn.0.write_all(b"\xff\xfe{\n").expect("send");
+    let mut answer = String::new();
+    conn.1.read_line(&mut answer).expect("answer");
+    assert_eq!(code_of(&json(&answer)), "bad_request", "{answer}");
+    assert_eq!(ask(conn, r#"{"op":"rates"}"#)["ok"], true, "still served");
+
+    // Too long: answered, then closed.
+    let conn = &mut served[0];
+    let long = format!(r#"{{"op":"hello","program":"{}"}}"#, "x".repeat(70 << 10));
+    // The agent may close before the whole line is written: only its answer matters.
+    let _ = conn.0.write_all(long.as_bytes());
+    let mut answer = String::new();
+    conn.1.read_line(&mut answer).expect("answer");
+    assert_eq!(code_of(&json(&answer)), "request_too_long", "{answer}");
+    answer.clear();
+    assert_eq!(conn.1.read_line(&mut answer).ok(), Some(0), "closed after: {answer:?}");
+    let conn = served.last_mut().expect("a connection");
+    // Idle between requests is fine (processes hold their connection for life)...
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(ask(conn, r#"{"op":"rates"}"#)["ok"], true, "an idle connection is kept");
+    // ...a request that trickles in is not: one line, then closed, within a generous deadline.
+    conn.0.write_all(br#"{"op":"#).expect("send");
+    let mut answer = String::new();
+    conn.1.read_line(&mut answer).expect("answer");
+    assert_eq!(code_of(&json(&answer)), "request_timeout", "{answer}");
+    answer.clear();
+    assert_eq!(conn.1.read_line(&mut answer).ok(), Some(0), "closed after: {answer:?}");
+    assert!(live_allocations(&c.url).is_empty(), "nothing was allocated");
+}
+
+/// The agent's counter `name` from its metrics page.
+fn metric(c: &Cluster, name: &str) -> u64 {
+    let m = scrape(&c.metrics);
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+}
+
+#[test]
+fn lost_replies_are_retried_and_allocations_nobody_holds_are_reclaimed() {
+    require_root();
+    let mut c = cluster_with(&["--reconcile-interval", "500ms"], true);
+    let grow = r#"{"op":"grow","bytes":4194304}"#;
+    let ids = |c: &Cluster| -> Vec<u64> {
+        live_allocations(&c.url)
+            .iter()
+            .filter_map(|a| a["id"].as_u64())
+            .collect()
+    };
+    let proxy = c.proxy.as_ref().expect("proxy");
+    // A reply lost after the commit: the agent's retry carries the same key and gets the same
+    // allocation; the control plane holds exactly one.
+    let mut conn = connect(&c.socket);
+    assert_eq!(ask(&mut conn, HELLO)["ok"], true);
+    proxy.lose(1);
+    let r = ask(&mut conn, grow);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(proxy.lost(), 1);
+    let held = r["allocation"].as_u64().expect("id");
+    assert_eq!(ids(&c), vec![held], "one allocation for one grow");
+    let live = live_allocations(&c.url);
+    let holder = &live[0]["holder"];
+    assert_eq!(holder["pid"].as_u64(), Some(u64::from(std::process::id())), "{holder}");
+    assert!(holder["agent"].as_str().is_some_and(|a| !a.is_empty()), "{holder}");
+
+    // Every attempt's reply lost: the process hears of a failure, the control plane has
+    // committed an allocation nobody holds: an orphan.
+    proxy.lose(3);
+    let r = ask(&mut conn, grow);
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(proxy.lost(), 4);
+    let orphan = *ids(&c).iter().find(|i| **i != held).expect("the committed orphan");
+    // An allocation made by hand has no holder: no agent ever takes it.
+    let o = ctl(&c.url, &["--json", "alloc", "--node", "n1", "--size", "4MiB"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let by_hand = *ids(&c).iter().find(|i| ![held, orphan].contains(i)).expect("by hand");
+    // A program that outlives its agent keeps its memory (the runtime keeps the segments it
+    // attached); when it exits later, the next agent gives its memory back.
+    let mut survivor_cmd = Command::new(program("agent_client"));
+    survivor_cmd
+        .arg(&c.socket)
+        .arg("60000")
+        .args([HELLO, grow])
+        .stdout(Stdio::piped());
+    let mut survivor = Guard::spawn(&mut survivor_cmd);
+    let lines = lines_of(survivor.child().stdout.take().expect("stdout"));
+    let _hello = lines.recv_timeout(LIMIT).expect("hello answered");
+    let grown = json(&lines.recv_timeout(LIMIT).expect("grow answered"));
+    let survivors = grown["allocation"].as_u64().expect("id");
+
+    wait_for("the orphan to be reclaimed", || !ids(&c).contains(&orphan));
+    assert!(metric(&c, "rackmem_agent_reclaimed_total ") >= 1);
+    let reclaimed = metric(&c, "rackmem_agent_reclaimed_total ");
+    // Several more reconciliations: what is held or made by hand stays.
+    std::thread::sleep(Duration::from_millis(2000));
+    let mut now = ids(&c);
+    now.sort_unstable();
+    let mut want = vec![held, by_hand, survivors];
+    want.sort_unstable();
+    assert_eq!(now, want);
+    assert_eq!(metric(&c, "rackmem_agent_reclaimed_total "), reclaimed);
+
+    // The agent dies (SIGKILL: no clean-up) and a new one starts: the programs it served are
+    // alive, so it releases nothing.
+    if let Some(mut a) = c.agent.take() {
+        a.kill_group();
+    }
+    c.start_agent();
+    std::thread::sleep(Duration::from_millis(2000));
+    let mut now = ids(&c);
+    now.sort_unstable();
+    assert_eq!(now, want, "live programs keep their memory across an agent restart");
+    // The survivor exits: no connection saw it go, reconciliation does.
+    survivor.kill_group();
+    wait_for("the exited program's memory to be reclaimed", || {
+        !ids(&c).contains(&survivors)
+    });
+    let mut now = ids(&c);
+    now.sort_unstable();
+    assert_eq!(now, vec![held, by_hand], "the live process and the admin keep theirs");
 }

@@ -183,6 +183,49 @@ pub struct AllocationRequest {
     /// Ids of the only links paths may use (default: any link).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub links: Option<Vec<String>>,
+    /// Makes the request safe to retry: while the allocation it made lives, a request with the
+    /// same key and the same body gets that allocation back (200) instead of a second one (201
+    /// for the first); the same key with a different body is refused (409 `conflict`). 1 to
+    /// [`MAX_IDEMPOTENCY_KEY_LEN`] characters of `A-Z a-z 0-9 - _ . :`. The client of this crate
+    /// picks a random key when none is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Which process holds the memory on its node: node agents set it so that they can reclaim
+    /// allocations whose holder is gone; absent for allocations made by hand, which no agent
+    /// ever reclaims. The control plane stores and shows it without interpreting it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+}
+
+/// Longest [`AllocationRequest::idempotency_key`] and [`Holder::agent`].
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
+
+/// Whether `key` is a valid idempotency key or agent instance name: 1 to
+/// [`MAX_IDEMPOTENCY_KEY_LEN`] characters of `A-Z a-z 0-9 - _ . :`.
+pub fn valid_token(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_IDEMPOTENCY_KEY_LEN
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+/// The process an agent made an allocation for (see [`AllocationRequest::holder`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Holder {
+    /// The agent run that made it (random per agent start, same charset as idempotency keys):
+    /// an agent knows every allocation of its own run that a connection holds.
+    pub agent: String,
+    /// The agent's number for the process's connection.
+    pub connection: u64,
+    /// The process id, from the socket's peer credentials.
+    pub pid: u32,
+    /// The process's user id, from the socket's peer credentials.
+    pub uid: u32,
+    /// The process's start time (field 22 of `/proc/PID/stat`, clock ticks since boot): a
+    /// later process with the same pid has another start time.
+    pub start_ticks: u64,
 }
 
 /// `PATCH /v1/allocations/{id}`: grow (adds segments) or shrink (drops whole segments from the
@@ -236,6 +279,12 @@ pub struct Allocation {
     pub segments: Vec<Segment>,
     /// When it was created.
     pub created_unix_ms: u64,
+    /// The idempotency key it was made with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Who holds it on its node (absent: made by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
 }
 
 /// Brief of the allocation that `DELETE /v1/allocations/{id}` released.

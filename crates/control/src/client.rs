@@ -64,6 +64,37 @@ fn tls_config(config: &ClientConfig) -> Result<ureq::tls::TlsConfig, ClientError
     Ok(b.build())
 }
 
+/// How many times [`Client::allocate`] sends a request whose reply was lost, in all.
+pub const ALLOCATE_ATTEMPTS: u32 = 3;
+
+/// The wait before the first retry of an allocation; it doubles for each further one.
+const ALLOCATE_RETRY_WAIT: Duration = Duration::from_millis(100);
+
+/// A fresh random idempotency key (32 hex characters).
+pub fn new_idempotency_key() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No entropy source: time, pid and a counter are still unique on this machine.
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let n = N.fetch_add(1, Ordering::Relaxed) as u128;
+        b = (t ^ (u128::from(std::process::id()) << 96) ^ (n << 64)).to_le_bytes();
+    }
+    hex::encode(b)
+}
+
+/// Whether a failed request may have changed the state before its reply was lost: no reply at
+/// all, a reply cut short, or a 5xx (a control plane that failed while committing, or a proxy).
+fn may_have_committed(e: &ClientError) -> bool {
+    match e {
+        ClientError::Unreachable { .. } | ClientError::BadReply { .. } => true,
+        ClientError::Server { status, .. } => *status >= 500,
+        ClientError::BadUrl(_) | ClientError::Tls(_) => false,
+    }
+}
+
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -356,14 +387,38 @@ impl Client {
         self.get(&format!("/v1/nodes/{node}/rates"))
     }
 
-    /// `POST /v1/allocations`.
+    /// `POST /v1/allocations`, safe to retry: the request carries an idempotency key (a fresh
+    /// random one unless `req` has one), and a failure that may have happened after the control
+    /// plane committed (no reply, a 5xx) is retried with the same key, up to
+    /// [`ALLOCATE_ATTEMPTS`] times in all, so a lost reply never leaves a second allocation
+    /// behind: the retry gets the first one back.
     pub fn allocate(&self, req: &AllocationRequest) -> Result<Allocation, ClientError> {
-        self.request(Method::Post, "/v1/allocations", Some(req))
+        let mut req = req.clone();
+        if req.idempotency_key.is_none() {
+            req.idempotency_key = Some(new_idempotency_key());
+        }
+        let mut wait = ALLOCATE_RETRY_WAIT;
+        let mut attempt = 1;
+        loop {
+            match self.request(Method::Post, "/v1/allocations", Some(&req)) {
+                Err(e) if attempt < ALLOCATE_ATTEMPTS && may_have_committed(&e) => {
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// `GET /v1/allocations`.
     pub fn allocations(&self) -> Result<Vec<Allocation>, ClientError> {
         self.get("/v1/allocations")
+    }
+
+    /// `GET /v1/allocations?node={node}`: the allocations of one node.
+    pub fn node_allocations(&self, node: u64) -> Result<Vec<Allocation>, ClientError> {
+        self.get(&format!("/v1/allocations?node={node}"))
     }
 
     /// `GET /v1/allocations/{id}`.

@@ -56,6 +56,28 @@ impl From<GraphError> for PlaneError {
     }
 }
 
+/// Whether [`ControlPlane::allocate_once`] made the allocation or found it by its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocated {
+    /// A new allocation (201).
+    Created,
+    /// The live allocation an earlier request with the same idempotency key made (200).
+    Replayed,
+}
+
+/// SHA-256 (hex) of an allocation request without its idempotency key: what a retry must
+/// repeat exactly.
+fn request_digest(req: &api::AllocationRequest) -> String {
+    use sha2::Digest;
+    let bare = api::AllocationRequest {
+        idempotency_key: None,
+        ..req.clone()
+    };
+    // Plain fields only: serialization cannot fail, and its field order is fixed.
+    let body = serde_json::to_vec(&bare).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(&body))
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_unix_ms() -> u64 {
     SystemTime::now()
@@ -123,6 +145,8 @@ pub struct ControlPlane {
     nodes: HashMap<u64, NodeEntry>,
     node_names: HashMap<String, u64>,
     allocations: BTreeMap<u64, AllocationRecord>,
+    /// Idempotency key → the live allocation it made (rebuilt from the records at load).
+    idempotency: HashMap<String, u64>,
     counters: Counters,
     index: BrickIndex,
     stored_switches: HashSet<String>,
@@ -235,6 +259,7 @@ impl ControlPlane {
             nodes: HashMap::new(),
             node_names: HashMap::new(),
             allocations: BTreeMap::new(),
+            idempotency: HashMap::new(),
             counters: snap.counters,
             index: BrickIndex::default(),
             stored_switches: HashSet::new(),
@@ -302,6 +327,9 @@ impl ControlPlane {
                 }
                 b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
                 p.graph.reserve(&s.links, s.bandwidth_bps);
+            }
+            if let Some(k) = &a.idempotency_key {
+                p.idempotency.insert(k.clone(), a.id);
             }
             p.allocations.insert(a.id, a);
         }
@@ -878,8 +906,47 @@ impl ControlPlane {
         }
     }
 
-    /// `POST /v1/allocations`.
+    /// `POST /v1/allocations`: [`ControlPlane::allocate_once`] without saying whether the
+    /// allocation is new.
     pub fn allocate(&mut self, req: api::AllocationRequest) -> Result<api::Allocation, PlaneError> {
+        self.allocate_once(req).map(|(a, _)| a)
+    }
+
+    /// `POST /v1/allocations`: a new allocation ([`Allocated::Created`]), or, for a request whose
+    /// idempotency key already made a live allocation, that one ([`Allocated::Replayed`]).
+    pub fn allocate_once(&mut self, req: api::AllocationRequest) -> Result<(api::Allocation, Allocated), PlaneError> {
+        let request_sha256 = match &req.idempotency_key {
+            None => None,
+            Some(key) => {
+                if !api::valid_token(key) {
+                    return Err(PlaneError::Invalid(format!(
+                        "idempotency_key must be 1 to {} characters of A-Z a-z 0-9 - _ . : (got {} bytes)",
+                        api::MAX_IDEMPOTENCY_KEY_LEN,
+                        key.len()
+                    )));
+                }
+                let sha = request_digest(&req);
+                if let Some(rec) = self.idempotency.get(key).and_then(|id| self.allocations.get(id)) {
+                    if rec.request_sha256.as_deref() != Some(sha.as_str()) {
+                        return Err(PlaneError::Conflict(format!(
+                            "idempotency key {key:?} already made allocation {} from a different request; \
+                             use a fresh key for a new request",
+                            rec.id
+                        )));
+                    }
+                    return Ok((self.allocation_view(rec), Allocated::Replayed));
+                }
+                Some(sha)
+            }
+        };
+        if let Some(h) = &req.holder {
+            if !api::valid_token(&h.agent) {
+                return Err(PlaneError::Invalid(format!(
+                    "holder.agent must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
+                    api::MAX_IDEMPOTENCY_KEY_LEN
+                )));
+            }
+        }
         if !self.nodes.contains_key(&req.node) {
             return Err(PlaneError::NotFound(format!("node {} is not registered", req.node)));
         }
@@ -950,6 +1017,9 @@ impl ControlPlane {
                 links,
                 segments,
                 created_unix_ms: now_unix_ms(),
+                idempotency_key: req.idempotency_key.clone(),
+                request_sha256,
+                holder: req.holder.clone(),
             });
             if r.is_err() {
                 self.counters = saved;
@@ -960,9 +1030,12 @@ impl ControlPlane {
         if let Some(n) = self.nodes.get_mut(&rec.node) {
             n.allocations.insert(id);
         }
+        if let Some(k) = &rec.idempotency_key {
+            self.idempotency.insert(k.clone(), id);
+        }
         let view = self.allocation_view(&rec);
         self.allocations.insert(id, rec);
-        Ok(view)
+        Ok((view, Allocated::Created))
     }
 
     /// `PATCH /v1/allocations/{id}`.
@@ -1055,6 +1128,9 @@ impl ControlPlane {
         if let Some(n) = self.nodes.get_mut(&rec.node) {
             n.allocations.remove(&id);
         }
+        if let Some(k) = &rec.idempotency_key {
+            self.idempotency.remove(k);
+        }
         Ok(api::Released {
             id,
             extents: rec
@@ -1078,6 +1154,8 @@ impl ControlPlane {
             stripe: a.stripe,
             bandwidth_bps: a.bandwidth_bps,
             created_unix_ms: a.created_unix_ms,
+            idempotency_key: a.idempotency_key.clone(),
+            holder: a.holder.clone(),
             segments: a
                 .segments
                 .iter()

@@ -587,9 +587,10 @@ async fn node_rates(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -
 #[utoipa::path(post, path = "/v1/allocations", tag = "allocations", request_body = AllocationRequest,
     responses(
         (status = 201, description = "Allocated", body = Allocation),
+        (status = 200, description = "An earlier request with the same idempotency key made this live allocation", body = Allocation),
         (status = 400, description = "Malformed body", body = ErrorBody),
         (status = 404, description = "Unknown node or brick", body = ErrorBody),
-        (status = 409, description = "Not enough free memory or bandwidth now", body = ErrorBody),
+        (status = 409, description = "Not enough free memory or bandwidth now, or the idempotency key made an allocation from a different request", body = ErrorBody),
         (status = 422, description = "Can never succeed as written", body = ErrorBody),
     ))]
 async fn create_allocation(
@@ -600,11 +601,14 @@ async fn create_allocation(
     let start = Instant::now();
     let r = with_plane(&st, move |p| {
         may(p, &c, &Target::Node(req.node))?;
-        p.allocate(req)
+        p.allocate_once(req)
     })
     .await;
     st.metrics.observe_allocation(start.elapsed());
-    r.map(|a| (StatusCode::CREATED, Json(a)))
+    r.map(|(a, how)| match how {
+        crate::plane::Allocated::Created => (StatusCode::CREATED, Json(a)),
+        crate::plane::Allocated::Replayed => (StatusCode::OK, Json(a)),
+    })
 }
 
 /// Query of `GET /v1/allocations`.

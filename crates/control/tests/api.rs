@@ -15,6 +15,9 @@ use rackmem_proto::Grant;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+mod lossy_proxy;
+use lossy_proxy::LossyProxy;
+
 /// The admin token of every control plane these tests start.
 const ADMIN: &str = "rmk_0_7e57ad3170ce5e1f00d1dea5c0ffee0123456789abcdef0123456789abcdef";
 const MIB: u64 = 1 << 20;
@@ -1162,4 +1165,100 @@ fn https_with_tokens_and_client_certificates() {
     .unwrap();
     assert!(matches!(untrusting.nodes(), Err(ClientError::Unreachable { .. })));
     assert_eq!(admin.allocations().unwrap().len(), 1);
+}
+
+#[test]
+fn a_lost_allocation_reply_is_retried_with_its_key_and_allocates_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("control.db");
+    let (server, c) = start(&db, |_| {});
+    c.register_brick(&brick_reg("b1", 64 * MIB, 10 * GBPS)).unwrap();
+    let n = c.register_node(&node_reg("n1", 10 * GBPS)).unwrap().id;
+    // The control plane commits the first allocation but its reply never arrives.
+    let proxy = LossyProxy::start(&server.url(), 1);
+    let through = Client::new(&[proxy.url.as_str()])
+        .unwrap()
+        .with_token(Some(ADMIN.to_string()));
+    let req = AllocationRequest {
+        node: n,
+        size_bytes: 4 * MIB,
+        ..Default::default()
+    };
+    let a = through.allocate(&req).unwrap();
+    assert_eq!(proxy.lost(), 1, "the first reply was lost on the way");
+    let all = c.allocations().unwrap();
+    assert_eq!(all.len(), 1, "one allocation, not one per attempt: {all:?}");
+    assert_eq!(all[0], a, "the retry got the committed allocation");
+    let key = a.idempotency_key.clone().expect("the client sent a key");
+    assert!(valid_token(&key), "{key}");
+
+    // The same key and body again: the same allocation, 200 (the first was 201).
+    let body = |size: u64, key: &str| format!(r#"{{"node":{n},"size_bytes":{size},"idempotency_key":"{key}"}}"#);
+    let (status, v) = raw(
+        &server.url(),
+        "POST",
+        "/v1/allocations",
+        Some("application/json"),
+        &body(4 * MIB, &key),
+    );
+    assert_eq!((status, v["id"].as_u64()), (200, Some(a.id)), "{v}");
+    let (status, v) = raw(
+        &server.url(),
+        "POST",
+        "/v1/allocations",
+        Some("application/json"),
+        &body(4 * MIB, "k-1"),
+    );
+    assert_eq!(status, 201, "a fresh key allocates: {v}");
+    let fresh = v["id"].as_u64().unwrap();
+    // The same key with another body is a client bug: 409, naming the key and the allocation.
+    let (status, v) = raw(
+        &server.url(),
+        "POST",
+        "/v1/allocations",
+        Some("application/json"),
+        &body(8 * MIB, &key),
+    );
+    assert_eq!(status, 409, "{v}");
+    assert_json_error(&v, "conflict");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(&key) && msg.contains(&a.id.to_string()), "{msg}");
+    // Keys are bounded in length and charset.
+    for bad in ["", "has space", "x/y", &"k".repeat(MAX_IDEMPOTENCY_KEY_LEN + 1)] {
+        let (status, v) = raw(
+            &server.url(),
+            "POST",
+            "/v1/allocations",
+            Some("application/json"),
+            &body(MIB, bad),
+        );
+        assert_eq!(status, 422, "key {bad:?}: {v}");
+        assert_json_error(&v, "invalid");
+    }
+    assert_eq!(c.allocations().unwrap().len(), 2, "refused requests allocated nothing");
+
+    // The key is stored with the allocation: a restarted control plane still knows it.
+    server.stop().unwrap();
+    let (server, c) = start(&db, |_| {});
+    let (status, v) = raw(
+        &server.url(),
+        "POST",
+        "/v1/allocations",
+        Some("application/json"),
+        &body(4 * MIB, &key),
+    );
+    assert_eq!((status, v["id"].as_u64()), (200, Some(a.id)), "{v}");
+    // Once the allocation is released its key is free again.
+    c.free(a.id).unwrap();
+    let (status, v) = raw(
+        &server.url(),
+        "POST",
+        "/v1/allocations",
+        Some("application/json"),
+        &body(4 * MIB, &key),
+    );
+    assert_eq!(status, 201, "{v}");
+    let again = v["id"].as_u64().unwrap();
+    assert!(again != a.id && again != fresh, "{v}");
+    assert_eq!(c.allocations().unwrap().len(), 2);
 }

@@ -69,6 +69,9 @@ fn allocation(id: u64, node: u64) -> Record {
             session_key_hex: "11".repeat(32),
         }],
         created_unix_ms: 1,
+        idempotency_key: None,
+        request_sha256: None,
+        holder: None,
     })
 }
 

@@ -42,7 +42,7 @@ pub use mem::{
     PAGE_SIZE,
 };
 pub use pagemap::{page_is, pm_scan, PageRegion, Pagemap, ScanRequest};
-pub use shared::{recv_with_fds, send_with_fd, SharedMemory};
+pub use shared::{peer_credentials, recv_with_fds, send_with_fd, PeerCredentials, SharedMemory};
 
 use linux_raw_sys::general as sys;
 use std::fmt;

@@ -130,6 +130,15 @@ pub struct AllocationRecord {
     pub segments: Vec<SegmentRecord>,
     /// Creation time.
     pub created_unix_ms: u64,
+    /// The request's idempotency key (absent in records written before keys existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// SHA-256 (hex) of the request without its key: a retry must send the same body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_sha256: Option<String>,
+    /// Who holds it on its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<crate::api::Holder>,
 }
 
 /// An API token, as stored: only the SHA-256 of its secret, never the secret itself.
