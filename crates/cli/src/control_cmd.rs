@@ -88,6 +88,11 @@ pub struct ControlArgs {
     /// connection stays open).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
     header_timeout: Duration,
+    /// How long a grant is good for: a brick refuses it at ATTACH once expired, and agents renew
+    /// the grants of segments their processes still use. Short limits what a stolen grant is
+    /// worth; keep it well above the clock skew between this host and the bricks'. 0: forever.
+    #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
+    grant_lifetime: Duration,
     /// Time a request has to send its body and be answered (slower: 408).
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
     request_timeout: Duration,
@@ -177,6 +182,7 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.heartbeat_interval = args.heartbeat_interval;
     config.advertise = args.advertise.map(|a| a.trim_end_matches('/').to_string());
     config.admin_token = Some(admin_token);
+    config.grant_lifetime = args.grant_lifetime;
     config.public = PublicRoutes {
         openapi: args.public_openapi,
         metrics: args.public_metrics,

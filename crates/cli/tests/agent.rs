@@ -758,3 +758,49 @@ fn lost_replies_are_retried_and_allocations_nobody_holds_are_reclaimed() {
     now.sort_unstable();
     assert_eq!(now, vec![held, by_hand], "the live process and the admin keep theirs");
 }
+
+#[test]
+fn the_agent_renews_the_grants_of_memory_in_use_and_only_that() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite:{}", dir.path().join("control.db").display());
+    let (_control, url) =
+        start_control_with(&["--listen", "127.0.0.1:0", "--store", &store, "--grant-lifetime", "30s"]);
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["brick", "--listen"])
+        .arg(format!("unix:{}", dir.path().join("b.sock").display()))
+        .args([
+            "--size",
+            "256MiB",
+            "--control",
+            &url,
+            "--name",
+            "b0",
+            "--heartbeat-ms",
+            "100",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _brick = Guard::spawn(&mut cmd);
+    wait_for("the brick to register", || {
+        ctl_json(&url, &["bricks"]).as_array().is_some_and(|b| !b.is_empty())
+    });
+    let socket = dir.path().join("agent.sock");
+    let _agent = spawn_agent(&url, "n1", &socket, &["--reconcile-interval", "1s"]);
+    let mut conn = connect(&socket);
+    assert_eq!(ask(&mut conn, HELLO)["ok"], true);
+    let r = ask(&mut conn, r#"{"op":"grow","bytes":4194304}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    let expiry = || -> Option<u64> {
+        live_allocations(&url)
+            .first()
+            .and_then(|a| a["segments"][0]["grant_expires_unix_s"].as_u64())
+    };
+    let first = expiry().expect("the allocation and its expiry");
+    assert!(first > 0, "grants of a 30 s lease must expire");
+    // Held by a live connection: renewed, so its expiry moves on.
+    wait_for("the agent to renew the lease", || expiry().is_some_and(|e| e > first));
+    // Released when the connection closes; nothing left to renew.
+    drop(conn);
+    wait_for("the release", || live_allocations(&url).is_empty());
+}

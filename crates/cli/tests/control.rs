@@ -230,3 +230,90 @@ fn control_plane_answers_healthz_under_an_idle_connection_flood() {
         );
     }
 }
+
+#[test]
+fn an_expired_grant_is_refused_and_a_renewed_one_reaches_the_same_data() {
+    use rackmem_proto::{Grant, Status};
+    use rackmem_transport::{BrickAddr, Link, LinkError};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite:{}", dir.path().join("control.db").display());
+    let (_control, url) = start_control_with(&["--listen", "127.0.0.1:0", "--store", &store, "--grant-lifetime", "2s"]);
+    let mut cmd = Command::new(rackmem());
+    cmd.args([
+        "brick",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--size",
+        "64MiB",
+        "--control",
+        &url,
+    ])
+    .args(["--name", "lease1", "--heartbeat-ms", "100"])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let _brick = Guard::spawn(&mut cmd);
+    let deadline = Instant::now() + START_LIMIT;
+    while ctl_json(&url, &["bricks"]).as_array().is_none_or(Vec::is_empty) {
+        assert!(Instant::now() < deadline, "the brick never registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = ctl(&url, &["add-node", "--name", "n1"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let a = ctl_json(&url, &["alloc", "--node", "n1", "--size", "4MiB"]);
+    let seg = &a["segments"][0];
+    let creds = |seg: &serde_json::Value| {
+        let g = hex::decode(seg["grant_hex"].as_str().expect("grant")).expect("hex");
+        let k = hex::decode(seg["session_key_hex"].as_str().expect("key")).expect("hex");
+        (
+            Grant::decode(&g).expect("grant decodes"),
+            <[u8; 32]>::try_from(k).expect("32-byte key"),
+        )
+    };
+    let (grant, key) = creds(seg);
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    assert!(
+        grant.expiry_unix_s > now_s && grant.expiry_unix_s <= now_s + 3,
+        "{grant:?}"
+    );
+    assert_eq!(seg["grant_expires_unix_s"], grant.expiry_unix_s);
+    let addr: BrickAddr = seg["brick_address"]
+        .as_str()
+        .expect("address")
+        .parse()
+        .expect("brick address");
+    // The segment is created by its first ATTACH; write a page of a known pattern.
+    let page: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    {
+        let link = Link::connect(&addr, Duration::from_secs(10)).expect("connect");
+        link.attach(&grant, &key).expect("a fresh grant attaches");
+        link.write_pages(&[(8192, 4096)], &page).expect("write");
+    }
+    // Past its expiry, the same grant (stolen, say) is refused.
+    std::thread::sleep(Duration::from_millis(3200));
+    let link = Link::connect(&addr, Duration::from_secs(10)).expect("connect");
+    match link.attach(&grant, &key) {
+        Err(LinkError::Refused { status, .. }) => assert_eq!(status, Status::GrantExpired),
+        other => panic!("an expired grant attached: {other:?}"),
+    }
+    // Renewed (as its node's agent would), it reaches the same data.
+    let id = a["id"].as_u64().expect("id");
+    let client = rackmem_control::client::Client::new(&[url.as_str()])
+        .expect("client")
+        .with_token(Some(admin_token()));
+    let renewed = client.renew(id).expect("renew");
+    let (g2, k2) = creds(&serde_json::to_value(&renewed.segments[0]).expect("json"));
+    assert!(g2.expiry_unix_s > grant.expiry_unix_s, "{g2:?}");
+    assert_eq!(
+        (g2.segment_id, g2.brick_offset, g2.size_bytes),
+        (grant.segment_id, grant.brick_offset, grant.size_bytes)
+    );
+    let link = Link::connect(&addr, Duration::from_secs(10)).expect("connect");
+    link.attach(&g2, &k2).expect("the renewed grant attaches");
+    let mut back = vec![0u8; 4096];
+    link.read_pages(&[(8192, 4096)], &mut back).expect("read");
+    assert_eq!(back, page, "the renewed grant reached other data");
+}

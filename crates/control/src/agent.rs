@@ -133,6 +133,8 @@ pub struct AgentCounters {
     pub connections_refused: AtomicU64,
     /// Allocations released by reconciliation because nobody held them.
     pub reclaimed: AtomicU64,
+    /// Grant renewals of held allocations (leases).
+    pub renewed: AtomicU64,
 }
 
 /// What this agent run's connections hold and are asking for, under one lock so that
@@ -554,6 +556,39 @@ pub fn orphans(
         .collect()
 }
 
+/// Renews the grants of the allocations processes still hold (agent-made, not `orphans`) once
+/// they come within three reconcile periods (at least a minute) of expiring, so a holder can
+/// always attach again while a grant copied elsewhere soon expires.
+fn renew_leases(shared: &Shared, allocations: &[Allocation], orphans: &[u64]) {
+    let now_s = crate::plane::now_unix_ms() / 1000;
+    let margin_s = (shared.cfg.reconcile_interval * 3).as_secs().max(60);
+    for a in allocations {
+        if a.holder.is_none() || orphans.contains(&a.id) {
+            continue;
+        }
+        let soonest = a
+            .segments
+            .iter()
+            .map(|s| s.grant_expires_unix_s)
+            .filter(|&e| e != 0)
+            .min();
+        let Some(expiry) = soonest else { continue };
+        if expiry.saturating_sub(now_s) > margin_s {
+            continue;
+        }
+        match shared.client.renew(a.id) {
+            Ok(_) => {
+                shared.counters.renewed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(ClientError::Server { status: 404, .. }) => {}
+            Err(e) => eprintln!(
+                "rackmem agent: renewing the grants of allocation {}: {e}; will retry",
+                a.id
+            ),
+        }
+    }
+}
+
 fn reconcile(shared: &Shared) -> Result<Vec<u64>, ClientError> {
     let node = shared.node.load(Ordering::Acquire);
     if node == 0 {
@@ -568,6 +603,7 @@ fn reconcile(shared: &Shared) -> Result<Vec<u64>, ClientError> {
     };
     let alive = |pid, start| process_start_ticks(pid) == Some(start);
     let ids = orphans(&list, &shared.run, &held, &in_flight, alive);
+    renew_leases(shared, &list, &ids);
     for id in &ids {
         match shared.client.free(*id) {
             Ok(_) | Err(ClientError::Server { status: 404, .. }) => {
@@ -920,7 +956,10 @@ impl Agent {
              rackmem_agent_connections_refused_total {}\n\
              # HELP rackmem_agent_reclaimed_total Allocations nobody held, released by reconciliation.\n\
              # TYPE rackmem_agent_reclaimed_total counter\n\
-             rackmem_agent_reclaimed_total {}\n",
+             rackmem_agent_reclaimed_total {}\n\
+             # HELP rackmem_agent_renewed_total Grant renewals of allocations processes hold.\n\
+             # TYPE rackmem_agent_renewed_total counter\n\
+             rackmem_agent_renewed_total {}\n",
             g(&c.processes),
             g(&c.allocations),
             g(&c.bytes),
@@ -928,6 +967,7 @@ impl Agent {
             self.node(),
             g(&c.connections_refused),
             g(&c.reclaimed),
+            g(&c.renewed),
         )
     }
 }

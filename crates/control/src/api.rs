@@ -254,6 +254,10 @@ pub struct Segment {
     pub grant_hex: String,
     /// The grant's session key, hex: `HMAC-SHA256(brick_key, "rackmem-session-v1" || grant.mac)`.
     pub session_key_hex: String,
+    /// When the grant expires, seconds since the Unix epoch (0: never); renew with
+    /// `POST /v1/allocations/{id}/renew` before then to attach again.
+    #[serde(default)]
+    pub grant_expires_unix_s: u64,
     /// Bandwidth reserved for it on every link of its path (0: none).
     pub bandwidth_bps: u64,
     /// What the node may send to it, in bytes per second, now.

@@ -440,6 +440,11 @@ impl Client {
         self.request::<(), _>(Method::Delete, &format!("/v1/allocations/{id}"), None)
     }
 
+    /// `POST /v1/allocations/{id}/renew`: fresh grants for a segment still in use.
+    pub fn renew(&self, id: u64) -> Result<Allocation, ClientError> {
+        self.request::<(), _>(Method::Post, &format!("/v1/allocations/{id}/renew"), None)
+    }
+
     /// `POST /v1/tokens` (admins only).
     pub fn create_token(&self, req: &TokenRequest) -> Result<TokenCreated, ClientError> {
         self.request(Method::Post, "/v1/tokens", Some(req))

@@ -30,10 +30,20 @@ pub struct Issued {
     pub session_key_hex: String,
 }
 
-/// Signs a grant giving `node` every right on `[offset, offset + size_bytes)` of the brick,
-/// never expiring (the control plane revokes by dropping the segment from the heartbeat reply).
-pub fn issue(brick_key: &[u8], segment_id: u64, offset: u64, size_bytes: u64, node: u64) -> Issued {
-    let g = Grant::sign(brick_key, segment_id, offset, size_bytes, node, rights::ALL, 0);
+/// Signs a grant giving `node` every right on `[offset, offset + size_bytes)` of the brick
+/// until `expiry_unix_s` (0: never). The expiry bounds what a stolen grant is worth: a brick
+/// refuses it at ATTACH once past; holders renew it while the segment is in use. Revocation
+/// itself is the control plane dropping the segment from the brick's heartbeat reply.
+pub fn issue(brick_key: &[u8], segment_id: u64, offset: u64, size_bytes: u64, node: u64, expiry_unix_s: u64) -> Issued {
+    let g = Grant::sign(
+        brick_key,
+        segment_id,
+        offset,
+        size_bytes,
+        node,
+        rights::ALL,
+        expiry_unix_s,
+    );
     Issued {
         grant_hex: hex::encode(g.encode()),
         session_key_hex: hex::encode(session_key(brick_key, &g)),
@@ -47,7 +57,7 @@ mod tests {
     #[test]
     fn issued_grant_verifies_and_session_key_follows_the_formula() {
         let key = b"0123456789abcdef0123456789abcdef";
-        let i = issue(key, 7, 1 << 20, 4 << 20, 3);
+        let i = issue(key, 7, 1 << 20, 4 << 20, 3, 0);
         let g = Grant::decode(&hex::decode(&i.grant_hex).unwrap()).unwrap();
         g.verify(key, 1).unwrap();
         assert_eq!(

@@ -154,8 +154,22 @@ pub struct ControlPlane {
     heartbeat_interval: Duration,
     /// API tokens by id (hashes only).
     tokens: BTreeMap<u64, TokenRecord>,
+    /// How long a grant is good for (zero: forever).
+    grant_lifetime: Duration,
     /// What the REST server authenticates against: refilled whenever `tokens` changes.
     token_table: Arc<TokenTable>,
+}
+
+/// How long grants are good for unless configured: long enough that clocks a little apart do
+/// not matter, short enough that a stolen grant is soon worth nothing.
+pub const DEFAULT_GRANT_LIFETIME: Duration = Duration::from_secs(600);
+
+/// The expiry inside an encoded grant (0 when it does not decode: shown, never trusted).
+fn grant_expiry_of(grant_hex: &str) -> u64 {
+    hex::decode(grant_hex)
+        .ok()
+        .and_then(|b| rackmem_proto::Grant::decode(&b).ok())
+        .map_or(0, |g| g.expiry_unix_s)
 }
 
 fn token_info(t: &TokenRecord) -> api::TokenInfo {
@@ -230,6 +244,7 @@ impl ControlPlane {
         }
         std::mem::swap(&mut fresh.store, &mut self.store);
         fresh.token_table = self.token_table.clone();
+        fresh.grant_lifetime = self.grant_lifetime;
         *self = fresh;
         self.publish_tokens();
         Ok(())
@@ -266,6 +281,7 @@ impl ControlPlane {
             brick_timeout,
             heartbeat_interval,
             tokens: snap.tokens.into_iter().map(|t| (t.id, t)).collect(),
+            grant_lifetime: DEFAULT_GRANT_LIFETIME,
             token_table: Arc::new(TokenTable::default()),
         };
         for s in snap.switches {
@@ -421,6 +437,43 @@ impl ControlPlane {
             self.brick_names.remove(&b.rec.name);
         }
         Ok(shown)
+    }
+
+    /// Sets how long grants issued from now on are good for (zero: forever).
+    pub fn set_grant_lifetime(&mut self, lifetime: Duration) {
+        self.grant_lifetime = lifetime;
+    }
+
+    /// The expiry to sign into a grant issued now.
+    fn grant_expiry(&self) -> u64 {
+        if self.grant_lifetime.is_zero() {
+            return 0;
+        }
+        now_unix_ms() / 1000 + self.grant_lifetime.as_secs().max(1)
+    }
+
+    /// `POST /v1/allocations/{id}/renew`: signs every segment's grant again with a fresh
+    /// expiry (same segment, range and node: a new session key), so its holder can attach
+    /// again. The old grants stay valid until their own expiry.
+    pub fn renew(&mut self, id: u64) -> Result<api::Allocation, PlaneError> {
+        let mut rec = self
+            .allocations
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| PlaneError::NotFound(format!("allocation {id}")))?;
+        let expiry = self.grant_expiry();
+        for s in &mut rec.segments {
+            let b = self
+                .bricks
+                .get(&s.brick_id)
+                .ok_or_else(|| PlaneError::NotFound(format!("brick {} of allocation {id}", s.brick_id)))?;
+            let issued = grant::issue(&b.key, s.segment_id, s.offset, s.size_bytes, rec.node, expiry);
+            s.grant_hex = issued.grant_hex;
+            s.session_key_hex = issued.session_key_hex;
+        }
+        self.store.commit(&[Op::Put(Record::Allocation(rec.clone()))])?;
+        self.allocations.insert(id, rec);
+        self.allocation(id)
     }
 
     /// The id of the node named `name`.
@@ -846,7 +899,7 @@ impl ControlPlane {
             counters.next_segment = counters.next_segment.max(1);
             let segment_id = counters.next_segment;
             counters.next_segment += 1;
-            let issued = grant::issue(&key, segment_id, offset, pl.per_segment, pl.node);
+            let issued = grant::issue(&key, segment_id, offset, pl.per_segment, pl.node, self.grant_expiry());
             out.push(SegmentRecord {
                 brick_id: brick,
                 segment_id,
@@ -1171,6 +1224,7 @@ impl ControlPlane {
                     size_bytes: s.size_bytes,
                     grant_hex: s.grant_hex.clone(),
                     session_key_hex: s.session_key_hex.clone(),
+                    grant_expires_unix_s: grant_expiry_of(&s.grant_hex),
                     bandwidth_bps: s.bandwidth_bps,
                     rate_limit_bps: self.graph.rate_limit(&s.links, s.bandwidth_bps),
                     links: s.links.clone(),

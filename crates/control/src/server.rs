@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub limits: crate::serve::HttpLimits,
     /// HTTPS (`None`: plain HTTP).
     pub tls: Option<crate::serve::TlsFiles>,
+    /// How long grants are good for (zero: forever); holders renew them.
+    pub grant_lifetime: Duration,
 }
 
 impl ServerConfig {
@@ -110,6 +112,7 @@ impl ServerConfig {
             public: PublicRoutes::default(),
             limits: crate::serve::HttpLimits::default(),
             tls: None,
+            grant_lifetime: crate::plane::DEFAULT_GRANT_LIFETIME,
         }
     }
 }
@@ -685,6 +688,24 @@ async fn delete_allocation(
     .map(Json)
 }
 
+/// Renews the grants of an allocation (a lease): fresh grants with a new expiry, for holders
+/// that still use the segments.
+#[utoipa::path(post, path = "/v1/allocations/{id}/renew", tag = "allocations",
+    params(("id" = u64, Path, description = "Allocation id")),
+    responses((status = 200, body = Allocation), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn renew_allocation(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+) -> Result<Json<Allocation>, ApiError> {
+    with_plane(&st, move |p| {
+        may(p, &c, &Target::Allocation(id))?;
+        p.renew(id)
+    })
+    .await
+    .map(Json)
+}
+
 /// Grows (adds segments) or shrinks (drops whole segments from the end) an allocation.
 #[utoipa::path(patch, path = "/v1/allocations/{id}", tag = "allocations", request_body = ResizeRequest,
     params(("id" = u64, Path, description = "Allocation id")),
@@ -1016,6 +1037,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(node_rates))
         .routes(routes!(create_allocation, list_allocations))
         .routes(routes!(get_allocation, delete_allocation, resize_allocation))
+        .routes(routes!(renew_allocation))
         .routes(routes!(get_graph))
         .routes(routes!(create_token, list_tokens))
         .routes(routes!(revoke_token))
@@ -1222,12 +1244,13 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
         Some(l) => l,
         None => Arc::new(Leadership::single()),
     };
-    let plane = ControlPlane::open(
+    let mut plane = ControlPlane::open(
         config.store,
         config.topology,
         config.brick_timeout,
         config.heartbeat_interval,
     )?;
+    plane.set_grant_lifetime(config.grant_lifetime);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("rackmem-control")
