@@ -804,3 +804,65 @@ fn the_agent_renews_the_grants_of_memory_in_use_and_only_that() {
     drop(conn);
     wait_for("the release", || live_allocations(&url).is_empty());
 }
+
+#[test]
+fn a_cluster_runs_on_role_tokens_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite:{}", dir.path().join("control.db").display());
+    let (_control, url) = start_control_with(&["--listen", "127.0.0.1:0", "--store", &store]);
+    let token_file = |role: &str, name: &str| {
+        let o = ctl(&url, &["token", "create", "--role", role, "--name", name]);
+        assert!(o.status.success(), "{}", show(&o));
+        let p = dir.path().join(format!("{name}.token"));
+        std::fs::write(&p, &o.stdout).expect("token file");
+        p
+    };
+    let (brick_token, node_token) = (token_file("brick", "b0"), token_file("node", "n1"));
+    // Neither process sees the admin token: each has its own role's.
+    let mut cmd = Command::new(rackmem());
+    cmd.env_remove("RACKMEM_TOKEN_FILE")
+        .args(["brick", "--listen"])
+        .arg(format!("unix:{}", dir.path().join("b.sock").display()))
+        .args([
+            "--size",
+            "256MiB",
+            "--control",
+            &url,
+            "--name",
+            "b0",
+            "--heartbeat-ms",
+            "100",
+            "--token-file",
+        ])
+        .arg(&brick_token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _brick = Guard::spawn(&mut cmd);
+    wait_for("the brick to register with its token", || {
+        ctl_json(&url, &["bricks"]).as_array().is_some_and(|b| !b.is_empty())
+    });
+    let socket = dir.path().join("agent.sock");
+    let mut cmd = Command::new(rackmem());
+    cmd.env_remove("RACKMEM_TOKEN_FILE")
+        .args(["agent", "--control", &url, "--name", "n1", "--socket"])
+        .arg(&socket)
+        .arg("--token-file")
+        .arg(&node_token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _agent = Guard::spawn(&mut cmd);
+    wait_for("the agent's socket", || UnixStream::connect(&socket).is_ok());
+    let mut conn = connect(&socket);
+    assert_eq!(ask(&mut conn, HELLO)["ok"], true);
+    let r = ask(&mut conn, r#"{"op":"grow","bytes":4194304}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    let all = live_allocations(&url);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let nodes = ctl_json(&url, &["nodes"]);
+    assert_eq!(nodes[0]["name"], "n1", "{nodes}");
+    assert_eq!(all[0]["node"], nodes[0]["id"]);
+    drop(conn);
+    wait_for("the release", || live_allocations(&url).is_empty());
+}
