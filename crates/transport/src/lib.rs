@@ -33,12 +33,16 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Default timeout of every wait on a link.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a link may send nothing before it sends a PING ([`Link::set_keepalive`]): well
+/// under a brick's default idle timeout (10 min), so the brick never closes a link of a program
+/// that merely has not needed remote memory for a while.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// Most requests a link has in flight (sent, response not yet read off the socket).
 pub const MAX_IN_FLIGHT: i64 = 128;
 /// Most READ batches one [`Link::read_pages`] call keeps in flight (each up to [`MAX_BATCH_BYTES`]).
@@ -210,6 +214,9 @@ struct RxSock {
     sock: Sock,
     spin: Duration,
     fds: Arc<Mutex<Vec<OwnedFd>>>,
+    /// The deadline of the wait this read serves: a read that would block waits only until
+    /// then, however the bytes trickle in (the socket's own timeout bounds one read only).
+    deadline: Option<Instant>,
 }
 
 impl RxSock {
@@ -249,6 +256,17 @@ impl Read for RxSock {
             let _ = self.sock.set_nonblocking(false);
             if let Some(r) = r {
                 return r;
+            }
+        }
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let fd = match &self.sock {
+                Sock::Tcp(s) => s.as_fd(),
+                Sock::Unix(s) => s.as_fd(),
+            };
+            // Past the deadline this still takes what has arrived already.
+            if !rackmem_uffd::poll_readable(fd, left)? {
+                return Err(io::ErrorKind::TimedOut.into());
             }
         }
         self.recv(b)
@@ -299,8 +317,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One connection to a brick. `Send + Sync`: any number of threads may issue requests at once;
-/// see the crate docs for how responses reach them.
+/// see the crate docs for how responses reach them. While a link is idle, a thread of its own
+/// sends a PING now and then ([`Link::set_keepalive`]), so that the brick, which closes
+/// connections silent for longer than its idle timeout, keeps it.
 pub struct Link {
+    core: Arc<Core>,
+    /// Tells the keep-alive thread to end, and wakes it.
+    keepalive: Option<Keepalive>,
+}
+
+/// Everything of a link; shared with its keep-alive thread, which holds it weakly.
+struct Core {
     addr: BrickAddr,
     addr_text: String,
     info: BrickInfo,
@@ -322,11 +349,63 @@ pub struct Link {
     /// Descriptors received with responses (see [`Link::share`]), and one SHARE at a time.
     received_fds: Arc<Mutex<Vec<OwnedFd>>>,
     share_lock: Mutex<()>,
+    /// When the link was made; `last_sent_ms` counts from it.
+    born: Instant,
+    /// Milliseconds after `born` at which the last request was sent.
+    last_sent_ms: AtomicU64,
+    /// Milliseconds of idleness after which the keep-alive thread sends a PING (0: never).
+    keepalive_ms: AtomicU64,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.control.shutdown();
+    }
 }
 
 impl fmt::Debug for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Link").field("addr", &self.addr_text).finish()
+        f.debug_struct("Link").field("addr", &self.core.addr_text).finish()
+    }
+}
+
+/// The owner's side of a link's keep-alive thread.
+struct Keepalive {
+    closed: Arc<AtomicBool>,
+    thread: std::thread::Thread,
+}
+
+/// Sends a PING on the link whenever it has sent nothing for its keep-alive interval; ends
+/// when the link is dropped (or broken). Sleeps in between: an idle program's link costs one
+/// wake-up per interval.
+fn keepalive_loop(core: Weak<Core>, closed: Arc<AtomicBool>) {
+    loop {
+        let wait = {
+            let Some(c) = core.upgrade() else { return };
+            if closed.load(Ordering::Acquire) || c.broken.get().is_some() {
+                return;
+            }
+            let every = c.keepalive_ms.load(Ordering::Relaxed);
+            let idle = (c.born.elapsed().as_millis() as u64).saturating_sub(c.last_sent_ms.load(Ordering::Relaxed));
+            if every == 0 {
+                KEEPALIVE_INTERVAL
+            } else if idle >= every {
+                // A ping that fails breaks the link, which its owner would have found anyway
+                // at its next request.
+                let _ = Link {
+                    core: c,
+                    keepalive: None,
+                }
+                .ping();
+                Duration::from_millis(every)
+            } else {
+                Duration::from_millis(every - idle)
+            }
+        };
+        std::thread::park_timeout(wait);
+        if closed.load(Ordering::Acquire) {
+            return;
+        }
     }
 }
 
@@ -444,7 +523,7 @@ impl Link {
         let tx = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let control = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let received_fds = Arc::new(Mutex::new(Vec::new()));
-        let mut link = Link {
+        let core = Core {
             addr: addr.clone(),
             addr_text: text.clone(),
             info: BrickInfo {
@@ -463,6 +542,7 @@ impl Link {
                     sock,
                     spin: Duration::ZERO,
                     fds: received_fds.clone(),
+                    deadline: None,
                 },
             )),
             rx: Mutex::new(RxState::default()),
@@ -473,11 +553,18 @@ impl Link {
             control,
             received_fds,
             share_lock: Mutex::new(()),
+            born: Instant::now(),
+            last_sent_ms: AtomicU64::new(0),
+            keepalive_ms: AtomicU64::new(KEEPALIVE_INTERVAL.as_millis() as u64),
+        };
+        let mut link = Link {
+            core: Arc::new(core),
+            keepalive: None,
         };
         let r = link
             .call(&Request::Hello)
             .map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
-        link.info = BrickInfo::decode(&r).map_err(|e| {
+        let info = BrickInfo::decode(&r).map_err(|e| {
             if r.len() == BrickInfo::LEN - NONCE_LEN {
                 unreachable(
                     "the brick predates per-connection nonces (grants with proof of possession): upgrade it".into(),
@@ -486,7 +573,33 @@ impl Link {
                 unreachable(format!("bad HELLO answer: {e}"))
             }
         })?;
+        // Nobody else holds the core yet: the keep-alive thread starts below.
+        let core = Arc::get_mut(&mut link.core).ok_or_else(|| unreachable("link shared during HELLO".into()))?;
+        core.info = info;
+        let closed = Arc::new(AtomicBool::new(false));
+        let (weak, flag) = (Arc::downgrade(&link.core), closed.clone());
+        let thread = std::thread::Builder::new()
+            .name("rackmem-keepalive".into())
+            .spawn(move || keepalive_loop(weak, flag))
+            .map_err(|e| unreachable(format!("cannot start the link's keep-alive thread: {e}")))?;
+        link.keepalive = Some(Keepalive {
+            closed,
+            thread: thread.thread().clone(),
+        });
         Ok(link)
+    }
+
+    /// Sends a PING whenever the link has sent nothing for `idle` (`Duration::ZERO`: never).
+    /// A brick closes connections silent for longer than its idle timeout (10 min by default);
+    /// the default, [`KEEPALIVE_INTERVAL`], keeps an idle program's links open at the cost of
+    /// one small request per interval.
+    pub fn set_keepalive(&self, idle: Duration) {
+        self.core
+            .keepalive_ms
+            .store(idle.as_millis().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        if let Some(k) = &self.keepalive {
+            k.thread.unpark();
+        }
     }
 
     /// The file descriptors of this link's socket (it holds several handles to it). A forked
@@ -494,66 +607,66 @@ impl Link {
     /// parent's connection end when the parent exits.
     pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
         vec![
-            lock(&self.tx).raw_fd(),
-            lock(&self.rx_sock).get_ref().sock.raw_fd(),
-            self.control.raw_fd(),
+            lock(&self.core.tx).raw_fd(),
+            lock(&self.core.rx_sock).get_ref().sock.raw_fd(),
+            self.core.control.raw_fd(),
         ]
     }
 
     /// Makes reads on this link poll for up to `spin` before sleeping (0: sleep at once). For a
     /// link whose answers come within tens of microseconds and whose reader has a CPU to spare.
     pub fn set_receive_spin(&self, spin: Duration) {
-        lock(&self.rx_sock).get_mut().spin = spin;
+        lock(&self.core.rx_sock).get_mut().spin = spin;
     }
 
     /// The brick's address.
     pub fn addr(&self) -> &BrickAddr {
-        &self.addr
+        &self.core.addr
     }
 
     /// What the brick said at HELLO, including this connection's nonce (which
     /// [`Link::attach`] proofs are bound to).
     pub fn info(&self) -> &BrickInfo {
-        &self.info
+        &self.core.info
     }
 
     /// The timeout of every wait on this link.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.core.timeout
     }
 
     /// True once the link is broken (every request fails with [`LinkError::BrickLost`]).
     pub fn is_broken(&self) -> bool {
-        self.broken.get().is_some()
+        self.core.broken.get().is_some()
     }
 
     /// Marks the link broken (first cause wins), wakes everyone, returns the error.
     fn lost(&self, cause: String) -> LinkError {
-        if self.broken.set(cause).is_ok() {
+        if self.core.broken.set(cause).is_ok() {
             // Wakes a reader blocked in read() and a sender blocked in write().
-            self.control.shutdown();
-            let _st = lock(&self.rx);
-            self.rx_cv.notify_all();
+            self.core.control.shutdown();
+            let _st = lock(&self.core.rx);
+            self.core.rx_cv.notify_all();
         }
         self.lost_error()
     }
 
     fn lost_error(&self) -> LinkError {
         LinkError::BrickLost {
-            addr: self.addr_text.clone(),
-            cause: self.broken.get().cloned().unwrap_or_default(),
+            addr: self.core.addr_text.clone(),
+            cause: self.core.broken.get().cloned().unwrap_or_default(),
         }
     }
 
     fn invalid(&self, reason: String) -> LinkError {
         LinkError::Invalid {
-            addr: self.addr_text.clone(),
+            addr: self.core.addr_text.clone(),
             reason,
         }
     }
 
     fn abandon(&self, tag: u32) {
-        let mut st = lock(&self.rx);
+        let mut st = lock(&self.core.rx);
         if st.parked.remove(&tag).is_none() {
             st.abandoned.insert(tag);
         }
@@ -562,15 +675,16 @@ impl Link {
     /// Reads one response frame; called only by the thread that set `RxState::reading`. A
     /// successful response to `dest`'s tag of exactly its length is read straight into it,
     /// sparing a buffer and a copy of every page fetched.
-    fn read_frame(&self, dest: Option<(u32, &mut [u8])>) -> Result<Frame, LinkError> {
-        let mut sock = lock(&self.rx_sock);
+    fn read_frame(&self, dest: Option<(u32, &mut [u8])>, deadline: Instant) -> Result<Frame, LinkError> {
+        let mut sock = lock(&self.core.rx_sock);
+        sock.get_mut().deadline = Some(deadline);
         let mut hdr = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut hdr) {
             let cause = match e.kind() {
                 _ if self.is_broken() => return Err(self.lost_error()),
                 io::ErrorKind::UnexpectedEof => "connection closed by the brick".to_string(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    format!("no response within {:?}", self.timeout)
+                    format!("no response within {:?}", self.core.timeout)
                 }
                 _ => format!("receive failed: {e}"),
             };
@@ -579,6 +693,17 @@ impl Link {
         let header = Header::decode(&hdr).map_err(|e| self.lost(format!("malformed response: {e}")))?;
         if !header.is_response() {
             return Err(self.lost("the peer sent a request where a response was due".into()));
+        }
+        if header.tag == 0 && header.status != Status::Ok.code() {
+            // Tag 0 is no request of ours: the brick says why it closes the connection (a
+            // malformed frame, or one of its limits), and the reason is the link's cause.
+            let mut why = vec![0u8; (header.payload_len as usize).min(rackmem_proto::MAX_MESSAGE)];
+            let _ = sock.read_exact(&mut why);
+            return Err(self.lost(format!(
+                "the brick closed the connection: {}: {}",
+                Status::from_u32(header.status),
+                String::from_utf8_lossy(&why)
+            )));
         }
         if let Some((tag, out)) = dest {
             if header.tag == tag && header.status == Status::Ok.code() && header.payload_len as usize == out.len() {
@@ -610,7 +735,7 @@ impl Link {
         mut dest: Option<(u32, &mut [u8])>,
         mut done: impl FnMut(&mut RxState) -> Option<T>,
     ) -> Result<T, LinkError> {
-        let mut st = lock(&self.rx);
+        let mut st = lock(&self.core.rx);
         loop {
             if let Some(t) = done(&mut st) {
                 return Ok(t);
@@ -621,33 +746,34 @@ impl Link {
             if !st.reading {
                 st.reading = true;
                 drop(st);
-                let r = self.read_frame(dest.as_mut().map(|(t, b)| (*t, &mut **b)));
-                st = lock(&self.rx);
+                let r = self.read_frame(dest.as_mut().map(|(t, b)| (*t, &mut **b)), deadline);
+                st = lock(&self.core.rx);
                 st.reading = false;
                 match r {
                     Ok(f) => {
-                        self.unread.fetch_sub(1, Ordering::AcqRel);
+                        self.core.unread.fetch_sub(1, Ordering::AcqRel);
                         if !st.abandoned.remove(&f.header.tag) {
                             st.parked.insert(f.header.tag, f);
                         }
                     }
                     Err(e) => {
-                        self.rx_cv.notify_all();
+                        self.core.rx_cv.notify_all();
                         return Err(e);
                     }
                 }
                 if st.sleepers > 0 {
                     // The frame may be theirs, and one of them must take over reading.
-                    self.rx_cv.notify_all();
+                    self.core.rx_cv.notify_all();
                 }
             } else {
                 let now = Instant::now();
                 if now >= deadline {
                     drop(st);
-                    return Err(self.lost(format!("{} within {:?}", what(), self.timeout)));
+                    return Err(self.lost(format!("{} within {:?}", what(), self.core.timeout)));
                 }
                 st.sleepers += 1;
                 st = self
+                    .core
                     .rx_cv
                     .wait_timeout(st, deadline - now)
                     .unwrap_or_else(|e| e.into_inner())
@@ -657,27 +783,42 @@ impl Link {
         }
     }
 
+    /// After a send failed: if the brick said why it closed the connection (a tag-0 answer, as
+    /// it sends for a connection over its limits), breaks the link with that reason, which is
+    /// more use to the user than "broken pipe". Takes only what has arrived already.
+    fn why_closed(&self) {
+        let mut st = lock(&self.core.rx);
+        if st.reading {
+            return;
+        }
+        st.reading = true;
+        drop(st);
+        // Any other frame is dropped: the link breaks right after this anyway.
+        let _ = self.read_frame(None, Instant::now());
+        lock(&self.core.rx).reading = false;
+    }
+
     /// Reads one response off the socket if responses are due and nobody else is reading. A
     /// sender whose socket is full calls this so the brick, which may be blocked sending
     /// responses, can make progress.
-    fn drain_some(&self) -> Result<(), LinkError> {
-        let mut st = lock(&self.rx);
-        if st.reading || self.unread.load(Ordering::Acquire) <= 0 {
+    fn drain_some(&self, deadline: Instant) -> Result<(), LinkError> {
+        let mut st = lock(&self.core.rx);
+        if st.reading || self.core.unread.load(Ordering::Acquire) <= 0 {
             return Ok(());
         }
         st.reading = true;
         drop(st);
-        let r = self.read_frame(None);
-        let mut st = lock(&self.rx);
+        let r = self.read_frame(None, deadline);
+        let mut st = lock(&self.core.rx);
         st.reading = false;
         let r = r.map(|f| {
-            self.unread.fetch_sub(1, Ordering::AcqRel);
+            self.core.unread.fetch_sub(1, Ordering::AcqRel);
             if !st.abandoned.remove(&f.header.tag) {
                 st.parked.insert(f.header.tag, f);
             }
         });
         if st.sleepers > 0 {
-            self.rx_cv.notify_all();
+            self.core.rx_cv.notify_all();
         }
         r
     }
@@ -687,24 +828,24 @@ impl Link {
         if self.is_broken() {
             return Err(self.lost_error());
         }
-        let deadline = Instant::now() + self.timeout;
-        if self.unread.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
+        let deadline = Instant::now() + self.core.timeout;
+        if self.core.unread.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
             self.pump(
                 deadline,
                 || format!("{MAX_IN_FLIGHT} requests in flight, none answered"),
                 None,
-                |_| (self.unread.load(Ordering::Acquire) < MAX_IN_FLIGHT).then_some(()),
+                |_| (self.core.unread.load(Ordering::Acquire) < MAX_IN_FLIGHT).then_some(()),
             )?;
         }
         let tag = loop {
-            let t = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            let t = self.core.next_tag.fetch_add(1, Ordering::Relaxed);
             // Tag 0 is what a brick answers frames it cannot parse with.
             if t != 0 {
                 break t;
             }
         };
         let head = head(tag);
-        let mut tx = lock(&self.tx);
+        let mut tx = lock(&self.core.tx);
         let mut bufs = [IoSlice::new(&head), IoSlice::new(data)];
         let mut bufs = &mut bufs[..];
         IoSlice::advance_slices(&mut bufs, 0);
@@ -717,20 +858,26 @@ impl Link {
                         return Err(self.lost_error());
                     }
                     if Instant::now() >= deadline {
-                        return Err(self.lost(format!("could not send {op:?} within {:?}", self.timeout)));
+                        return Err(self.lost(format!("could not send {op:?} within {:?}", self.core.timeout)));
                     }
-                    self.drain_some()?;
+                    self.drain_some(deadline)?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if self.is_broken() => {
                     let _ = e;
                     return Err(self.lost_error());
                 }
-                Err(e) => return Err(self.lost(format!("send failed: {e}"))),
+                Err(e) => {
+                    self.why_closed();
+                    return Err(self.lost(format!("send failed: {e}")));
+                }
             }
         }
         drop(tx);
-        self.unread.fetch_add(1, Ordering::AcqRel);
+        self.core.unread.fetch_add(1, Ordering::AcqRel);
+        self.core
+            .last_sent_ms
+            .store(self.core.born.elapsed().as_millis() as u64, Ordering::Relaxed);
         Ok(tag)
     }
 
@@ -761,7 +908,7 @@ impl Link {
     }
 
     fn wait_frame(&self, tag: u32, op: Opcode, out: Option<&mut [u8]>) -> Result<Frame, LinkError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.core.timeout;
         let f = self.pump(
             deadline,
             || format!("no response to {op:?} (tag {tag})"),
@@ -771,7 +918,7 @@ impl Link {
         let status = Status::from_u32(f.header.status);
         if status != Status::Ok {
             return Err(LinkError::Refused {
-                addr: self.addr_text.clone(),
+                addr: self.core.addr_text.clone(),
                 op,
                 status,
                 message: String::from_utf8_lossy(&f.payload).into_owned(),
@@ -806,7 +953,7 @@ impl Link {
     /// this process) that it holds the grant, for this connection only. A forged, expired or
     /// unproven grant is refused with its own status and the brick closes the connection.
     pub fn attach(&self, grant: &Grant, session_key: &[u8; KEY_LEN]) -> Result<(), LinkError> {
-        let proof = attach_proof(session_key, &self.info.nonce, grant.segment_id);
+        let proof = attach_proof(session_key, &self.core.info.nonce, grant.segment_id);
         self.call(&Request::Attach {
             grant: grant.clone(),
             proof,
@@ -819,17 +966,17 @@ impl Link {
     /// and writes of the segment, without a request. Only a brick on this host can do that:
     /// over TCP this fails with [`LinkError::Invalid`] before sending anything.
     pub fn share(&self) -> Result<SharedMemory, LinkError> {
-        if let BrickAddr::Tcp(_) = self.addr {
+        if let BrickAddr::Tcp(_) = self.core.addr {
             return Err(self.invalid(
                 "shared memory needs a Unix-socket link to a brick on this host (TCP cannot carry a descriptor)".into(),
             ));
         }
-        let _one = lock(&self.share_lock);
+        let _one = lock(&self.core.share_lock);
         let p = self.call(&Request::Share)?;
         // The descriptor arrived with the response's first bytes, so it is here by now; any
         // other descriptor is not one we asked for.
         let fd = {
-            let mut fds = lock(&self.received_fds);
+            let mut fds = lock(&self.core.received_fds);
             let fd = fds.pop();
             fds.clear();
             fd
@@ -1056,7 +1203,12 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        self.control.shutdown();
+        if let Some(k) = &self.keepalive {
+            k.closed.store(true, Ordering::Release);
+            k.thread.unpark();
+        }
+        // The socket is shut down when the last holder of the core (this link, or its
+        // keep-alive thread in the middle of a ping) lets it go.
     }
 }
 
