@@ -484,12 +484,24 @@ fn idle_links_outlive_the_idle_timeout_by_keeping_alive_and_silent_ones_are_cut(
         ..BrickLimits::default()
     });
     // A program whose working set fits its local buffer: no request for longer than the
-    // brick's idle timeout, but its link pings when idle.
-    let idle = legitimate_round_trip(&addr, 5);
-    idle.set_keepalive(Duration::from_millis(200));
+    // brick's idle timeout, but the runtime's watchdog keeps its link alive.
+    let idle = std::sync::Arc::new(legitimate_round_trip(&addr, 5));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (idle, stop) = (idle.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut pings = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if idle.keep_alive(Duration::from_millis(200)).expect("keep-alive") {
+                    pings += 1;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            pings
+        })
+    };
     // The same without keep-alive, and a raw authenticated connection that goes silent.
     let mute = legitimate_round_trip(&addr, 6);
-    mute.set_keepalive(Duration::ZERO);
     let mut raw = TcpStream::connect(&hp).expect("connect");
     raw.set_read_timeout(Some(T)).expect("timeout");
     raw.write_all(&authenticate(1 << 20)).expect("authenticate");
@@ -504,6 +516,8 @@ fn idle_links_outlive_the_idle_timeout_by_keeping_alive_and_silent_ones_are_cut(
     );
     // Three idle timeouts later the idle link still works, and its data is intact.
     std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(watchdog.join().expect("watchdog") >= 3, "the idle link was pinged");
     let mut back = vec![0u8; 4096];
     idle.read_pages(&[(0, 4096)], &mut back)
         .expect("the idle link still works");

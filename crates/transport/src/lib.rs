@@ -33,13 +33,13 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Default timeout of every wait on a link.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a link may send nothing before it sends a PING ([`Link::set_keepalive`]): well
+/// How long a link may sit idle before its owner should ping it ([`Link::keep_alive`]): well
 /// under a brick's default idle timeout (10 min), so the brick never closes a link of a program
 /// that merely has not needed remote memory for a while.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
@@ -317,17 +317,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One connection to a brick. `Send + Sync`: any number of threads may issue requests at once;
-/// see the crate docs for how responses reach them. While a link is idle, a thread of its own
-/// sends a PING now and then ([`Link::set_keepalive`]), so that the brick, which closes
-/// connections silent for longer than its idle timeout, keeps it.
+/// see the crate docs for how responses reach them. A brick closes connections silent for
+/// longer than its idle timeout: an owner that may leave a link idle for long calls
+/// [`Link::keep_alive`] now and then (the runtime's watchdog does, every
+/// [`KEEPALIVE_INTERVAL`]).
 pub struct Link {
-    core: Arc<Core>,
-    /// Tells the keep-alive thread to end, and wakes it.
-    keepalive: Option<Keepalive>,
-}
-
-/// Everything of a link; shared with its keep-alive thread, which holds it weakly.
-struct Core {
     addr: BrickAddr,
     addr_text: String,
     info: BrickInfo,
@@ -353,59 +347,11 @@ struct Core {
     born: Instant,
     /// Milliseconds after `born` at which the last request was sent.
     last_sent_ms: AtomicU64,
-    /// Milliseconds of idleness after which the keep-alive thread sends a PING (0: never).
-    keepalive_ms: AtomicU64,
-}
-
-impl Drop for Core {
-    fn drop(&mut self) {
-        self.control.shutdown();
-    }
 }
 
 impl fmt::Debug for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Link").field("addr", &self.core.addr_text).finish()
-    }
-}
-
-/// The owner's side of a link's keep-alive thread.
-struct Keepalive {
-    closed: Arc<AtomicBool>,
-    thread: std::thread::Thread,
-}
-
-/// Sends a PING on the link whenever it has sent nothing for its keep-alive interval; ends
-/// when the link is dropped (or broken). Sleeps in between: an idle program's link costs one
-/// wake-up per interval.
-fn keepalive_loop(core: Weak<Core>, closed: Arc<AtomicBool>) {
-    loop {
-        let wait = {
-            let Some(c) = core.upgrade() else { return };
-            if closed.load(Ordering::Acquire) || c.broken.get().is_some() {
-                return;
-            }
-            let every = c.keepalive_ms.load(Ordering::Relaxed);
-            let idle = (c.born.elapsed().as_millis() as u64).saturating_sub(c.last_sent_ms.load(Ordering::Relaxed));
-            if every == 0 {
-                KEEPALIVE_INTERVAL
-            } else if idle >= every {
-                // A ping that fails breaks the link, which its owner would have found anyway
-                // at its next request.
-                let _ = Link {
-                    core: c,
-                    keepalive: None,
-                }
-                .ping();
-                Duration::from_millis(every)
-            } else {
-                Duration::from_millis(every - idle)
-            }
-        };
-        std::thread::park_timeout(wait);
-        if closed.load(Ordering::Acquire) {
-            return;
-        }
+        f.debug_struct("Link").field("addr", &self.addr_text).finish()
     }
 }
 
@@ -523,7 +469,7 @@ impl Link {
         let tx = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let control = sock.try_clone().map_err(|e| unreachable(e.to_string()))?;
         let received_fds = Arc::new(Mutex::new(Vec::new()));
-        let core = Core {
+        let mut link = Link {
             addr: addr.clone(),
             addr_text: text.clone(),
             info: BrickInfo {
@@ -555,16 +501,11 @@ impl Link {
             share_lock: Mutex::new(()),
             born: Instant::now(),
             last_sent_ms: AtomicU64::new(0),
-            keepalive_ms: AtomicU64::new(KEEPALIVE_INTERVAL.as_millis() as u64),
-        };
-        let mut link = Link {
-            core: Arc::new(core),
-            keepalive: None,
         };
         let r = link
             .call(&Request::Hello)
             .map_err(|e| unreachable(format!("no HELLO answer: {e}")))?;
-        let info = BrickInfo::decode(&r).map_err(|e| {
+        link.info = BrickInfo::decode(&r).map_err(|e| {
             if r.len() == BrickInfo::LEN - NONCE_LEN {
                 unreachable(
                     "the brick predates per-connection nonces (grants with proof of possession): upgrade it".into(),
@@ -573,33 +514,22 @@ impl Link {
                 unreachable(format!("bad HELLO answer: {e}"))
             }
         })?;
-        // Nobody else holds the core yet: the keep-alive thread starts below.
-        let core = Arc::get_mut(&mut link.core).ok_or_else(|| unreachable("link shared during HELLO".into()))?;
-        core.info = info;
-        let closed = Arc::new(AtomicBool::new(false));
-        let (weak, flag) = (Arc::downgrade(&link.core), closed.clone());
-        let thread = std::thread::Builder::new()
-            .name("rackmem-keepalive".into())
-            .spawn(move || keepalive_loop(weak, flag))
-            .map_err(|e| unreachable(format!("cannot start the link's keep-alive thread: {e}")))?;
-        link.keepalive = Some(Keepalive {
-            closed,
-            thread: thread.thread().clone(),
-        });
         Ok(link)
     }
 
-    /// Sends a PING whenever the link has sent nothing for `idle` (`Duration::ZERO`: never).
-    /// A brick closes connections silent for longer than its idle timeout (10 min by default);
-    /// the default, [`KEEPALIVE_INTERVAL`], keeps an idle program's links open at the cost of
-    /// one small request per interval.
-    pub fn set_keepalive(&self, idle: Duration) {
-        self.core
-            .keepalive_ms
-            .store(idle.as_millis().min(u64::MAX as u128) as u64, Ordering::Relaxed);
-        if let Some(k) = &self.keepalive {
-            k.thread.unpark();
+    /// Sends a PING and waits for its answer if this link has sent nothing for `idle`; returns
+    /// whether it did. A brick closes connections silent for longer than its idle timeout (10
+    /// min by default), so an owner whose link may sit idle (a program whose working set fits
+    /// its local buffer) calls this periodically with an `idle` well below that, such as
+    /// [`KEEPALIVE_INTERVAL`]. Costs one small request per interval on an idle link, nothing on
+    /// a busy one. Fails as any request does, breaking the link, when the brick is gone.
+    pub fn keep_alive(&self, idle: Duration) -> Result<bool, LinkError> {
+        let sent_ms = self.last_sent_ms.load(Ordering::Relaxed);
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        if now_ms.saturating_sub(sent_ms) < idle.as_millis() as u64 {
+            return Ok(false);
         }
+        self.ping().map(|_| true)
     }
 
     /// The file descriptors of this link's socket (it holds several handles to it). A forked
@@ -607,66 +537,66 @@ impl Link {
     /// parent's connection end when the parent exits.
     pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
         vec![
-            lock(&self.core.tx).raw_fd(),
-            lock(&self.core.rx_sock).get_ref().sock.raw_fd(),
-            self.core.control.raw_fd(),
+            lock(&self.tx).raw_fd(),
+            lock(&self.rx_sock).get_ref().sock.raw_fd(),
+            self.control.raw_fd(),
         ]
     }
 
     /// Makes reads on this link poll for up to `spin` before sleeping (0: sleep at once). For a
     /// link whose answers come within tens of microseconds and whose reader has a CPU to spare.
     pub fn set_receive_spin(&self, spin: Duration) {
-        lock(&self.core.rx_sock).get_mut().spin = spin;
+        lock(&self.rx_sock).get_mut().spin = spin;
     }
 
     /// The brick's address.
     pub fn addr(&self) -> &BrickAddr {
-        &self.core.addr
+        &self.addr
     }
 
     /// What the brick said at HELLO, including this connection's nonce (which
     /// [`Link::attach`] proofs are bound to).
     pub fn info(&self) -> &BrickInfo {
-        &self.core.info
+        &self.info
     }
 
     /// The timeout of every wait on this link.
     pub fn timeout(&self) -> Duration {
-        self.core.timeout
+        self.timeout
     }
 
     /// True once the link is broken (every request fails with [`LinkError::BrickLost`]).
     pub fn is_broken(&self) -> bool {
-        self.core.broken.get().is_some()
+        self.broken.get().is_some()
     }
 
     /// Marks the link broken (first cause wins), wakes everyone, returns the error.
     fn lost(&self, cause: String) -> LinkError {
-        if self.core.broken.set(cause).is_ok() {
+        if self.broken.set(cause).is_ok() {
             // Wakes a reader blocked in read() and a sender blocked in write().
-            self.core.control.shutdown();
-            let _st = lock(&self.core.rx);
-            self.core.rx_cv.notify_all();
+            self.control.shutdown();
+            let _st = lock(&self.rx);
+            self.rx_cv.notify_all();
         }
         self.lost_error()
     }
 
     fn lost_error(&self) -> LinkError {
         LinkError::BrickLost {
-            addr: self.core.addr_text.clone(),
-            cause: self.core.broken.get().cloned().unwrap_or_default(),
+            addr: self.addr_text.clone(),
+            cause: self.broken.get().cloned().unwrap_or_default(),
         }
     }
 
     fn invalid(&self, reason: String) -> LinkError {
         LinkError::Invalid {
-            addr: self.core.addr_text.clone(),
+            addr: self.addr_text.clone(),
             reason,
         }
     }
 
     fn abandon(&self, tag: u32) {
-        let mut st = lock(&self.core.rx);
+        let mut st = lock(&self.rx);
         if st.parked.remove(&tag).is_none() {
             st.abandoned.insert(tag);
         }
@@ -676,7 +606,7 @@ impl Link {
     /// successful response to `dest`'s tag of exactly its length is read straight into it,
     /// sparing a buffer and a copy of every page fetched.
     fn read_frame(&self, dest: Option<(u32, &mut [u8])>, deadline: Instant) -> Result<Frame, LinkError> {
-        let mut sock = lock(&self.core.rx_sock);
+        let mut sock = lock(&self.rx_sock);
         sock.get_mut().deadline = Some(deadline);
         let mut hdr = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut hdr) {
@@ -684,7 +614,7 @@ impl Link {
                 _ if self.is_broken() => return Err(self.lost_error()),
                 io::ErrorKind::UnexpectedEof => "connection closed by the brick".to_string(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    format!("no response within {:?}", self.core.timeout)
+                    format!("no response within {:?}", self.timeout)
                 }
                 _ => format!("receive failed: {e}"),
             };
@@ -735,7 +665,7 @@ impl Link {
         mut dest: Option<(u32, &mut [u8])>,
         mut done: impl FnMut(&mut RxState) -> Option<T>,
     ) -> Result<T, LinkError> {
-        let mut st = lock(&self.core.rx);
+        let mut st = lock(&self.rx);
         loop {
             if let Some(t) = done(&mut st) {
                 return Ok(t);
@@ -747,33 +677,32 @@ impl Link {
                 st.reading = true;
                 drop(st);
                 let r = self.read_frame(dest.as_mut().map(|(t, b)| (*t, &mut **b)), deadline);
-                st = lock(&self.core.rx);
+                st = lock(&self.rx);
                 st.reading = false;
                 match r {
                     Ok(f) => {
-                        self.core.unread.fetch_sub(1, Ordering::AcqRel);
+                        self.unread.fetch_sub(1, Ordering::AcqRel);
                         if !st.abandoned.remove(&f.header.tag) {
                             st.parked.insert(f.header.tag, f);
                         }
                     }
                     Err(e) => {
-                        self.core.rx_cv.notify_all();
+                        self.rx_cv.notify_all();
                         return Err(e);
                     }
                 }
                 if st.sleepers > 0 {
                     // The frame may be theirs, and one of them must take over reading.
-                    self.core.rx_cv.notify_all();
+                    self.rx_cv.notify_all();
                 }
             } else {
                 let now = Instant::now();
                 if now >= deadline {
                     drop(st);
-                    return Err(self.lost(format!("{} within {:?}", what(), self.core.timeout)));
+                    return Err(self.lost(format!("{} within {:?}", what(), self.timeout)));
                 }
                 st.sleepers += 1;
                 st = self
-                    .core
                     .rx_cv
                     .wait_timeout(st, deadline - now)
                     .unwrap_or_else(|e| e.into_inner())
@@ -787,7 +716,7 @@ impl Link {
     /// it sends for a connection over its limits), breaks the link with that reason, which is
     /// more use to the user than "broken pipe". Takes only what has arrived already.
     fn why_closed(&self) {
-        let mut st = lock(&self.core.rx);
+        let mut st = lock(&self.rx);
         if st.reading {
             return;
         }
@@ -795,30 +724,30 @@ impl Link {
         drop(st);
         // Any other frame is dropped: the link breaks right after this anyway.
         let _ = self.read_frame(None, Instant::now());
-        lock(&self.core.rx).reading = false;
+        lock(&self.rx).reading = false;
     }
 
     /// Reads one response off the socket if responses are due and nobody else is reading. A
     /// sender whose socket is full calls this so the brick, which may be blocked sending
     /// responses, can make progress.
     fn drain_some(&self, deadline: Instant) -> Result<(), LinkError> {
-        let mut st = lock(&self.core.rx);
-        if st.reading || self.core.unread.load(Ordering::Acquire) <= 0 {
+        let mut st = lock(&self.rx);
+        if st.reading || self.unread.load(Ordering::Acquire) <= 0 {
             return Ok(());
         }
         st.reading = true;
         drop(st);
         let r = self.read_frame(None, deadline);
-        let mut st = lock(&self.core.rx);
+        let mut st = lock(&self.rx);
         st.reading = false;
         let r = r.map(|f| {
-            self.core.unread.fetch_sub(1, Ordering::AcqRel);
+            self.unread.fetch_sub(1, Ordering::AcqRel);
             if !st.abandoned.remove(&f.header.tag) {
                 st.parked.insert(f.header.tag, f);
             }
         });
         if st.sleepers > 0 {
-            self.core.rx_cv.notify_all();
+            self.rx_cv.notify_all();
         }
         r
     }
@@ -828,24 +757,24 @@ impl Link {
         if self.is_broken() {
             return Err(self.lost_error());
         }
-        let deadline = Instant::now() + self.core.timeout;
-        if self.core.unread.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
+        let deadline = Instant::now() + self.timeout;
+        if self.unread.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
             self.pump(
                 deadline,
                 || format!("{MAX_IN_FLIGHT} requests in flight, none answered"),
                 None,
-                |_| (self.core.unread.load(Ordering::Acquire) < MAX_IN_FLIGHT).then_some(()),
+                |_| (self.unread.load(Ordering::Acquire) < MAX_IN_FLIGHT).then_some(()),
             )?;
         }
         let tag = loop {
-            let t = self.core.next_tag.fetch_add(1, Ordering::Relaxed);
+            let t = self.next_tag.fetch_add(1, Ordering::Relaxed);
             // Tag 0 is what a brick answers frames it cannot parse with.
             if t != 0 {
                 break t;
             }
         };
         let head = head(tag);
-        let mut tx = lock(&self.core.tx);
+        let mut tx = lock(&self.tx);
         let mut bufs = [IoSlice::new(&head), IoSlice::new(data)];
         let mut bufs = &mut bufs[..];
         IoSlice::advance_slices(&mut bufs, 0);
@@ -858,7 +787,7 @@ impl Link {
                         return Err(self.lost_error());
                     }
                     if Instant::now() >= deadline {
-                        return Err(self.lost(format!("could not send {op:?} within {:?}", self.core.timeout)));
+                        return Err(self.lost(format!("could not send {op:?} within {:?}", self.timeout)));
                     }
                     self.drain_some(deadline)?;
                 }
@@ -874,10 +803,9 @@ impl Link {
             }
         }
         drop(tx);
-        self.core.unread.fetch_add(1, Ordering::AcqRel);
-        self.core
-            .last_sent_ms
-            .store(self.core.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.unread.fetch_add(1, Ordering::AcqRel);
+        self.last_sent_ms
+            .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
         Ok(tag)
     }
 
@@ -908,7 +836,7 @@ impl Link {
     }
 
     fn wait_frame(&self, tag: u32, op: Opcode, out: Option<&mut [u8]>) -> Result<Frame, LinkError> {
-        let deadline = Instant::now() + self.core.timeout;
+        let deadline = Instant::now() + self.timeout;
         let f = self.pump(
             deadline,
             || format!("no response to {op:?} (tag {tag})"),
@@ -918,7 +846,7 @@ impl Link {
         let status = Status::from_u32(f.header.status);
         if status != Status::Ok {
             return Err(LinkError::Refused {
-                addr: self.core.addr_text.clone(),
+                addr: self.addr_text.clone(),
                 op,
                 status,
                 message: String::from_utf8_lossy(&f.payload).into_owned(),
@@ -953,7 +881,7 @@ impl Link {
     /// this process) that it holds the grant, for this connection only. A forged, expired or
     /// unproven grant is refused with its own status and the brick closes the connection.
     pub fn attach(&self, grant: &Grant, session_key: &[u8; KEY_LEN]) -> Result<(), LinkError> {
-        let proof = attach_proof(session_key, &self.core.info.nonce, grant.segment_id);
+        let proof = attach_proof(session_key, &self.info.nonce, grant.segment_id);
         self.call(&Request::Attach {
             grant: grant.clone(),
             proof,
@@ -966,17 +894,17 @@ impl Link {
     /// and writes of the segment, without a request. Only a brick on this host can do that:
     /// over TCP this fails with [`LinkError::Invalid`] before sending anything.
     pub fn share(&self) -> Result<SharedMemory, LinkError> {
-        if let BrickAddr::Tcp(_) = self.core.addr {
+        if let BrickAddr::Tcp(_) = self.addr {
             return Err(self.invalid(
                 "shared memory needs a Unix-socket link to a brick on this host (TCP cannot carry a descriptor)".into(),
             ));
         }
-        let _one = lock(&self.core.share_lock);
+        let _one = lock(&self.share_lock);
         let p = self.call(&Request::Share)?;
         // The descriptor arrived with the response's first bytes, so it is here by now; any
         // other descriptor is not one we asked for.
         let fd = {
-            let mut fds = lock(&self.core.received_fds);
+            let mut fds = lock(&self.received_fds);
             let fd = fds.pop();
             fds.clear();
             fd
@@ -1203,12 +1131,7 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        if let Some(k) = &self.keepalive {
-            k.closed.store(true, Ordering::Release);
-            k.thread.unpark();
-        }
-        // The socket is shut down when the last holder of the core (this link, or its
-        // keep-alive thread in the middle of a ping) lets it go.
+        self.control.shutdown();
     }
 }
 
