@@ -70,9 +70,9 @@ pub struct BrickArgs {
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     handshake_timeout_ms: u64,
     /// Seconds an authenticated connection may stay silent before it is closed (0: never).
-    /// Links ping when idle for 60 s, so only dead or hung peers reach it: 0, or 120 or more.
-    #[arg(long, value_name = "S", default_value_t = BrickLimits::default().idle_timeout.map_or(0, |t| t.as_secs()),
-          value_parser = parse_idle_timeout)]
+    /// Programs ping their links after 60 s without requests (RACKMEM_KEEPALIVE_MS), so only
+    /// dead or hung peers reach it; below 120 s, programs need a shorter RACKMEM_KEEPALIVE_MS.
+    #[arg(long, value_name = "S", default_value_t = BrickLimits::default().idle_timeout.map_or(0, |t| t.as_secs()))]
     idle_timeout_s: u64,
     /// Milliseconds one response may take to leave: a client that stops reading is
     /// disconnected after this.
@@ -104,19 +104,6 @@ fn parse_count(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `--idle-timeout-s`: 0 (never) or at least twice the links' keep-alive interval.
-fn parse_idle_timeout(s: &str) -> Result<u64, String> {
-    let v: u64 = s.parse().map_err(|e| format!("`{s}`: {e}"))?;
-    let every = rackmem_transport::KEEPALIVE_INTERVAL.as_secs();
-    if v != 0 && v < 2 * every {
-        return Err(format!(
-            "{v} s would cut the links of idle programs, which ping every {every} s: use 0 (never) or at least {}",
-            2 * every
-        ));
-    }
-    Ok(v)
-}
-
 impl BrickArgs {
     /// The limits the options ask for.
     fn limits(&self) -> Result<BrickLimits> {
@@ -125,6 +112,18 @@ impl BrickArgs {
                 "--auth-delay-max-ms {} is below --auth-delay-ms {}: the longest delay cannot be shorter than the first",
                 self.auth_delay_max_ms,
                 self.auth_delay_ms
+            );
+        }
+        let every = rackmem_transport::KEEPALIVE_INTERVAL.as_secs();
+        if self.idle_timeout_s != 0 && self.idle_timeout_s < 2 * every {
+            eprintln!(
+                "rackmem brick: warning: --idle-timeout-s {} closes the links of programs idle for \
+                 longer, unless they run with RACKMEM_KEEPALIVE_MS below {} (default {} s); 0 \
+                 (never) or {} and more suit the default",
+                self.idle_timeout_s,
+                self.idle_timeout_s * 1000 / 2,
+                every,
+                2 * every
             );
         }
         Ok(BrickLimits {
