@@ -261,6 +261,14 @@ impl Brick {
                 (Listener::Unix(l), shown.clone(), Some(p.clone()))
             }
         };
+        // The standard library listens with a backlog of 128: a burst of connections beyond it
+        // (nodes reconnecting after a restart, or a flood) would be left half-open by the
+        // kernel, never reaching the acceptor. Queue as many as the brick may serve.
+        let fd = match &listener {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l) => l.as_fd(),
+        };
+        let _ = rackmem_uffd::set_listen_backlog(fd, cfg.limits.max_connections.min(65_535) as u32);
         let spin_us = std::env::var("RACKMEM_BRICK_SPIN_US")
             .ok()
             .and_then(|v| v.parse().ok())

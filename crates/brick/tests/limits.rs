@@ -547,3 +547,26 @@ fn a_client_that_stops_reading_is_cut_at_the_send_timeout() {
     });
     legitimate_round_trip(&addr, 7);
 }
+
+#[test]
+fn a_burst_of_connections_beyond_the_default_backlog_reaches_the_brick() {
+    // Nodes reconnecting after a restart connect all at once. With the standard library's
+    // listen backlog (128), the kernel left the connections beyond it half-open: the client
+    // believed itself connected, the brick never saw it. The brick queues as many as it may
+    // serve, within the kernel's cap.
+    rackmem_uffd::raise_open_files_limit().expect("raise the open files limit");
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(128);
+    let n = 1024.min(somaxconn);
+    let (h, _addr, hp) = tcp(BrickLimits {
+        max_connections_per_peer: 4096,
+        ..BrickLimits::default()
+    });
+    let burst: Vec<TcpStream> = (0..n).map(|_| TcpStream::connect(&hp).expect("connect")).collect();
+    wait_until(T, "every connection of the burst reached the brick", || {
+        h.stats().connections as usize == n
+    });
+    drop(burst);
+}

@@ -123,6 +123,18 @@ pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
     Ok(p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
 }
 
+/// Sets the backlog of a listening socket (calling `listen(2)` again on it does that): how many
+/// connections the kernel completes and queues for `accept` before it leaves further ones
+/// half-open. The kernel caps it at `net.core.somaxconn`.
+pub fn set_listen_backlog(fd: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
+    let backlog = backlog.min(i32::MAX as u32) as i32;
+    // SAFETY: listen(2) on a borrowed descriptor, no pointers.
+    if unsafe { libc::listen(fd.as_raw_fd(), backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Raises this process's soft limit on open files to its hard limit (a server with thousands
 /// of connections needs more than the usual default of 1024); returns the soft limit now.
 pub fn raise_open_files_limit() -> io::Result<u64> {
