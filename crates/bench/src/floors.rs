@@ -101,6 +101,7 @@ pub fn link_floor(transport: &str, bytes: u32, rounds: usize) -> Result<Summary,
         key: b"k".to_vec(),
         secret: Some(b"s".to_vec()),
         managed: false,
+        limits: Default::default(),
     })
     .map_err(|e| BenchError::Brick(e.to_string()))?;
     let addr: BrickAddr = brick

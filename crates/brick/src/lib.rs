@@ -15,17 +15,24 @@
 //! makes CLONE (the copy a forked child gets) a copy-on-write sharing of chunks: O(chunks) at
 //! clone time, a chunk copy on the first write to a shared chunk.
 //!
+//! A brick admits a bounded number of connections, in total and per peer address, gives each
+//! a deadline to authenticate and, once it has, an idle timeout; it reads a frame's payload only
+//! after the header is valid for its opcode and the connection's state, and slows down peers
+//! whose secrets or grants keep failing ([`BrickLimits`]).
+//!
 //! Threads: one acceptor, one per connection. Requests on a connection are processed in order
 //! and answered in order; a response is held back only while a whole further request is
 //! already buffered, so a pipelined burst is answered with few system calls and a client is
 //! never left waiting for a response while the brick waits for the client.
 
+mod guard;
 mod pool;
 mod server;
 
+pub use guard::{BrickLimits, GuardStats, AUTH_FORGET, MAX_TRACKED_PEERS};
 pub use pool::CHUNK;
 pub use rackmem_proto::BrickStats;
 pub use server::{
     run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickManager, BrickStopper, ListenAddr, CLONE_GRACE,
-    DEFAULT_SPIN_US, MAX_CONNECTIONS,
+    DEFAULT_SPIN_US,
 };

@@ -12,6 +12,7 @@
 //! the nonce this connection got at HELLO (`docs/control-plane.md`, "Grants and proof of
 //! possession"). Each failure has its own status, and the connection is closed.
 
+use crate::guard::{Admission, BrickLimits, Guard, GuardStats};
 use crate::pool::{in_segment, Gate, GateState, ShareError, Store, CHUNK};
 use rackmem_proto::{
     constant_time_eq, encode_response, extents_bytes, rights, session_key, verify_attach_proof, BrickInfo, BrickStats,
@@ -21,6 +22,7 @@ use rackmem_proto::{
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufReader, Read, Write};
+use std::net::IpAddr;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
@@ -39,10 +41,6 @@ pub const DEFAULT_SPIN_US: u64 = 100;
 
 /// Grace period for a cloned segment to be attached by its new owner.
 pub const CLONE_GRACE: Duration = Duration::from_secs(60);
-/// Most connections served at once; further ones are closed at once.
-pub const MAX_CONNECTIONS: u64 = 1024;
-/// How long a response may wait for a client that does not read before its connection is closed.
-const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Responses queued beyond this many bytes are sent even while requests are still buffered.
 const FLUSH_BYTES: usize = 1 << 20;
 /// Payloads at least this large are sent straight from their buffer, not copied into the queue.
@@ -132,6 +130,9 @@ pub struct BrickConfig {
     /// until [`BrickHandle::retain_segments`] no longer lists them. When false (standalone), a
     /// segment is freed when its last connection detaches.
     pub managed: bool,
+    /// Limits on connections and authentication attempts ([`BrickLimits::default`] suits a
+    /// rack).
+    pub limits: BrickLimits,
 }
 
 #[derive(Default)]
@@ -158,9 +159,11 @@ struct Shared {
     brick_id: u64,
     /// How long a connection thread polls for the next request before sleeping.
     spin_us: u64,
+    /// Connection caps, deadlines, authentication failures.
+    guard: Guard,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -258,12 +261,24 @@ impl Brick {
                 (Listener::Unix(l), shown.clone(), Some(p.clone()))
             }
         };
+        // The standard library listens with a backlog of 128: a burst of connections beyond it
+        // (nodes reconnecting after a restart, or a flood) would be left half-open by the
+        // kernel, never reaching the acceptor. Queue as many as the brick may serve.
+        let fd = match &listener {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l) => l.as_fd(),
+        };
+        let _ = rackmem_uffd::set_listen_backlog(fd, cfg.limits.max_connections.min(65_535) as u32);
         let spin_us = std::env::var("RACKMEM_BRICK_SPIN_US")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_SPIN_US);
+        // Each connection holds two descriptors (its stream and the handle that shuts it down
+        // at stop): allow what the limits need, as far as the hard limit goes.
+        let _ = rackmem_uffd::raise_open_files_limit();
         let shared = Arc::new(Shared {
             spin_us,
+            guard: Guard::new(cfg.limits.clone()),
             store: Store::new(cfg.size_bytes, first_segment),
             cfg,
             counters: Counters::default(),
@@ -299,6 +314,12 @@ impl BrickHandle {
     /// Counters now.
     pub fn stats(&self) -> BrickStats {
         self.shared.stats()
+    }
+
+    /// What the brick refused or cut so far (connections over its limits, timeouts, refused
+    /// headers, authentication failures and how they were slowed down).
+    pub fn guard_stats(&self) -> GuardStats {
+        self.shared.guard.counters.snapshot()
     }
 
     /// A handle that stops this brick from another thread.
@@ -400,25 +421,41 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
     let mut next_conn = 0u64;
     let mut last_sweep = Instant::now();
     while !shared.stop.load(Relaxed) {
+        let send_timeout = Some(shared.guard.limits.send_timeout);
         let accepted = match &listener {
-            Listener::Tcp(l) => l.accept().and_then(|(s, _)| {
-                s.set_nonblocking(false)?;
-                s.set_nodelay(true)?;
-                s.set_write_timeout(Some(SEND_TIMEOUT))?;
-                Ok((Conn::Tcp(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
-            }),
-            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
-                s.set_nonblocking(false)?;
-                s.set_write_timeout(Some(SEND_TIMEOUT))?;
-                Ok((Conn::Unix(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
-            }),
+            Listener::Tcp(l) => l.accept().map(|(s, peer)| (Accepted::Tcp(s), Some(peer.ip()))),
+            Listener::Unix(l) => l.accept().map(|(s, _)| (Accepted::Unix(s), None)),
         };
         match accepted {
-            Ok((ctl, stream)) => {
-                if shared.counters.connections.load(Relaxed) >= MAX_CONNECTIONS {
+            Ok((sock, peer)) => {
+                let accepted_at = Instant::now();
+                if let Err(why) = shared.guard.admit(peer) {
                     shared.counters.errors.fetch_add(1, Relaxed);
-                    continue; // dropping the stream closes it
+                    refuse(sock, &why.to_string());
+                    continue;
                 }
+                let prepared = match sock {
+                    Accepted::Tcp(s) => (|| {
+                        s.set_nonblocking(false)?;
+                        s.set_nodelay(true)?;
+                        s.set_write_timeout(send_timeout)?;
+                        Ok((Conn::Tcp(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
+                    })(),
+                    Accepted::Unix(s) => (|| {
+                        s.set_nonblocking(false)?;
+                        s.set_write_timeout(send_timeout)?;
+                        Ok((Conn::Unix(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
+                    })(),
+                };
+                let (ctl, stream) = match prepared {
+                    Ok(p) => p,
+                    Err::<_, io::Error>(_) => {
+                        // Out of descriptors, most likely: this connection is dropped (closed).
+                        shared.guard.release(peer);
+                        shared.counters.errors.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                };
                 next_conn += 1;
                 let id = next_conn;
                 lock(&shared.conns).insert(id, ctl);
@@ -427,9 +464,10 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
                 let spawned = std::thread::Builder::new()
                     .name(format!("brick-conn-{id}"))
                     .spawn(move || {
-                        serve_connection(&s, stream);
+                        serve_connection(&s, stream, peer, accepted_at);
                         lock(&s.conns).remove(&id);
                         s.counters.connections.fetch_sub(1, Relaxed);
+                        s.guard.release(peer);
                     });
                 match spawned {
                     Ok(t) => {
@@ -440,6 +478,7 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
                     Err(_) => {
                         lock(&shared.conns).remove(&id);
                         shared.counters.connections.fetch_sub(1, Relaxed);
+                        shared.guard.release(peer);
                     }
                 }
             }
@@ -466,11 +505,55 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
     }
 }
 
+/// A connection as accepted, before it is set up.
+enum Accepted {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// Tells a connection over the brick's limits why (a `Busy` answer with tag 0, which a link
+/// reports as the reason its connection closed) and closes it, without ever blocking the
+/// acceptor: the answer is small and the socket new, so it fits the send buffer, and what the
+/// peer sent already is read first so that closing does not reset the connection before the
+/// peer reads the answer.
+fn refuse(sock: Accepted, why: &str) {
+    let frame = encode_response(
+        Opcode::Hello,
+        0,
+        Status::Busy,
+        &why.as_bytes()[..why.len().min(MAX_MESSAGE)],
+    );
+    let mut sink = [0u8; 4096];
+    let mut drain = |r: &mut dyn Read| {
+        for _ in 0..4 {
+            if !matches!(r.read(&mut sink), Ok(n) if n > 0) {
+                break;
+            }
+        }
+    };
+    match sock {
+        Accepted::Tcp(mut s) => {
+            let _ = s.set_nonblocking(true);
+            drain(&mut s);
+            let _ = s.write(&frame);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+        Accepted::Unix(mut s) => {
+            let _ = s.set_nonblocking(true);
+            drain(&mut s);
+            let _ = s.write(&frame);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+    }
+}
+
 /// How often segments nobody attached in time are freed (see [`Store::sweep`]).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 trait Stream: Read + Write + Send {
     fn set_nonblocking(&self, on: bool) -> io::Result<()>;
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     /// Whether [`send_with_fd`](Stream::send_with_fd) works.
     fn passes_fds(&self) -> bool {
         false
@@ -487,10 +570,22 @@ impl Stream for TcpStream {
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         TcpStream::set_nonblocking(self, on)
     }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, t)
+    }
 }
 impl Stream for UnixStream {
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         UnixStream::set_nonblocking(self, on)
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, t)
     }
     fn passes_fds(&self) -> bool {
         true
@@ -527,6 +622,39 @@ impl Shared {
         }
     }
 
+    /// Waits for this peer's turn to have a secret or grant checked, if its recent failures
+    /// call for it (see [`Guard::before_check`]); returns the `Busy` answer when its turn is too
+    /// far ahead to wait for. A stop cuts the wait short.
+    fn wait_turn(&self, peer: Option<IpAddr>) -> Option<Reply> {
+        match self.guard.before_check(peer, Instant::now()) {
+            Admission::Now => None,
+            Admission::After(wait) => {
+                let until = Instant::now() + wait;
+                while !self.stop.load(Relaxed) {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::sleep(left.min(Duration::from_millis(50)));
+                }
+                None
+            }
+            Admission::Refuse(wait) => {
+                let who = peer.map_or_else(|| "local peers".to_string(), |ip| ip.to_string());
+                Some(err(
+                    Status::Busy,
+                    format!(
+                        "too many failed authentications from {who}: not checked; the next check \
+                         can run in {:.1} s (failures are forgotten {} s after the last one)",
+                        wait.as_secs_f64(),
+                        crate::guard::AUTH_FORGET.as_secs()
+                    ),
+                    true,
+                ))
+            }
+        }
+    }
+
     /// A standalone grant (ALLOC, CLONE) and its session key, for the connection that asked.
     fn grant(&self, id: u64, offset: u64, size: u64) -> SegmentGrant {
         SegmentGrant::new(
@@ -554,6 +682,11 @@ struct Session {
     attached: Option<Attached>,
     /// The connection can carry file descriptors (a Unix socket): SHARE is possible.
     passes_fds: bool,
+    /// The peer's address (TCP), for the authentication failure table.
+    peer: Option<IpAddr>,
+    /// An ALLOC or ATTACH succeeded on this connection once: every opcode is allowed, and the
+    /// idle timeout replaces the handshake deadline.
+    authenticated: bool,
 }
 
 struct Reply {
@@ -584,21 +717,86 @@ fn err(status: Status, msg: impl Into<String>, close: bool) -> Reply {
     }
 }
 
+/// Why a frame's header alone is enough to refuse it: an opcode not allowed before
+/// authentication, or a payload longer than its opcode ever needs. Checked before a byte of the
+/// payload is read or allocated.
+fn header_refusal(h: &Header, authenticated: bool) -> Option<Reply> {
+    if !authenticated && !h.opcode.allowed_before_auth() {
+        return Some(err(
+            Status::NotAttached,
+            format!(
+                "{:?} before authentication: a connection says HELLO, then ALLOC (with the shared \
+                 secret) or ATTACH (with a grant), before anything else",
+                h.opcode
+            ),
+            true,
+        ));
+    }
+    let max = h.opcode.max_request_payload();
+    if h.payload_len > max {
+        return Some(err(
+            Status::BadRequest,
+            format!(
+                "malformed {:?} request: a payload of {} bytes exceeds its limit of {max}",
+                h.opcode, h.payload_len
+            ),
+            true,
+        ));
+    }
+    None
+}
+
+/// Reads a `len`-byte payload into `buf`, growing it as the bytes arrive: a header that claims
+/// more than its sender sends costs what was sent, not what was claimed.
+fn read_payload(io: &mut impl Read, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
+    buf.clear();
+    while buf.len() < len {
+        let have = buf.len();
+        let step = (len - have).min(have.max(64 << 10));
+        buf.resize(have + step, 0);
+        io.read_exact(&mut buf[have..])?;
+    }
+    Ok(())
+}
+
+/// Counts a connection that ended on a read deadline.
+fn note_read_end(shared: &Shared, session: &Session, e: &io::Error) {
+    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+        let c = &shared.guard.counters;
+        if session.authenticated {
+            c.idle_timeouts.fetch_add(1, Relaxed);
+        } else {
+            c.handshake_timeouts.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// Reads requests off `stream`, serves them in order, queues and flushes responses.
-fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
+fn serve_connection(shared: &Shared, stream: Box<dyn Stream>, peer: Option<IpAddr>, accepted_at: Instant) {
+    let limits = &shared.guard.limits;
     let mut conn = Connection {
-        io: BufReader::with_capacity(256 << 10, StreamIo(stream, shared.spin_us)),
+        io: BufReader::with_capacity(
+            256 << 10,
+            StreamIo {
+                sock: stream,
+                spin_us: shared.spin_us,
+                deadline: Some(accepted_at + limits.handshake_timeout),
+            },
+        ),
         queued: Vec::with_capacity(64 << 10),
+        send_timeout: limits.send_timeout,
     };
     let mut session = Session {
-        passes_fds: conn.io.get_ref().0.passes_fds(),
+        passes_fds: conn.io.get_ref().sock.passes_fds(),
+        peer,
         ..Session::default()
     };
     let mut hdr = [0u8; HEADER_LEN];
     let mut payload = Vec::new();
     let mut scratch = Vec::new();
     loop {
-        if conn.io.read_exact(&mut hdr).is_err() {
+        if let Err(e) = conn.io.read_exact(&mut hdr) {
+            note_read_end(shared, &session, &e);
             break;
         }
         let h = match Header::decode(&hdr) {
@@ -617,10 +815,15 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
                 break;
             }
         };
-        payload.clear();
-        payload.resize(h.payload_len as usize, 0);
-        if conn.io.read_exact(&mut payload).is_err() {
-            // A frame cut short: the peer died or is misbehaving.
+        if let Some(reply) = header_refusal(&h, session.authenticated) {
+            shared.counters.errors.fetch_add(1, Relaxed);
+            shared.guard.counters.refused_headers.fetch_add(1, Relaxed);
+            let _ = conn.send(h.opcode, h.tag, &reply, true);
+            break;
+        }
+        if let Err(e) = read_payload(&mut conn.io, &mut payload, h.payload_len as usize) {
+            // A frame cut short: the peer died, is misbehaving, or ran out of time.
+            note_read_end(shared, &session, &e);
             shared.counters.errors.fetch_add(1, Relaxed);
             break;
         }
@@ -652,12 +855,32 @@ fn serve_connection(shared: &Shared, stream: Box<dyn Stream>) {
         if reply.status != Status::Ok {
             shared.counters.errors.fetch_add(1, Relaxed);
         }
+        if !session.authenticated && session.attached.is_some() {
+            // Authenticated: from now on the connection may be silent for the idle timeout
+            // (its link pings when idle), no longer bound by the handshake deadline.
+            session.authenticated = true;
+            let io = conn.io.get_mut();
+            io.deadline = None;
+            if io
+                .sock
+                .set_read_timeout(limits.idle_timeout.filter(|t| !t.is_zero()))
+                .is_err()
+            {
+                break;
+            }
+        }
         let close = reply.close;
         // Hold the response back only if the next request can be served without reading the
         // socket: a client may be waiting for this response before it sends the rest of the
         // next frame (a link draining responses while its send is blocked does exactly that).
         let flush = close || !whole_frame_buffered(conn.io.buffer());
-        if conn.send(h.opcode, h.tag, &reply, flush).is_err() || close {
+        if let Err(e) = conn.send(h.opcode, h.tag, &reply, flush) {
+            if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                shared.guard.counters.send_timeouts.fetch_add(1, Relaxed);
+            }
+            break;
+        }
+        if close {
             break;
         }
         if reply.payload.capacity() >= DIRECT_BYTES {
@@ -675,16 +898,25 @@ fn whole_frame_buffered(buf: &[u8]) -> bool {
         && HEADER_LEN as u64 + u64::from(u32::from_le_bytes([buf[28], buf[29], buf[30], buf[31]])) <= buf.len() as u64
 }
 
-struct StreamIo(Box<dyn Stream>, u64);
+/// The socket as the connection reads it: polled briefly before a read sleeps, and, until the
+/// connection authenticates, every read bounded by the handshake deadline (so a peer that
+/// trickles bytes cannot stretch it). After that the socket's own read timeout (the idle
+/// timeout) bounds each read.
+struct StreamIo {
+    sock: Box<dyn Stream>,
+    spin_us: u64,
+    deadline: Option<Instant>,
+}
+
 impl Read for StreamIo {
     fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-        if self.1 > 0 && self.0.set_nonblocking(true).is_ok() {
+        if self.spin_us > 0 && self.sock.set_nonblocking(true).is_ok() {
             // Poll briefly before sleeping: on small VMs a sleeping reader costs a cross-vCPU
             // wake-up (~30 µs) per request, more than the request itself.
             let start = std::time::Instant::now();
-            let limit = Duration::from_micros(self.1);
+            let limit = Duration::from_micros(self.spin_us);
             loop {
-                match self.0.read(b) {
+                match self.sock.read(b) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         if start.elapsed() > limit {
                             break;
@@ -692,15 +924,54 @@ impl Read for StreamIo {
                         std::hint::spin_loop();
                     }
                     other => {
-                        let _ = self.0.set_nonblocking(false);
+                        let _ = self.sock.set_nonblocking(false);
                         return other;
                     }
                 }
             }
-            let _ = self.0.set_nonblocking(false);
+            let _ = self.sock.set_nonblocking(false);
         }
-        self.0.read(b)
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the connection did not authenticate in time",
+                ));
+            }
+            self.sock.set_read_timeout(Some(left))?;
+        }
+        self.sock.read(b)
     }
+}
+
+/// Writes all of `buf` by `deadline`, however the peer drains it: the socket's send timeout
+/// bounds one blocked write, so after a partial write the rest gets only what is left.
+/// Returns whether the socket's send timeout was shortened (to be restored).
+fn write_all_by(sock: &mut dyn Stream, mut buf: &[u8], deadline: Instant) -> io::Result<bool> {
+    let mut shortened = false;
+    let mut first = true;
+    while !buf.is_empty() {
+        if !first {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client did not take the response in time",
+                ));
+            }
+            sock.set_write_timeout(Some(left))?;
+            shortened = true;
+        }
+        first = false;
+        match sock.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(shortened)
 }
 
 /// One connection's buffered input and queued output (the same socket: requests are served
@@ -708,18 +979,32 @@ impl Read for StreamIo {
 struct Connection {
     io: BufReader<StreamIo>,
     queued: Vec<u8>,
+    /// How long one response may take to leave (the socket's send timeout too).
+    send_timeout: Duration,
 }
 
 impl Connection {
+    /// Queues a response, and sends what is queued when `flush` says so or the queue is long;
+    /// what is sent must leave within the send timeout, or the connection fails.
     fn send(&mut self, op: Opcode, tag: u32, r: &Reply, flush: bool) -> io::Result<()> {
-        let sock = &mut self.io.get_mut().0;
+        let deadline = Instant::now() + self.send_timeout;
+        let sent = self.send_by(op, tag, r, flush, deadline);
+        if matches!(sent, Ok(true)) {
+            self.io.get_mut().sock.set_write_timeout(Some(self.send_timeout))?;
+        }
+        sent.map(|_| ())
+    }
+
+    /// [`Connection::send`] by `deadline`; returns whether the socket's send timeout changed.
+    fn send_by(&mut self, op: Opcode, tag: u32, r: &Reply, flush: bool, deadline: Instant) -> io::Result<bool> {
+        let sock = &mut *self.io.get_mut().sock;
         if let Some(m) = &r.fd {
             // The descriptor rides on the response's first bytes; whatever is queued goes first.
-            sock.write_all(&self.queued)?;
+            let a = write_all_by(sock, &self.queued, deadline)?;
             self.queued.clear();
             let frame = encode_response(op, tag, r.status, &r.payload);
             let sent = sock.send_with_fd(&frame, m.fd())?;
-            return sock.write_all(&frame[sent..]);
+            return Ok(write_all_by(sock, &frame[sent..], deadline)? || a);
         }
         if r.payload.len() >= DIRECT_BYTES {
             // Large payloads go out from their own buffer rather than through the queue.
@@ -733,17 +1018,18 @@ impl Connection {
                 payload_len: r.payload.len() as u32,
             };
             self.queued.extend_from_slice(&h.encode());
-            sock.write_all(&self.queued)?;
+            let a = write_all_by(sock, &self.queued, deadline)?;
             self.queued.clear();
-            return sock.write_all(&r.payload);
+            return Ok(write_all_by(sock, &r.payload, deadline)? || a);
         }
         self.queued
             .extend_from_slice(&encode_response(op, tag, r.status, &r.payload));
         if flush || self.queued.len() >= FLUSH_BYTES {
-            sock.write_all(&self.queued)?;
+            let a = write_all_by(sock, &self.queued, deadline)?;
             self.queued.clear();
+            return Ok(a);
         }
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -790,8 +1076,14 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
                     true,
                 );
             }
+            if let Some(busy) = shared.wait_turn(session.peer) {
+                return busy;
+            }
             let allowed = shared.cfg.secret.as_ref().is_some_and(|s| constant_time_eq(s, &secret));
-            if !allowed {
+            if allowed {
+                shared.guard.succeeded(session.peer);
+            } else {
+                shared.guard.failed(session.peer, Instant::now());
                 return err(
                     Status::Denied,
                     "wrong shared secret (or this brick takes grants from a control plane only)",
@@ -837,6 +1129,9 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
                     true,
                 );
             };
+            if let Some(busy) = shared.wait_turn(session.peer) {
+                return busy;
+            }
             let now = now_unix();
             match g.verify(&shared.cfg.key, now) {
                 Ok(()) => {}
@@ -851,6 +1146,7 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
                     )
                 }
                 Err(GrantError::BadSignature) => {
+                    shared.guard.failed(session.peer, Instant::now());
                     return err(
                         Status::GrantInvalid,
                         format!(
@@ -859,11 +1155,12 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
                             g.segment_id
                         ),
                         true,
-                    )
+                    );
                 }
             }
             let key = session_key(&shared.cfg.key, &g);
             if !verify_attach_proof(&key, &nonce, g.segment_id, &proof) {
+                shared.guard.failed(session.peer, Instant::now());
                 return err(
                     Status::GrantUnproven,
                     format!(
@@ -875,6 +1172,7 @@ fn handle(shared: &Shared, session: &mut Session, req: Request) -> Reply {
                     true,
                 );
             }
+            shared.guard.succeeded(session.peer);
             if attached.is_some() {
                 return err(Status::BadRequest, "connection already attached to a segment", false);
             }

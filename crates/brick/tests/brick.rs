@@ -3,7 +3,7 @@
 //! only ever loses its own connection.
 
 use rackmem_brick::{Brick, BrickConfig, BrickHandle, ListenAddr};
-use rackmem_proto::{rights, session_key, Grant, Header, Opcode, Status, HEADER_LEN, MAGIC};
+use rackmem_proto::{rights, session_key, Grant, Header, Opcode, Request, Status, HEADER_LEN, MAGIC};
 use rackmem_transport::{BrickAddr, Link, LinkError};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -22,6 +22,7 @@ fn unix_brick(dir: &tempfile::TempDir) -> (BrickHandle, BrickAddr) {
         key: KEY.to_vec(),
         secret: Some(SECRET.to_vec()),
         managed: false,
+        limits: Default::default(),
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");
@@ -35,6 +36,7 @@ fn tcp_brick() -> (BrickHandle, BrickAddr) {
         key: KEY.to_vec(),
         secret: Some(SECRET.to_vec()),
         managed: false,
+        limits: Default::default(),
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");
@@ -227,7 +229,8 @@ fn raw_frame(opcode: u8, payload_len: u32) -> Vec<u8> {
     h
 }
 
-/// Sends bytes on a raw socket and expects the brick to close it (after an error response).
+/// Sends bytes on a raw socket and expects the brick to close it; returns the status of the
+/// last response before it did, if any.
 fn expect_closed(path: &std::path::Path, bytes: &[u8]) -> Option<u32> {
     let mut s = UnixStream::connect(path).expect("raw connect");
     s.set_read_timeout(Some(T)).expect("timeout");
@@ -236,7 +239,29 @@ fn expect_closed(path: &std::path::Path, bytes: &[u8]) -> Option<u32> {
     let mut all = Vec::new();
     s.read_to_end(&mut all)
         .expect("the brick closes the connection instead of hanging");
-    (all.len() >= HEADER_LEN).then(|| u32::from_le_bytes([all[12], all[13], all[14], all[15]]))
+    let mut last = None;
+    let mut at = 0;
+    while all.len() >= at + HEADER_LEN {
+        let f = &all[at..];
+        last = Some(u32::from_le_bytes([f[12], f[13], f[14], f[15]]));
+        at += HEADER_LEN + u32::from_le_bytes([f[28], f[29], f[30], f[31]]) as usize;
+    }
+    last
+}
+
+/// `bytes` after a HELLO and an ALLOC with the right secret: sent on an authenticated
+/// connection, attached to a fresh 1 MiB segment.
+fn authenticated(bytes: &[u8]) -> Vec<u8> {
+    let mut v = Request::Hello.encode(1);
+    v.extend(
+        Request::Alloc {
+            size_bytes: 1 << 20,
+            secret: SECRET.to_vec(),
+        }
+        .encode(2),
+    );
+    v.extend_from_slice(bytes);
+    v
 }
 
 #[test]
@@ -263,16 +288,21 @@ fn malformed_frames_are_refused_and_the_brick_keeps_serving() {
     let mut trunc_read = raw_frame(Opcode::Read as u8, 16);
     trunc_read.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
     assert_eq!(
+        expect_closed(&path, &authenticated(&trunc_read)),
+        Some(Status::Ok as u32),
+        "truncated frame: connection closed without an answer to it"
+    );
+    assert_eq!(
         expect_closed(&path, &trunc_read),
-        None,
-        "truncated frame: connection closed"
+        Some(Status::NotAttached as u32),
+        "READ before authentication: refused on its header"
     );
     let mut misaligned = raw_frame(Opcode::Read as u8, 16);
     misaligned.extend_from_slice(&1u32.to_le_bytes());
     misaligned.extend_from_slice(&100u64.to_le_bytes());
     misaligned.extend_from_slice(&4096u32.to_le_bytes());
     assert_eq!(
-        expect_closed(&path, &misaligned),
+        expect_closed(&path, &authenticated(&misaligned)),
         Some(Status::BadRequest as u32),
         "misaligned extent"
     );
@@ -294,6 +324,7 @@ fn address_in_use_is_a_clear_error() {
         key: KEY.to_vec(),
         secret: None,
         managed: false,
+        limits: Default::default(),
     })
     .err()
     .expect("second brick on the same socket must fail");
@@ -307,6 +338,7 @@ fn address_in_use_is_a_clear_error() {
         key: KEY.to_vec(),
         secret: None,
         managed: false,
+        limits: Default::default(),
     })
     .err()
     .expect("port in use");

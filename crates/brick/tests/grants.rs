@@ -39,6 +39,7 @@ fn brick(dir: &tempfile::TempDir, unix: bool, managed: bool) -> (BrickHandle, Br
         // A managed brick refuses ALLOC even with the right secret.
         secret: Some(SECRET.to_vec()),
         managed,
+        limits: Default::default(),
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("address");

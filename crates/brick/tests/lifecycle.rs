@@ -11,6 +11,7 @@ fn cfg(listen: ListenAddr) -> BrickConfig {
         key: b"k".to_vec(),
         secret: Some(b"s".to_vec()),
         managed: false,
+        limits: Default::default(),
     }
 }
 

@@ -19,6 +19,7 @@ fn brick(listen: ListenAddr) -> (BrickHandle, BrickAddr) {
         key: KEY.to_vec(),
         secret: Some(SECRET.to_vec()),
         managed: false,
+        limits: Default::default(),
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");

@@ -459,6 +459,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 key: b"bench".to_vec(),
                 secret: Some(b"bench".to_vec()),
                 managed: false,
+                limits: Default::default(),
             })
             .context("starting the TCP brick")?,
         )

@@ -2,11 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rackmem_brick::{Brick, BrickConfig, ListenAddr};
+use rackmem_brick::{Brick, BrickConfig, BrickLimits, ListenAddr};
 use rackmem_control::api::{BrickRegistration, LiveSegment, PortSpec};
 use rackmem_runtime::size::{format_size, parse_size};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Args)]
 pub struct BrickArgs {
@@ -55,6 +56,92 @@ pub struct BrickArgs {
     /// this host's name when listening on all interfaces).
     #[arg(long, value_name = "ADDR", requires = "control")]
     advertise: Option<String>,
+    /// Most connections served at once. A program uses two per brick it has memory on; a
+    /// connection beyond the limit is told why (`Busy`) and closed, and the brick goes on
+    /// serving the others. Each connection costs a thread and two descriptors (the brick raises
+    /// its open-files limit as far as the hard limit allows).
+    #[arg(long, value_name = "N", default_value_t = BrickLimits::default().max_connections,
+          value_parser = parse_count)]
+    max_connections: usize,
+    /// Most connections served at once from one IP address (TCP; Unix-socket peers count
+    /// towards --max-connections only), so that one host cannot take every slot. Raise it for
+    /// nodes that run more than about 100 programs at once.
+    #[arg(long, value_name = "N", default_value_t = BrickLimits::default().max_connections_per_peer,
+          value_parser = parse_count)]
+    max_connections_per_peer: usize,
+    /// Milliseconds a new connection has to authenticate (ALLOC with the secret, or ATTACH with
+    /// a grant) before it is closed: bounds what silent or slow connections hold.
+    #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().handshake_timeout.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    handshake_timeout_ms: u64,
+    /// Seconds an authenticated connection may stay silent before it is closed (0: never).
+    /// Programs ping their links after 60 s without requests (RACKMEM_KEEPALIVE_MS), so only
+    /// dead or hung peers reach it; below 120 s, programs need a shorter RACKMEM_KEEPALIVE_MS.
+    #[arg(long, value_name = "S", default_value_t = BrickLimits::default().idle_timeout.map_or(0, |t| t.as_secs()))]
+    idle_timeout_s: u64,
+    /// Milliseconds one response may take to leave: a client that stops reading is
+    /// disconnected after this.
+    #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().send_timeout.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    send_timeout_ms: u64,
+    /// Failed authentications (wrong secret, forged or unproven grant) from one address that
+    /// are answered at once. After them each further check from that address waits its turn,
+    /// spaced by a delay that doubles with every failure up to --auth-delay-max-ms, and an
+    /// attempt whose turn is further away than that is refused unchecked (`Busy`). A success
+    /// forgives the address; so do 10 minutes without failures.
+    #[arg(long, value_name = "N", default_value_t = BrickLimits::default().auth_failures_free)]
+    auth_failures_free: u32,
+    /// The first delay after --auth-failures-free failures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().auth_delay.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    auth_delay_ms: u64,
+    /// The longest delay, and how far ahead a check may be scheduled, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().auth_delay_max.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    auth_delay_max_ms: u64,
+}
+
+/// A connection count: 1 to a million.
+fn parse_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=1_000_000).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a count from 1 to 1000000")),
+    }
+}
+
+impl BrickArgs {
+    /// The limits the options ask for.
+    fn limits(&self) -> Result<BrickLimits> {
+        if self.auth_delay_max_ms < self.auth_delay_ms {
+            bail!(
+                "--auth-delay-max-ms {} is below --auth-delay-ms {}: the longest delay cannot be shorter than the first",
+                self.auth_delay_max_ms,
+                self.auth_delay_ms
+            );
+        }
+        let every = rackmem_transport::KEEPALIVE_INTERVAL.as_secs();
+        if self.idle_timeout_s != 0 && self.idle_timeout_s < 2 * every {
+            eprintln!(
+                "rackmem brick: warning: --idle-timeout-s {} closes the links of programs idle for \
+                 longer, unless they run with RACKMEM_KEEPALIVE_MS below {} (default {} s); 0 \
+                 (never) or {} and more suit the default",
+                self.idle_timeout_s,
+                self.idle_timeout_s * 1000 / 2,
+                every,
+                2 * every
+            );
+        }
+        Ok(BrickLimits {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            idle_timeout: (self.idle_timeout_s > 0).then(|| Duration::from_secs(self.idle_timeout_s)),
+            send_timeout: Duration::from_millis(self.send_timeout_ms),
+            auth_failures_free: self.auth_failures_free,
+            auth_delay: Duration::from_millis(self.auth_delay_ms),
+            auth_delay_max: Duration::from_millis(self.auth_delay_max_ms),
+        })
+    }
 }
 
 /// The port a brick registers when none is given: 10 GB/s, a common NIC.
@@ -185,6 +272,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     if args.size < 2 << 20 {
         bail!("--size {} is too small: a brick lends at least 2 MiB", args.size);
     }
+    let limits = args.limits()?;
     let secret = read_secret(args.secret, args.secret_file.as_deref())?;
     if secret.is_none() {
         eprintln!("rackmem brick: no --secret given: nodes cannot carve segments until a control plane issues grants");
@@ -216,6 +304,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         secret,
         // With a control plane, segments come from its grants and live until it drops them.
         managed: args.control.is_some(),
+        limits,
     })
     .with_context(|| format!("starting the brick on {}", args.listen))?;
     eprintln!(

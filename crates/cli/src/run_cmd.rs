@@ -167,6 +167,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             key: random_hex(32)?.into_bytes(),
             secret: Some(secret.clone().into_bytes()),
             managed: false,
+            limits: Default::default(),
         })
         .context("starting the embedded brick")?;
         let addr: BrickAddr = handle.local_addr().parse().context("embedded brick address")?;

@@ -96,7 +96,34 @@ impl Opcode {
             _ => return None,
         })
     }
+
+    /// Whether a connection that has not authenticated yet (no successful ALLOC or ATTACH) may
+    /// send this opcode: the handshake (HELLO, ALLOC, ATTACH) and PING. A brick refuses any
+    /// other opcode before authentication, without reading its payload.
+    pub fn allowed_before_auth(self) -> bool {
+        matches!(self, Opcode::Hello | Opcode::Alloc | Opcode::Attach | Opcode::Ping)
+    }
+
+    /// The largest request payload this opcode can carry, so a receiver can refuse a header
+    /// that claims more before it reads or allocates anything: the exact size of fixed-size
+    /// payloads, [`MAX_SECRET`] for ALLOC, a full extent list for READ, and [`MAX_PAYLOAD`] for
+    /// WRITE (extent list and pages).
+    pub fn max_request_payload(self) -> u32 {
+        use Opcode::*;
+        match self {
+            Hello | Clone | Detach | Ping | Stats | Share => 0,
+            Alloc => MAX_SECRET as u32,
+            Attach => (Grant::LEN + KEY_LEN) as u32,
+            Read => MAX_EXTENT_LIST,
+            Write => MAX_PAYLOAD,
+            Discard | Populate => 8,
+            Copy => 24,
+        }
+    }
 }
+
+/// Bytes of the largest extent list ([`MAX_EXTENTS`] entries): the largest READ payload.
+pub const MAX_EXTENT_LIST: u32 = 4 + MAX_EXTENTS * 12;
 
 /// Response status codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,11 +159,15 @@ pub enum Status {
     /// The grant's range cannot become a segment here: it overlaps a live segment, lies outside
     /// the pool, or contradicts the segment already known under its id.
     Conflict = 13,
+    /// The brick refuses this now because of one of its limits: too many connections (in total
+    /// or from this peer), or too many recent authentication failures from this peer. The
+    /// message says which and what to do; the connection is closed. Retrying later may work.
+    Busy = 14,
 }
 
 impl Status {
     /// Every status, in code order.
-    pub const ALL: [Status; 14] = [
+    pub const ALL: [Status; 15] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotAttached,
@@ -151,6 +182,7 @@ impl Status {
         Status::BadVersion,
         Status::GrantUnproven,
         Status::Conflict,
+        Status::Busy,
     ];
 
     /// The code on the wire.
@@ -175,6 +207,7 @@ impl Status {
             11 => BadVersion,
             12 => GrantUnproven,
             13 => Conflict,
+            14 => Busy,
             _ => Internal,
         }
     }
@@ -1060,6 +1093,8 @@ mod tests {
             prop_assert_eq!(used, frame.len());
             prop_assert_eq!(h.tag, tag);
             prop_assert_eq!(back, r);
+            // A receiver enforcing the per-opcode bound accepts every well-formed request.
+            prop_assert!(h.payload_len <= h.opcode.max_request_payload());
         }
 
         #[test]

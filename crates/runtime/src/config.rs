@@ -73,6 +73,11 @@ pub struct Config {
     pub timeout: Duration,
     /// `RACKMEM_WATCHDOG_MS`: a fault waiting longer than this is reported on stderr.
     pub watchdog: Duration,
+    /// `RACKMEM_KEEPALIVE_MS`: a link that has sent nothing for this long is pinged (by the
+    /// watchdog), so that its brick, which closes connections silent for its idle timeout (10
+    /// min by default), keeps the link of a program that has not needed remote memory for a
+    /// while. 0: never.
+    pub keepalive: Duration,
     /// `RACKMEM_STATS_FILE`: append one JSON line of statistics per process at exit.
     pub stats_file: Option<String>,
     /// `RACKMEM_VERBOSE`: print start-up and fork details on stderr.
@@ -197,6 +202,10 @@ impl Config {
             prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
             timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),
+            keepalive: Duration::from_millis(num(
+                "RACKMEM_KEEPALIVE_MS",
+                rackmem_transport::KEEPALIVE_INTERVAL.as_millis() as u64,
+            )?),
             stats_file: var("RACKMEM_STATS_FILE"),
             verbose: var("RACKMEM_VERBOSE").is_some_and(|v| v != "0"),
             grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),

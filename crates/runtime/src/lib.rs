@@ -1283,10 +1283,23 @@ fn watchdog(inner: Arc<Inner>) {
     let mut reported = 0u64;
     let mut last_rates = Instant::now();
     let mut outrun = outrun::Monitor::default();
+    let mut last_keepalive = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(250));
         placement::watch(inner.stats.faults.load(Ordering::Relaxed));
         outrun.tick(&inner);
+        if !inner.cfg.keepalive.is_zero()
+            && last_keepalive.elapsed() >= (inner.cfg.keepalive / 2).min(Duration::from_secs(1))
+        {
+            last_keepalive = Instant::now();
+            // A link idle for the keep-alive interval gets a PING, so its brick's idle timeout
+            // never cuts a program that merely has not faulted for a while. A failed ping
+            // breaks the link, as the next fault would have found anyway.
+            for s in inner.table.all().iter() {
+                let _ = s.fault.keep_alive(inner.cfg.keepalive);
+                let _ = s.writeback.keep_alive(inner.cfg.keepalive);
+            }
+        }
         if let Some(agent) = inner.agent.as_ref() {
             // Rate limits change as other allocations come and go: follow them.
             if last_rates.elapsed() >= Duration::from_secs(1) && !inner.table.is_empty() {

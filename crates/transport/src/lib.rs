@@ -33,12 +33,16 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Default timeout of every wait on a link.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a link may sit idle before its owner should ping it ([`Link::keep_alive`]): well
+/// under a brick's default idle timeout (10 min), so the brick never closes a link of a program
+/// that merely has not needed remote memory for a while.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// Most requests a link has in flight (sent, response not yet read off the socket).
 pub const MAX_IN_FLIGHT: i64 = 128;
 /// Most READ batches one [`Link::read_pages`] call keeps in flight (each up to [`MAX_BATCH_BYTES`]).
@@ -210,6 +214,9 @@ struct RxSock {
     sock: Sock,
     spin: Duration,
     fds: Arc<Mutex<Vec<OwnedFd>>>,
+    /// The deadline of the wait this read serves: a read that would block waits only until
+    /// then, however the bytes trickle in (the socket's own timeout bounds one read only).
+    deadline: Option<Instant>,
 }
 
 impl RxSock {
@@ -249,6 +256,17 @@ impl Read for RxSock {
             let _ = self.sock.set_nonblocking(false);
             if let Some(r) = r {
                 return r;
+            }
+        }
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let fd = match &self.sock {
+                Sock::Tcp(s) => s.as_fd(),
+                Sock::Unix(s) => s.as_fd(),
+            };
+            // Past the deadline this still takes what has arrived already.
+            if !rackmem_uffd::poll_readable(fd, left)? {
+                return Err(io::ErrorKind::TimedOut.into());
             }
         }
         self.recv(b)
@@ -299,7 +317,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One connection to a brick. `Send + Sync`: any number of threads may issue requests at once;
-/// see the crate docs for how responses reach them.
+/// see the crate docs for how responses reach them. A brick closes connections silent for
+/// longer than its idle timeout: an owner that may leave a link idle for long calls
+/// [`Link::keep_alive`] now and then (the runtime's watchdog does, every
+/// [`KEEPALIVE_INTERVAL`]).
 pub struct Link {
     addr: BrickAddr,
     addr_text: String,
@@ -322,6 +343,10 @@ pub struct Link {
     /// Descriptors received with responses (see [`Link::share`]), and one SHARE at a time.
     received_fds: Arc<Mutex<Vec<OwnedFd>>>,
     share_lock: Mutex<()>,
+    /// When the link was made; `last_sent_ms` counts from it.
+    born: Instant,
+    /// Milliseconds after `born` at which the last request was sent.
+    last_sent_ms: AtomicU64,
 }
 
 impl fmt::Debug for Link {
@@ -463,6 +488,7 @@ impl Link {
                     sock,
                     spin: Duration::ZERO,
                     fds: received_fds.clone(),
+                    deadline: None,
                 },
             )),
             rx: Mutex::new(RxState::default()),
@@ -473,6 +499,8 @@ impl Link {
             control,
             received_fds,
             share_lock: Mutex::new(()),
+            born: Instant::now(),
+            last_sent_ms: AtomicU64::new(0),
         };
         let r = link
             .call(&Request::Hello)
@@ -487,6 +515,21 @@ impl Link {
             }
         })?;
         Ok(link)
+    }
+
+    /// Sends a PING and waits for its answer if this link has sent nothing for `idle`; returns
+    /// whether it did. A brick closes connections silent for longer than its idle timeout (10
+    /// min by default), so an owner whose link may sit idle (a program whose working set fits
+    /// its local buffer) calls this periodically with an `idle` well below that, such as
+    /// [`KEEPALIVE_INTERVAL`]. Costs one small request per interval on an idle link, nothing on
+    /// a busy one. Fails as any request does, breaking the link, when the brick is gone.
+    pub fn keep_alive(&self, idle: Duration) -> Result<bool, LinkError> {
+        let sent_ms = self.last_sent_ms.load(Ordering::Relaxed);
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        if now_ms.saturating_sub(sent_ms) < idle.as_millis() as u64 {
+            return Ok(false);
+        }
+        self.ping().map(|_| true)
     }
 
     /// The file descriptors of this link's socket (it holds several handles to it). A forked
@@ -562,8 +605,9 @@ impl Link {
     /// Reads one response frame; called only by the thread that set `RxState::reading`. A
     /// successful response to `dest`'s tag of exactly its length is read straight into it,
     /// sparing a buffer and a copy of every page fetched.
-    fn read_frame(&self, dest: Option<(u32, &mut [u8])>) -> Result<Frame, LinkError> {
+    fn read_frame(&self, dest: Option<(u32, &mut [u8])>, deadline: Instant) -> Result<Frame, LinkError> {
         let mut sock = lock(&self.rx_sock);
+        sock.get_mut().deadline = Some(deadline);
         let mut hdr = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut hdr) {
             let cause = match e.kind() {
@@ -579,6 +623,17 @@ impl Link {
         let header = Header::decode(&hdr).map_err(|e| self.lost(format!("malformed response: {e}")))?;
         if !header.is_response() {
             return Err(self.lost("the peer sent a request where a response was due".into()));
+        }
+        if header.tag == 0 && header.status != Status::Ok.code() {
+            // Tag 0 is no request of ours: the brick says why it closes the connection (a
+            // malformed frame, or one of its limits), and the reason is the link's cause.
+            let mut why = vec![0u8; (header.payload_len as usize).min(rackmem_proto::MAX_MESSAGE)];
+            let _ = sock.read_exact(&mut why);
+            return Err(self.lost(format!(
+                "the brick closed the connection: {}: {}",
+                Status::from_u32(header.status),
+                String::from_utf8_lossy(&why)
+            )));
         }
         if let Some((tag, out)) = dest {
             if header.tag == tag && header.status == Status::Ok.code() && header.payload_len as usize == out.len() {
@@ -621,7 +676,7 @@ impl Link {
             if !st.reading {
                 st.reading = true;
                 drop(st);
-                let r = self.read_frame(dest.as_mut().map(|(t, b)| (*t, &mut **b)));
+                let r = self.read_frame(dest.as_mut().map(|(t, b)| (*t, &mut **b)), deadline);
                 st = lock(&self.rx);
                 st.reading = false;
                 match r {
@@ -657,17 +712,32 @@ impl Link {
         }
     }
 
+    /// After a send failed: if the brick said why it closed the connection (a tag-0 answer, as
+    /// it sends for a connection over its limits), breaks the link with that reason, which is
+    /// more use to the user than "broken pipe". Takes only what has arrived already.
+    fn why_closed(&self) {
+        let mut st = lock(&self.rx);
+        if st.reading {
+            return;
+        }
+        st.reading = true;
+        drop(st);
+        // Any other frame is dropped: the link breaks right after this anyway.
+        let _ = self.read_frame(None, Instant::now());
+        lock(&self.rx).reading = false;
+    }
+
     /// Reads one response off the socket if responses are due and nobody else is reading. A
     /// sender whose socket is full calls this so the brick, which may be blocked sending
     /// responses, can make progress.
-    fn drain_some(&self) -> Result<(), LinkError> {
+    fn drain_some(&self, deadline: Instant) -> Result<(), LinkError> {
         let mut st = lock(&self.rx);
         if st.reading || self.unread.load(Ordering::Acquire) <= 0 {
             return Ok(());
         }
         st.reading = true;
         drop(st);
-        let r = self.read_frame(None);
+        let r = self.read_frame(None, deadline);
         let mut st = lock(&self.rx);
         st.reading = false;
         let r = r.map(|f| {
@@ -719,18 +789,23 @@ impl Link {
                     if Instant::now() >= deadline {
                         return Err(self.lost(format!("could not send {op:?} within {:?}", self.timeout)));
                     }
-                    self.drain_some()?;
+                    self.drain_some(deadline)?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if self.is_broken() => {
                     let _ = e;
                     return Err(self.lost_error());
                 }
-                Err(e) => return Err(self.lost(format!("send failed: {e}"))),
+                Err(e) => {
+                    self.why_closed();
+                    return Err(self.lost(format!("send failed: {e}")));
+                }
             }
         }
         drop(tx);
         self.unread.fetch_add(1, Ordering::AcqRel);
+        self.last_sent_ms
+            .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
         Ok(tag)
     }
 

@@ -19,6 +19,7 @@ fn brick(listen: ListenAddr, size_bytes: u64) -> (BrickHandle, BrickAddr) {
         key: b"k".to_vec(),
         secret: Some(SECRET.to_vec()),
         managed: false,
+        limits: Default::default(),
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("brick address parses");
@@ -322,4 +323,90 @@ fn links_attach_with_the_session_key_from_alloc_and_clone() {
             other => panic!("expected GrantUnproven, got {other:?}"),
         }
     }
+}
+
+/// What a misbehaving peer does after answering HELLO.
+#[derive(Clone, Copy)]
+enum Peer {
+    /// Never reads another byte.
+    StopsReading,
+    /// Reads requests but answers each a byte at a time, a byte every 100 ms.
+    Trickles,
+}
+
+/// A fake brick on TCP loopback that answers HELLO properly, then misbehaves as `how` until
+/// the returned sender is dropped.
+fn fake_brick(how: Peer) -> (BrickAddr, std::sync::mpsc::Sender<()>) {
+    use rackmem_proto::{encode_response, BrickInfo, Header, Opcode, HEADER_LEN, MAX_PAYLOAD};
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = format!("tcp://{}", l.local_addr().expect("addr"))
+        .parse()
+        .expect("address");
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = l.accept() else { return };
+        let mut h = [0u8; HEADER_LEN];
+        if s.read_exact(&mut h).is_err() {
+            return;
+        }
+        let info = BrickInfo {
+            pool_bytes: 1 << 30,
+            free_bytes: 1 << 30,
+            page_size: 4096,
+            max_payload: MAX_PAYLOAD,
+            brick_id: 1,
+            nonce: [7; 16],
+        };
+        let tag = Header::decode(&h).map_or(0, |h| h.tag);
+        let _ = s.write_all(&encode_response(Opcode::Hello, tag, Status::Ok, &info.encode()));
+        match how {
+            Peer::StopsReading => {}
+            Peer::Trickles => {
+                if s.read_exact(&mut h).is_ok() {
+                    let req = Header::decode(&h).expect("a request header");
+                    let answer = encode_response(req.opcode, req.tag, Status::Ok, &[0u8; 4096]);
+                    for b in answer {
+                        if s.write_all(&[b]).is_err() || wait.recv_timeout(Duration::from_millis(100)).is_ok() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        // Hold the connection open, silent, until the test ends.
+        let _ = wait.recv();
+    });
+    (addr, done)
+}
+
+/// The link's timeout holds for a peer that stops reading (sends block) and for one that
+/// answers a byte at a time (each read returns something, so only a deadline over the whole
+/// wait ends it): the link breaks with a cause, within a bound far below what a per-call timeout
+/// would allow (the trickled answer alone would take 7 minutes).
+#[test]
+fn a_peer_that_stops_reading_or_trickles_is_cut_at_the_link_timeout() {
+    let timeout = Duration::from_secs(1);
+    let bound = Duration::from_secs(10);
+
+    let (addr, _done) = fake_brick(Peer::StopsReading);
+    let link = Link::connect(&addr, timeout).expect("connect");
+    let data = vec![5u8; 32 << 20];
+    let t0 = std::time::Instant::now();
+    match link.write_pages(&[(0, 32 << 20)], &data) {
+        Err(LinkError::BrickLost { cause, .. }) => assert!(cause.contains("could not send"), "{cause}"),
+        other => panic!("expected the link to break, got {other:?}"),
+    }
+    assert!(t0.elapsed() < bound, "cut after {:?}", t0.elapsed());
+    assert!(link.is_broken());
+
+    let (addr, _done) = fake_brick(Peer::Trickles);
+    let link = Link::connect(&addr, timeout).expect("connect");
+    let mut out = vec![0u8; 4096];
+    let t0 = std::time::Instant::now();
+    match link.read_pages(&[(0, 4096)], &mut out) {
+        Err(LinkError::BrickLost { cause, .. }) => assert!(cause.contains("within"), "{cause}"),
+        other => panic!("expected the link to break, got {other:?}"),
+    }
+    assert!(t0.elapsed() < bound, "cut after {:?}", t0.elapsed());
 }

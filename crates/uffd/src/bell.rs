@@ -100,6 +100,66 @@ pub fn wait_readable(fd: BorrowedFd<'_>, bell: &Doorbell, timeout: Option<Durati
     })
 }
 
+/// Waits until `fd` is readable (or hung up, or failed: reading will tell) or `timeout` passes;
+/// returns whether it is. An interrupted wait (EINTR) returns false, like a timeout.
+pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // Rounded up, so a wait of less than a millisecond still waits.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: poll(2) on one exclusively borrowed pollfd, its count passed.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EINTR) {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+}
+
+/// Sets the backlog of a listening socket (calling `listen(2)` again on it does that): how many
+/// connections the kernel completes and queues for `accept` before it leaves further ones
+/// half-open. The kernel caps it at `net.core.somaxconn`.
+pub fn set_listen_backlog(fd: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
+    let backlog = backlog.min(i32::MAX as u32) as i32;
+    // SAFETY: listen(2) on a borrowed descriptor, no pointers.
+    if unsafe { libc::listen(fd.as_raw_fd(), backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Raises this process's soft limit on open files to its hard limit (a server with thousands
+/// of connections needs more than the usual default of 1024); returns the soft limit now.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes one rlimit into the exclusively borrowed `l`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if l.rlim_cur < l.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: l.rlim_max,
+            rlim_max: l.rlim_max,
+        };
+        // SAFETY: setrlimit(2) reads one rlimit from a live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        l.rlim_cur = l.rlim_max;
+    }
+    Ok(l.rlim_cur)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

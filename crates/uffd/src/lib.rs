@@ -36,7 +36,7 @@ mod mem;
 mod pagemap;
 mod shared;
 
-pub use bell::{wait_readable, Doorbell, Woken};
+pub use bell::{poll_readable, raise_open_files_limit, set_listen_backlog, wait_readable, Doorbell, Woken};
 pub use mem::{
     break_cow, madvise_dontfork, madvise_dontneed, move_mapping, mprotect, remap_anonymous, try_break_cow, Mapping,
     PAGE_SIZE,

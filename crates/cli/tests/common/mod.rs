@@ -426,8 +426,14 @@ pub fn only_changed_pages_are_written_back(extra: &[&str]) {
 /// (a Unix socket appears, or a TCP address is announced on stderr). Returns the guard and the
 /// address to give `--brick`.
 pub fn start_brick(listen: &str, size: &str, secret: &str) -> (Guard, String) {
+    start_brick_with(listen, size, secret, &[])
+}
+
+/// [`start_brick`] with more `rackmem brick` options.
+pub fn start_brick_with(listen: &str, size: &str, secret: &str, extra: &[&str]) -> (Guard, String) {
     let mut cmd = Command::new(rackmem());
     cmd.args(["brick", "--listen", listen, "--size", size, "--secret", secret])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
