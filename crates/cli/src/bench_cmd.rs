@@ -460,6 +460,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 secret: Some(b"bench".to_vec()),
                 managed: false,
                 limits: Default::default(),
+                tls: None,
             })
             .context("starting the TCP brick")?,
         )

@@ -452,12 +452,15 @@ pub fn start_brick_with(listen: &str, size: &str, secret: &str, extra: &[&str]) 
         }
         return (g, listen.to_string());
     }
-    // TCP: the brick announces the address it bound ("... tcp://127.0.0.1:PORT").
+    // TCP and TLS: the brick announces the address it bound ("... tcp://127.0.0.1:PORT").
     let mut seen = Vec::new();
     loop {
         match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => {
-                if let Some(a) = l.split_whitespace().find(|w| w.starts_with("tcp://")) {
+                if let Some(a) = l
+                    .split_whitespace()
+                    .find(|w| w.starts_with("tcp://") || w.starts_with("tls://"))
+                {
                     let a = a.trim_end_matches([',', '.', ')']).to_string();
                     std::thread::spawn(move || for _ in lines {});
                     return (g, a);
