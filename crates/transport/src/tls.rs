@@ -147,7 +147,7 @@ fn explain_failure(e: &rustls::Error, first: &[u8]) -> String {
     if let Some(h) = first.get(..HEADER_LEN).and_then(|b| Header::decode(b).ok()) {
         let msg = first.get(HEADER_LEN..).map(String::from_utf8_lossy).unwrap_or_default();
         if h.tag == 0 && h.status == Status::Busy.code() {
-            return format!("the brick refused the connection: {msg}");
+            return format!("the brick refused the connection: {}: {msg}", Status::Busy);
         }
         return format!(
             "the brick answered in plain text, not TLS: it serves tcp://, not tls:// (it said: {}: {msg})",

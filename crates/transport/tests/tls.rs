@@ -4,8 +4,10 @@
 //! does not trust the CA refused with a clear error, plain clients on either side failing
 //! cleanly while the brick keeps serving. No timing assertions.
 
-use rackmem_brick::{Brick, BrickConfig, BrickHandle, ListenAddr};
+use rackmem_brick::{Brick, BrickConfig, BrickHandle, BrickLimits, ListenAddr};
 use rackmem_transport::{BrickAddr, Link, LinkError, TlsClient};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -32,7 +34,7 @@ fn ca_and_leaf(names: &[&str]) -> (String, String, String) {
 
 struct Setup {
     _dir: tempfile::TempDir,
-    _brick: BrickHandle,
+    brick: BrickHandle,
     addr: BrickAddr,
     ca_file: PathBuf,
 }
@@ -44,6 +46,10 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 fn tls_brick() -> Setup {
+    tls_brick_with(Default::default())
+}
+
+fn tls_brick_with(limits: BrickLimits) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, cert, key) = ca_and_leaf(&["127.0.0.1", "localhost"]);
     let cert_file = write(dir.path(), "brick.pem", &cert);
@@ -55,7 +61,7 @@ fn tls_brick() -> Setup {
         key: b"k".to_vec(),
         secret: Some(SECRET.to_vec()),
         managed: false,
-        limits: Default::default(),
+        limits,
         tls: Some(rackmem_brick::tls_server_config(&cert_file, &key_file).expect("TLS config")),
     })
     .expect("brick starts");
@@ -63,7 +69,7 @@ fn tls_brick() -> Setup {
     assert!(matches!(addr, BrickAddr::Tls(_)), "{addr}");
     Setup {
         _dir: dir,
-        _brick: brick,
+        brick,
         addr,
         ca_file,
     }
@@ -237,4 +243,61 @@ fn plain_clients_fail_cleanly_and_the_brick_keeps_serving() {
     let ca = TlsClient::from_ca_file(&s.ca_file).expect("CA loads");
     let e = Link::connect_with(&as_tls, T, Some(&ca)).expect_err("TLS to a plain brick");
     assert!(e.to_string().contains("serves tcp://"), "{e}");
+}
+
+#[test]
+fn tls_handshakes_count_toward_the_caps_and_end_by_the_handshake_deadline() {
+    let s = tls_brick_with(BrickLimits {
+        max_connections: 2,
+        handshake_timeout: Duration::from_secs(1),
+        ..BrickLimits::default()
+    });
+    let BrickAddr::Tls(hp) = &s.addr else { unreachable!() };
+    // One peer stalls inside its ClientHello (a record header promising 512 bytes), another
+    // says nothing at all: both hold a connection slot.
+    let mut stalled = TcpStream::connect(hp).expect("connect");
+    stalled
+        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+        .expect("partial record");
+    let mut silent = TcpStream::connect(hp).expect("connect");
+    // A link over the cap learns why, although the refusal is not TLS.
+    let ca = TlsClient::from_ca_file(&s.ca_file).expect("CA loads");
+    let e = loop {
+        // The acceptor may not have counted both stalled peers yet.
+        match Link::connect_with(&s.addr, T, Some(&ca)) {
+            Ok(l) => drop(l),
+            Err(e) => break e,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        e.to_string().contains("refused the connection") && e.to_string().contains("Busy"),
+        "{e}"
+    );
+    // Both stalled peers are cut at the handshake deadline (the test waits at most T).
+    for (name, sock) in [("stalled", &mut stalled), ("silent", &mut silent)] {
+        sock.set_read_timeout(Some(T)).expect("timeout");
+        let mut b = [0u8; 64];
+        let ended = loop {
+            match sock.read(&mut b) {
+                Ok(0) | Err(_) => break true,
+                // An alert or anything else the brick says first.
+                Ok(_) => continue,
+            }
+        };
+        assert!(ended, "{name} peer not cut");
+    }
+    assert!(
+        s.brick.guard_stats().handshake_timeouts >= 2,
+        "{:?}",
+        s.brick.guard_stats()
+    );
+    // Their slots are free again: a trusted link is served.
+    let link = loop {
+        if let Ok(l) = Link::connect_with(&s.addr, T, Some(&ca)) {
+            break l;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    link.ping().expect("served after the stalled peers were cut");
 }
