@@ -244,7 +244,16 @@ struct RxSock {
     /// A `tls://` link's connection state, shared with the senders (see the `tls` module).
     tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
     /// TLS bytes read off the socket and not yet handed to rustls.
-    tls_in: Vec<u8>,
+    tls_in: TlsIn,
+}
+
+/// Raw TLS bytes read off the socket: `buf[start..end]` is not yet handed to rustls. A fixed
+/// buffer, so that a read does not clear memory it is about to overwrite.
+#[derive(Default)]
+struct TlsIn {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
 }
 
 impl RxSock {
@@ -286,12 +295,10 @@ impl RxSock {
     /// (read without the connection lock, so senders keep sealing meanwhile) decrypted under
     /// it. Plaintext already decrypted is returned before the socket is polled: a poll would
     /// not see it.
-    fn read_tls(
-        &mut self,
-        conn: &Mutex<rustls::ClientConnection>,
-        raw: &mut Vec<u8>,
-        b: &mut [u8],
-    ) -> io::Result<usize> {
+    fn read_tls(&mut self, conn: &Mutex<rustls::ClientConnection>, raw: &mut TlsIn, b: &mut [u8]) -> io::Result<usize> {
+        if raw.buf.is_empty() {
+            raw.buf = vec![0; TLS_READ_BYTES];
+        }
         loop {
             {
                 let mut c = lock(conn);
@@ -302,11 +309,11 @@ impl RxSock {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
-                    if raw.is_empty() {
+                    if raw.start == raw.end {
                         break;
                     }
-                    let used = c.read_tls(&mut &raw[..])?;
-                    raw.drain(..used);
+                    let used = c.read_tls(&mut &raw.buf[raw.start..raw.end])?;
+                    raw.start += used;
                     // A record that fails to decrypt, or an alert: the link breaks with it. What
                     // rustls queues to send meanwhile (a key update's answer) leaves with the
                     // next request, sealed in order (`tls::seal`).
@@ -317,9 +324,8 @@ impl RxSock {
                     }
                 }
             }
-            raw.resize(TLS_READ_BYTES, 0);
-            let n = self.read_raw(raw).inspect_err(|_| raw.clear())?;
-            raw.truncate(n);
+            let n = self.read_raw(&mut raw.buf)?;
+            (raw.start, raw.end) = (0, n);
             if n == 0 {
                 return Ok(0);
             }
@@ -638,7 +644,7 @@ impl Link {
                     fds: received_fds.clone(),
                     deadline: None,
                     tls: tls_conn,
-                    tls_in: Vec::new(),
+                    tls_in: TlsIn::default(),
                 },
             )),
             rx: Mutex::new(RxState::default()),
