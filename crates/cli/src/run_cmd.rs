@@ -18,7 +18,7 @@ Defaults (each can be overridden):
     the node agent hands out on unix: bricks) are mapped into the program, so a fault or a
     write-back is a memory copy rather than a request over the socket. --no-shared-memory or
     RACKMEM_SHARED_MEMORY=0 keeps the sockets; --shared-memory makes a failure to map an error.
-    Bricks reached over TCP always use their links.
+    Bricks reached over TCP or TLS always use their links.
   Fault handler: placed by the runtime from the CPUs the program may use and the threads that
     fault. When one thread raises nearly all faults, it and the handler run on that thread's
     CPU and the handler sleeps between faults, so a fault costs a context switch rather than a
