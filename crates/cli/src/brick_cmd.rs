@@ -80,7 +80,8 @@ pub struct BrickArgs {
           value_parser = parse_count)]
     max_connections_per_peer: usize,
     /// Milliseconds a new connection has to authenticate (ALLOC with the secret, or ATTACH with
-    /// a grant) before it is closed: bounds what silent or slow connections hold.
+    /// a grant) before it is closed, TLS handshake included on tls://: bounds what silent or slow
+    /// connections hold.
     #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().handshake_timeout.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     handshake_timeout_ms: u64,
@@ -312,7 +313,15 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     }
     let key_hex = hex::encode(&key);
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(rackmem_brick::tls_server_config(cert, key)?),
+        (Some(_), _) if !args.listen.starts_with("tls://") => {
+            bail!(
+                "--tls-cert and --tls-key serve TLS: listen on tls://HOST:PORT, not {}",
+                args.listen
+            )
+        }
+        (Some(cert), Some(key)) => {
+            Some(rackmem_brick::tls_server_config(cert, key).context("loading --tls-cert and --tls-key")?)
+        }
         _ => None,
     };
     let handle = Brick::start(BrickConfig {

@@ -183,7 +183,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
         let secret = read_secret(args.secret.clone(), args.secret_file.as_deref())?
             .context("--brick needs the bricks' shared secret: pass --secret, --secret-file or RACKMEM_SECRET")?;
         let tls = match &args.tls_ca {
-            Some(p) => Some(rackmem_transport::TlsClient::from_ca_file(p).map_err(anyhow::Error::msg)?),
+            Some(p) => Some(
+                rackmem_transport::TlsClient::from_ca_file(p)
+                    .map_err(anyhow::Error::msg)
+                    .context("loading --tls-ca (RACKMEM_TLS_CA)")?,
+            ),
             None => None,
         };
         for b in &args.bricks {
