@@ -553,3 +553,34 @@ pub fn admin_token() -> String {
         .trim()
         .to_string()
 }
+
+// --- TLS ----------------------------------------------------------------------------------
+
+/// A private CA (PEM) and a brick certificate it signs for 127.0.0.1, with its key (PEM).
+pub fn test_ca_and_brick_certificate() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params.distinguished_name.push(DnType::CommonName, "rackmem test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().expect("brick key");
+    let mut p = CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+    p.distinguished_name.push(DnType::CommonName, "brick");
+    let cert = p.signed_by(&key, &issuer).expect("brick certificate");
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// [`test_ca_and_brick_certificate`] written into `dir`: paths of the CA, the brick's
+/// certificate and its key.
+pub fn tls_files(dir: &Path) -> (String, String, String) {
+    let (ca, cert, key) = test_ca_and_brick_certificate();
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write PEM");
+        p.display().to_string()
+    };
+    (file("ca.pem", &ca), file("brick.pem", &cert), file("brick.key", &key))
+}
