@@ -1364,6 +1364,56 @@ mod tests {
         }
     }
 
+    /// Both ends change keys mid-stream (TLS 1.3 KeyUpdate, which rustls also does by itself
+    /// before a key's confidentiality limit): the node asks, the brick answers with its own,
+    /// which the link's reader opens between responses; pages still round-trip.
+    #[test]
+    fn a_tls_key_update_mid_stream_keeps_the_link_working() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let ca = ca_params.self_signed(&ca_key).expect("CA");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("certificate");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert_file, key_file) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert_file, cert.pem()).expect("write");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write");
+        let brick = rackmem_brick::Brick::start(rackmem_brick::BrickConfig {
+            listen: rackmem_brick::ListenAddr::Tls("127.0.0.1:0".into()),
+            size_bytes: 64 << 20,
+            key: b"k".to_vec(),
+            secret: Some(b"s".to_vec()),
+            managed: false,
+            limits: Default::default(),
+            tls: Some(rackmem_brick::tls_server_config(&cert_file, &key_file).expect("config")),
+        })
+        .expect("brick");
+        let addr: BrickAddr = brick.local_addr().parse().expect("address");
+        let trust = TlsClient::from_ca_pem(ca.pem().as_bytes()).expect("CA");
+        let link = Link::connect_with(&addr, DEFAULT_TIMEOUT, Some(&trust)).expect("link");
+        link.alloc_segment(b"s", 8 << 20).expect("alloc");
+        let page = |round: u8| (0..4096 * 64).map(|i| (i as u8) ^ round).collect::<Vec<u8>>();
+        for round in 0..4u8 {
+            let conn = link.tls.as_ref().expect("a TLS link");
+            lock(conn).refresh_traffic_keys().expect("key update");
+            let data = page(round);
+            link.write_pages(&[(0, data.len() as u32)], &data)
+                .expect("write after a key update");
+            let mut back = vec![0u8; data.len()];
+            link.read_pages(&[(0, back.len() as u32)], &mut back)
+                .expect("read after a key update");
+            assert!(back == data, "round {round}: pages differ after a key update");
+        }
+        assert!(!link.is_broken());
+    }
+
     #[test]
     fn batches_respect_limits() {
         let ext: Vec<Extent> = (0..3000).map(|i| (i * 4096, 4096)).collect();
