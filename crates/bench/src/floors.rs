@@ -102,6 +102,7 @@ pub fn link_floor(transport: &str, bytes: u32, rounds: usize) -> Result<Summary,
         secret: Some(b"s".to_vec()),
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .map_err(|e| BenchError::Brick(e.to_string()))?;
     let addr: BrickAddr = brick

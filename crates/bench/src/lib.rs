@@ -15,6 +15,7 @@ pub mod apps;
 pub mod chart;
 pub mod floors;
 pub mod kvload;
+pub mod loopback;
 pub mod oom;
 pub mod progress;
 pub mod suite;

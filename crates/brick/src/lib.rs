@@ -28,6 +28,7 @@
 mod guard;
 mod pool;
 mod server;
+mod tls;
 
 pub use guard::{BrickLimits, GuardStats, AUTH_FORGET, MAX_TRACKED_PEERS};
 pub use pool::CHUNK;
@@ -36,3 +37,4 @@ pub use server::{
     run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickManager, BrickStopper, ListenAddr, CLONE_GRACE,
     DEFAULT_SPIN_US,
 };
+pub use tls::server_config as tls_server_config;

@@ -14,6 +14,7 @@
 
 use crate::guard::{Admission, BrickLimits, Guard, GuardStats};
 use crate::pool::{in_segment, Gate, GateState, ShareError, Store, CHUNK};
+use crate::tls::TlsStream;
 use rackmem_proto::{
     constant_time_eq, encode_response, extents_bytes, rights, session_key, verify_attach_proof, BrickInfo, BrickStats,
     DecodeError, Grant, GrantError, Header, Opcode, Request, SegmentGrant, Status, FLAG_RESPONSE, HEADER_LEN,
@@ -53,18 +54,27 @@ pub enum ListenAddr {
     Tcp(String),
     /// `unix:PATH`.
     Unix(PathBuf),
+    /// `tls://HOST:PORT`: TCP carrying TLS, with the certificate of [`BrickConfig::tls`].
+    Tls(String),
 }
 
 impl std::str::FromStr for ListenAddr {
     type Err = BrickError;
     fn from_str(s: &str) -> Result<Self, BrickError> {
+        let host_port = |a: &str| {
+            a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        };
         if let Some(a) = s.strip_prefix("tcp://") {
-            if a.rsplit_once(':')
-                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
-            {
+            if !host_port(a) {
                 return Err(BrickError::BadAddress(s.to_string()));
             }
             Ok(ListenAddr::Tcp(a.to_string()))
+        } else if let Some(a) = s.strip_prefix("tls://") {
+            if !host_port(a) {
+                return Err(BrickError::BadAddress(s.to_string()));
+            }
+            Ok(ListenAddr::Tls(a.to_string()))
         } else if let Some(p) = s.strip_prefix("unix:") {
             if p.is_empty() {
                 return Err(BrickError::BadAddress(s.to_string()));
@@ -81,6 +91,7 @@ impl fmt::Display for ListenAddr {
         match self {
             ListenAddr::Tcp(a) => write!(f, "tcp://{a}"),
             ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tls(a) => write!(f, "tls://{a}"),
         }
     }
 }
@@ -89,8 +100,11 @@ impl fmt::Display for ListenAddr {
 #[derive(Debug, thiserror::Error)]
 pub enum BrickError {
     /// The address is malformed.
-    #[error("`{0}` is not a listen address: use tcp://HOST:PORT or unix:PATH")]
+    #[error("`{0}` is not a listen address: use tcp://HOST:PORT, tls://HOST:PORT or unix:PATH")]
     BadAddress(String),
+    /// TLS is misconfigured: unreadable certificate or key, or a `tls://` address without them.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The address is taken.
     #[error("{0} is already in use (another brick running?)")]
     InUse(String),
@@ -133,6 +147,9 @@ pub struct BrickConfig {
     /// Limits on connections and authentication attempts ([`BrickLimits::default`] suits a
     /// rack).
     pub limits: BrickLimits,
+    /// The certificate a `tls://` listen address serves (see [`crate::tls_server_config`]);
+    /// required with one, refused with any other.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 #[derive(Default)]
@@ -240,7 +257,25 @@ impl Brick {
                 err: e,
             },
         };
+        match (&cfg.listen, &cfg.tls) {
+            (ListenAddr::Tls(_), None) => {
+                return Err(BrickError::Tls(format!(
+                    "{shown} needs a certificate and its key (--tls-cert, --tls-key)"
+                )))
+            }
+            (ListenAddr::Tcp(_) | ListenAddr::Unix(_), Some(_)) => {
+                return Err(BrickError::Tls(format!(
+                    "a certificate was given, but {shown} is not a tls:// address"
+                )))
+            }
+            _ => {}
+        }
         let (listener, addr, unix_path) = match &cfg.listen {
+            ListenAddr::Tls(a) => {
+                let l = TcpListener::bind(a).map_err(bind_err)?;
+                let local = l.local_addr().map_err(bind_err)?;
+                (Listener::Tcp(l), format!("tls://{local}"), None)
+            }
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a).map_err(bind_err)?;
                 let local = l.local_addr().map_err(bind_err)?;
@@ -439,7 +474,15 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
                         s.set_nonblocking(false)?;
                         s.set_nodelay(true)?;
                         s.set_write_timeout(send_timeout)?;
-                        Ok((Conn::Tcp(s.try_clone()?), Box::new(s) as Box<dyn Stream>))
+                        let ctl = Conn::Tcp(s.try_clone()?);
+                        match &shared.cfg.tls {
+                            None => Ok((ctl, Box::new(s) as Box<dyn Stream>)),
+                            Some(config) => {
+                                let t = TlsStream::new(s, config.clone())?;
+                                t.set_write_timeout(send_timeout)?;
+                                Ok((ctl, Box::new(t) as Box<dyn Stream>))
+                            }
+                        }
                     })(),
                     Accepted::Unix(s) => (|| {
                         s.set_nonblocking(false)?;
@@ -575,6 +618,17 @@ impl Stream for TcpStream {
     }
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         TcpStream::set_write_timeout(self, t)
+    }
+}
+impl Stream for TlsStream {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.tcp().set_nonblocking(on)
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TlsStream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TlsStream::set_write_timeout(self, t)
     }
 }
 impl Stream for UnixStream {

@@ -23,6 +23,7 @@ fn unix_brick(dir: &tempfile::TempDir) -> (BrickHandle, BrickAddr) {
         secret: Some(SECRET.to_vec()),
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");
@@ -37,6 +38,7 @@ fn tcp_brick() -> (BrickHandle, BrickAddr) {
         secret: Some(SECRET.to_vec()),
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");
@@ -325,6 +327,7 @@ fn address_in_use_is_a_clear_error() {
         secret: None,
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .err()
     .expect("second brick on the same socket must fail");
@@ -339,6 +342,7 @@ fn address_in_use_is_a_clear_error() {
         secret: None,
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .err()
     .expect("port in use");

@@ -40,6 +40,7 @@ fn brick(dir: &tempfile::TempDir, unix: bool, managed: bool) -> (BrickHandle, Br
         secret: Some(SECRET.to_vec()),
         managed,
         limits: Default::default(),
+        tls: None,
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("address");
@@ -109,6 +110,7 @@ impl Raw {
                 s.set_read_timeout(Some(T)).expect("timeout");
                 Raw(Box::new(s))
             }
+            BrickAddr::Tls(_) => panic!("raw frames need a plain connection, not {addr}"),
         }
     }
 

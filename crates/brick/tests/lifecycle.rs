@@ -12,6 +12,7 @@ fn cfg(listen: ListenAddr) -> BrickConfig {
         secret: Some(b"s".to_vec()),
         managed: false,
         limits: Default::default(),
+        tls: None,
     }
 }
 

@@ -28,6 +28,7 @@ fn start(listen: ListenAddr, limits: BrickLimits) -> (BrickHandle, BrickAddr) {
         secret: Some(SECRET.to_vec()),
         managed: false,
         limits,
+        tls: None,
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("address");

@@ -20,6 +20,7 @@ fn brick(listen: ListenAddr) -> (BrickHandle, BrickAddr) {
         secret: Some(SECRET.to_vec()),
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .expect("brick starts");
     let a: BrickAddr = h.local_addr().parse().expect("address");

@@ -51,6 +51,11 @@ enum Which {
         /// Footprint of the program.
         #[arg(long, default_value_t = 256)]
         mib: usize,
+        /// Also run the program against a brick on TCP loopback over these links: tcp (plain),
+        /// tls (TLS, with a certificate from a CA made for the run). With both, prints what TLS
+        /// costs as TLS ÷ TCP, measured in the same run.
+        #[arg(long, value_delimiter = ',', value_parser = ["tcp", "tls"], value_name = "tcp,tls")]
+        links: Vec<String>,
     },
     /// Unmodified workloads (STREAM, GUPS, scan, pointer chase) natively, under rackmem with
     /// several local buffers and transports, and under Linux swap to zram and to a swap file
@@ -72,6 +77,11 @@ enum Which {
         /// Passes over the buffer.
         #[arg(long, default_value_t = 3)]
         passes: usize,
+        /// Also run the program against a brick on TCP loopback over these links: tcp (plain),
+        /// tls (TLS, with a certificate from a CA made for the run). With both, prints what TLS
+        /// costs as TLS ÷ TCP, measured in the same run.
+        #[arg(long, value_delimiter = ',', value_parser = ["tcp", "tls"], value_name = "tcp,tls")]
+        links: Vec<String>,
     },
 }
 
@@ -460,6 +470,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
                 secret: Some(b"bench".to_vec()),
                 managed: false,
                 limits: Default::default(),
+                tls: None,
             })
             .context("starting the TCP brick")?,
         )
@@ -749,6 +760,18 @@ fn write_json(path: Option<&Path>, value: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// Loopback bricks for `--links` (see [`rackmem_bench::loopback`]), certificates in `tmp`.
+fn loopback_bricks(links: &[String], tmp: &Path) -> Result<Vec<rackmem_bench::loopback::LoopbackBrick>> {
+    use rackmem_bench::loopback::{LinkKind, LoopbackBrick};
+    links
+        .iter()
+        .map(|l| {
+            let kind = if l == "tls" { LinkKind::Tls } else { LinkKind::Tcp };
+            LoopbackBrick::start(kind, 64 << 30, tmp).context("starting a loopback brick")
+        })
+        .collect()
+}
+
 fn rackmem_run(local: &str, extra: &[&str], prog: &Path, args: &[String]) -> Result<Command> {
     let mut c = Command::new(std::env::current_exe().context("locating rackmem")?);
     c.args(["run", "--local", local])
@@ -781,8 +804,9 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             )?;
             write_json(args.json.as_deref(), &serde_json::json!({ "floors": f }))
         }
-        Which::Latency { samples, mib } => {
-            let pb = progress(FLOOR_STEPS + 4);
+        Which::Latency { samples, mib, links } => {
+            let bricks = loopback_bricks(&links, &tmp)?;
+            let pb = progress(FLOOR_STEPS + 4 + bricks.len() as u64);
             let f = floors(samples, &pb)?;
             pb.set_message("fault_latency, native");
             let prog = build(&args.bench_dir, "fault_latency", &tmp)?;
@@ -819,6 +843,16 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 &pargs,
             )?)?;
             pb.inc(1);
+            let mut over_links = Vec::new();
+            for b in &bricks {
+                let kind = b.addr.split("://").next().unwrap_or("tcp").to_string();
+                pb.set_message(format!("fault_latency, rackmem, 25% local, {kind} loopback brick"));
+                let mut extra: Vec<String> = ["--prefetch", "0"].iter().map(|s| s.to_string()).collect();
+                extra.extend(b.run_args());
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                over_links.push((kind, run(rackmem_run("25%", &extra, &prog, &pargs)?)?));
+                pb.inc(1);
+            }
             pb.finish_and_clear();
             let snap: Option<rackmem_runtime::stats::StatsSnapshot> = std::fs::read_to_string(&stats_path)
                 .ok()
@@ -842,6 +876,31 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                     p50_us: num(kv, "p50_us"),
                     p99_us: num(kv, "p99_us"),
                     mean_us: num(kv, "mean_us"),
+                });
+            }
+            for (kind, kv) in &over_links {
+                rows.push(Summary {
+                    name: format!("remote 4 KiB fault, rackmem, {kind} link (loopback), 25% local, prefetch off"),
+                    samples,
+                    p50_us: num(kv, "p50_us"),
+                    p99_us: num(kv, "p99_us"),
+                    mean_us: num(kv, "mean_us"),
+                });
+            }
+            let by_kind = |k: &str| over_links.iter().find(|(n, _)| n == k).map(|(_, kv)| kv);
+            let mut tls_vs_tcp = serde_json::Value::Null;
+            if let (Some(tcp), Some(tls)) = (by_kind("tcp"), by_kind("tls")) {
+                let ratio = |m: &str| num(tls, m) / num(tcp, m);
+                println!(
+                    "TLS ÷ TCP, remote 4 KiB fault (same run): p50 {:.2} ({:.1} / {:.1} µs), p99 {:.2}, mean {:.2}",
+                    ratio("p50_us"),
+                    num(tls, "p50_us"),
+                    num(tcp, "p50_us"),
+                    ratio("p99_us"),
+                    ratio("mean_us"),
+                );
+                tls_vs_tcp = serde_json::json!({
+                    "p50": ratio("p50_us"), "p99": ratio("p99_us"), "mean": ratio("mean_us"),
                 });
             }
             print_summaries("Remote fault latency beside the floors (same run)", &rows);
@@ -935,11 +994,17 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             }
             write_json(
                 args.json.as_deref(),
-                &serde_json::json!({ "rows": rows, "ratio_to_floors": remote / (uffd + link), "breakdown": breakdown }),
+                &serde_json::json!({
+                    "rows": rows,
+                    "ratio_to_floors": remote / (uffd + link),
+                    "breakdown": breakdown,
+                    "tls_vs_tcp": tls_vs_tcp,
+                }),
             )
         }
-        Which::Scan { mib, passes } => {
-            let pb = progress(4);
+        Which::Scan { mib, passes, links } => {
+            let bricks = loopback_bricks(&links, &tmp)?;
+            let pb = progress(4 + 3 * bricks.len() as u64);
             pb.set_message("scan, native");
             let prog = build(&args.bench_dir, "scan", &tmp)?;
             let pargs = vec![mib.to_string(), passes.to_string()];
@@ -960,29 +1025,56 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
             let mut json = vec![serde_json::json!({"setup": "native", "mb_per_s": base})];
             let mut bars = Vec::new();
             pb.inc(1);
-            for local in ["100%", "50%", "25%"] {
-                pb.set_message(format!("scan, rackmem, {local} local"));
-                let kv = run(rackmem_run(local, &[], &prog, &pargs)?)?;
-                pb.inc(1);
-                if kv.get("checksum") != native.get("checksum") {
-                    anyhow::bail!("scan under rackmem --local {local} computed a different checksum");
-                }
-                let r = num(&kv, "mb_per_s");
-                t.add_row(vec![
-                    format!("rackmem, {local} local, defaults"),
-                    format!("{r:.0}"),
-                    format!("{:.3}", r / base),
-                ]);
-                json.push(
-                    serde_json::json!({"setup": format!("rackmem {local}"), "mb_per_s": r, "vs_native": r / base}),
+            // The default setup (embedded brick), then each loopback brick asked for.
+            let mut setups: Vec<(String, Vec<String>)> = vec![("defaults".into(), Vec::new())];
+            for b in &bricks {
+                let kind = b.addr.split("://").next().unwrap_or("tcp");
+                setups.push((format!("{kind} link (loopback)"), b.run_args()));
+            }
+            let mut by_setup: Vec<(String, String, f64)> = Vec::new();
+            for (setup, extra) in &setups {
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                for local in ["100%", "50%", "25%"] {
+                    pb.set_message(format!("scan, rackmem, {local} local, {setup}"));
+                    let kv = run(rackmem_run(local, &extra, &prog, &pargs)?)?;
+                    pb.inc(1);
+                    if kv.get("checksum") != native.get("checksum") {
+                        anyhow::bail!("scan under rackmem --local {local} ({setup}) computed a different checksum");
+                    }
+                    let r = num(&kv, "mb_per_s");
+                    by_setup.push((setup.clone(), local.to_string(), r));
+                    t.add_row(vec![
+                        format!("rackmem, {local} local, {setup}"),
+                        format!("{r:.0}"),
+                        format!("{:.3}", r / base),
+                    ]);
+                    json.push(
+                    serde_json::json!({"setup": format!("rackmem {local} {setup}"), "mb_per_s": r, "vs_native": r / base}),
                 );
-                bars.push(rackmem_bench::chart::Bar {
-                    group: format!("scan, {mib} MiB"),
-                    label: format!("rackmem {local} local, defaults"),
-                    fraction: r / base,
-                });
+                    bars.push(rackmem_bench::chart::Bar {
+                        group: format!("scan, {mib} MiB"),
+                        label: format!("rackmem {local} local, {setup}"),
+                        fraction: r / base,
+                    });
+                }
             }
             pb.finish_and_clear();
+            let mut ratios = Vec::new();
+            let find = |s: &str, l: &str| {
+                by_setup
+                    .iter()
+                    .find(|(a, b, _)| a.starts_with(s) && b == l)
+                    .map(|x| x.2)
+            };
+            for local in ["100%", "50%", "25%"] {
+                if let (Some(tcp), Some(tls)) = (find("tcp", local), find("tls", local)) {
+                    println!(
+                        "TLS ÷ TCP, scan throughput at {local} local (same run): {:.2} ({tls:.0} / {tcp:.0} MB/s)",
+                        tls / tcp
+                    );
+                    ratios.push(serde_json::json!({"local": local, "ratio": tls / tcp, "tls_mb_per_s": tls, "tcp_mb_per_s": tcp}));
+                }
+            }
             if let Some(p) = args.svg.as_deref() {
                 std::fs::write(
                     p,
@@ -992,7 +1084,10 @@ pub fn run_bench(args: BenchArgs) -> Result<i32> {
                 eprintln!("rackmem bench: chart written to {}", p.display());
             }
             println!("Sequential scan, {mib} MiB, {passes} passes (same run)\n{t}");
-            write_json(args.json.as_deref(), &serde_json::json!({ "scan": json }))
+            write_json(
+                args.json.as_deref(),
+                &serde_json::json!({ "scan": json, "tls_vs_tcp": ratios }),
+            )
         }
     };
     let _ = std::fs::remove_dir_all(&tmp);

@@ -11,9 +11,19 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct BrickArgs {
-    /// Where to listen: tcp://HOST:PORT or unix:PATH.
+    /// Where to listen: tcp://HOST:PORT, tls://HOST:PORT or unix:PATH. tls:// serves the same
+    /// protocol inside TLS, with the certificate of --tls-cert and --tls-key: nodes verify it
+    /// against the CA given to them (rackmem run --tls-ca, RACKMEM_TLS_CA), and it must name the
+    /// host they connect to. Shared memory is not offered over TLS.
     #[arg(long, value_name = "ADDR")]
     listen: String,
+    /// PEM certificate chain a tls:// brick presents (its first certificate names this host as
+    /// nodes reach it: DNS name or IP address).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Size of the pool this brick lends (lazily backed: memory is used only when written).
     #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size_arg)]
     size: u64,
@@ -70,7 +80,8 @@ pub struct BrickArgs {
           value_parser = parse_count)]
     max_connections_per_peer: usize,
     /// Milliseconds a new connection has to authenticate (ALLOC with the secret, or ATTACH with
-    /// a grant) before it is closed: bounds what silent or slow connections hold.
+    /// a grant) before it is closed, TLS handshake included on tls://: bounds what silent or slow
+    /// connections hold.
     #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().handshake_timeout.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(100..=600_000))]
     handshake_timeout_ms: u64,
@@ -172,7 +183,11 @@ fn sanitize_name(s: &str) -> String {
 
 /// What the brick registers: its address as nodes reach it, and a name.
 fn advertised(local_addr: &str) -> (String, String) {
-    if let Some(hp) = local_addr.strip_prefix("tcp://") {
+    let scheme = &local_addr[..local_addr.len().min(6)];
+    if let Some(hp) = local_addr
+        .strip_prefix("tcp://")
+        .or_else(|| local_addr.strip_prefix("tls://"))
+    {
         if let Some((host, port)) = hp.rsplit_once(':') {
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let reachable = if host == "0.0.0.0" || host == "::" {
@@ -186,7 +201,7 @@ fn advertised(local_addr: &str) -> (String, String) {
                 reachable
             };
             return (
-                format!("tcp://{shown}:{port}"),
+                format!("{scheme}{shown}:{port}"),
                 sanitize_name(&format!("{}-{port}", hostname())),
             );
         }
@@ -297,6 +312,18 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let key_hex = hex::encode(&key);
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(_), _) if !args.listen.starts_with("tls://") => {
+            bail!(
+                "--tls-cert and --tls-key serve TLS: listen on tls://HOST:PORT, not {}",
+                args.listen
+            )
+        }
+        (Some(cert), Some(key)) => {
+            Some(rackmem_brick::tls_server_config(cert, key).context("loading --tls-cert and --tls-key")?)
+        }
+        _ => None,
+    };
     let handle = Brick::start(BrickConfig {
         listen,
         size_bytes: args.size,
@@ -305,6 +332,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         // With a control plane, segments come from its grants and live until it drops them.
         managed: args.control.is_some(),
         limits,
+        tls,
     })
     .with_context(|| format!("starting the brick on {}", args.listen))?;
     eprintln!(

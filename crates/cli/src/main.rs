@@ -39,6 +39,10 @@ pub mod exit {
         Two machines:\n  \
         memory-rich$ rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --secret-file /etc/rackmem.secret\n  \
         compute$     rackmem run --brick tcp://memory-rich:7070 --secret-file /etc/rackmem.secret --local 25% -- ./app\n\n\
+        The same across an untrusted network, inside TLS (certificate verified against your CA):\n  \
+        memory-rich$ rackmem brick --listen tls://0.0.0.0:7070 --tls-cert brick.pem --tls-key brick.key --size 64GiB \
+        --secret-file /etc/rackmem.secret\n  \
+        compute$     rackmem run --brick tls://memory-rich:7070 --tls-ca ca.pem --secret-file /etc/rackmem.secret -- ./app\n\n\
         A cluster with a control plane (segments granted on demand, returned at exit):\n  \
         ctl-host$    rackmem control --listen 0.0.0.0:7080 --store sqlite:/var/lib/rackmem/control.db\n  \
         memory-rich$ rackmem brick --listen tcp://0.0.0.0:7070 --size 64GiB --control http://ctl-host:7080\n  \

@@ -18,7 +18,7 @@ Defaults (each can be overridden):
     the node agent hands out on unix: bricks) are mapped into the program, so a fault or a
     write-back is a memory copy rather than a request over the socket. --no-shared-memory or
     RACKMEM_SHARED_MEMORY=0 keeps the sockets; --shared-memory makes a failure to map an error.
-    Bricks reached over TCP always use their links.
+    Bricks reached over TCP or TLS always use their links.
   Fault handler: placed by the runtime from the CPUs the program may use and the threads that
     fault. When one thread raises nearly all faults, it and the handler run on that thread's
     CPU and the handler sleeps between faults, so a fault costs a context switch rather than a
@@ -37,7 +37,7 @@ pub struct RunArgs {
     /// Local buffer: bytes (512MiB) or a percentage of the program's footprint in remote memory (25%).
     #[arg(long, value_name = "SIZE|PCT", default_value = "50%")]
     local: Budget,
-    /// A memory brick to use (tcp://HOST:PORT or unix:PATH); repeat for several. Without one, an
+    /// A memory brick to use (tcp://HOST:PORT, tls://HOST:PORT or unix:PATH); repeat for several. Without one, an
     /// embedded brick serves this run and stops after it.
     #[arg(long = "brick", value_name = "ADDR")]
     bricks: Vec<BrickAddr>,
@@ -52,6 +52,11 @@ pub struct RunArgs {
     /// File holding the shared secret (first line).
     #[arg(long, value_name = "PATH")]
     secret_file: Option<PathBuf>,
+    /// PEM file of the CA certificates that tls:// bricks' certificates must chain to (the
+    /// program's links verify each brick's certificate against them, for the host in its
+    /// address). Needed for tls:// bricks, given with --brick or by the control plane.
+    #[arg(long, value_name = "PEM", env = "RACKMEM_TLS_CA")]
+    tls_ca: Option<PathBuf>,
     /// Allocations of at least this size go to remote memory.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
     threshold: u64,
@@ -168,6 +173,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             secret: Some(secret.clone().into_bytes()),
             managed: false,
             limits: Default::default(),
+            tls: None,
         })
         .context("starting the embedded brick")?;
         let addr: BrickAddr = handle.local_addr().parse().context("embedded brick address")?;
@@ -176,8 +182,16 @@ pub fn run(args: RunArgs) -> Result<i32> {
     } else {
         let secret = read_secret(args.secret.clone(), args.secret_file.as_deref())?
             .context("--brick needs the bricks' shared secret: pass --secret, --secret-file or RACKMEM_SECRET")?;
+        let tls = match &args.tls_ca {
+            Some(p) => Some(
+                rackmem_transport::TlsClient::from_ca_file(p)
+                    .map_err(anyhow::Error::msg)
+                    .context("loading --tls-ca (RACKMEM_TLS_CA)")?,
+            ),
+            None => None,
+        };
         for b in &args.bricks {
-            let link = Link::connect(b, Duration::from_secs(5))
+            let link = Link::connect_with(b, Duration::from_secs(5), tls.as_ref())
                 .map_err(|e| Unreachable(format!("cannot reach brick {b}: {e}")))?;
             link.ping()
                 .map_err(|e| Unreachable(format!("brick {b} does not answer: {e}")))?;
@@ -211,6 +225,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
         .env("RACKMEM_THRESHOLD", args.threshold.to_string())
         // Notices such as "this program outruns its link" come once per run, not per child.
         .env("RACKMEM_NOTICE_DIR", &tmp);
+    if let Some(ca) = &args.tls_ca {
+        // Absolute: the program may change directory before it connects (fork, exec).
+        cmd.env("RACKMEM_TLS_CA", std::path::absolute(ca).unwrap_or_else(|_| ca.clone()));
+    }
     if let Budget::Bytes(b) = args.local {
         cmd.env("RACKMEM_LOCAL", b.to_string());
     }

@@ -65,6 +65,12 @@ fn cluster() -> Cluster {
 /// [`cluster`] with more agent options, and the agent talking to the control plane through a
 /// [`LossyProxy`] when `proxy` is set.
 fn cluster_with(agent_extra: &[&str], proxy: bool) -> Cluster {
+    cluster_on(agent_extra, proxy, false)
+}
+
+/// [`cluster_with`], the bricks serving `tls://127.0.0.1:0` with a certificate from a CA
+/// written to `ca.pem` in the cluster's directory, when `tls` is set.
+fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
     let dir = tempfile::tempdir().expect("tempdir");
     // Tests run clients as another user: they must reach the socket's directory.
     use std::os::unix::fs::PermissionsExt;
@@ -72,11 +78,15 @@ fn cluster_with(agent_extra: &[&str], proxy: bool) -> Cluster {
     let listen = free_port();
     let (control, url) = start_control_on(&dir.path().join("control.db"), &listen);
     let mut bricks = Vec::new();
+    let tls_files = tls.then(|| tls_files(dir.path()));
     for i in 0..2 {
         let mut cmd = Command::new(rackmem());
-        cmd.args(["brick", "--listen"])
-            .arg(format!("unix:{}", dir.path().join(format!("b{i}.sock")).display()))
-            .args(["--size", "1GiB", "--control", &url, "--name", &format!("b{i}")])
+        cmd.args(["brick", "--listen"]);
+        match &tls_files {
+            None => cmd.arg(format!("unix:{}", dir.path().join(format!("b{i}.sock")).display())),
+            Some((_, cert, key)) => cmd.args(["tls://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]),
+        };
+        cmd.args(["--size", "1GiB", "--control", &url, "--name", &format!("b{i}")])
             .args(["--heartbeat-ms", "100"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -212,6 +222,38 @@ fn memory_grows_through_the_agent_and_goes_back_at_exit() {
         s.peak_resident_bytes <= s.window_bytes_allocated / 4 + (1 << 20),
         "{s:?}"
     );
+    assert!(
+        s.bytes_written_back > 0 && s.bytes_fetched + s.bytes_prefetched > 0,
+        "{s:?}"
+    );
+    wait_for("every allocation to be returned", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
+
+#[test]
+fn memory_from_tls_bricks_through_the_agent() {
+    require_root();
+    // Managed bricks on tls:// register tls:// addresses; the program's links verify them
+    // against the CA given to rackmem run.
+    let c = cluster_on(&[], false, true);
+    let addresses: Vec<String> = ctl_json(&c.url, &["bricks"])
+        .as_array()
+        .expect("bricks")
+        .iter()
+        .filter_map(|b| b["address"].as_str().map(str::to_string))
+        .collect();
+    assert!(addresses.iter().all(|a| a.starts_with("tls://")), "{addresses:?}");
+    let args = ["8", "16", "200"];
+    let want = checksums(&native(&program("grow"), &args));
+    let stats = c.dir.path().join("stats.jsonl");
+    let ca = c.dir.path().join("ca.pem").display().to_string();
+    let (mut g, lines) = run_grow_with(&c, &["--tls-ca", &ca], &args, &stats);
+    assert_eq!(vec![checksum_of(&lines)], want, "same data as natively");
+    let status = g.wait_until(LIMIT).expect("the program finished");
+    assert!(status.success(), "{status:?}");
+    let s = read_stats(&stats);
+    let s = busiest(&s);
     assert!(
         s.bytes_written_back > 0 && s.bytes_fetched + s.bytes_prefetched > 0,
         "{s:?}"

@@ -71,6 +71,8 @@ fn floors_latency_and_scan_write_json() {
         "400",
         "--mib",
         "16",
+        "--links",
+        "tcp,tls",
         "--json",
         j.to_str().expect("path"),
         "--svg",
@@ -81,6 +83,14 @@ fn floors_latency_and_scan_write_json() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
     assert!(v["ratio_to_floors"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    // Over plain and TLS loopback bricks too, with what TLS costs (no bound on it: timings).
+    assert!(v["tls_vs_tcp"]["p50"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(
+        rows.iter()
+            .any(|r| r["name"].as_str().is_some_and(|n| n.contains("tls link"))),
+        "{v}"
+    );
 
     let j = dir.path().join("scan.json");
     let o = bench(&[
@@ -89,6 +99,8 @@ fn floors_latency_and_scan_write_json() {
         "16",
         "--passes",
         "1",
+        "--links",
+        "tcp,tls",
         "--json",
         j.to_str().expect("path"),
         "--svg",
@@ -98,7 +110,10 @@ fn floors_latency_and_scan_write_json() {
     chart("scan.svg", &["rackmem 25% local"]);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
-    assert_eq!(v["scan"].as_array().map(Vec::len), Some(4), "{v}");
+    // Native, then 100%, 50% and 25% local on the embedded brick, over tcp and over tls; each
+    // run's checksum was checked against native's by the bench itself.
+    assert_eq!(v["scan"].as_array().map(Vec::len), Some(10), "{v}");
+    assert_eq!(v["tls_vs_tcp"].as_array().map(Vec::len), Some(3), "{v}");
 }
 
 /// A held-out program (Debian's sysbench, which nobody here wrote) through the same bench:

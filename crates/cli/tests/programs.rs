@@ -104,6 +104,40 @@ fn brick_over_tcp() {
 }
 
 #[test]
+fn brick_over_tls() {
+    require_root();
+    let prog = program("passes");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, key) = tls_files(dir.path());
+    let (_brick, addr) = start_brick_with(
+        "tls://127.0.0.1:0",
+        "1GiB",
+        "t",
+        &["--tls-cert", &cert, "--tls-key", &key],
+    );
+    assert!(addr.starts_with("tls://"), "{addr}");
+    let args = ["32", "2", "2"];
+    let n = native(&prog, &args);
+    let (r, stats) = remote(
+        &prog,
+        &args,
+        "10%",
+        &["--brick", &addr, "--secret", "t", "--tls-ca", &ca],
+    );
+    assert!(r.status.success(), "{}", show(&r));
+    assert_eq!(checksums(&n), checksums(&r));
+    assert_used_remote_memory(busiest(&stats));
+    // Without the CA the run stops before the program starts, saying what is missing.
+    let (r, _) = remote(&prog, &args, "10%", &["--brick", &addr, "--secret", "t"]);
+    assert!(
+        !r.status.success(),
+        "ran against a tls:// brick without a CA: {}",
+        show(&r)
+    );
+    assert!(String::from_utf8_lossy(&r.stderr).contains("--tls-ca"), "{}", show(&r));
+}
+
+#[test]
 fn brick_over_unix_socket() {
     require_root();
     let prog = program("passes");

@@ -52,7 +52,7 @@ pub enum BrickState {
 pub struct BrickRegistration {
     /// Unique name of the brick.
     pub name: String,
-    /// Where nodes reach it: `tcp://HOST:PORT` or `unix:PATH`.
+    /// Where nodes reach it: `tcp://HOST:PORT`, `tls://HOST:PORT` or `unix:PATH`.
     pub address: String,
     /// Size of the pool it lends.
     pub capacity_bytes: u64,

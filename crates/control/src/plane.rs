@@ -193,13 +193,15 @@ fn decode_key(key_hex: &str) -> Result<Vec<u8>, String> {
 }
 
 fn check_address(address: &str) -> Result<(), PlaneError> {
-    let ok = (address.starts_with("tcp://") && address.len() > 6 || address.starts_with("unix:") && address.len() > 5)
+    let ok = ["tcp://", "tls://", "unix:"]
+        .iter()
+        .any(|scheme| address.len() > scheme.len() && address.starts_with(scheme))
         && address.len() <= 512;
     if ok {
         Ok(())
     } else {
         Err(PlaneError::Invalid(format!(
-            "brick address {address:?} is not valid: use tcp://HOST:PORT or unix:PATH"
+            "brick address {address:?} is not valid: use tcp://HOST:PORT, tls://HOST:PORT or unix:PATH"
         )))
     }
 }
@@ -1376,6 +1378,16 @@ mod tests {
     use crate::store::MemoryStore;
 
     const M: u64 = EXTENT_ALIGN;
+
+    #[test]
+    fn brick_addresses_of_every_transport_are_accepted() {
+        for ok in ["tcp://mem1:7070", "tls://mem1.example:7070", "unix:/run/b.sock"] {
+            assert!(check_address(ok).is_ok(), "{ok}");
+        }
+        for bad in ["tls://", "tcp://", "unix:", "http://mem1:7070", "mem1:7070"] {
+            assert!(check_address(bad).is_err(), "{bad}");
+        }
+    }
 
     fn plane() -> ControlPlane {
         ControlPlane::open(

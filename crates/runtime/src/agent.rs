@@ -45,7 +45,7 @@ pub enum AgentError {
 /// One segment of an allocation, as the agent hands it over.
 #[derive(Debug, Clone, Deserialize)]
 pub struct AgentSegment {
-    /// Brick address (`tcp://H:P` or `unix:PATH`).
+    /// Brick address (`tcp://H:P`, `tls://H:P` or `unix:PATH`).
     pub brick_address: String,
     /// Segment id.
     pub segment_id: u64,

@@ -4,7 +4,7 @@
 //! option is an environment variable, documented here and in `rackmem run --help`.
 
 use crate::size::{parse_size, Budget, SizeError};
-use rackmem_transport::BrickAddr;
+use rackmem_transport::{BrickAddr, TlsClient};
 use std::time::Duration;
 
 /// How the fault handler waits for page faults.
@@ -54,7 +54,8 @@ impl std::str::FromStr for HandlerMode {
 /// Everything the runtime needs to start.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `RACKMEM_BRICKS`: comma-separated brick addresses (`unix:PATH`, `tcp://HOST:PORT`).
+    /// `RACKMEM_BRICKS`: comma-separated brick addresses (`unix:PATH`, `tcp://HOST:PORT`,
+    /// `tls://HOST:PORT`).
     pub bricks: Vec<BrickAddr>,
     /// `RACKMEM_SECRET`: the shared secret that lets this process carve segments from a brick.
     pub secret: Vec<u8>,
@@ -98,6 +99,9 @@ pub struct Config {
     /// one-time notices are marked as given, so that forked and exec'd children do not repeat
     /// them (unset: once per process).
     pub notice_dir: Option<String>,
+    /// `RACKMEM_TLS_CA`: PEM file of the CA certificates that `tls://` bricks' certificates must
+    /// chain to, read at start (unset: `tls://` bricks cannot be used).
+    pub tls: Option<TlsClient>,
 }
 
 /// Whether segments of bricks on this host are mapped into the process.
@@ -154,6 +158,9 @@ pub enum ConfigError {
     /// A brick address could not be parsed.
     #[error("RACKMEM_BRICKS: {0}")]
     Brick(String),
+    /// The CA file for `tls://` bricks cannot be used.
+    #[error("{0}")]
+    Tls(String),
 }
 
 fn var(name: &str) -> Option<String> {
@@ -217,6 +224,7 @@ impl Config {
                 Some(v) => return Err(ConfigError::Invalid("RACKMEM_SHARED_MEMORY", v.to_string())),
             },
             notice_dir: var("RACKMEM_NOTICE_DIR"),
+            tls: TlsClient::from_env().transpose().map_err(ConfigError::Tls)?,
             agent,
         }))
     }

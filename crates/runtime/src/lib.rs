@@ -475,7 +475,7 @@ impl Drop for CallGuard {
 fn connect_links(cfg: &Config) -> Result<Vec<(BrickAddr, Link)>, RuntimeError> {
     cfg.bricks
         .iter()
-        .map(|a| Ok((a.clone(), Link::connect(a, cfg.timeout)?)))
+        .map(|a| Ok((a.clone(), Link::connect_with(a, cfg.timeout, cfg.tls.as_ref())?)))
         .collect()
 }
 
@@ -510,7 +510,7 @@ impl Runtime {
                     Err(e) => return Err(e.into()),
                 }
             };
-            let writeback = Link::connect(&addr, cfg.timeout)?;
+            let writeback = Link::connect_with(&addr, cfg.timeout, cfg.tls.as_ref())?;
             writeback.attach(&seg.grant, &seg.session_key)?;
             fault.set_receive_spin(cfg.link_spin);
             let shared = segment::share_if(cfg.shared_memory, &fault)?;
@@ -766,10 +766,10 @@ impl Runtime {
                         size::format_size(inner.window.len() as u64)
                     )));
                 }
-                let fault = Link::connect(&addr, inner.cfg.timeout)?;
+                let fault = Link::connect_with(&addr, inner.cfg.timeout, inner.cfg.tls.as_ref())?;
                 fault.attach(&grant, &key)?;
                 fault.set_receive_spin(inner.cfg.link_spin);
-                let writeback = Link::connect(&addr, inner.cfg.timeout)?;
+                let writeback = Link::connect_with(&addr, inner.cfg.timeout, inner.cfg.tls.as_ref())?;
                 writeback.attach(&grant, &key)?;
                 let shared = segment::share_if(inner.cfg.shared_memory, &fault)?;
                 out.push((pages, addr, grant, fault, writeback, s.rate_limit_bps, shared));
@@ -1487,10 +1487,10 @@ pub fn fork_child() {
         let table = SegmentTable::default();
         for (i, b) in parent.table.all().iter().enumerate() {
             let seg = state.grants[i].clone();
-            let fault = Link::connect(&b.addr, parent.cfg.timeout)?;
+            let fault = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
             fault.attach(&seg.grant, &seg.session_key)?;
             fault.set_receive_spin(parent.cfg.link_spin);
-            let writeback = Link::connect(&b.addr, parent.cfg.timeout)?;
+            let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
             writeback.attach(&seg.grant, &seg.session_key)?;
             let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
             table.push(b.pages, |first_page| Segment {

@@ -1,6 +1,7 @@
 //! Links from a node to memory bricks.
 //!
-//! A [`Link`] is one connection (TCP with `TCP_NODELAY`, or a Unix stream socket). Requests
+//! A [`Link`] is one connection (TCP with `TCP_NODELAY`, TLS over such a TCP connection, or a
+//! Unix stream socket). Requests
 //! carry tags and may be pipelined, from several threads at once or from one thread through
 //! [`Link::submit_read`] / [`Link::submit_write`] and [`Ticket::wait`].
 //!
@@ -20,6 +21,13 @@
 //! response marks the link broken: that request and every pending and later one fail with
 //! [`LinkError::BrickLost`] naming the brick and the cause. Nothing ever returns zeros in place
 //! of data.
+//!
+//! A `tls://` link keeps this design: one TLS connection state is shared by the reader and the
+//! senders under a lock never held across blocking I/O (module `tls`, and `docs/architecture.md`,
+//! "TLS links").
+
+mod tls;
+pub use tls::{TlsClient, TLS_CA_ENV};
 
 use rackmem_proto::{
     attach_proof, encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, SegmentGrant,
@@ -53,6 +61,9 @@ pub const MAX_BATCH_EXTENTS: usize = 1024;
 pub const MAX_BATCH_BYTES: u64 = MAX_PAYLOAD as u64 - (1 << 16);
 const _: () = assert!(MAX_BATCH_EXTENTS as u32 <= MAX_EXTENTS);
 
+/// Most plaintext bytes a `tls://` sender seals before writing them out.
+const TLS_SEAL_BYTES: usize = 256 << 10;
+
 /// How long one blocked send waits before the sender checks for responses to drain.
 const SEND_SLICE: Duration = Duration::from_millis(2);
 
@@ -63,17 +74,21 @@ pub enum BrickAddr {
     Tcp(String),
     /// `unix:PATH`.
     Unix(PathBuf),
+    /// `tls://HOST:PORT`: TCP carrying TLS; the brick's certificate must name HOST and chain to
+    /// a CA the node trusts ([`TlsClient`]).
+    Tls(String),
 }
 
 impl std::str::FromStr for BrickAddr {
     type Err = LinkError;
     fn from_str(s: &str) -> Result<Self, LinkError> {
         let bad = || LinkError::BadAddress(s.to_string());
+        let host_port =
+            |a: &str| matches!(a.rsplit_once(':'), Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok());
         if let Some(a) = s.strip_prefix("tcp://") {
-            match a.rsplit_once(':') {
-                Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => Ok(BrickAddr::Tcp(a.to_string())),
-                _ => Err(bad()),
-            }
+            host_port(a).then(|| BrickAddr::Tcp(a.to_string())).ok_or_else(bad)
+        } else if let Some(a) = s.strip_prefix("tls://") {
+            host_port(a).then(|| BrickAddr::Tls(a.to_string())).ok_or_else(bad)
         } else if let Some(p) = s.strip_prefix("unix:") {
             if p.is_empty() {
                 Err(bad())
@@ -91,6 +106,7 @@ impl fmt::Display for BrickAddr {
         match self {
             BrickAddr::Tcp(a) => write!(f, "tcp://{a}"),
             BrickAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            BrickAddr::Tls(a) => write!(f, "tls://{a}"),
         }
     }
 }
@@ -99,8 +115,16 @@ impl fmt::Display for BrickAddr {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LinkError {
     /// Malformed address.
-    #[error("`{0}` is not a brick address: use tcp://HOST:PORT or unix:PATH")]
+    #[error("`{0}` is not a brick address: use tcp://HOST:PORT, tls://HOST:PORT or unix:PATH")]
     BadAddress(String),
+    /// A `tls://` link cannot be set up: no CA to verify the brick with, or an unusable one.
+    #[error("cannot set up TLS to brick {addr}: {reason}")]
+    TlsSetup {
+        /// Brick.
+        addr: String,
+        /// What is missing or wrong, and what to do.
+        reason: String,
+    },
     /// Connecting failed.
     #[error("cannot reach brick {addr}: {cause}")]
     Unreachable {
@@ -217,6 +241,19 @@ struct RxSock {
     /// The deadline of the wait this read serves: a read that would block waits only until
     /// then, however the bytes trickle in (the socket's own timeout bounds one read only).
     deadline: Option<Instant>,
+    /// A `tls://` link's connection state, shared with the senders (see the `tls` module).
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+    /// TLS bytes read off the socket and not yet handed to rustls.
+    tls_in: TlsIn,
+}
+
+/// Raw TLS bytes read off the socket: `buf[start..end]` is not yet handed to rustls. A fixed
+/// buffer, so that a read does not clear memory it is about to overwrite.
+#[derive(Default)]
+struct TlsIn {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
 }
 
 impl RxSock {
@@ -235,8 +272,67 @@ impl RxSock {
     }
 }
 
+/// Most TLS bytes the reader takes off the socket at once.
+const TLS_READ_BYTES: usize = 64 << 10;
+
 impl Read for RxSock {
     fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        let Some(conn) = self.tls.clone() else {
+            return self.read_raw(b);
+        };
+        if b.is_empty() {
+            return Ok(0);
+        }
+        let mut raw = std::mem::take(&mut self.tls_in);
+        let r = self.read_tls(&conn, &mut raw, b);
+        self.tls_in = raw;
+        r
+    }
+}
+
+impl RxSock {
+    /// Plaintext of a TLS link: what rustls holds already, else raw bytes off the socket
+    /// (read without the connection lock, so senders keep sealing meanwhile) decrypted under
+    /// it. Plaintext already decrypted is returned before the socket is polled: a poll would
+    /// not see it.
+    fn read_tls(&mut self, conn: &Mutex<rustls::ClientConnection>, raw: &mut TlsIn, b: &mut [u8]) -> io::Result<usize> {
+        if raw.buf.is_empty() {
+            raw.buf = vec![0; TLS_READ_BYTES];
+        }
+        loop {
+            {
+                let mut c = lock(conn);
+                loop {
+                    match c.reader().read(b) {
+                        // 0: the brick closed the TLS session (close_notify).
+                        Ok(n) => return Ok(n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                    if raw.start == raw.end {
+                        break;
+                    }
+                    let used = c.read_tls(&mut &raw.buf[raw.start..raw.end])?;
+                    raw.start += used;
+                    // A record that fails to decrypt, or an alert: the link breaks with it. What
+                    // rustls queues to send meanwhile (a key update's answer) leaves with the
+                    // next request, sealed in order (`tls::seal`).
+                    c.process_new_packets()
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}")))?;
+                    if used == 0 {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, "TLS: rustls took no bytes"));
+                    }
+                }
+            }
+            let n = self.read_raw(&mut raw.buf)?;
+            (raw.start, raw.end) = (0, n);
+            if n == 0 {
+                return Ok(0);
+            }
+        }
+    }
+
+    fn read_raw(&mut self, b: &mut [u8]) -> io::Result<usize> {
         if !self.spin.is_zero() && self.sock.set_nonblocking(true).is_ok() {
             // Poll before sleeping: a sleeping reader costs a cross-CPU wake-up when the
             // answer comes, often more than the brick takes to answer. Only the reader uses the
@@ -271,6 +367,12 @@ impl Read for RxSock {
         }
         self.recv(b)
     }
+}
+
+/// The sending half of a link, and the buffer TLS records are sealed into.
+struct Tx {
+    sock: Sock,
+    sealed: Vec<u8>,
 }
 
 impl Write for Sock {
@@ -326,8 +428,12 @@ pub struct Link {
     addr_text: String,
     info: BrickInfo,
     timeout: Duration,
-    /// The sending half; a frame is written whole under this lock.
-    tx: Mutex<Sock>,
+    /// The sending half; a frame is written whole under this lock (for TLS: sealed and written,
+    /// so records reach the socket in the order they were sealed).
+    tx: Mutex<Tx>,
+    /// A `tls://` link's connection state; locked only to seal or open records, never across
+    /// blocking I/O.
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
     /// The receiving half; only the thread that set `RxState::reading` locks it.
     rx_sock: Mutex<BufReader<RxSock>>,
     rx: Mutex<RxState>,
@@ -442,16 +548,53 @@ impl Drop for Ticket<'_> {
 }
 
 impl Link {
-    /// Connects, says HELLO and returns the link. `timeout` bounds the connection attempt and,
-    /// from then on, every wait on this link (see [`DEFAULT_TIMEOUT`]).
+    /// Connects, says HELLO and returns the link. `timeout` bounds the connection attempt (with
+    /// its TLS handshake) and, from then on, every wait on this link (see [`DEFAULT_TIMEOUT`]).
+    /// A `tls://` brick is verified against the CA file named by [`TLS_CA_ENV`]; use
+    /// [`Link::connect_with`] to give the CA explicitly.
     pub fn connect(addr: &BrickAddr, timeout: Duration) -> Result<Link, LinkError> {
+        let tls = match addr {
+            BrickAddr::Tls(_) => match TlsClient::from_env() {
+                Some(Ok(t)) => Some(t),
+                Some(Err(reason)) => {
+                    return Err(LinkError::TlsSetup {
+                        addr: addr.to_string(),
+                        reason,
+                    })
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        Self::connect_with(addr, timeout, tls.as_ref())
+    }
+
+    /// As [`Link::connect`], with the CA certificates that a `tls://` brick's certificate must
+    /// chain to (ignored for other addresses). A `tls://` address without `tls` fails with
+    /// [`LinkError::TlsSetup`]: a link never falls back to an unverified or plain connection.
+    pub fn connect_with(addr: &BrickAddr, timeout: Duration, tls: Option<&TlsClient>) -> Result<Link, LinkError> {
         let text = addr.to_string();
         let unreachable = |cause: String| LinkError::Unreachable {
             addr: text.clone(),
             cause,
         };
+        let started = Instant::now();
+        let client = match (addr, tls) {
+            (BrickAddr::Tls(_), None) => {
+                return Err(LinkError::TlsSetup {
+                    addr: text.clone(),
+                    reason: format!(
+                        "no CA to verify the brick's certificate with: set {TLS_CA_ENV} (or --tls-ca) to the \
+                         PEM file of the CA that signed it"
+                    ),
+                })
+            }
+            (BrickAddr::Tls(_), Some(t)) => Some(t),
+            _ => None,
+        };
+        let mut tls_conn = None;
         let sock = match addr {
-            BrickAddr::Tcp(a) => {
+            BrickAddr::Tcp(a) | BrickAddr::Tls(a) => {
                 let sa = a
                     .to_socket_addrs()
                     .map_err(|e| unreachable(format!("cannot resolve: {e}")))?
@@ -459,6 +602,13 @@ impl Link {
                     .ok_or_else(|| unreachable("the name resolves to no address".into()))?;
                 let s = TcpStream::connect_timeout(&sa, timeout).map_err(|e| unreachable(e.to_string()))?;
                 s.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+                if let Some(client) = client {
+                    s.set_read_timeout(Some(timeout))
+                        .and_then(|()| s.set_write_timeout(Some(timeout)))
+                        .map_err(|e| unreachable(e.to_string()))?;
+                    let conn = tls::handshake(client, a, &s, started + timeout).map_err(&unreachable)?;
+                    tls_conn = Some(Arc::new(Mutex::new(conn)));
+                }
                 Sock::Tcp(s)
             }
             BrickAddr::Unix(p) => Sock::Unix(UnixStream::connect(p).map_err(|e| unreachable(e.to_string()))?),
@@ -481,7 +631,11 @@ impl Link {
                 nonce: [0; NONCE_LEN],
             },
             timeout,
-            tx: Mutex::new(tx),
+            tx: Mutex::new(Tx {
+                sock: tx,
+                sealed: Vec::new(),
+            }),
+            tls: tls_conn.clone(),
             rx_sock: Mutex::new(BufReader::with_capacity(
                 256 << 10,
                 RxSock {
@@ -489,6 +643,8 @@ impl Link {
                     spin: Duration::ZERO,
                     fds: received_fds.clone(),
                     deadline: None,
+                    tls: tls_conn,
+                    tls_in: TlsIn::default(),
                 },
             )),
             rx: Mutex::new(RxState::default()),
@@ -537,7 +693,7 @@ impl Link {
     /// parent's connection end when the parent exits.
     pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
         vec![
-            lock(&self.tx).raw_fd(),
+            lock(&self.tx).sock.raw_fd(),
             lock(&self.rx_sock).get_ref().sock.raw_fd(),
             self.control.raw_fd(),
         ]
@@ -774,9 +930,54 @@ impl Link {
             }
         };
         let head = head(tag);
-        let mut tx = lock(&self.tx);
-        let mut bufs = [IoSlice::new(&head), IoSlice::new(data)];
-        let mut bufs = &mut bufs[..];
+        let mut guard = lock(&self.tx);
+        let tx = &mut *guard;
+        match &self.tls {
+            None => self.write_out(
+                &mut tx.sock,
+                &mut [IoSlice::new(&head), IoSlice::new(data)],
+                op,
+                deadline,
+            )?,
+            Some(conn) => {
+                // Sealed in pieces so that a large WRITE is not copied whole before it leaves.
+                let mut pieces = data.chunks(TLS_SEAL_BYTES).peekable();
+                let mut first = true;
+                loop {
+                    let piece = pieces.next().unwrap_or_default();
+                    let with_head = [IoSlice::new(&head), IoSlice::new(piece)];
+                    let bufs = if first { &with_head[..] } else { &with_head[1..] };
+                    first = false;
+                    if let Err(e) = tls::seal(&mut lock(conn), bufs, &mut tx.sealed) {
+                        return Err(self.lost(format!("TLS: cannot seal {op:?}: {e}")));
+                    }
+                    let sealed = std::mem::take(&mut tx.sealed);
+                    let r = self.write_out(&mut tx.sock, &mut [IoSlice::new(&sealed)], op, deadline);
+                    tx.sealed = sealed;
+                    r?;
+                    if pieces.peek().is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(guard);
+        self.unread.fetch_add(1, Ordering::AcqRel);
+        self.last_sent_ms
+            .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+        Ok(tag)
+    }
+
+    /// Writes `bufs` whole to the socket by `deadline`, draining responses while the socket is
+    /// full (the brick may be blocked sending them).
+    fn write_out(
+        &self,
+        tx: &mut Sock,
+        bufs: &mut [IoSlice<'_>],
+        op: Opcode,
+        deadline: Instant,
+    ) -> Result<(), LinkError> {
+        let mut bufs = bufs;
         IoSlice::advance_slices(&mut bufs, 0);
         while !bufs.is_empty() {
             match tx.write_vectored(bufs) {
@@ -802,11 +1003,7 @@ impl Link {
                 }
             }
         }
-        drop(tx);
-        self.unread.fetch_add(1, Ordering::AcqRel);
-        self.last_sent_ms
-            .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
-        Ok(tag)
+        Ok(())
     }
 
     fn submit(&self, req: &Request) -> Result<u32, LinkError> {
@@ -894,9 +1091,11 @@ impl Link {
     /// and writes of the segment, without a request. Only a brick on this host can do that:
     /// over TCP this fails with [`LinkError::Invalid`] before sending anything.
     pub fn share(&self) -> Result<SharedMemory, LinkError> {
-        if let BrickAddr::Tcp(_) = self.addr {
+        if !matches!(self.addr, BrickAddr::Unix(_)) {
             return Err(self.invalid(
-                "shared memory needs a Unix-socket link to a brick on this host (TCP cannot carry a descriptor)".into(),
+                "shared memory needs a Unix-socket link to a brick on this host (TCP and TLS cannot carry a \
+                 descriptor)"
+                    .into(),
             ));
         }
         let _one = lock(&self.share_lock);
@@ -1141,13 +1340,78 @@ mod tests {
 
     #[test]
     fn addresses_round_trip() {
-        for s in ["tcp://127.0.0.1:7070", "unix:/tmp/b.sock", "tcp://host:1"] {
+        for s in [
+            "tcp://127.0.0.1:7070",
+            "unix:/tmp/b.sock",
+            "tcp://host:1",
+            "tls://brick.example:7070",
+        ] {
             let a: BrickAddr = s.parse().unwrap();
             assert_eq!(a.to_string(), s);
         }
-        for s in ["", "tcp://", "tcp://host", "tcp://:80", "http://x:1", "unix:"] {
+        for s in [
+            "",
+            "tcp://",
+            "tcp://host",
+            "tcp://:80",
+            "http://x:1",
+            "unix:",
+            "tls://",
+            "tls://host",
+            "tls://:1",
+        ] {
             assert!(s.parse::<BrickAddr>().is_err(), "{s}");
         }
+    }
+
+    /// Both ends change keys mid-stream (TLS 1.3 KeyUpdate, which rustls also does by itself
+    /// before a key's confidentiality limit): the node asks, the brick answers with its own,
+    /// which the link's reader opens between responses; pages still round-trip.
+    #[test]
+    fn a_tls_key_update_mid_stream_keeps_the_link_working() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let ca = ca_params.self_signed(&ca_key).expect("CA");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("certificate");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert_file, key_file) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert_file, cert.pem()).expect("write");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write");
+        let brick = rackmem_brick::Brick::start(rackmem_brick::BrickConfig {
+            listen: rackmem_brick::ListenAddr::Tls("127.0.0.1:0".into()),
+            size_bytes: 64 << 20,
+            key: b"k".to_vec(),
+            secret: Some(b"s".to_vec()),
+            managed: false,
+            limits: Default::default(),
+            tls: Some(rackmem_brick::tls_server_config(&cert_file, &key_file).expect("config")),
+        })
+        .expect("brick");
+        let addr: BrickAddr = brick.local_addr().parse().expect("address");
+        let trust = TlsClient::from_ca_pem(ca.pem().as_bytes()).expect("CA");
+        let link = Link::connect_with(&addr, DEFAULT_TIMEOUT, Some(&trust)).expect("link");
+        link.alloc_segment(b"s", 8 << 20).expect("alloc");
+        let page = |round: u8| (0..4096 * 64).map(|i| (i as u8) ^ round).collect::<Vec<u8>>();
+        for round in 0..4u8 {
+            let conn = link.tls.as_ref().expect("a TLS link");
+            lock(conn).refresh_traffic_keys().expect("key update");
+            let data = page(round);
+            link.write_pages(&[(0, data.len() as u32)], &data)
+                .expect("write after a key update");
+            let mut back = vec![0u8; data.len()];
+            link.read_pages(&[(0, back.len() as u32)], &mut back)
+                .expect("read after a key update");
+            assert!(back == data, "round {round}: pages differ after a key update");
+        }
+        assert!(!link.is_broken());
     }
 
     #[test]

@@ -20,6 +20,7 @@ fn brick(listen: ListenAddr, size_bytes: u64) -> (BrickHandle, BrickAddr) {
         secret: Some(SECRET.to_vec()),
         managed: false,
         limits: Default::default(),
+        tls: None,
     })
     .expect("brick starts");
     let a = h.local_addr().parse().expect("brick address parses");

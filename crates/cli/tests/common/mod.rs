@@ -452,12 +452,15 @@ pub fn start_brick_with(listen: &str, size: &str, secret: &str, extra: &[&str]) 
         }
         return (g, listen.to_string());
     }
-    // TCP: the brick announces the address it bound ("... tcp://127.0.0.1:PORT").
+    // TCP and TLS: the brick announces the address it bound ("... tcp://127.0.0.1:PORT").
     let mut seen = Vec::new();
     loop {
         match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => {
-                if let Some(a) = l.split_whitespace().find(|w| w.starts_with("tcp://")) {
+                if let Some(a) = l
+                    .split_whitespace()
+                    .find(|w| w.starts_with("tcp://") || w.starts_with("tls://"))
+                {
                     let a = a.trim_end_matches([',', '.', ')']).to_string();
                     std::thread::spawn(move || for _ in lines {});
                     return (g, a);
@@ -549,4 +552,35 @@ pub fn admin_token() -> String {
         .expect("reading the tests' admin token")
         .trim()
         .to_string()
+}
+
+// --- TLS ----------------------------------------------------------------------------------
+
+/// A private CA (PEM) and a brick certificate it signs for 127.0.0.1, with its key (PEM).
+pub fn test_ca_and_brick_certificate() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params.distinguished_name.push(DnType::CommonName, "rackmem test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().expect("brick key");
+    let mut p = CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+    p.distinguished_name.push(DnType::CommonName, "brick");
+    let cert = p.signed_by(&key, &issuer).expect("brick certificate");
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// [`test_ca_and_brick_certificate`] written into `dir`: paths of the CA, the brick's
+/// certificate and its key.
+pub fn tls_files(dir: &Path) -> (String, String, String) {
+    let (ca, cert, key) = test_ca_and_brick_certificate();
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write PEM");
+        p.display().to_string()
+    };
+    (file("ca.pem", &ca), file("brick.pem", &cert), file("brick.key", &key))
 }
