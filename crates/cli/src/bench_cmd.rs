@@ -87,13 +87,14 @@ enum Which {
 
 #[derive(Args)]
 pub struct WorkloadArgs {
-    /// Workloads to run: stream, gups, scan, ptrchase (C programs of `bench/`), and
+    /// Workloads to run: stream, gups, scan, ptrchase, skewed (four in five updates to a hot
+    /// fifth of the pages) (C programs of `bench/`), and
     /// sysbench-write, sysbench-read (Debian's sysbench sweeping 1 GiB three times: a held-out
     /// program, nobody here wrote it).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "stream,gups,scan,ptrchase,sysbench-write"
+        default_value = "stream,gups,scan,ptrchase,skewed,sysbench-write"
     )]
     only: Vec<String>,
     /// Local buffers, in percent of each workload's footprint.
@@ -379,6 +380,14 @@ fn workloads(scale: f64) -> Vec<Workload> {
             sz(256.0) << 20,
             "steps_per_s",
         ),
+        // Four in five updates to a hot fifth of the pages: what tells an eviction policy that
+        // keeps the hot set from one that cannot (FIFO).
+        Workload::ours(
+            "skewed",
+            vec![sz(1024.0).to_string(), sz(400_000.0).to_string()],
+            sz(1024.0) << 20,
+            "updates_per_s",
+        ),
         // sysbench takes block sizes that are powers of two only.
         Workload::sysbench("sysbench-write", "write", 1 << sz(1024.0).ilog2()),
         Workload::sysbench("sysbench-read", "read", 1 << sz(1024.0).ilog2()),
@@ -439,7 +448,7 @@ fn run_workloads(a: WorkloadArgs, bench_dir: &Path, tmp: &Path, json: Option<&Pa
     let chosen: Vec<&Workload> = all.iter().filter(|w| a.only.iter().any(|o| o == w.name)).collect();
     anyhow::ensure!(
         !chosen.is_empty(),
-        "--only names no known workload (stream, gups, scan, ptrchase, sysbench-write, sysbench-read)"
+        "--only names no known workload (stream, gups, scan, ptrchase, skewed, sysbench-write, sysbench-read)"
     );
     let peers: Vec<SwapBackend> = a
         .peers

@@ -512,3 +512,57 @@ fn apps_against_swap_peers_leave_the_machine_as_found() {
     );
     assert_eq!(machine_state(), before, "the machine must be left as it was found");
 }
+
+/// The skewed workload (four in five updates to a hot fifth of the pages) runs natively and
+/// under rackmem with the same checksum (the bench refuses a differing one) and reports its
+/// cold updates, the part of its faults no eviction policy can avoid.
+#[test]
+fn skewed_workload_runs_under_rackmem_with_the_native_checksum() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("w.json");
+    let o = bench(&[
+        "workloads",
+        "--scale",
+        "0.05",
+        "--only",
+        "skewed",
+        "--locals",
+        "25",
+        "--transports",
+        "defaults",
+        "--peers",
+        "",
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let rows = v["workloads"].as_array().expect("rows");
+    for setup in ["native", "rackmem defaults"] {
+        let r = rows
+            .iter()
+            .find(|r| r["workload"] == "skewed" && r["setup"] == setup)
+            .unwrap_or_else(|| panic!("no skewed row for {setup}: {v}"));
+        assert_eq!(r["metric"], "updates_per_s", "{r}");
+        assert!(r["value"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+    }
+    // The program's own report: cold updates are about a fifth of all updates.
+    let bin = dir.path().join("skewed");
+    let built = Command::new("gcc")
+        .args(["-O2", "-std=gnu11", "-o"])
+        .arg(&bin)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/skewed.c"))
+        .status()
+        .expect("gcc");
+    assert!(built.success());
+    let out = Command::new(&bin).args(["16", "100000"]).output().expect("skewed runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cold: f64 = text
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("cold_updates="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no cold_updates in {text}"));
+    assert!((15_000.0..25_000.0).contains(&cold), "{text}");
+}
