@@ -807,26 +807,8 @@ fn the_agent_renews_the_grants_of_memory_in_use_and_only_that() {
     let store = format!("sqlite:{}", dir.path().join("control.db").display());
     let (_control, url) =
         start_control_with(&["--listen", "127.0.0.1:0", "--store", &store, "--grant-lifetime", "30s"]);
-    let mut cmd = Command::new(rackmem());
-    cmd.args(["brick", "--listen"])
-        .arg(format!("unix:{}", dir.path().join("b.sock").display()))
-        .args([
-            "--size",
-            "256MiB",
-            "--control",
-            &url,
-            "--name",
-            "b0",
-            "--heartbeat-ms",
-            "100",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _brick = Guard::spawn(&mut cmd);
-    wait_for("the brick to register", || {
-        ctl_json(&url, &["bricks"]).as_array().is_some_and(|b| !b.is_empty())
-    });
+    let listen = format!("unix:{}", dir.path().join("b.sock").display());
+    let _brick = start_managed_brick(&url, &listen, "256MiB", "b0", |_| {});
     let socket = dir.path().join("agent.sock");
     let _agent = spawn_agent(&url, "n1", &socket, &["--reconcile-interval", "1s"]);
     let mut conn = connect(&socket);
@@ -861,28 +843,11 @@ fn a_cluster_runs_on_role_tokens_only() {
     };
     let (brick_token, node_token) = (token_file("brick", "b0"), token_file("node", "n1"));
     // Neither process sees the admin token: each has its own role's.
-    let mut cmd = Command::new(rackmem());
-    cmd.env_remove("RACKMEM_TOKEN_FILE")
-        .args(["brick", "--listen"])
-        .arg(format!("unix:{}", dir.path().join("b.sock").display()))
-        .args([
-            "--size",
-            "256MiB",
-            "--control",
-            &url,
-            "--name",
-            "b0",
-            "--heartbeat-ms",
-            "100",
-            "--token-file",
-        ])
-        .arg(&brick_token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _brick = Guard::spawn(&mut cmd);
-    wait_for("the brick to register with its token", || {
-        ctl_json(&url, &["bricks"]).as_array().is_some_and(|b| !b.is_empty())
+    let listen = format!("unix:{}", dir.path().join("b.sock").display());
+    let _brick = start_managed_brick(&url, &listen, "256MiB", "b0", |cmd| {
+        cmd.env_remove("RACKMEM_TOKEN_FILE")
+            .arg("--token-file")
+            .arg(&brick_token);
     });
     let socket = dir.path().join("agent.sock");
     let mut cmd = Command::new(rackmem());

@@ -238,26 +238,7 @@ fn an_expired_grant_is_refused_and_a_renewed_one_reaches_the_same_data() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = format!("sqlite:{}", dir.path().join("control.db").display());
     let (_control, url) = start_control_with(&["--listen", "127.0.0.1:0", "--store", &store, "--grant-lifetime", "2s"]);
-    let mut cmd = Command::new(rackmem());
-    cmd.args([
-        "brick",
-        "--listen",
-        "tcp://127.0.0.1:0",
-        "--size",
-        "64MiB",
-        "--control",
-        &url,
-    ])
-    .args(["--name", "lease1", "--heartbeat-ms", "100"])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    let _brick = Guard::spawn(&mut cmd);
-    let deadline = Instant::now() + START_LIMIT;
-    while ctl_json(&url, &["bricks"]).as_array().is_none_or(Vec::is_empty) {
-        assert!(Instant::now() < deadline, "the brick never registered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let _brick = start_managed_brick(&url, "tcp://127.0.0.1:0", "64MiB", "lease1", |_| {});
     let o = ctl(&url, &["add-node", "--name", "n1"]);
     assert!(o.status.success(), "{}", show(&o));
     let a = ctl_json(&url, &["alloc", "--node", "n1", "--size", "4MiB"]);

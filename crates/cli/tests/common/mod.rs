@@ -584,3 +584,41 @@ pub fn tls_files(dir: &Path) -> (String, String, String) {
     };
     (file("ca.pem", &ca), file("brick.pem", &cert), file("brick.key", &key))
 }
+
+/// Starts `rackmem brick --listen LISTEN --size SIZE --control URL --name NAME` (heartbeats every
+/// 100 ms), after `configure` adds to the command, and waits until the control plane lists it.
+pub fn start_managed_brick(
+    url: &str,
+    listen: &str,
+    size: &str,
+    name: &str,
+    configure: impl FnOnce(&mut Command),
+) -> Guard {
+    let mut cmd = Command::new(rackmem());
+    cmd.args([
+        "brick",
+        "--listen",
+        listen,
+        "--size",
+        size,
+        "--control",
+        url,
+        "--name",
+        name,
+    ])
+    .args(["--heartbeat-ms", "100"])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    configure(&mut cmd);
+    let g = Guard::spawn(&mut cmd);
+    let deadline = Instant::now() + START_LIMIT;
+    loop {
+        let bricks = ctl_json(url, &["bricks"]);
+        if bricks.as_array().is_some_and(|b| b.iter().any(|b| b["name"] == name)) {
+            return g;
+        }
+        assert!(Instant::now() < deadline, "brick {name} never registered: {bricks}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
