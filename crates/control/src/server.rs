@@ -243,23 +243,37 @@ impl FromRequestParts<AppState> for Caller {
 }
 
 /// An object a request touches, for [`may`].
-enum Target<'a> {
+enum Target {
     /// Only admins.
     Admin,
     /// The node of this name.
-    NodeName(&'a str),
+    NodeName(String),
     /// The node of this id.
     Node(u64),
     /// The brick of this name.
-    BrickName(&'a str),
+    BrickName(String),
     /// The brick of this id.
     Brick(u64),
     /// An allocation (its node's).
     Allocation(u64),
 }
 
+/// Runs `f` on the control plane (see [`with_plane`]) once `c` may touch `t` (see [`may`]),
+/// checked under the same lock, so the object cannot change owner in between.
+async fn authorized<T, F>(st: &AppState, c: Principal, t: Target, f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut ControlPlane) -> Result<T, PlaneError> + Send + 'static,
+{
+    with_plane(st, move |p| {
+        may(p, &c, &t)?;
+        f(p)
+    })
+    .await
+}
+
 /// Whether `c` may touch `t` (deny by default: each role passes only where named here).
-fn may(p: &ControlPlane, c: &Principal, t: &Target<'_>) -> Result<(), PlaneError> {
+fn may(p: &ControlPlane, c: &Principal, t: &Target) -> Result<(), PlaneError> {
     let ok = match (c.role, t) {
         (AuthRole::Admin, _) => true,
         (AuthRole::Node, Target::NodeName(n)) => *n == c.name,
@@ -456,8 +470,7 @@ async fn register_brick(
     Caller(c): Caller,
     ApiJson(reg): ApiJson<BrickRegistration>,
 ) -> Result<Json<BrickRegistered>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::BrickName(&reg.name))?;
+    authorized(&st, c, Target::BrickName(reg.name.clone()), move |p| {
         p.register_brick(reg)
     })
     .await
@@ -467,12 +480,9 @@ async fn register_brick(
 /// Lists the bricks.
 #[utoipa::path(get, path = "/v1/bricks", tag = "bricks", responses((status = 200, body = Vec<Brick>)))]
 async fn list_bricks(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Vec<Brick>>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        Ok(p.bricks())
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Admin, move |p| Ok(p.bricks()))
+        .await
+        .map(Json)
 }
 
 /// One brick.
@@ -480,12 +490,9 @@ async fn list_bricks(State(st): State<AppState>, Caller(c): Caller) -> Result<Js
     params(("id" = u64, Path, description = "Brick id")),
     responses((status = 200, body = Brick), (status = 404, body = ErrorBody)))]
 async fn get_brick(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<Brick>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Brick(id))?;
-        p.brick(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Brick(id), move |p| p.brick(id))
+        .await
+        .map(Json)
 }
 
 /// Forgets a brick that holds no segment: its name is free for a brick with another key.
@@ -493,12 +500,9 @@ async fn get_brick(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) ->
     params(("id" = u64, Path, description = "Brick id")),
     responses((status = 200, body = Brick), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn forget_brick(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<Brick>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        p.forget_brick(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Admin, move |p| p.forget_brick(id))
+        .await
+        .map(Json)
 }
 
 /// A brick's heartbeat; the reply lists the segments it must keep (it releases the others).
@@ -520,12 +524,9 @@ async fn heartbeat(
                 .map_err(|e| ApiError::bad_request(format!("heartbeat body is not valid: {e}")))?,
         )
     };
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Brick(id))?;
-        p.heartbeat(id, stats)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Brick(id), move |p| p.heartbeat(id, stats))
+        .await
+        .map(Json)
 }
 
 /// Registers a node (or re-registers it by name).
@@ -541,8 +542,7 @@ async fn register_node(
     Caller(c): Caller,
     ApiJson(reg): ApiJson<NodeRegistration>,
 ) -> Result<Json<NodeRegistered>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::NodeName(&reg.name))?;
+    authorized(&st, c, Target::NodeName(reg.name.clone()), move |p| {
         p.register_node(reg)
     })
     .await
@@ -552,12 +552,9 @@ async fn register_node(
 /// Lists the nodes.
 #[utoipa::path(get, path = "/v1/nodes", tag = "nodes", responses((status = 200, body = Vec<Node>)))]
 async fn list_nodes(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Vec<Node>>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        Ok(p.nodes())
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Admin, move |p| Ok(p.nodes()))
+        .await
+        .map(Json)
 }
 
 /// One node.
@@ -565,12 +562,9 @@ async fn list_nodes(State(st): State<AppState>, Caller(c): Caller) -> Result<Jso
     params(("id" = u64, Path, description = "Node id")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
 async fn get_node(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<Node>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Node(id))?;
-        p.node(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Node(id), move |p| p.node(id))
+        .await
+        .map(Json)
 }
 
 /// The rate limit of each segment of a node, for its agent's token buckets.
@@ -578,12 +572,9 @@ async fn get_node(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> 
     params(("id" = u64, Path, description = "Node id")),
     responses((status = 200, body = NodeRates), (status = 404, body = ErrorBody)))]
 async fn node_rates(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<NodeRates>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Node(id))?;
-        p.rates(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Node(id), move |p| p.rates(id))
+        .await
+        .map(Json)
 }
 
 /// Allocates memory for a node: all segments or none.
@@ -602,11 +593,7 @@ async fn create_allocation(
     ApiJson(req): ApiJson<AllocationRequest>,
 ) -> Result<(StatusCode, Json<Allocation>), ApiError> {
     let start = Instant::now();
-    let r = with_plane(&st, move |p| {
-        may(p, &c, &Target::Node(req.node))?;
-        p.allocate_once(req)
-    })
-    .await;
+    let r = authorized(&st, c, Target::Node(req.node), move |p| p.allocate_once(req)).await;
     st.metrics.observe_allocation(start.elapsed());
     r.map(|(a, how)| match how {
         crate::plane::Allocated::Created => (StatusCode::CREATED, Json(a)),
@@ -663,12 +650,9 @@ async fn get_allocation(
     Caller(c): Caller,
     Id(id): Id,
 ) -> Result<Json<Allocation>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Allocation(id))?;
-        p.allocation(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Allocation(id), move |p| p.allocation(id))
+        .await
+        .map(Json)
 }
 
 /// Releases an allocation; the reply lists the extents given back.
@@ -680,12 +664,9 @@ async fn delete_allocation(
     Caller(c): Caller,
     Id(id): Id,
 ) -> Result<Json<Released>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Allocation(id))?;
-        p.free(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Allocation(id), move |p| p.free(id))
+        .await
+        .map(Json)
 }
 
 /// Renews the grants of an allocation (a lease): fresh grants with a new expiry, for holders
@@ -698,12 +679,9 @@ async fn renew_allocation(
     Caller(c): Caller,
     Id(id): Id,
 ) -> Result<Json<Allocation>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Allocation(id))?;
-        p.renew(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Allocation(id), move |p| p.renew(id))
+        .await
+        .map(Json)
 }
 
 /// Grows (adds segments) or shrinks (drops whole segments from the end) an allocation.
@@ -722,23 +700,17 @@ async fn resize_allocation(
     Id(id): Id,
     ApiJson(req): ApiJson<ResizeRequest>,
 ) -> Result<Json<Allocation>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Allocation(id))?;
-        p.resize(id, req.size_bytes)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Allocation(id), move |p| p.resize(id, req.size_bytes))
+        .await
+        .map(Json)
 }
 
 /// The resource graph with reserved and free bandwidth per link.
 #[utoipa::path(get, path = "/v1/graph", tag = "graph", responses((status = 200, body = Graph)))]
 async fn get_graph(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Graph>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        Ok(p.graph())
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Admin, move |p| Ok(p.graph()))
+        .await
+        .map(Json)
 }
 
 /// Creates a token (admins only); the reply holds the secret, shown this once.
@@ -755,24 +727,18 @@ async fn create_token(
     Caller(c): Caller,
     ApiJson(req): ApiJson<TokenRequest>,
 ) -> Result<(StatusCode, Json<TokenCreated>), ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        p.create_token(req)
-    })
-    .await
-    .map(|t| (StatusCode::CREATED, Json(t)))
+    authorized(&st, c, Target::Admin, move |p| p.create_token(req))
+        .await
+        .map(|t| (StatusCode::CREATED, Json(t)))
 }
 
 /// Lists the tokens, without secrets (admins only).
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
     responses((status = 200, body = Vec<TokenInfo>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
 async fn list_tokens(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Vec<TokenInfo>>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        Ok(p.tokens())
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Admin, move |p| Ok(p.tokens()))
+        .await
+        .map(Json)
 }
 
 /// Revokes a token (admins only): it stops working at once.
@@ -780,12 +746,9 @@ async fn list_tokens(State(st): State<AppState>, Caller(c): Caller) -> Result<Js
     params(("id" = u64, Path, description = "Token id")),
     responses((status = 200, body = TokenInfo), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn revoke_token(State(st): State<AppState>, Caller(c): Caller, Id(id): Id) -> Result<Json<TokenInfo>, ApiError> {
-    with_plane(&st, move |p| {
-        may(p, &c, &Target::Admin)?;
-        p.revoke_token(id)
-    })
-    .await
-    .map(Json)
+    authorized(&st, c, Target::Admin, move |p| p.revoke_token(id))
+        .await
+        .map(Json)
 }
 
 fn role_name(r: Role) -> &'static str {
