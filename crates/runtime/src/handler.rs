@@ -12,8 +12,10 @@
 
 use crate::config::HandlerMode;
 use crate::placement::{self, Decision, Placement, Waiting};
-use crate::recycle::{self, SpentRun};
-use crate::{loc, writeback, Core, Inner, Job, Victim, PAGE, PAGE_SIZE};
+use crate::recycle;
+use crate::{writeback, Core, Inner, Job, Victim, PAGE, PAGE_SIZE};
+use rackmem_pager::SpentRun;
+use rackmem_pager::{Location, PageState, Source};
 use rackmem_uffd::{CopyMode, Event, MoveMode, UffdError};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -108,12 +110,8 @@ struct Handler {
     /// Buffers for read-aheads that found no spent slots.
     spare_bufs: Vec<Vec<u8>>,
     zero_hash: u64,
-    victims: Vec<u32>,
     /// Scratch: which pages of the run being installed lie in mapped segments.
     mapped: Vec<bool>,
-    /// Scratch: the same-filled pages of the run being installed, as (index in the run, word),
-    /// in index order.
-    fills: Vec<(usize, u64)>,
     /// Buffers for the evictions done here (see `stage`).
     writes: Vec<writeback::BrickWrites>,
     /// The local buffer has filled since it was last less than half full (see
@@ -134,9 +132,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         ahead_seq: 0,
         spare_bufs: Vec::new(),
         zero_hash,
-        victims: Vec::new(),
         mapped: Vec::new(),
-        fills: Vec::new(),
         writes: Vec::new(),
         filled: false,
         placement: None,
@@ -313,7 +309,7 @@ impl Handler {
         let first = ((s - base) / PAGE_SIZE) as u64;
         let last = (e - base).div_ceil(PAGE_SIZE) as u64;
         let mut c = self.inner.lock();
-        c.release(first, last - first, &self.inner.stats);
+        self.inner.release_pages(&mut c, first, last - first);
         drop(c);
         self.inner.core_cv.notify_all();
     }
@@ -344,8 +340,8 @@ impl Handler {
         let inner = self.inner.clone();
         loop {
             let mut c = inner.lock();
-            match c.loc(page) {
-                loc::RESIDENT => {
+            match c.location(page) {
+                Location::Resident => {
                     drop(c);
                     // Another thread faulted the same page first; its fault installed it.
                     inner.stats.faults_duplicate.fetch_add(1, Ordering::Relaxed);
@@ -354,9 +350,9 @@ impl Handler {
                     }
                     return;
                 }
-                loc::EVICTING => {
+                Location::Evicting => {
                     // Being written back: wait for the write-back thread, then fetch.
-                    while c.loc(page) == loc::EVICTING {
+                    while c.location(page) == Location::Evicting {
                         c = inner.core_cv.wait(c).unwrap_or_else(|e| e.into_inner());
                     }
                     continue;
@@ -372,22 +368,22 @@ impl Handler {
                 .region_containing(fault)
                 .map_or((fault, fault + 1), |(s, l)| (s, s + l));
             let budget = inner.budget_pages(&c);
-            if c.resident < budget / 2 {
+            if c.resident() < budget / 2 {
                 // The program released memory: pages it touches now are not bound for eviction.
                 self.filled = false;
             }
-            let fits = |l: u8| l == loc::EMPTY || l == loc::REMOTE;
+            let fits = |s: PageState| s.installable();
             let cap = (run as u64).min((budget / 4).max(1));
             let mut n = 1u64;
             // An ascending run starts at the fault; a descending one ends there.
             let mut start = fault;
             if down {
-                while n < cap.min(fault - region_start + 1) && fits(c.loc(fault - n)) {
+                while n < cap.min(fault - region_start + 1) && fits(c.state(fault - n)) {
                     n += 1;
                 }
                 start = fault + 1 - n;
             } else {
-                while n < cap.min(region_end.saturating_sub(fault).max(1)) && fits(c.loc(fault + n)) {
+                while n < cap.min(region_end.saturating_sub(fault).max(1)) && fits(c.state(fault + n)) {
                     n += 1;
                 }
             }
@@ -412,73 +408,44 @@ impl Handler {
             // Re-check: the state may have changed while we staged (events were not read, but
             // the write-back thread may have finished pages).
             let mut c = inner.lock();
-            let mut kinds = Vec::with_capacity(n as usize);
             // A run stays within one protection: read-ahead must not fill a reservation
             // (PROT_NONE) next to committed memory, nor pages lent to a file mapping (no
             // longer registered with the userfaultfd).
             let fault_prot = c.prot_of(fault);
+            let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot;
             // From the faulting page outward: the run must still contain it.
-            let page = if down {
-                let mut p = fault;
-                while p >= start && fits(c.pages[p as usize] & loc::MASK) && c.prot_of(p) == fault_prot {
-                    kinds.push(c.pages[p as usize]);
-                    if p == start {
-                        break;
+            let (page, n) = if down {
+                let mut first = fault;
+                if claimable(&c, fault) {
+                    while first > start && claimable(&c, first - 1) {
+                        first -= 1;
                     }
-                    p -= 1;
+                    (first, fault + 1 - first)
+                } else {
+                    (fault, 0)
                 }
-                kinds.reverse();
-                fault + 1 - kinds.len() as u64
             } else {
-                for p in start..start + n {
-                    let s = c.pages[p as usize];
-                    if c.prot_of(p) != fault_prot {
-                        break;
-                    }
-                    match s & loc::MASK {
-                        loc::EMPTY | loc::REMOTE => kinds.push(s),
-                        _ => break,
-                    }
+                let mut k = 0;
+                while k < n && claimable(&c, start + k) {
+                    k += 1;
                 }
-                start
+                (start, k)
             };
-            if kinds.is_empty() {
+            if n == 0 {
                 continue;
             }
-            let n = kinds.len() as u64;
-            // Claim the run: RESIDENT before the copy, so a REMOVE event read while copying
-            // (EAGAIN) turns the claimed pages back to EMPTY and we skip them.
-            self.fills.clear();
-            for (i, &s) in kinds.iter().enumerate() {
-                let p = page + i as u64;
-                let fill = if s & loc::MASK == loc::REMOTE && !c.fills.is_empty() {
-                    c.fills.remove(&(p as u32))
-                } else {
-                    None
-                };
-                c.pages[p as usize] = match fill {
-                    // The brick's copy is stale: at eviction, the page is compared with zeros
-                    // (as a first touch is), so a page left as filled is never taken as clean.
-                    Some(w) => {
-                        self.fills.push((i, w));
-                        loc::RESIDENT
-                    }
-                    None => loc::RESIDENT | (s & loc::BRICK_VALID),
-                };
-                // A page of a range that is not read-write cannot move to the staging area: it
-                // stays resident until the program makes it read-write again or frees it.
-                if c.movable(p) {
-                    c.policy.inserted(p as u32);
-                }
-            }
-            c.resident += n;
-            let epoch = c.epoch;
+            // Claim the run: resident before the copy, so a REMOVE event read while copying
+            // (EAGAIN) turns the claimed pages back to empty and the install skips them. A page
+            // of a range that is not read-write stays out of the eviction policy (it cannot
+            // move to the staging area) until the program makes it read-write again or frees it.
+            let kinds: Vec<Source> = (page..page + n).map(|p| c.claim(p)).collect();
+            let epoch = c.epoch();
             // The read-ahead holds exactly this run if nothing changed while we staged.
             let ahead = match self.ahead.iter().position(|a| a.page == page) {
                 Some(i) => {
                     let a = self.ahead.swap_remove(i);
-                    let remote = kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE);
-                    if a.n == kinds.len() && a.epoch == epoch && remote && self.fills.is_empty() {
+                    let from_brick = kinds.iter().all(|&k| k == Source::Brick);
+                    if a.n == kinds.len() && a.epoch == epoch && from_brick {
                         Some(a)
                     } else {
                         self.drop_ahead(&mut c, a);
@@ -505,7 +472,7 @@ impl Handler {
             // (GUPS at 25% local on shared memory: 80.0 k updates/s moving, 83.1 k copying).
             let mut spent = match &ahead {
                 Some(_) => None,
-                None if n >= RECYCLE_MIN_PAGES => recycle::take(&mut c, n as usize),
+                None if n >= RECYCLE_MIN_PAGES => c.slots.take_spent(n as usize),
                 None => None,
             };
             drop(c);
@@ -515,11 +482,11 @@ impl Handler {
                 self.collect_ahead(page, a, &mut spent);
             } else {
                 match spent.as_mut() {
-                    Some(run) => fetch_into(&inner, page, &kinds, &self.fills, recycle::bytes(&inner, run)),
+                    Some(run) => fetch_into(&inner, page, &kinds, recycle::bytes(&inner, run)),
                     None => {
                         self.buf.clear();
                         self.buf.resize(n as usize * PAGE_SIZE, 0);
-                        fetch_into(&inner, page, &kinds, &self.fills, &mut self.buf);
+                        fetch_into(&inner, page, &kinds, &mut self.buf);
                     }
                 }
             }
@@ -533,7 +500,7 @@ impl Handler {
                 }
                 self.populate_ahead(page, &kinds);
             }
-            if run > 1 && !down && kinds.iter().all(|&k| k & loc::MASK == loc::REMOTE) {
+            if run > 1 && !down && kinds.iter().all(|&k| k != Source::Zeros) {
                 // Keep the stream's next runs on their way.
                 let want = (run * 2).min(inner.cfg.prefetch_pages.max(1));
                 loop {
@@ -556,7 +523,7 @@ impl Handler {
                 }
             }
             // The breakdown describes remote faults only (a first touch fetches nothing).
-            if kinds[0] & loc::MASK == loc::REMOTE {
+            if kinds[0] != Source::Zeros {
                 let b = &inner.stats.breakdown;
                 b.make_room.record(t_choose - t_plan);
                 b.stage.record(t_stage - t_choose);
@@ -573,11 +540,11 @@ impl Handler {
     /// evicted; their first write-back can then be a memory copy into pages the brick already
     /// owns (see `Segment::write`) instead of a request over the link, and the brick allocates
     /// them on its own CPU, while the program runs.
-    fn populate_ahead(&mut self, page: u64, kinds: &[u8]) {
+    fn populate_ahead(&mut self, page: u64, kinds: &[Source]) {
         let inner = &self.inner;
         let mut i = 0;
         while i < kinds.len() {
-            if kinds[i] & loc::MASK != loc::EMPTY {
+            if kinds[i] != Source::Zeros {
                 i += 1;
                 continue;
             }
@@ -586,7 +553,7 @@ impl Handler {
             };
             let seg_end = inner.table.bounds(index).map_or(0, |b| b.1);
             let mut j = i + 1;
-            while j < kinds.len() && kinds[j] & loc::MASK == loc::EMPTY && page + (j as u64) < seg_end {
+            while j < kinds.len() && kinds[j] == Source::Zeros && page + (j as u64) < seg_end {
                 j += 1;
             }
             populate(inner, index, off, ((j - i) * PAGE_SIZE) as u64);
@@ -604,8 +571,8 @@ impl Handler {
         let mut runs: Vec<(u64, u64)> = Vec::new();
         {
             let c = inner.lock();
-            for (p, &s) in c.pages.iter().enumerate() {
-                if s & loc::MASK != loc::RESIDENT || s & loc::BRICK_VALID != 0 {
+            for (p, s) in c.states().enumerate() {
+                if s.location() != Location::Resident || s.brick_valid() {
                     continue;
                 }
                 let p = p as u64;
@@ -664,7 +631,7 @@ impl Handler {
         while i < self.ahead.len() {
             let a = &self.ahead[i];
             let inside = page > a.page && page < a.page + a.n as u64;
-            if a.epoch != c.epoch || inside {
+            if a.epoch != c.epoch() || inside {
                 let a = self.ahead.swap_remove(i);
                 self.drop_ahead(c, a);
             } else {
@@ -689,13 +656,13 @@ impl Handler {
 
     /// Spent slots of a dropped read-ahead: spent again, or freed past the cap.
     fn drop_ahead_slots(&mut self, c: &mut Core, run: SpentRun) {
-        if !recycle::give(c, run.start(), run.count()) {
+        if !c.slots.give_spent(run.start(), run.count()) {
             // Past the cap: free them (under the core lock; rare).
             let addr = self.inner.slot_addr(run.start());
             if let Err(e) = rackmem_uffd::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
                 self.inner.internal_error(&format!("freeing staging slots: {e}"));
             }
-            c.free_slots.extend((run.start()..run.start() + run.count()).rev());
+            c.slots.put_free((run.start()..run.start() + run.count()).rev());
         }
     }
 
@@ -712,7 +679,7 @@ impl Handler {
             .min(region_end.saturating_sub(page));
         let mut n = 0u64;
         // Same-filled pages are not read from the brick (its copy is stale): they end the run.
-        while n < limit && c.loc(page + n) == loc::REMOTE && !c.fills.contains_key(&((page + n) as u32)) {
+        while n < limit && c.location(page + n) == Location::Remote && !c.is_filled(page + n) {
             n += 1;
         }
         if n < 2 {
@@ -731,7 +698,7 @@ impl Handler {
             return false;
         };
         let n = n.min(seg_end - page) as usize;
-        let epoch = c.epoch;
+        let epoch = c.epoch();
         // Read-aheads may hold a quarter of the staging slots; past that they use buffers.
         let held: usize = self
             .ahead
@@ -740,7 +707,7 @@ impl Handler {
             .map(|r| r.count() as usize)
             .sum();
         let spent = if held + n <= crate::STAGING_SLOTS / 4 {
-            recycle::take(&mut c, n)
+            c.slots.take_spent(n)
         } else {
             None
         };
@@ -792,16 +759,16 @@ impl Handler {
     ) -> (MutexGuard<'a, Core>, Option<(u64, Vec<Victim>)>) {
         let inner = self.inner.clone();
         let budget = inner.budget_pages(&c);
-        if c.resident + need <= budget {
+        if c.resident() + need <= budget {
             return (c, None);
         }
         // Evict a little more than needed so the next faults of a stream find room.
         let slack = (budget / 16).clamp(1, 32);
-        let want = ((c.resident + need - budget + slack) as usize)
+        let want = ((c.resident() + need - budget + slack) as usize)
             .min(crate::STAGING_SLOTS / 2)
-            .min(c.resident as usize);
-        while c.free_slots.len() < want {
-            if c.spent.is_empty() {
+            .min(c.resident() as usize);
+        while c.slots.free_count() < want {
+            if c.slots.spent_is_empty() {
                 if self.ahead.iter().any(|a| a.spent.is_some()) {
                     // Read-aheads hold the slots victims need: they go first.
                     while let Some(a) = self.ahead.pop() {
@@ -813,43 +780,17 @@ impl Handler {
                 continue;
             }
             // Spent slots hold pages kept for recycling; victims need empty slots more.
-            for (start, len) in recycle::take_all(&mut c) {
+            for (start, len) in c.slots.take_all_spent() {
                 if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
                     inner.internal_error(&format!("freeing staging slots: {e}"));
                 }
-                c.free_slots.extend((start..start + len).rev());
+                c.slots.put_free((start..start + len).rev());
             }
         }
-        self.victims.clear();
-        c.policy.victims(want, &mut self.victims);
-        // In page order, so that runs of pages get runs of slots (one MOVE, one madvise each).
-        self.victims.sort_unstable();
-        if self.victims.is_empty() {
-            return (c, None);
-        }
-        let id = c.next_job;
-        c.next_job += 1;
-        let mut out = Vec::with_capacity(self.victims.len());
-        for &p in &self.victims {
-            let Some(slot) = c.free_slots.pop() else {
-                break;
-            };
-            let s = c.pages[p as usize];
-            c.pages[p as usize] = loc::EVICTING | (s & loc::BRICK_VALID);
-            c.evicting.insert(p, id);
-            let hash = c.hashes.remove(&p).unwrap_or(self.zero_hash);
-            out.push(Victim {
-                page: p,
-                slot,
-                brick_valid: s & loc::BRICK_VALID != 0,
-                backed: false,
-                hash,
-                moved: false,
-            });
-        }
-        c.resident -= out.len() as u64;
+        let mut out = Vec::with_capacity(want);
+        let id = c.choose_victims(want, self.zero_hash, &mut out);
         inner.stats.sub_resident(out.len() as u64);
-        (c, Some((id, out)))
+        (c, id.map(|id| (id, out)))
     }
 
     /// Moves each victim out of the window into its staging slot and hands the batch to the
@@ -967,7 +908,7 @@ impl Handler {
     /// Installs the claimed run, writable (the checksums taken here tell a dirty page at
     /// eviction), retrying after EAGAIN and skipping pages released meanwhile. The run's bytes are in the
     /// spent slots `spent` (their pages are moved into the window) or in `self.buf` (copied).
-    fn install(&mut self, page: u64, kinds: &[u8], epoch: u64, mut spent: Option<SpentRun>) {
+    fn install(&mut self, page: u64, kinds: &[Source], epoch: u64, mut spent: Option<SpentRun>) {
         let inner = self.inner.clone();
         let n = kinds.len();
         // Checksums of the remote pages, for the write-back to tell dirty from clean; not of
@@ -980,8 +921,7 @@ impl Handler {
                 None => &self.buf,
             };
             (0..n)
-                .filter(|&i| kinds[i] & loc::MASK == loc::REMOTE && !self.mapped[i])
-                .filter(|&i| !is_filled(&self.fills, i))
+                .filter(|&i| kinds[i] == Source::Brick && !self.mapped[i])
                 .map(|i| {
                     (
                         (page + i as u64) as u32,
@@ -991,18 +931,18 @@ impl Handler {
                 .collect()
         };
         if !hashes.is_empty() {
-            inner.lock().hashes.extend(hashes);
+            inner.lock().record_hashes(hashes);
         }
         // Which slots of `spent` gave their page to the window (the others keep theirs).
         let mut moved = vec![false; if spent.is_some() { n } else { 0 }];
         let mut i = 0usize;
         let mut cur_epoch = epoch;
         while i < n {
-            if cur_epoch != inner.lock().epoch {
+            if cur_epoch != inner.lock().epoch() {
                 // Pages were released while we copied: skip those no longer claimed.
                 let c = inner.lock();
-                cur_epoch = c.epoch;
-                while i < n && c.loc(page + i as u64) != loc::RESIDENT {
+                cur_epoch = c.epoch();
+                while i < n && c.location(page + i as u64) != Location::Resident {
                     i += 1;
                 }
                 if i >= n {
@@ -1013,7 +953,7 @@ impl Handler {
             let mut j = i + 1;
             {
                 let c = inner.lock();
-                while j < n && c.loc(page + j as u64) == loc::RESIDENT {
+                while j < n && c.location(page + j as u64) == Location::Resident {
                     j += 1;
                 }
             }
@@ -1058,14 +998,14 @@ impl Handler {
             for k in (0..n).rev() {
                 let slot = run.start() + k as u32;
                 if moved[k] {
-                    c.free_slots.push(slot);
-                } else if !recycle::give(&mut c, slot, 1) {
+                    c.slots.put_free([slot]);
+                } else if !c.slots.give_spent(slot, 1) {
                     drop(c);
                     if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(slot), PAGE_SIZE) {
                         inner.internal_error(&format!("freeing a staging slot: {e}"));
                     }
                     c = inner.lock();
-                    c.free_slots.push(slot);
+                    c.slots.put_free([slot]);
                 }
             }
             drop(c);
@@ -1104,32 +1044,25 @@ impl Handler {
     }
 }
 
-/// Whether page `i` of a run is among its same-filled pages (`fills`, in index order).
-fn is_filled(fills: &[(usize, u64)], i: usize) -> bool {
-    fills.binary_search_by_key(&i, |&(k, _)| k).is_ok()
-}
-
-/// Reads the run's remote pages into `out` (one page per entry of `kinds`), fills the
-/// same-filled ones (`fills`: index in the run and word, in index order) and zeroes the others.
-fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], fills: &[(usize, u64)], out: &mut [u8]) {
-    for (i, &s) in kinds.iter().enumerate() {
-        if s & loc::MASK != loc::REMOTE {
-            out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].fill(0);
+/// Reads the run's pages into `out` (one page per entry of `kinds`): brick pages from their
+/// bricks, same-filled pages filled with their word, the others zeroed.
+fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8]) {
+    for (i, &k) in kinds.iter().enumerate() {
+        let dst = &mut out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        match k {
+            Source::Zeros => dst.fill(0),
+            Source::Fill(w) => writeback::fill_with(dst, w),
+            Source::Brick => {}
         }
-    }
-    for &(i, w) in fills {
-        writeback::fill_with(&mut out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], w);
-    }
-    // Every remote page is a re-fetch of a page evicted earlier (same-filled ones too).
-    for (i, &s) in kinds.iter().enumerate() {
-        if s & loc::MASK == loc::REMOTE {
+        // Every remote page is a re-fetch of a page evicted earlier (same-filled ones too).
+        if k != Source::Zeros {
             inner.stats.refetched.insert(page + i as u64);
         }
     }
-    // Group remote pages per brick into extents, merging neighbours.
+    // Group brick pages per brick into extents, merging neighbours.
     let mut per_brick: Vec<BrickReads> = Vec::new();
-    for (i, &s) in kinds.iter().enumerate() {
-        if s & loc::MASK != loc::REMOTE || is_filled(fills, i) {
+    for (i, &k) in kinds.iter().enumerate() {
+        if k != Source::Brick {
             continue;
         }
         let Some((brick, off)) = inner.table.lookup(page + i as u64) else {
@@ -1194,7 +1127,7 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[u8], fills: &[(usize, u64)], ou
         }
     }
     let s = &inner.stats;
-    if kinds[0] & loc::MASK == loc::REMOTE {
+    if kinds[0] != Source::Zeros {
         s.faults_remote.fetch_add(1, Ordering::Relaxed);
         s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
         s.bytes_prefetched

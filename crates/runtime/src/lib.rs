@@ -22,11 +22,8 @@ pub mod config;
 mod handler;
 mod outrun;
 mod placement;
-pub mod policy;
-pub mod prefetch;
 mod ratelimit;
 mod recycle;
-pub mod regions;
 pub mod segment;
 pub mod size;
 pub mod stats;
@@ -34,13 +31,13 @@ pub mod sys;
 mod writeback;
 
 use config::Config;
-use policy::{EvictionPolicy, Fifo};
+pub use rackmem_pager::{policy, prefetch, regions};
+use rackmem_pager::{prot, Core};
 use rackmem_transport::{BrickAddr, Link, LinkError};
 use rackmem_uffd::{Features, Mapping, OpenOptions, RegisterMode, Uffd, UffdError};
-use regions::RegionAllocator;
 use segment::{Segment, SegmentTable};
 use stats::{Stats, StatsSnapshot};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -60,45 +57,6 @@ const DEFAULT_SEGMENT_CAP: u64 = 16 << 30;
 /// Default window per brick as a fraction of its pool, leaving room for other processes and
 /// for the copy-on-write clones forked children get.
 const DEFAULT_SEGMENT_DIVISOR: u64 = 4;
-
-/// Where a page of the window is. The low two bits of a page's state byte.
-/// A window page's protection when it is not the window's read-write (`Core::prot`).
-pub(crate) mod prot {
-    /// Set for every page whose protection differs from read-write.
-    pub const SET: u8 = 0x80;
-    /// The page is lent to a file or shared mapping the program made with `MAP_FIXED`: not
-    /// the window's until the program unmaps it.
-    pub const FOREIGN: u8 = 0x40;
-    /// Low bits: the `PROT_*` value.
-    pub const MASK: u8 = 7;
-    /// The state byte for `prot` (0 for read-write).
-    pub fn encode(p: i32) -> u8 {
-        if p == libc::PROT_READ | libc::PROT_WRITE {
-            0
-        } else {
-            SET | (p as u8 & MASK)
-        }
-    }
-    /// True if the page is neither readable nor writable, or lent: it holds no committed memory.
-    pub fn uncommitted(b: u8) -> bool {
-        b & FOREIGN != 0 || (b & SET != 0 && b & MASK == 0)
-    }
-}
-
-pub(crate) mod loc {
-    /// Never written to a brick (or released): the next touch installs zeros.
-    pub const EMPTY: u8 = 0;
-    /// Contents live on the brick only.
-    pub const REMOTE: u8 = 1;
-    /// Installed in the window.
-    pub const RESIDENT: u8 = 2;
-    /// Moved to the staging area; write-back in progress.
-    pub const EVICTING: u8 = 3;
-    /// Mask of the location bits.
-    pub const MASK: u8 = 3;
-    /// The brick holds this page's contents as of its install or last write-back.
-    pub const BRICK_VALID: u8 = 4;
-}
 
 /// Errors starting or running the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -123,21 +81,7 @@ pub enum RuntimeError {
     Doorbell(std::io::Error),
 }
 
-/// One staged victim on its way to the write-back thread.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Victim {
-    pub page: u32,
-    pub slot: u32,
-    /// Brick-valid flag the page had (decides EMPTY vs REMOTE after a clean eviction).
-    pub brick_valid: bool,
-    /// The page is in a mapped segment whose file already holds memory for it (brick-valid, or
-    /// populated by the brick ahead of this write-back): written by memory copy.
-    pub backed: bool,
-    /// Checksum of the contents the brick (or the zero page) had at install or write-back.
-    pub hash: u64,
-    /// The page was really moved into its slot (false: it was not present; nothing to send).
-    pub moved: bool,
-}
+pub(crate) use rackmem_pager::Victim;
 
 /// Work for the write-back thread.
 pub(crate) enum Job {
@@ -145,159 +89,6 @@ pub(crate) enum Job {
     Evict { id: u64, victims: Vec<Victim> },
     /// Release brick memory behind a range the program freed (hygiene, not correctness).
     Discard { seg: usize, offset: u64, len: u64 },
-}
-
-/// Mutable state shared by the fault handler, the write-back thread and allocating threads.
-pub(crate) struct Core {
-    /// One state byte per window page (`loc`).
-    pub pages: Vec<u8>,
-    /// Checksum of each resident page's clean contents.
-    pub hashes: HashMap<u32, u64>,
-    /// Remote pages whose contents are one 8-byte word repeated, as the word (see
-    /// `writeback::same_filled`): their brick copy is stale, their next fetch is a fill. Only
-    /// REMOTE pages have an entry.
-    pub fills: HashMap<u32, u64>,
-    pub policy: Box<dyn EvictionPolicy>,
-    pub resident: u64,
-    pub alloc: RegionAllocator,
-    pub free_slots: Vec<u32>,
-    /// Pages in `EVICTING`, with the id of the eviction job that owns them.
-    pub evicting: HashMap<u32, u64>,
-    pub next_job: u64,
-    /// Bumped whenever pages are released behind the handler's back (REMOVE/UNMAP events).
-    pub epoch: u64,
-    /// Sequential streams, for prefetch.
-    pub streams: prefetch::Streams,
-    /// Runs of spent staging slots, first slot → slots (see [`recycle`]).
-    pub spent: std::collections::BTreeMap<u32, u32>,
-    /// Slots in `spent`.
-    pub spent_pages: u32,
-    /// First pages of the regions handed out as malloc-family blocks (see
-    /// [`Runtime::alloc_block`]); other regions are mappings, inside which the program's own
-    /// allocator may place its blocks.
-    pub blocks: std::collections::BTreeSet<u64>,
-    /// Protection of each window page that is not read-write, as `prot::` bits (0: read-write,
-    /// the window's own). Kept apart from `pages`, whose state the data path rewrites.
-    pub prot: Vec<u8>,
-    /// Allocated pages that are not committed: `PROT_NONE` or lent to a file mapping. The
-    /// local buffer's percentage is of the committed footprint.
-    pub uncommitted: u64,
-}
-
-impl Core {
-    /// A core with the given page states and regions, and nothing resident.
-    fn new(pages: Vec<u8>, alloc: RegionAllocator) -> Core {
-        Core {
-            pages,
-            hashes: HashMap::new(),
-            fills: HashMap::new(),
-            policy: Box::new(Fifo::default()),
-            resident: 0,
-            alloc,
-            free_slots: (0..STAGING_SLOTS as u32).rev().collect(),
-            evicting: HashMap::new(),
-            next_job: 1,
-            epoch: 0,
-            streams: prefetch::Streams::default(),
-            spent: std::collections::BTreeMap::new(),
-            spent_pages: 0,
-            blocks: std::collections::BTreeSet::new(),
-            prot: Vec::new(),
-            uncommitted: 0,
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn for_tests(window_pages: u64) -> Core {
-        Core::new(
-            vec![loc::EMPTY; window_pages as usize],
-            RegionAllocator::new(window_pages),
-        )
-    }
-
-    /// Allocated pages holding committed memory (not `PROT_NONE`, not lent to a file mapping).
-    pub fn committed_pages(&self) -> u64 {
-        self.alloc.allocated_pages().saturating_sub(self.uncommitted)
-    }
-
-    /// The protection byte of `page` (0: read-write).
-    pub fn prot_of(&self, page: u64) -> u8 {
-        self.prot.get(page as usize).copied().unwrap_or(0)
-    }
-
-    /// True if a resident page may be chosen as a victim: `UFFDIO_MOVE` only moves between
-    /// areas of the same protection, and the staging area is read-write.
-    pub fn movable(&self, page: u64) -> bool {
-        self.prot_of(page) == 0
-    }
-
-    /// Records `b` as the protection of `[first, first+count)`: keeps the uncommitted count,
-    /// and takes resident pages that cannot move out of the eviction policy (or puts them back).
-    /// Lent pages keep their state unless `force` (the program's mprotect on a file mapping is
-    /// the kernel's business).
-    pub fn set_prot(&mut self, first: u64, count: u64, b: u8, force: bool) {
-        if self.prot.is_empty() && b == 0 {
-            return;
-        }
-        if self.prot.len() < self.pages.len() {
-            self.prot.resize(self.pages.len(), 0);
-        }
-        let end = (first + count).min(self.pages.len() as u64);
-        for p in first..end {
-            let old = self.prot[p as usize];
-            if old == b || (old & prot::FOREIGN != 0 && !force) {
-                continue;
-            }
-            self.prot[p as usize] = b;
-            match (prot::uncommitted(old), prot::uncommitted(b)) {
-                (false, true) => self.uncommitted += 1,
-                (true, false) => self.uncommitted -= 1,
-                _ => {}
-            }
-            if self.loc(p) == loc::RESIDENT {
-                if b == 0 {
-                    self.policy.inserted(p as u32);
-                } else if old == 0 {
-                    self.policy.removed(p as u32);
-                }
-            }
-        }
-    }
-
-    /// True if any page of `[first, first+count)` is being evicted (moved out, written back).
-    pub fn any_evicting(&self, first: u64, count: u64) -> bool {
-        let end = (first + count).min(self.pages.len() as u64);
-        !self.evicting.is_empty() && (first..end).any(|p| self.loc(p) == loc::EVICTING)
-    }
-
-    pub fn loc(&self, page: u64) -> u8 {
-        self.pages.get(page as usize).map_or(loc::EMPTY, |s| s & loc::MASK)
-    }
-
-    /// Marks `[first, first+count)` released: any contents are gone, the next touch reads zeros.
-    pub fn release(&mut self, first: u64, count: u64, stats: &Stats) -> u64 {
-        let mut dropped = 0;
-        let end = (first + count).min(self.pages.len() as u64);
-        for p in first..end {
-            let s = self.pages[p as usize];
-            if s & loc::MASK == loc::RESIDENT {
-                self.policy.removed(p as u32);
-                self.hashes.remove(&(p as u32));
-                self.resident -= 1;
-                dropped += 1;
-            }
-            if s & loc::MASK == loc::EVICTING {
-                self.evicting.remove(&(p as u32));
-            }
-            if s & loc::MASK == loc::REMOTE {
-                self.fills.remove(&(p as u32));
-            }
-            self.pages[p as usize] = loc::EMPTY;
-        }
-        stats.sub_resident(dropped);
-        self.epoch += 1;
-        dropped
-    }
 }
 
 /// Everything the runtime threads share.
@@ -352,6 +143,13 @@ impl Inner {
             .pages(core.committed_pages() * PAGE, PAGE, MIN_BUDGET_PAGES);
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
+    }
+
+    /// Releases `[first, first+count)` in the core (see [`Core::release`]) and counts the
+    /// resident pages dropped.
+    pub fn release_pages(&self, c: &mut Core, first: u64, count: u64) {
+        let dropped = c.release(first, count);
+        self.stats.sub_resident(dropped);
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -577,12 +375,8 @@ impl Runtime {
         )?;
         // A forked child's core comes from the parent with nothing staged: the staging area is
         // not inherited (MADV_DONTFORK), so every slot is free.
-        let core = inherited.unwrap_or_else(|| {
-            Core::new(
-                vec![loc::EMPTY; window_pages as usize],
-                RegionAllocator::new(window_pages),
-            )
-        });
+        let core = inherited
+            .unwrap_or_else(|| Core::new(window_pages, STAGING_SLOTS as u32, Box::new(policy::Fifo::default())));
         let stats = Stats::default();
         stats
             .window_bytes_allocated
@@ -1061,12 +855,10 @@ impl Runtime {
     /// Runs of pages in `[first, first+pages)` whose protection byte satisfies `f`.
     fn prot_runs(&self, first: u64, pages: u64, f: impl Fn(u8) -> bool) -> Vec<(u64, u64)> {
         let c = self.inner.lock();
-        if c.prot.is_empty() {
-            return Vec::new();
-        }
+        let bytes = c.prot_bytes();
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for p in first..(first + pages).min(c.prot.len() as u64) {
-            if f(c.prot[p as usize]) {
+        for p in first..(first + pages).min(bytes.len() as u64) {
+            if f(bytes[p as usize]) {
                 match out.last_mut() {
                     Some((s, n)) if *s + *n == p => *n += 1,
                     _ => out.push((p, 1)),
@@ -1221,7 +1013,7 @@ impl Runtime {
             eprintln!("rackmem: madvise(DONTNEED) on window {addr:#x}+{len}: {e}");
         }
         let mut c = self.inner.lock();
-        c.release(first, pages, &self.inner.stats);
+        self.inner.release_pages(&mut c, first, pages);
     }
 
     fn queue_discard(&self, first: u64, pages: u64) {
@@ -1453,7 +1245,7 @@ pub fn fork_child() {
         let lent: Vec<(usize, usize)> = {
             let c = parent.lock();
             let mut out: Vec<(usize, usize)> = Vec::new();
-            for (p, &b) in c.prot.iter().enumerate() {
+            for (p, &b) in c.prot_bytes().iter().enumerate() {
                 if b & prot::FOREIGN == 0 {
                     continue;
                 }
@@ -1506,28 +1298,14 @@ pub fn fork_child() {
             });
         }
         let c = parent.lock();
-        let mut pages = c.pages.clone();
-        for s in pages.iter_mut() {
-            // After the flush every resident page is clean; the brick holds it unless it was a
-            // zero page never written (then it is still zeros).
-            *s = match *s & loc::MASK {
-                loc::RESIDENT | loc::EVICTING if *s & loc::BRICK_VALID != 0 => loc::REMOTE | loc::BRICK_VALID,
-                loc::RESIDENT | loc::EVICTING => loc::EMPTY,
-                other => other | (*s & loc::BRICK_VALID),
-            };
-        }
-        let mut core = Core::new(pages, c.alloc.clone());
-        // Same-filled pages live in the parent's core only, not on the brick: the child's
-        // remote pages must read as the parent's did.
-        core.fills = c.fills.clone();
-        core.blocks = c.blocks.clone();
+        // After the flush every resident page is clean: the child sees the brick's copy (or
+        // zeros); same-filled pages live in the parent's core only, so the child gets them too.
         // Protections are the program's: the child's fresh window gets them back below.
-        core.prot = c.prot.clone();
-        core.uncommitted = c.uncommitted;
+        let core = c.forked(Box::new(policy::Fifo::default()));
         drop(c);
         let prot_runs: Vec<(u64, u64, u8)> = {
             let mut out: Vec<(u64, u64, u8)> = Vec::new();
-            for (p, &b) in core.prot.iter().enumerate() {
+            for (p, &b) in core.prot_bytes().iter().enumerate() {
                 if b & prot::SET == 0 {
                     continue;
                 }

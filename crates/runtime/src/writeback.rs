@@ -8,7 +8,8 @@
 //! Write-back uses its own link per brick, so the handler's fetches never queue behind it.
 
 use crate::segment::Segment;
-use crate::{loc, Inner, Job, Victim, PAGE, PAGE_SIZE};
+use crate::{Inner, Job, Victim, PAGE, PAGE_SIZE};
+use rackmem_pager::{Evicted, Location};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
@@ -137,8 +138,17 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
     let mut fills: Vec<Option<u64>> = vec![None; victims.len()];
     let mut clean = 0u64;
     let mut filled = 0u64;
+    // Pages released since they were staged are not sent: their staged copy is stale, and
+    // whatever order jobs complete in, it must never overwrite what a later eviction wrote.
+    let current: Vec<bool> = {
+        let c = inner.lock();
+        victims
+            .iter()
+            .map(|v| v.moved && c.is_evicting_for(id, v.page))
+            .collect()
+    };
     for (k, v) in victims.iter().enumerate() {
-        if !v.moved {
+        if !current[k] {
             continue;
         }
         let page = crate::recycle::staged_page(inner, v.slot);
@@ -221,7 +231,7 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
     {
         let mut c = inner.lock();
         for &(start, len) in &runs {
-            if crate::recycle::give(&mut c, start, len) {
+            if c.slots.give_spent(start, len) {
                 kept.push((start, len));
             }
         }
@@ -236,25 +246,19 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
     }
     let mut c = inner.lock();
     for (k, v) in victims.iter().enumerate() {
-        if c.evicting.get(&v.page) == Some(&id) {
-            c.evicting.remove(&v.page);
-            c.pages[v.page as usize] = match fills[k] {
-                // A zero page the brick holds nothing for is what an untouched page is.
-                Some(0) if !v.brick_valid => loc::EMPTY,
-                Some(w) => {
-                    c.fills.insert(v.page, w);
-                    loc::REMOTE | if v.brick_valid { loc::BRICK_VALID } else { 0 }
-                }
-                None if dirty[k] || v.brick_valid => loc::REMOTE | loc::BRICK_VALID,
-                None => loc::EMPTY,
-            };
-        }
+        let how = match (fills[k], dirty[k], v.moved) {
+            (Some(w), _, _) => Evicted::Filled(w),
+            (None, true, _) => Evicted::Written,
+            (None, false, true) => Evicted::Clean,
+            (None, false, false) => Evicted::Gone,
+        };
+        c.finish_eviction(id, v.page, how);
     }
     // Highest first, so the handler pops ascending runs of neighbouring slots.
     let in_spent = |s: u32| kept.iter().any(|&(a, l)| s >= a && s < a + l);
     let mut freed: Vec<u32> = victims.iter().map(|v| v.slot).filter(|&s| !in_spent(s)).collect();
     freed.sort_unstable_by(|a, b| b.cmp(a));
-    c.free_slots.extend(freed);
+    c.slots.put_free(freed);
     drop(c);
     inner.core_cv.notify_all();
 }
@@ -268,13 +272,15 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
     let mut count = 0;
     let resident: Vec<u64> = {
         let c = inner.lock();
-        (0..c.pages.len() as u64)
-            .filter(|&p| c.loc(p) == loc::RESIDENT)
+        c.states()
+            .enumerate()
+            .filter(|(_, s)| s.location() == Location::Resident)
+            .map(|(p, _)| p as u64)
             .collect()
     };
     for p in resident {
         let mut c = inner.lock();
-        if c.loc(p) != loc::RESIDENT {
+        if c.location(p) != Location::Resident {
             continue;
         }
         let Some((brick, off)) = inner.table.lookup(p) else {
@@ -282,7 +288,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
         };
         let seg = crate::handler::segment_or_die(inner, brick);
         let b = c.prot_of(p);
-        if b & crate::prot::SET != 0 && i32::from(b & crate::prot::MASK) & libc::PROT_READ == 0 {
+        if b & rackmem_pager::prot::SET != 0 && i32::from(b & rackmem_pager::prot::MASK) & libc::PROT_READ == 0 {
             // Not readable through the window (PROT_NONE kept with its contents): read it the
             // way a debugger does, never through the mapping (a fault here would kill the
             // program).
@@ -295,8 +301,8 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
         } else {
             inner.window.read(p as usize * PAGE_SIZE, &mut page);
         }
-        let brick_valid = c.pages[p as usize] & loc::BRICK_VALID != 0;
-        let hash = c.hashes.get(&(p as u32)).copied().unwrap_or(zero_hash);
+        let brick_valid = c.state(p).brick_valid();
+        let hash = c.hash_of(p).unwrap_or(zero_hash);
         let mapped = Some(&seg).filter(|s| s.shared.is_some());
         if unchanged(mapped, off, brick_valid, hash, &page) {
             continue;
@@ -304,10 +310,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
         if let Err(err) = seg.write(&[(off, PAGE_SIZE as u32)], &page, !brick_valid) {
             inner.brick_lost(brick, "writing back dirty pages before fork", &err);
         }
-        c.pages[p as usize] |= loc::BRICK_VALID;
-        if mapped.is_none() {
-            c.hashes.insert(p as u32, xxh3_64(&page));
-        }
+        c.mark_written(p, mapped.is_none().then(|| xxh3_64(&page)));
         count += 1;
         inner.stats.bytes_written_back.fetch_add(PAGE, Ordering::Relaxed);
     }

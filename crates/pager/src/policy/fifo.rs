@@ -1,29 +1,7 @@
-//! Eviction policies for the local buffer.
-//!
-//! userfaultfd tells the runtime about misses only: nothing reports accesses to resident pages
-//! (no accessed bit reaches user space without page-idle tracking, which needs PFNs and root).
-//! A policy therefore sees installs and removals. FIFO is the policy that this information supports exactly: for the
-//! sequential streams that dominate the seeds' workloads (STREAM, scans) it evicts what LRU
-//! would, and for uniform random access (GUPS) every policy is equivalent to random. A
-//! researcher adds a policy by implementing [`EvictionPolicy`].
+//! First in, first out: the policy that what userfaultfd reports supports exactly.
 
+use super::EvictionPolicy;
 use std::collections::{HashMap, VecDeque};
-
-/// Chooses which resident pages leave the local buffer.
-pub trait EvictionPolicy: Send {
-    /// `page` became resident.
-    fn inserted(&mut self, page: u32);
-    /// `page` is no longer resident (evicted, or released by `madvise`/`free`).
-    fn removed(&mut self, page: u32);
-    /// Takes up to `n` victims out of the policy and appends them to `out`.
-    fn victims(&mut self, n: usize, out: &mut Vec<u32>);
-    /// Pages the policy tracks.
-    fn len(&self) -> usize;
-    /// True when no page is tracked.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// First in, first out, with lazy deletion: removals only drop the page from the index; stale
 /// queue entries are skipped when they reach the head.
@@ -66,6 +44,10 @@ impl EvictionPolicy for Fifo {
 
     fn len(&self) -> usize {
         self.live.len()
+    }
+
+    fn name(&self) -> &'static str {
+        "fifo"
     }
 }
 

@@ -1,0 +1,465 @@
+//! The core: every page's state, the local buffer's accounting, the staging slots and the
+//! eviction policy, changed together by one method per event so they never disagree.
+//!
+//! The runtime holds one `Core` under a lock shared by the fault handler, the write-back thread
+//! and the program's threads. Nothing here makes a system call or waits: the callers do the I/O
+//! (moving pages, reading and writing bricks) between calls, with the lock dropped.
+
+use crate::policy::EvictionPolicy;
+use crate::prefetch::Streams;
+use crate::prot;
+use crate::regions::RegionAllocator;
+use crate::slots::Slots;
+use crate::state::{Evicted, Location, PageState, PageTable};
+use std::collections::{BTreeSet, HashMap};
+
+/// A resident page chosen for eviction, with the slot it is moved to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Victim {
+    /// Window page.
+    pub page: u32,
+    /// Staging slot it is moved to.
+    pub slot: u32,
+    /// Its brick held its contents when it was chosen.
+    pub brick_valid: bool,
+    /// The page lies in a mapped segment whose memory already holds it (set by the caller):
+    /// written by memory copy.
+    pub backed: bool,
+    /// Checksum of its contents when installed (the zero page's for a first touch).
+    pub hash: u64,
+    /// The page was really moved into its slot (set by the caller; false: nothing to send).
+    pub moved: bool,
+}
+
+/// What a claimed page of a fault's run needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Zeros (a first touch, or a released page).
+    Zeros,
+    /// Its brick's copy.
+    Brick,
+    /// One 8-byte word repeated (a same-filled page kept in the core).
+    Fill(u64),
+}
+
+/// The core. See the module documentation.
+pub struct Core {
+    pages: PageTable,
+    /// Checksum of each resident page's clean contents, for pages fetched from a brick whose
+    /// copy is compared by checksum (others compare with zeros or with the mapped segment).
+    hashes: HashMap<u32, u64>,
+    /// Remote pages whose contents are one 8-byte word repeated: their brick copy is stale, their
+    /// next fetch is a fill. Only remote pages have an entry.
+    fills: HashMap<u32, u64>,
+    policy: Box<dyn EvictionPolicy>,
+    resident: u64,
+    /// Evicting pages, with the id of the eviction job that owns them.
+    evicting: HashMap<u32, u64>,
+    next_job: u64,
+    /// Bumped whenever pages are released behind the fault handler's back.
+    epoch: u64,
+    /// Protection of each page that is not read-write, as `prot` bits (empty until one is set).
+    prot: Vec<u8>,
+    /// Allocated pages that hold no committed memory (`PROT_NONE`, or lent to a file mapping).
+    uncommitted: u64,
+    /// The staging slots.
+    pub slots: Slots,
+    /// Sequential streams, for prefetch.
+    pub streams: Streams,
+    /// The window's address-space allocator.
+    pub alloc: RegionAllocator,
+    /// First pages of the regions handed out as malloc-family blocks; other regions are
+    /// mappings, inside which the program's own allocator places its blocks.
+    pub blocks: BTreeSet<u64>,
+}
+
+impl Core {
+    /// A window of `window_pages` pages, all empty and free, with `slots` staging slots.
+    pub fn new(window_pages: u64, slots: u32, policy: Box<dyn EvictionPolicy>) -> Core {
+        Core {
+            pages: PageTable::new(window_pages),
+            hashes: HashMap::new(),
+            fills: HashMap::new(),
+            policy,
+            resident: 0,
+            evicting: HashMap::new(),
+            next_job: 1,
+            epoch: 0,
+            prot: Vec::new(),
+            uncommitted: 0,
+            slots: Slots::new(slots),
+            streams: Streams::default(),
+            alloc: RegionAllocator::new(window_pages),
+            blocks: BTreeSet::new(),
+        }
+    }
+
+    /// The state of `page`.
+    pub fn state(&self, page: u64) -> PageState {
+        self.pages.get(page)
+    }
+
+    /// Where `page` is.
+    pub fn location(&self, page: u64) -> Location {
+        self.pages.location(page)
+    }
+
+    /// Every page's state, in order.
+    pub fn states(&self) -> impl Iterator<Item = PageState> + '_ {
+        self.pages.iter()
+    }
+
+    /// Pages in the window.
+    pub fn window_pages(&self) -> u64 {
+        self.pages.len()
+    }
+
+    /// Resident pages (the local buffer's use).
+    pub fn resident(&self) -> u64 {
+        self.resident
+    }
+
+    /// Changes whenever pages are released: a fetch planned before must re-check its pages.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Evictions in flight (pages moved out whose write-back has not ended).
+    pub fn evicting_count(&self) -> usize {
+        self.evicting.len()
+    }
+
+    /// The eviction policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// True if `page` is remote and same-filled (its fetch is a fill, not a brick read).
+    pub fn is_filled(&self, page: u64) -> bool {
+        !self.fills.is_empty() && self.fills.contains_key(&(page as u32))
+    }
+
+    /// The word a same-filled remote page consists of.
+    pub fn fill_of(&self, page: u64) -> Option<u64> {
+        self.fills.get(&(page as u32)).copied()
+    }
+
+    /// True if `page` is still being evicted by job `id`: not released since it was chosen. The
+    /// write-back sends only such pages, so a stale staged copy never overwrites newer contents
+    /// a later eviction wrote, whatever order the write-backs complete in.
+    pub fn is_evicting_for(&self, id: u64, page: u32) -> bool {
+        self.evicting.get(&page) == Some(&id)
+    }
+
+    /// Allocated pages holding committed memory: the local buffer's percentage is of these.
+    pub fn committed_pages(&self) -> u64 {
+        self.alloc.allocated_pages().saturating_sub(self.uncommitted)
+    }
+
+    /// The protection byte of `page` (0: read-write).
+    pub fn prot_of(&self, page: u64) -> u8 {
+        self.prot.get(page as usize).copied().unwrap_or(0)
+    }
+
+    /// True if a resident page may be chosen as a victim: it can only move to the read-write
+    /// staging area if it is read-write itself.
+    pub fn movable(&self, page: u64) -> bool {
+        self.prot_of(page) == 0
+    }
+
+    /// Records `b` as the protection of `[first, first+count)`: keeps the uncommitted count, and
+    /// takes resident pages that cannot move out of the eviction policy (or puts them back).
+    /// Lent pages keep their protection unless `force`.
+    pub fn set_prot(&mut self, first: u64, count: u64, b: u8, force: bool) {
+        if self.prot.is_empty() && b == 0 {
+            return;
+        }
+        if (self.prot.len() as u64) < self.pages.len() {
+            self.prot.resize(self.pages.len() as usize, 0);
+        }
+        let end = (first + count).min(self.pages.len());
+        for p in first..end {
+            let old = self.prot[p as usize];
+            if old == b || (old & prot::FOREIGN != 0 && !force) {
+                continue;
+            }
+            self.prot[p as usize] = b;
+            match (prot::uncommitted(old), prot::uncommitted(b)) {
+                (false, true) => self.uncommitted += 1,
+                (true, false) => self.uncommitted -= 1,
+                _ => {}
+            }
+            if self.location(p) == Location::Resident {
+                if b == 0 {
+                    self.policy.inserted(p as u32);
+                } else if old == 0 {
+                    self.policy.removed(p as u32);
+                }
+            }
+        }
+    }
+
+    /// Every page's protection byte (empty if all are read-write).
+    pub fn prot_bytes(&self) -> &[u8] {
+        &self.prot
+    }
+
+    /// True if any page of `[first, first+count)` is being evicted.
+    pub fn any_evicting(&self, first: u64, count: u64) -> bool {
+        let end = (first + count).min(self.pages.len());
+        !self.evicting.is_empty() && (first..end).any(|p| self.location(p) == Location::Evicting)
+    }
+
+    /// A fault claims `page` for install: it becomes resident (and, if it can move, the policy's)
+    /// before its contents arrive, so a release read meanwhile turns it back to empty and the
+    /// install skips it. Returns where its contents come from.
+    pub fn claim(&mut self, page: u64) -> Source {
+        let fill = match self.location(page) {
+            Location::Remote if !self.fills.is_empty() => self.fills.remove(&(page as u32)),
+            _ => None,
+        };
+        let old = self.pages.claim(page, fill.is_some());
+        self.resident += 1;
+        if self.movable(page) {
+            self.policy.inserted(page as u32);
+        }
+        match (fill, old.location()) {
+            (Some(w), _) => Source::Fill(w),
+            (None, Location::Remote) => Source::Brick,
+            _ => Source::Zeros,
+        }
+    }
+
+    /// Records the checksums of freshly installed pages (those still resident).
+    pub fn record_hashes(&mut self, hashes: impl IntoIterator<Item = (u32, u64)>) {
+        for (p, h) in hashes {
+            if self.location(p as u64) == Location::Resident {
+                self.hashes.insert(p, h);
+            }
+        }
+    }
+
+    /// Picks up to `want` victims (at most the free slots), marks them evicting under a new job
+    /// id and gives each a slot, in page order. `zero_hash` is the checksum a page never
+    /// fetched is compared with. Returns the job id, or `None` if nothing could be chosen.
+    pub fn choose_victims(&mut self, want: usize, zero_hash: u64, out: &mut Vec<Victim>) -> Option<u64> {
+        let mut pages = Vec::with_capacity(want);
+        self.policy.victims(want.min(self.slots.free_count()), &mut pages);
+        // In page order, so runs of pages get runs of slots (one move each).
+        pages.sort_unstable();
+        if pages.is_empty() {
+            return None;
+        }
+        let id = self.next_job;
+        self.next_job += 1;
+        for p in pages {
+            let Some(slot) = self.slots.pop_free() else {
+                // Cannot happen (asked for at most the free slots); keep the page resident.
+                self.policy.inserted(p);
+                continue;
+            };
+            let old = self.pages.begin_eviction(p as u64);
+            self.evicting.insert(p, id);
+            self.resident -= 1;
+            let hash = self.hashes.remove(&p).unwrap_or(zero_hash);
+            out.push(Victim {
+                page: p,
+                slot,
+                brick_valid: old.brick_valid(),
+                backed: false,
+                hash,
+                moved: false,
+            });
+        }
+        Some(id)
+    }
+
+    /// The write-back of job `id` ended for `page` as `how`. A page released meanwhile (no
+    /// longer this job's) is left alone. Returns true if the page was still the job's.
+    pub fn finish_eviction(&mut self, id: u64, page: u32, how: Evicted) -> bool {
+        if self.evicting.get(&page) != Some(&id) {
+            return false;
+        }
+        self.evicting.remove(&page);
+        if self.pages.finish_eviction(page as u64, how) == Location::Remote {
+            if let Evicted::Filled(w) = how {
+                self.fills.insert(page, w);
+            }
+        }
+        true
+    }
+
+    /// A resident page was written to its brick in place (before a fork); `hash`: its new
+    /// checksum, for pages compared by checksum.
+    pub fn mark_written(&mut self, page: u64, hash: Option<u64>) {
+        self.pages.mark_brick_valid(page);
+        if let Some(h) = hash {
+            self.hashes.insert(page as u32, h);
+        }
+    }
+
+    /// The install checksum of a resident page (`None`: compare with zeros or the mapping).
+    pub fn hash_of(&self, page: u64) -> Option<u64> {
+        self.hashes.get(&(page as u32)).copied()
+    }
+
+    /// Marks `[first, first+count)` released: any contents are gone, the next touch reads zeros.
+    /// Returns the resident pages dropped.
+    pub fn release(&mut self, first: u64, count: u64) -> u64 {
+        let mut dropped = 0;
+        let end = (first + count).min(self.pages.len());
+        for p in first..end {
+            let old = self.pages.release(p);
+            match old.location() {
+                Location::Resident => {
+                    self.policy.removed(p as u32);
+                    self.hashes.remove(&(p as u32));
+                    self.resident -= 1;
+                    dropped += 1;
+                }
+                Location::Evicting => {
+                    self.evicting.remove(&(p as u32));
+                }
+                Location::Remote => {
+                    self.fills.remove(&(p as u32));
+                }
+                Location::Empty => {}
+            }
+            self.policy.forgotten(p as u32);
+        }
+        self.epoch += 1;
+        dropped
+    }
+
+    /// The core a forked child starts from, after the parent wrote back every dirty page:
+    /// nothing resident or staged, every slot free, same regions, blocks, protections and
+    /// same-filled pages.
+    pub fn forked(&self, policy: Box<dyn EvictionPolicy>) -> Core {
+        let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
+        c.pages = self.pages.forked();
+        c.fills = self.fills.clone();
+        c.alloc = self.alloc.clone();
+        c.blocks = self.blocks.clone();
+        c.prot = self.prot.clone();
+        c.uncommitted = self.uncommitted;
+        c
+    }
+
+    /// Checks that the page states, the counts, the side tables, the policy and the slots agree.
+    /// O(window): for tests and debugging.
+    pub fn check(&self) -> Result<(), String> {
+        let mut resident = 0u64;
+        let mut movable = 0usize;
+        let mut evicting = 0usize;
+        for (p, s) in self.pages.iter().enumerate() {
+            match s.location() {
+                Location::Resident => {
+                    resident += 1;
+                    if self.movable(p as u64) {
+                        movable += 1;
+                    }
+                }
+                Location::Evicting => {
+                    evicting += 1;
+                    if !self.evicting.contains_key(&(p as u32)) {
+                        return Err(format!("page {p} is evicting without a job"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if resident != self.resident {
+            return Err(format!("{resident} pages resident, counted {}", self.resident));
+        }
+        if evicting != self.evicting.len() {
+            return Err(format!(
+                "{evicting} pages evicting, {} jobs entries",
+                self.evicting.len()
+            ));
+        }
+        if self.policy.len() != movable {
+            return Err(format!(
+                "the policy tracks {} pages, {movable} are resident and movable",
+                self.policy.len()
+            ));
+        }
+        if let Some(p) = self
+            .hashes
+            .keys()
+            .find(|&&p| self.location(p as u64) != Location::Resident)
+        {
+            return Err(format!(
+                "page {p} has an install checksum but is {:?}",
+                self.state(*p as u64)
+            ));
+        }
+        if let Some(p) = self
+            .fills
+            .keys()
+            .find(|&&p| self.location(p as u64) != Location::Remote)
+        {
+            return Err(format!("page {p} has a fill word but is {:?}", self.state(*p as u64)));
+        }
+        if self.slots.out() < evicting as u32 {
+            return Err(format!(
+                "{evicting} pages evicting but only {} slots out",
+                self.slots.out()
+            ));
+        }
+        self.slots.check()?;
+        self.alloc.check_invariants()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Fifo;
+
+    fn core(pages: u64) -> Core {
+        Core::new(pages, 8, Box::new(Fifo::default()))
+    }
+
+    #[test]
+    fn claim_evict_and_release_keep_every_count() {
+        let mut c = core(16);
+        for p in 0..6 {
+            assert_eq!(c.claim(p), Source::Zeros);
+        }
+        c.record_hashes([(1, 11), (9, 99)]);
+        assert_eq!(c.hash_of(1), Some(11));
+        assert_eq!(c.hash_of(9), None, "not resident: not recorded");
+        let mut v = Vec::new();
+        let id = c.choose_victims(4, 0, &mut v).expect("victims");
+        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(v[1].hash, 11);
+        assert_eq!(c.resident(), 2);
+        c.check().expect("consistent while evicting");
+        c.release(2, 1);
+        assert!(c.finish_eviction(id, 0, Evicted::Written));
+        assert!(c.finish_eviction(id, 1, Evicted::Filled(5)));
+        assert!(!c.finish_eviction(id, 2, Evicted::Written), "released meanwhile");
+        assert!(c.finish_eviction(id, 3, Evicted::Clean));
+        c.slots.put_free(v.iter().map(|v| v.slot));
+        assert_eq!(c.location(0), Location::Remote);
+        assert_eq!(c.location(2), Location::Empty);
+        assert_eq!(c.location(3), Location::Empty, "a clean zero page");
+        assert_eq!(c.claim(0), Source::Brick);
+        assert_eq!(c.claim(1), Source::Fill(5));
+        c.check().expect("consistent");
+    }
+
+    #[test]
+    fn pages_that_cannot_move_leave_the_policy() {
+        let mut c = core(8);
+        c.claim(0);
+        c.claim(1);
+        c.set_prot(0, 1, prot::SET | 1, false);
+        c.check().expect("consistent");
+        let mut v = Vec::new();
+        c.choose_victims(8, 0, &mut v);
+        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [1]);
+        c.set_prot(0, 1, 0, false);
+        c.check().expect("consistent");
+    }
+}

@@ -1,0 +1,32 @@
+//! The pager core of rackmem: what happens to a window page, with no system call.
+//!
+//! A program's window is split into pages; each is empty, remote, resident or evicting
+//! ([`state`]). The [`Core`] keeps every page's state together with what must agree with it:
+//! the local buffer's count of resident pages, the checksums that tell a dirty page from a clean
+//! one, the same-filled pages kept as one word, the evictions in flight and their staging
+//! [`slots`], the window's address-space [`regions`], and the [`policy`] that picks victims.
+//! Each event (a fault claims a run, victims are chosen, a write-back ends, the program releases
+//! memory, the process forks) is one method that changes all of them at once and checks its
+//! preconditions.
+//!
+//! The runtime (`rackmem-runtime`) drives the core from its fault handler and write-back
+//! thread, doing the I/O (userfaultfd moves and copies, brick reads and writes) between calls.
+//! Because the core knows no kernel, a test can drive it with random events and check every
+//! page's contents after each step (`tests/simulation.rs`).
+//!
+//! Adding an eviction policy means implementing [`policy::EvictionPolicy`]; prefetch lives in
+//! [`prefetch`].
+//!
+//! What this crate is not: it knows no userfaultfd, no link, no brick and no C ABI.
+
+pub mod core;
+pub mod policy;
+pub mod prefetch;
+pub mod prot;
+pub mod regions;
+pub mod slots;
+pub mod state;
+
+pub use crate::core::{Core, Source, Victim};
+pub use slots::{Slots, SpentRun};
+pub use state::{Evicted, Location, PageState, PageTable};
