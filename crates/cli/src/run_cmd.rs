@@ -4,6 +4,7 @@ use crate::brick_cmd::{parse_size_arg, random_hex, read_secret};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};
+use rackmem_runtime::policy::Eviction;
 use rackmem_runtime::size::{format_size, Budget};
 use rackmem_runtime::stats::StatsSnapshot;
 use rackmem_transport::{BrickAddr, Link};
@@ -27,6 +28,9 @@ Defaults (each can be overridden):
     any of the program's CPUs and spins 200 µs after each fault. On one CPU (--cpus N, taskset)
     it sleeps between faults. --handler MODE (auto, blocking, busy-poll, hybrid[:µs]) sets the
     mode; --cpus confines the whole program.
+  Eviction: fifo. When the local buffer is full, pages leave in the order they came in.
+    --eviction refault (RACKMEM_EVICTION=refault) protects pages that fault back soon after
+    their eviction, so a hot set that fits in the buffer stays local (being measured).
   Outrunning the link: a program that spends more than half of its time waiting on faults for
     5 s, mostly re-fetching pages evicted earlier, is told once on standard error, with its
     fault rate and a --local that would hold its working set.";
@@ -73,6 +77,13 @@ pub struct RunArgs {
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
+    /// Which resident pages leave the local buffer when it is full (also RACKMEM_EVICTION):
+    /// fifo (the default) evicts strictly in the order pages came in, hot or not. refault
+    /// protects pages that fault back soon after they were evicted, the program's hot set,
+    /// which eviction then leaves alone; pages seen once leave first in, first out, so a scan
+    /// or a stream that never comes back is evicted as fifo would evict it.
+    #[arg(long, value_name = "NAME", value_parser = parse_eviction)]
+    eviction: Option<Eviction>,
     /// Require shared memory: fail if a brick on this host cannot map its segments into the
     /// program. Mapping them is already the default (see --no-shared-memory).
     #[arg(long, conflicts_with = "no_shared_memory")]
@@ -115,6 +126,11 @@ impl std::fmt::Display for Unreachable {
     }
 }
 impl std::error::Error for Unreachable {}
+
+fn parse_eviction(s: &str) -> Result<Eviction, String> {
+    s.parse()
+        .map_err(|e: rackmem_runtime::policy::UnknownEviction| e.to_string())
+}
 
 fn find_preload() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("RACKMEM_PRELOAD") {
@@ -240,6 +256,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if let Some(p) = args.prefetch {
         cmd.env("RACKMEM_PREFETCH", p.to_string());
+    }
+    if let Some(e) = args.eviction {
+        cmd.env("RACKMEM_EVICTION", e.name());
     }
     if args.shared_memory {
         cmd.env("RACKMEM_SHARED_MEMORY", "1");

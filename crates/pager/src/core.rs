@@ -129,11 +129,6 @@ impl Core {
         self.evicting.len()
     }
 
-    /// The eviction policy's name.
-    pub fn policy_name(&self) -> &'static str {
-        self.policy.name()
-    }
-
     /// True if `page` is remote and same-filled (its fetch is a fill, not a brick read).
     pub fn is_filled(&self, page: u64) -> bool {
         !self.fills.is_empty() && self.fills.contains_key(&(page as u32))
@@ -240,9 +235,11 @@ impl Core {
     }
 
     /// Picks up to `want` victims (at most the free slots), marks them evicting under a new job
-    /// id and gives each a slot, in page order. `zero_hash` is the checksum a page never
+    /// id and gives each a slot, in page order. `budget`: the local buffer's size in pages now
+    /// (the policy sizes what it remembers by it); `zero_hash`: the checksum a page never
     /// fetched is compared with. Returns the job id, or `None` if nothing could be chosen.
-    pub fn choose_victims(&mut self, want: usize, zero_hash: u64, out: &mut Vec<Victim>) -> Option<u64> {
+    pub fn choose_victims(&mut self, want: usize, budget: u64, zero_hash: u64, out: &mut Vec<Victim>) -> Option<u64> {
+        self.policy.set_capacity(budget as usize);
         let mut pages = Vec::with_capacity(want);
         self.policy.victims(want.min(self.slots.free_count()), &mut pages);
         // In page order, so runs of pages get runs of slots (one move each).
@@ -325,7 +322,9 @@ impl Core {
                 }
                 Location::Empty => {}
             }
-            self.policy.forgotten(p as u32);
+        }
+        if end > first {
+            self.policy.released(first as u32, (end - first) as u32);
         }
         self.epoch += 1;
         dropped
@@ -430,7 +429,7 @@ mod tests {
         assert_eq!(c.hash_of(1), Some(11));
         assert_eq!(c.hash_of(9), None, "not resident: not recorded");
         let mut v = Vec::new();
-        let id = c.choose_victims(4, 0, &mut v).expect("victims");
+        let id = c.choose_victims(4, 16, 0, &mut v).expect("victims");
         assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!(v[1].hash, 11);
         assert_eq!(c.resident(), 2);
@@ -457,7 +456,7 @@ mod tests {
         c.set_prot(0, 1, prot::SET | 1, false);
         c.check().expect("consistent");
         let mut v = Vec::new();
-        c.choose_victims(8, 0, &mut v);
+        c.choose_victims(8, 8, 0, &mut v);
         assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [1]);
         c.set_prot(0, 1, 0, false);
         c.check().expect("consistent");

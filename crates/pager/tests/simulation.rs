@@ -16,7 +16,7 @@
 //! - `cargo test -p rackmem-pager --test simulation -- --ignored`: a long campaign
 //!   (`RACKMEM_SIM_SEEDS`, default 20,000 seeds).
 
-use rackmem_pager::policy::{EvictionPolicy, Fifo};
+use rackmem_pager::policy::{Eviction, EvictionPolicy};
 use rackmem_pager::{Core, Evicted, Location, Source, SpentRun, Victim};
 use std::collections::{HashMap, VecDeque};
 
@@ -72,18 +72,11 @@ struct Shape {
     steps: usize,
     /// Per mille of brick operations that fail (an error or a lost response).
     brick_faults: u64,
-    policy: PolicyKind,
+    policy: Eviction,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum PolicyKind {
-    Fifo,
-}
-
-fn policy(k: PolicyKind) -> Box<dyn EvictionPolicy> {
-    match k {
-        PolicyKind::Fifo => Box::new(Fifo::default()),
-    }
+fn policy(k: Eviction) -> Box<dyn EvictionPolicy> {
+    k.build()
 }
 
 impl Shape {
@@ -104,7 +97,11 @@ impl Shape {
             prefetch,
             steps: 2_000,
             brick_faults: if rng.chance(100) { 2 } else { 0 },
-            policy: PolicyKind::Fifo,
+            policy: if rng.chance(500) {
+                Eviction::Refault
+            } else {
+                Eviction::Fifo
+            },
         }
     }
 }
@@ -540,7 +537,7 @@ impl Sim {
         let mut victims = Vec::new();
         let job = self
             .core
-            .choose_victims(want, Self::zero_hash(), &mut victims)
+            .choose_victims(want, budget, Self::zero_hash(), &mut victims)
             .map(|id| (id, victims));
         Some(Serving::Stage {
             fault,

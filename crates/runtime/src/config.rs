@@ -3,6 +3,7 @@
 //! The runtime lives inside an unmodified program, so it has no command line of its own: every
 //! option is an environment variable, documented here and in `rackmem run --help`.
 
+use crate::policy::{Eviction, UnknownEviction};
 use crate::size::{parse_size, Budget, SizeError};
 use rackmem_transport::{BrickAddr, TlsClient};
 use std::time::Duration;
@@ -102,6 +103,10 @@ pub struct Config {
     /// `RACKMEM_TLS_CA`: PEM file of the CA certificates that `tls://` bricks' certificates must
     /// chain to, read at start (unset: `tls://` bricks cannot be used).
     pub tls: Option<TlsClient>,
+    /// `RACKMEM_EVICTION`: which resident pages leave the local buffer when it is full:
+    /// `fifo` (the default: first in, first out) or `refault` (pages that fault back soon after
+    /// eviction are protected). See [`crate::policy`].
+    pub eviction: Eviction,
 }
 
 /// Whether segments of bricks on this host are mapped into the process.
@@ -158,6 +163,9 @@ pub enum ConfigError {
     /// A brick address could not be parsed.
     #[error("RACKMEM_BRICKS: {0}")]
     Brick(String),
+    /// `RACKMEM_EVICTION` names no eviction policy.
+    #[error("RACKMEM_EVICTION: {0}")]
+    Eviction(#[from] UnknownEviction),
     /// The CA file for `tls://` bricks cannot be used.
     #[error("{0}")]
     Tls(String),
@@ -225,6 +233,7 @@ impl Config {
             },
             notice_dir: var("RACKMEM_NOTICE_DIR"),
             tls: TlsClient::from_env().transpose().map_err(ConfigError::Tls)?,
+            eviction: var("RACKMEM_EVICTION").map_or(Ok(Eviction::default()), |v| v.parse())?,
             agent,
         }))
     }

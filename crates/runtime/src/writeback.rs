@@ -194,7 +194,7 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
             if ext.is_empty() {
                 continue;
             }
-            let seg = crate::handler::segment_or_die(inner, brick);
+            let seg = inner.segment(brick);
             seg.limiter.acquire(data.len() as u64);
             if let Err(e) = seg.write(ext, data, fresh) {
                 inner.brick_lost(brick, "writing back evicted pages", &e);
@@ -286,7 +286,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
         let Some((brick, off)) = inner.table.lookup(p) else {
             continue;
         };
-        let seg = crate::handler::segment_or_die(inner, brick);
+        let seg = inner.segment(brick);
         let b = c.prot_of(p);
         if b & rackmem_pager::prot::SET != 0 && i32::from(b & rackmem_pager::prot::MASK) & libc::PROT_READ == 0 {
             // Not readable through the window (PROT_NONE kept with its contents): read it the

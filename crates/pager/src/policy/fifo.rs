@@ -1,14 +1,14 @@
-//! First in, first out: the policy that what userfaultfd reports supports exactly.
+//! First in, first out: the order pages came in is the order they leave.
 
-use super::EvictionPolicy;
-use std::collections::{HashMap, VecDeque};
+use super::{EvictionPolicy, PageMap};
+use std::collections::VecDeque;
 
 /// First in, first out, with lazy deletion: removals only drop the page from the index; stale
 /// queue entries are skipped when they reach the head.
 #[derive(Default)]
 pub struct Fifo {
     queue: VecDeque<(u32, u32)>,
-    live: HashMap<u32, u32>,
+    live: PageMap<u32>,
     generation: u32,
 }
 
@@ -44,31 +44,5 @@ impl EvictionPolicy for Fifo {
 
     fn len(&self) -> usize {
         self.live.len()
-    }
-
-    fn name(&self) -> &'static str {
-        "fifo"
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fifo_order_and_lazy_removal() {
-        let mut f = Fifo::default();
-        for p in [1, 2, 3, 4] {
-            f.inserted(p);
-        }
-        f.removed(2);
-        f.inserted(1); // re-inserted: moves to the back
-        let mut out = Vec::new();
-        f.victims(2, &mut out);
-        assert_eq!(out, vec![3, 4]);
-        out.clear();
-        f.victims(5, &mut out);
-        assert_eq!(out, vec![1]);
-        assert!(f.is_empty());
     }
 }

@@ -1,34 +1,143 @@
-//! Eviction policies for the local buffer.
+//! Eviction policies for the local buffer: which resident pages leave when it is full.
 //!
-//! userfaultfd tells the runtime about misses only: nothing reports accesses to resident pages
-//! (no accessed bit reaches user space without page-idle tracking, which needs PFNs and root).
-//! A policy therefore sees installs and removals. FIFO is the policy that this information supports exactly: for the
-//! sequential streams that dominate the seeds' workloads (STREAM, scans) it evicts what LRU
-//! would, and for uniform random access (GUPS) every policy is equivalent to random. A
-//! researcher adds a policy by implementing [`EvictionPolicy`].
+//! What a policy is told, and by whom: the core ([`crate::Core`]) calls [`EvictionPolicy::inserted`]
+//! for every page a fault claims, [`EvictionPolicy::victims`] when it must make room (after
+//! [`EvictionPolicy::set_capacity`] with the budget in force), and the runtime calls
+//! [`EvictionPolicy::removed`] for a resident page that stops being a candidate (released, or
+//! made read-only, which `UFFDIO_MOVE` cannot move) and [`EvictionPolicy::released`] for every
+//! range the program frees or `madvise`s away, so that a policy forgets what it remembered of
+//! those pages. All calls come under the runtime's core lock, one at a time.
+//!
+//! What a policy is not told: userfaultfd reports misses only. Nothing reports accesses to
+//! resident pages (no accessed bit reaches user space without page-idle tracking, which needs
+//! PFNs and root), so a policy sees installs and evictions, never hits. Whatever it learns about
+//! which pages are hot, it learns from pages that come back after being evicted.
+//!
+//! The policies:
+//! - [`Fifo`] (the default) evicts in the order pages came in. For sequential streams (STREAM, scans) it
+//!   evicts what LRU would, and for uniform random access (GUPS) every policy is as good as
+//!   random; but it evicts hot pages as readily as cold ones.
+//! - [`Refault`] is a FIFO whose pages earn protection by coming back: it
+//!   remembers recently evicted pages, and one that faults again soon after its eviction joins
+//!   a protected part that ordinary eviction does not touch. A stream that never comes back is
+//!   evicted exactly as FIFO would.
+//!
+//! A researcher adds a policy by implementing [`EvictionPolicy`] in a file of its own and a
+//! name in [`Eviction`]; nothing in the fault handler changes.
 
 mod fifo;
+mod refault;
 
 pub use fifo::Fifo;
+pub use refault::Refault;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// Chooses which resident pages leave the local buffer.
+///
+/// Pages are window page numbers. The runtime's contract: `inserted` is called only for a page
+/// the policy does not hold, `removed` only for one it holds; `victims` hands pages back, after
+/// which the policy no longer holds them. Memory must stay bounded by the budget (what
+/// [`EvictionPolicy::set_capacity`] says), whatever the program's footprint.
 pub trait EvictionPolicy: Send {
-    /// `page` became resident.
+    /// `page` became resident (faulted in), or resident again as a candidate (made read-write).
     fn inserted(&mut self, page: u32);
-    /// `page` is no longer resident (evicted, or released by `madvise`/`free`).
+    /// `page` is still resident but no longer a candidate, or gone without being a victim
+    /// (released: [`EvictionPolicy::released`] follows).
     fn removed(&mut self, page: u32);
     /// Takes up to `n` victims out of the policy and appends them to `out`.
     fn victims(&mut self, n: usize, out: &mut Vec<u32>);
-    /// The program released `page` (freed or `MADV_DONTNEED`): whatever the policy remembers of
-    /// its history is about other data now. Called for every released page, resident or not,
-    /// after `removed` for resident ones.
-    fn forgotten(&mut self, _page: u32) {}
-    /// Pages the policy tracks (resident pages it may choose).
+    /// Pages the policy holds.
     fn len(&self) -> usize;
-    /// A short name, for statistics and messages.
-    fn name(&self) -> &'static str;
-    /// True when no page is tracked.
+    /// True when no page is held.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The program released `[first, first + count)` (freed, unmapped, `MADV_DONTNEED`): their
+    /// contents are gone and a later fault there is a new page, not a page coming back. Called
+    /// for resident and evicted pages alike, after `removed` for the resident ones.
+    fn released(&mut self, _first: u32, _count: u32) {}
+    /// The local buffer's budget in pages, told before each call to `victims` (it follows the
+    /// program's footprint when the budget is a percentage).
+    fn set_capacity(&mut self, _pages: usize) {}
 }
+
+/// The eviction policy to use, by name (`RACKMEM_EVICTION`, `rackmem run --eviction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Eviction {
+    /// [`Fifo`].
+    #[default]
+    Fifo,
+    /// [`Refault`].
+    Refault,
+}
+
+impl Eviction {
+    /// Every policy, by the name that selects it.
+    pub const ALL: [(&'static str, Eviction); 2] = [("fifo", Eviction::Fifo), ("refault", Eviction::Refault)];
+
+    /// A new, empty policy of this kind.
+    pub fn build(self) -> Box<dyn EvictionPolicy> {
+        match self {
+            Eviction::Fifo => Box::new(Fifo::default()),
+            Eviction::Refault => Box::new(Refault::default()),
+        }
+    }
+
+    /// The name that selects this policy.
+    pub fn name(self) -> &'static str {
+        Eviction::ALL.iter().find(|(_, e)| *e == self).map_or("?", |(n, _)| n)
+    }
+}
+
+impl std::fmt::Display for Eviction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that selects no eviction policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown eviction policy {0:?} (known: fifo, refault)")]
+pub struct UnknownEviction(pub String);
+
+impl std::str::FromStr for Eviction {
+    type Err = UnknownEviction;
+    fn from_str(s: &str) -> Result<Self, UnknownEviction> {
+        let s = s.trim();
+        Eviction::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(s))
+            .map(|(_, e)| *e)
+            .ok_or_else(|| UnknownEviction(s.to_string()))
+    }
+}
+
+/// A map keyed by page number. Policies look pages up on every install and eviction, so the
+/// hash is one multiplication (SipHash's resistance to chosen keys buys nothing here: the keys
+/// are the program's own page numbers, and a slow hash is paid on every page of a scan).
+pub(crate) type PageMap<V> = HashMap<u32, V, BuildHasherDefault<PageHasher>>;
+
+/// Fibonacci hashing of a page number (see [`PageMap`]).
+#[derive(Default)]
+pub(crate) struct PageHasher(u64);
+
+impl Hasher for PageHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        // The table indexes with the low bits and tags with the high ones: fold the well-mixed
+        // high half into the low.
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+#[cfg(test)]
+mod tests;

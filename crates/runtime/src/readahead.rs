@@ -1,0 +1,283 @@
+//! Read-ahead: the read of a sequential stream's next run, sent when the current run is
+//! installed so that the brick works while the program consumes this one (seed 000's
+//! prefetcher keeps the link busy the same way), and collected at the next fault of the stream.
+
+use crate::inner::Inner;
+use crate::{recycle, PAGE, PAGE_SIZE};
+use rackmem_pager::Core;
+use rackmem_pager::{Location, Source, SpentRun};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A read of the next run of a sequential stream, sent when the current run was installed so
+/// that the brick works while the program consumes this one (seed 000's prefetcher keeps the
+/// link busy the same way). Used if the next fault is at `page`, nothing was released since,
+/// and the pages are still remote; else dropped.
+pub(crate) struct Ahead {
+    /// The prefetch stream it serves (interleaved streams each keep their own).
+    pub(crate) stream: usize,
+    /// Order of sending: the oldest goes first when too many are in flight.
+    pub(crate) seq: u64,
+    pub(crate) page: u64,
+    pub(crate) n: usize,
+    pub(crate) seg: usize,
+    pub(crate) epoch: u64,
+    pub(crate) ticket: rackmem_transport::DetachedTicket,
+    /// Where the pages land: spent slots, or a buffer of its own.
+    pub(crate) spent: Option<SpentRun>,
+    pub(crate) own: Option<Vec<u8>>,
+}
+
+/// Read-aheads in flight at most: two, so that the next run is always on its way while the
+/// handler installs the current one (with one, the read of run k+1 goes out only after run k
+/// is installed, and the next fault comes sooner than the brick answers).
+const AHEAD_DEPTH: usize = 2;
+
+/// Read-aheads in flight over all streams.
+const AHEAD_MAX: usize = 8;
+
+/// The read-aheads in flight, and the buffers of those that found no spent slots.
+pub(crate) struct ReadAheads {
+    inner: Arc<Inner>,
+    list: Vec<Ahead>,
+    /// Sending order.
+    seq: u64,
+    spare_bufs: Vec<Vec<u8>>,
+}
+
+impl ReadAheads {
+    pub(crate) fn new(inner: Arc<Inner>) -> ReadAheads {
+        ReadAheads {
+            inner,
+            list: Vec::new(),
+            seq: 0,
+            spare_bufs: Vec::new(),
+        }
+    }
+
+    /// The length of the read-ahead that starts at `page`, if one does.
+    pub(crate) fn length_at(&self, page: u64) -> Option<usize> {
+        self.list.iter().find(|a| a.page == page).map(|a| a.n)
+    }
+
+    /// Takes the read-ahead of the run just claimed at `page`, if it holds exactly that run:
+    /// as long, sent since the last release, and every page from the brick. One that does not
+    /// is dropped.
+    pub(crate) fn take_for(&mut self, c: &mut Core, page: u64, kinds: &[Source], epoch: u64) -> Option<Ahead> {
+        let i = self.list.iter().position(|a| a.page == page)?;
+        let a = self.list.swap_remove(i);
+        let from_brick = kinds.iter().all(|&k| k == Source::Brick);
+        if a.n == kinds.len() && a.epoch == epoch && from_brick {
+            Some(a)
+        } else {
+            self.drop_ahead(c, a);
+            None
+        }
+    }
+
+    /// Drops every read-ahead that holds spent slots; true if there was one (victims need the
+    /// slots more).
+    pub(crate) fn drop_holding_slots(&mut self, c: &mut Core) -> bool {
+        if !self.list.iter().any(|a| a.spent.is_some()) {
+            return false;
+        }
+        while let Some(a) = self.list.pop() {
+            self.drop_ahead(c, a);
+        }
+        true
+    }
+
+    /// Waits for the read-ahead `a` (of the run at `page`) into its buffer: its spent slots
+    /// become `spent`, or its own buffer becomes `buf`.
+    pub(crate) fn collect(&mut self, page: u64, mut a: Ahead, spent: &mut Option<SpentRun>, buf: &mut Vec<u8>) {
+        let inner = self.inner.clone();
+        let seg = inner.segment(a.seg);
+        let r = match (a.spent.as_mut(), a.own.take()) {
+            (Some(run), _) => seg.fault.wait_detached(a.ticket, recycle::bytes(&inner, run)),
+            (None, own) => {
+                // The read-ahead's buffer becomes the install buffer; ours is kept for later.
+                let old = std::mem::replace(buf, own.unwrap_or_default());
+                self.spare_bufs.push(old);
+                seg.fault.wait_detached(a.ticket, buf)
+            }
+        };
+        if let Err(e) = r {
+            inner.brick_lost(a.seg, &format!("fetching window page {:#x}", inner.page_addr(page)), &e);
+        }
+        *spent = a.spent;
+        let s = &inner.stats;
+        for p in page..page + a.n as u64 {
+            s.refetched.insert(p);
+        }
+        s.faults_remote.fetch_add(1, Ordering::Relaxed);
+        s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
+        s.bytes_prefetched.fetch_add((a.n as u64 - 1) * PAGE, Ordering::Relaxed);
+        s.pages_read_ahead.fetch_add(a.n as u64, Ordering::Relaxed);
+    }
+
+    /// Drops the read-aheads that can no longer be used: pages were released since they were
+    /// sent, or the fault at `page` falls inside one rather than at its start (the stream
+    /// jumped; its pages will be fetched the ordinary way).
+    pub(crate) fn drop_stale(&mut self, c: &mut Core, page: u64) {
+        let mut i = 0;
+        while i < self.list.len() {
+            let a = &self.list[i];
+            let inside = page > a.page && page < a.page + a.n as u64;
+            if a.epoch != c.epoch() || inside {
+                let a = self.list.swap_remove(i);
+                self.drop_ahead(c, a);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Drops a read-ahead nobody will use: its response is discarded on arrival (nothing is
+    /// written to its buffer), its spent slots are spent again.
+    fn drop_ahead(&mut self, c: &mut Core, a: Ahead) {
+        if let Some(v) = a.own {
+            self.spare_bufs.push(v);
+        }
+        if let Some(seg) = self.inner.table.get(a.seg) {
+            seg.fault.abandon_detached(a.ticket);
+        }
+        if let Some(run) = a.spent {
+            self.drop_ahead_slots(c, run);
+        }
+    }
+
+    /// Spent slots of a dropped read-ahead: spent again, or freed past the cap.
+    fn drop_ahead_slots(&mut self, c: &mut Core, run: SpentRun) {
+        if !c.slots.give_spent(run.start(), run.count()) {
+            // Past the cap: free them (under the core lock; rare).
+            let addr = self.inner.slot_addr(run.start());
+            if let Err(e) = rackmem_uffd::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+                self.inner.internal_error(&format!("freeing staging slots: {e}"));
+            }
+            c.slots.put_free((run.start()..run.start() + run.count()).rev());
+        }
+    }
+
+    /// Sends the read of the `want` pages from `page` if they are all remote on one segment (a
+    /// shorter read if the remote stretch ends sooner), to be collected at a later fault.
+    /// Returns whether it sent one.
+    fn send_ahead(&mut self, stream: usize, page: u64, want: usize) -> bool {
+        let inner = self.inner.clone();
+        let mut c = inner.lock();
+        let region_end = c.alloc.region_containing(page).map_or(page, |(s, l)| s + l);
+        let budget = inner.budget_pages(&c);
+        let limit = (want as u64)
+            .min((budget / 4).max(1))
+            .min(region_end.saturating_sub(page));
+        let mut n = 0u64;
+        // Same-filled pages are not read from the brick (its copy is stale): they end the run.
+        while n < limit && c.location(page + n) == Location::Remote && !c.is_filled(page + n) {
+            n += 1;
+        }
+        if n < 2 {
+            return false;
+        }
+        let Some((seg, off)) = inner.table.lookup(page) else {
+            return false;
+        };
+        // A mapped segment is a memory copy away: nothing to overlap by reading ahead. (Table
+        // lookups never wait, so this is fine under the core lock.)
+        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
+            return false;
+        };
+        // One segment, one extent: else the ordinary fetch does it at the fault.
+        let Some((_, seg_end)) = inner.table.bounds(seg) else {
+            return false;
+        };
+        let n = n.min(seg_end - page) as usize;
+        let epoch = c.epoch();
+        // Read-aheads may hold a quarter of the staging slots; past that they use buffers.
+        let held: usize = self
+            .list
+            .iter()
+            .filter_map(|a| a.spent.as_ref())
+            .map(|r| r.count() as usize)
+            .sum();
+        let spent = if held + n <= crate::STAGING_SLOTS / 4 {
+            c.slots.take_spent(n)
+        } else {
+            None
+        };
+        drop(c);
+        let own = match spent {
+            Some(_) => None,
+            None => {
+                let mut v = self.spare_bufs.pop().unwrap_or_default();
+                v.clear();
+                v.resize(n * PAGE_SIZE, 0);
+                Some(v)
+            }
+        };
+        s.limiter.acquire((n * PAGE_SIZE) as u64);
+        let sent = s
+            .fault
+            .submit_read(&[(off, (n * PAGE_SIZE) as u32)])
+            .map(rackmem_transport::Ticket::detach);
+        match sent {
+            Ok(ticket) => {
+                self.seq += 1;
+                self.list.push(Ahead {
+                    seq: self.seq,
+                    stream,
+                    page,
+                    n,
+                    seg,
+                    epoch,
+                    ticket,
+                    spent,
+                    own,
+                });
+                true
+            }
+            Err(e) => inner.brick_lost(
+                seg,
+                &format!("reading ahead at window page {:#x}", inner.page_addr(page)),
+                &e,
+            ),
+        }
+    }
+
+    /// Drops the read-aheads that overlap `[page, page + n)`, just claimed.
+    pub(crate) fn drop_overlapping(&mut self, c: &mut Core, page: u64, n: u64) {
+        let mut i = 0;
+        while i < self.list.len() {
+            let a = &self.list[i];
+            if a.page < page + n && page < a.page + a.n as u64 {
+                let a = self.list.swap_remove(i);
+                self.drop_ahead(c, a);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Keeps the next runs of sequential stream `stream` on their way, from page `next`: up to
+    /// `AHEAD_DEPTH` read-aheads per stream and `AHEAD_MAX` in all, each twice the stream's run.
+    pub(crate) fn keep_stream_ahead(&mut self, stream: usize, next: u64, run: usize) {
+        let want = (run * 2).min(self.inner.cfg.prefetch_pages.max(1));
+        loop {
+            let mine = self.list.iter().filter(|a| a.stream == stream);
+            let (count, next) = mine.fold((0, next), |(k, e), a| (k + 1, e.max(a.page + a.n as u64)));
+            if count >= AHEAD_DEPTH {
+                break;
+            }
+            if self.list.len() >= AHEAD_MAX {
+                // A stream that went quiet (or whose slot was reused) holds the oldest.
+                if let Some(i) = (0..self.list.len()).min_by_key(|&i| self.list[i].seq) {
+                    let a = self.list.swap_remove(i);
+                    let inner = self.inner.clone();
+                    let mut c = inner.lock();
+                    self.drop_ahead(&mut c, a);
+                }
+            }
+            if !self.send_ahead(stream, next, want) {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Starting the runtime: links to the bricks (or the node agent), the window and staging area
+//! registered with their userfaultfds, and the handler, write-back and watchdog threads.
+
+use crate::config::Config;
+use crate::error::RuntimeError;
+use crate::inner::Inner;
+use crate::process::{RUNTIME_THREAD, SPAWNING};
+use crate::segment::{self, Segment, SegmentTable};
+use crate::stats::Stats;
+use crate::{
+    agent, handler, ratelimit, size, sys, watchdog, writeback, Runtime, DEFAULT_AGENT_WINDOW, DEFAULT_SEGMENT_CAP,
+    DEFAULT_SEGMENT_DIVISOR, PAGE, PAGE_SIZE, STAGING_SLOTS,
+};
+use rackmem_pager::Core;
+use rackmem_transport::{BrickAddr, Link};
+use rackmem_uffd::{Features, Mapping, OpenOptions, RegisterMode, Uffd};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+fn connect_links(cfg: &Config) -> Result<Vec<(BrickAddr, Link)>, RuntimeError> {
+    cfg.bricks
+        .iter()
+        .map(|a| Ok((a.clone(), Link::connect_with(a, cfg.timeout, cfg.tls.as_ref())?)))
+        .collect()
+}
+
+impl Runtime {
+    /// Starts the runtime: connects to every brick, carves one segment from each, reserves and
+    /// registers the window and starts the handler, write-back and watchdog threads.
+    pub fn start(cfg: Config) -> Result<Arc<Runtime>, RuntimeError> {
+        // Runs on a program thread: a brick dying during start-up must be an error, not SIGPIPE.
+        sys::without_sigpipe(|| Self::start_inner(cfg))
+    }
+
+    fn start_inner(cfg: Config) -> Result<Arc<Runtime>, RuntimeError> {
+        if let Some(path) = cfg.agent.clone() {
+            // Memory comes from the control plane as allocations grow: reserve address space
+            // only; `ensure_backed` attaches segments.
+            let agent = agent::Agent::connect(&path, cfg.timeout)?;
+            let bytes = cfg.window_bytes.unwrap_or(DEFAULT_AGENT_WINDOW) / (2 << 20) * (2 << 20);
+            let window = Mapping::reserve(bytes.max(2 << 20) as usize, 2 << 20)?;
+            return Self::assemble(cfg, window, SegmentTable::default(), Some(agent), None);
+        }
+        let links = connect_links(&cfg)?;
+        let table = SegmentTable::default();
+        let per_brick = cfg.window_bytes.map(|w| w / links.len().max(1) as u64);
+        for (addr, fault) in links {
+            let pool = fault.info().pool_bytes;
+            let mut want = per_brick.unwrap_or((pool / DEFAULT_SEGMENT_DIVISOR).min(DEFAULT_SEGMENT_CAP));
+            want = want / (2 << 20) * (2 << 20);
+            let seg = loop {
+                match fault.alloc_segment(&cfg.secret, want) {
+                    Ok(g) => break g,
+                    Err(e) if per_brick.is_none() && want > 32 << 20 && e.is_no_space() => want /= 2,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let writeback = Link::connect_with(&addr, cfg.timeout, cfg.tls.as_ref())?;
+            writeback.attach(&seg.grant, &seg.session_key)?;
+            fault.set_receive_spin(cfg.link_spin);
+            let shared = segment::share_if(cfg.shared_memory, &fault)?;
+            let pages = seg.grant.size_bytes / PAGE;
+            table.push(pages, |first_page| Segment {
+                first_page,
+                pages,
+                addr,
+                grant: seg.grant,
+                fault,
+                writeback,
+                allocation: None,
+                limiter: ratelimit::RateLimiter::new(0),
+                shared,
+            });
+        }
+        let window_pages = table.total_pages();
+        if window_pages == 0 {
+            return Err(RuntimeError::NoSegment("no bricks configured".into()));
+        }
+        let window = Mapping::reserve(window_pages as usize * PAGE_SIZE, 2 << 20)?;
+        Self::assemble(cfg, window, table, None, None)
+    }
+
+    /// Builds the runtime over an already reserved window (also used by a forked child).
+    pub(crate) fn assemble(
+        cfg: Config,
+        window: Mapping,
+        table: SegmentTable,
+        agent: Option<agent::Agent>,
+        inherited: Option<Core>,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
+        let window_pages = (window.len() / PAGE_SIZE) as u64;
+        rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
+        let uffd = Uffd::open(&OpenOptions {
+            // THREAD_ID: the handler places itself by who faults (`placement`).
+            features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP | Features::THREAD_ID,
+            nonblocking: true,
+        })?;
+        uffd.register(
+            window.addr(),
+            window.len(),
+            RegisterMode {
+                missing: true,
+                wp: false,
+                minor: false,
+            },
+        )?;
+        let slots = STAGING_SLOTS;
+        let staging = Mapping::reserve(slots * PAGE_SIZE, PAGE_SIZE)?;
+        rackmem_uffd::madvise_dontfork(staging.addr(), staging.len())?;
+        let stage_uffd = Uffd::open(&OpenOptions {
+            features: Features::MOVE,
+            nonblocking: true,
+        })?;
+        stage_uffd.register(
+            staging.addr(),
+            staging.len(),
+            RegisterMode {
+                missing: true,
+                wp: false,
+                minor: false,
+            },
+        )?;
+        // A forked child's core comes from the parent with nothing staged: the staging area is
+        // not inherited (MADV_DONTFORK), so every slot is free.
+        let core = inherited.unwrap_or_else(|| Core::new(window_pages, STAGING_SLOTS as u32, cfg.eviction.build()));
+        let stats = Stats::default();
+        stats
+            .window_bytes_allocated
+            .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
+        let inner = Arc::new(Inner {
+            cfg,
+            window,
+            staging,
+            uffd,
+            stage_uffd,
+            table,
+            agent,
+            core: Mutex::new(core),
+            core_cv: Condvar::new(),
+            jobs: Mutex::new(VecDeque::new()),
+            jobs_cv: Condvar::new(),
+            jobs_busy: AtomicUsize::new(0),
+            stats,
+            pause: AtomicBool::new(false),
+            bell: rackmem_uffd::Doorbell::new().map_err(RuntimeError::Doorbell)?,
+            paused: Mutex::new(false),
+            paused_cv: Condvar::new(),
+            fault_started_ns: AtomicU64::new(0),
+            fault_addr: AtomicU64::new(0),
+            clock: Instant::now(),
+        });
+        {
+            let c = inner.lock();
+            inner.budget_pages(&c);
+        }
+        let spawn = |name: &str, f: fn(Arc<Inner>)| {
+            let i = inner.clone();
+            SPAWNING.fetch_add(1, Ordering::AcqRel);
+            let started = std::thread::Builder::new()
+                .name(name.into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    RUNTIME_THREAD.with(|t| t.set(true));
+                    SPAWNING.fetch_sub(1, Ordering::AcqRel);
+                    sys::block_sigpipe();
+                    // A runtime thread that dies would leave the program waiting on a fault
+                    // forever: stop the program instead, saying why.
+                    let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+                        eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
+                        sys::exit_immediately(sys::EXIT_BRICK_LOST);
+                    }
+                });
+            if started.is_err() {
+                SPAWNING.fetch_sub(1, Ordering::AcqRel);
+            }
+            started
+        };
+        spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-wb", writeback::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-watchdog", watchdog::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        if inner.cfg.verbose {
+            eprintln!(
+                "rackmem[{}]: window {:#x}+{} on {} segment(s){}, local buffer {}, handler {:?}",
+                std::process::id(),
+                inner.window.addr(),
+                size::format_size(inner.window.len() as u64),
+                inner.table.len(),
+                if inner.agent.is_some() {
+                    " (more from the node agent as needed)"
+                } else {
+                    ""
+                },
+                inner.cfg.budget,
+                inner.cfg.handler
+            );
+        }
+        Ok(Arc::new(Runtime { inner }))
+    }
+}

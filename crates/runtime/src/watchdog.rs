@@ -1,0 +1,64 @@
+//! The watchdog thread: reports faults that wait too long, keeps idle links alive, follows the
+//! control plane's rate limits, and notices a program outrunning its bricks.
+
+use crate::inner::Inner;
+use crate::{outrun, placement};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) fn run(inner: Arc<Inner>) {
+    let limit = inner.cfg.watchdog.as_nanos() as u64;
+    let mut reported = 0u64;
+    let mut last_rates = Instant::now();
+    let mut outrun = outrun::Monitor::default();
+    let mut last_keepalive = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        placement::watch(inner.stats.faults.load(Ordering::Relaxed));
+        outrun.tick(&inner);
+        if !inner.cfg.keepalive.is_zero()
+            && last_keepalive.elapsed() >= (inner.cfg.keepalive / 2).min(Duration::from_secs(1))
+        {
+            last_keepalive = Instant::now();
+            // A link idle for the keep-alive interval gets a PING, so its brick's idle timeout
+            // never cuts a program that merely has not faulted for a while. A failed ping
+            // breaks the link, as the next fault would have found anyway.
+            for s in inner.table.all().iter() {
+                let _ = s.fault.keep_alive(inner.cfg.keepalive);
+                let _ = s.writeback.keep_alive(inner.cfg.keepalive);
+            }
+        }
+        if let Some(agent) = inner.agent.as_ref() {
+            // Rate limits change as other allocations come and go: follow them.
+            if last_rates.elapsed() >= Duration::from_secs(1) && !inner.table.is_empty() {
+                last_rates = Instant::now();
+                if let Ok(rates) = agent.rates() {
+                    for s in inner.table.all() {
+                        if let Some(r) = rates.iter().find(|r| r.segment_id == s.grant.segment_id) {
+                            s.limiter.set_rate(r.rate_limit_bps);
+                        }
+                    }
+                }
+            }
+        }
+        let started = inner.fault_started_ns.load(Ordering::Acquire);
+        if started == 0 {
+            continue;
+        }
+        let waited = inner.now_ns().saturating_sub(started);
+        if waited > limit && started != reported {
+            reported = started;
+            inner.stats.watchdog_reports.fetch_add(1, Ordering::Relaxed);
+            let mut bricks: Vec<String> = inner.table.all().iter().map(|b| b.addr.to_string()).collect();
+            bricks.dedup();
+            eprintln!(
+                "rackmem: watchdog: the fault at {:#x} has waited {:.1} s (limit {:.1} s); bricks: {}",
+                inner.fault_addr.load(Ordering::Relaxed),
+                waited as f64 / 1e9,
+                limit as f64 / 1e9,
+                bricks.join(", ")
+            );
+        }
+    }
+}
