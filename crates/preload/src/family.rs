@@ -345,14 +345,30 @@ pub fn in_arena(p: *const c_void) -> bool {
     a >= arena_base() && a < arena_base() + ARENA_BYTES
 }
 
+/// Says `msg` on stderr the first time `said` is unset, without allocating (this runs inside
+/// malloc): a refused allocation must name its cause, or a program's "out of memory" abort
+/// leaves nothing to act on.
+pub fn say_once(said: &std::sync::atomic::AtomicBool, msg: &str) {
+    if !said.swap(true, Ordering::Relaxed) {
+        // SAFETY: write(2) of a valid buffer to the standard error descriptor.
+        unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    }
+}
+
 /// A zeroed bootstrap block of `size` bytes aligned to `align` (at most 4096), or null.
 pub fn arena_alloc(size: usize, align: usize) -> *mut c_void {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let align = align.clamp(16, 4096);
     let mut cur = ARENA_USED.load(Ordering::Relaxed);
     loop {
         let start = (arena_base() + cur + 16).next_multiple_of(align) - arena_base();
         let end = start + size;
         if end > ARENA_BYTES {
+            say_once(
+                &SAID,
+                "rackmem: warning: the 256 KiB bootstrap arena is used up; an allocation made while the \
+                 program's allocator was being looked up failed\n",
+            );
             return ptr::null_mut();
         }
         match ARENA_USED.compare_exchange(cur, end, Ordering::AcqRel, Ordering::Relaxed) {
@@ -635,9 +651,20 @@ pub fn internal_malloc(size: usize, zero: bool) -> *mut c_void {
         // a block `free` would send to the wrong allocator.
         // SAFETY: `p` just came from glibc.
         unsafe { libc_free(p) };
+        track_full();
         return ptr::null_mut();
     }
     p
+}
+
+/// Says that the table of the runtime's own C blocks is full (once).
+fn track_full() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    say_once(
+        &SAID,
+        "rackmem: internal error: the runtime holds 16,384 blocks of the C library's allocator; \
+         an allocation of the runtime's was refused\n",
+    );
 }
 
 /// `realloc` of a tracked glibc block.
@@ -649,6 +676,7 @@ pub fn internal_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         if !track(n as usize) {
             // SAFETY: `n` just came from glibc.
             unsafe { libc_free(n) };
+            track_full();
             return ptr::null_mut();
         }
     }
@@ -662,6 +690,7 @@ pub fn internal_memalign(align: usize, size: usize) -> *mut c_void {
     if !p.is_null() && !track(p as usize) {
         // SAFETY: `p` just came from glibc.
         unsafe { libc_free(p) };
+        track_full();
         return ptr::null_mut();
     }
     p

@@ -667,6 +667,13 @@ pub unsafe extern "C" fn mmap(
                 return match rt.map_fixed(addr as usize, len, prot, noreplace) {
                     Ok(a) => a as *mut c_void,
                     Err(e) => {
+                        if e != libc::EEXIST {
+                            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                            family::say_once(
+                                &SAID,
+                                "rackmem: warning: an mmap(MAP_FIXED) over window memory failed (the window could not back it); the program sees ENOMEM\n",
+                            );
+                        }
                         set_errno(e);
                         libc::MAP_FAILED
                     }
