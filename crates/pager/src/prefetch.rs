@@ -8,6 +8,8 @@
 
 /// Streams tracked at once.
 const STREAMS: usize = 8;
+/// Pages a stream's next fault may lie past the end of its last run and still continue it.
+const SKIP: u64 = 16;
 
 #[derive(Debug, Clone, Copy)]
 struct Stream {
@@ -56,7 +58,14 @@ impl Streams {
     /// Plans the run for a fault at `page`: `max` pages at most.
     pub fn plan(&mut self, page: u64, max: usize) -> Plan {
         self.clock += 1;
-        let up = self.slots.iter().position(|s| s.next_page == page);
+        // A stream also goes on a little past where its last run ended: pages there may be
+        // resident (a run stops at a resident page, and a hot page kept by the eviction policy
+        // sits in the middle of cold ones), and the stream's next fault is past them.
+        let up = self.slots.iter().position(|s| s.next_page == page).or_else(|| {
+            self.slots
+                .iter()
+                .position(|s| s.next_page < page && page - s.next_page <= SKIP)
+        });
         let down = || {
             self.slots
                 .iter()
@@ -124,6 +133,14 @@ mod tests {
             ]
         );
         assert_eq!(d.plan(5000, 16).run, 1, "a random fault starts a stream of one page");
+        // A stream whose next pages are resident goes on past them.
+        let mut d = Streams::default();
+        let p = d.plan(100, 16);
+        d.advance(p.slot, 100, 101);
+        let q = d.plan(101, 16);
+        d.advance(q.slot, 101, 103);
+        assert_eq!(d.plan(105, 16).run, 4, "two resident pages skipped");
+        assert_eq!(d.plan(500, 16).run, 1, "too far: a new stream");
         // Prefetch off: runs stay one page long even on a stream.
         let mut d = Streams::default();
         let p = d.plan(0, 1);
