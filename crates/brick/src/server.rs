@@ -167,7 +167,7 @@ struct Shared {
     counters: Counters,
     /// Set once to stop; `stopped_cv` wakes [`BrickHandle::wait`], `bell` the acceptor.
     stop: AtomicBool,
-    bell: rackmem_uffd::Doorbell,
+    bell: rackmem_sys::Doorbell,
     stop_lock: Mutex<()>,
     stopped_cv: Condvar,
     /// Open connections (to shut them down at stop) and their threads (to join them).
@@ -303,14 +303,14 @@ impl Brick {
             Listener::Tcp(l) => l.as_fd(),
             Listener::Unix(l) => l.as_fd(),
         };
-        let _ = rackmem_uffd::set_listen_backlog(fd, cfg.limits.max_connections.min(65_535) as u32);
+        let _ = rackmem_sys::set_listen_backlog(fd, cfg.limits.max_connections.min(65_535) as u32);
         let spin_us = std::env::var("RACKMEM_BRICK_SPIN_US")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_SPIN_US);
         // Each connection holds two descriptors (its stream and the handle that shuts it down
         // at stop): allow what the limits need, as far as the hard limit goes.
-        let _ = rackmem_uffd::raise_open_files_limit();
+        let _ = rackmem_sys::raise_open_files_limit();
         let shared = Arc::new(Shared {
             spin_us,
             guard: Guard::new(cfg.limits.clone()),
@@ -318,7 +318,7 @@ impl Brick {
             cfg,
             counters: Counters::default(),
             stop: AtomicBool::new(false),
-            bell: rackmem_uffd::Doorbell::new().map_err(BrickError::Thread)?,
+            bell: rackmem_sys::Doorbell::new().map_err(BrickError::Thread)?,
             stop_lock: Mutex::new(()),
             stopped_cv: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
@@ -534,7 +534,7 @@ fn accept_loop(shared: Arc<Shared>, listener: Listener) {
                     Listener::Tcp(l) => l.as_fd(),
                     Listener::Unix(l) => l.as_fd(),
                 };
-                if rackmem_uffd::wait_readable(fd, &shared.bell, Some(next_sweep)).is_err() {
+                if rackmem_sys::wait_readable(fd, &shared.bell, Some(next_sweep)).is_err() {
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
@@ -646,7 +646,7 @@ impl Stream for UnixStream {
     }
     fn send_with_fd(&mut self, data: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> io::Result<usize> {
         use std::os::fd::AsFd;
-        rackmem_uffd::send_with_fd(self.as_fd(), data, fd)
+        rackmem_sys::send_with_fd(self.as_fd(), data, fd)
     }
 }
 
@@ -748,7 +748,7 @@ struct Reply {
     payload: Vec<u8>,
     close: bool,
     /// Shared memory whose descriptor goes with the response (SHARE).
-    fd: Option<Arc<rackmem_uffd::SharedMemory>>,
+    fd: Option<Arc<rackmem_sys::SharedMemory>>,
 }
 
 fn ok(payload: Vec<u8>) -> Reply {

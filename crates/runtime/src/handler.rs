@@ -45,7 +45,7 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
             Err(UffdError::Busy { .. }) if tries < 3 => {
                 // Shared with another process (should not happen: the window is not inherited
                 // by fork); break the sharing and retry.
-                rackmem_uffd::break_cow(src);
+                rackmem_sys::break_cow(src);
                 tries += 1;
             }
             Err(UffdError::Again { .. }) if tries < 1000 => {
@@ -168,7 +168,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 if idle {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
                     // idle handler costs its CPU nothing.
-                    match rackmem_uffd::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
+                    match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
                         Ok(w) if w.rung => h.inner.bell.clear(),
                         Ok(_) => {}
                         Err(e) => h.inner.internal_error(&format!("poll on the userfaultfd failed: {e}")),
@@ -692,7 +692,7 @@ impl Handler {
         if !recycle::give(c, run.start(), run.count()) {
             // Past the cap: free them (under the core lock; rare).
             let addr = self.inner.slot_addr(run.start());
-            if let Err(e) = rackmem_uffd::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+            if let Err(e) = rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
                 self.inner.internal_error(&format!("freeing staging slots: {e}"));
             }
             c.free_slots.extend((run.start()..run.start() + run.count()).rev());
@@ -814,7 +814,7 @@ impl Handler {
             }
             // Spent slots hold pages kept for recycling; victims need empty slots more.
             for (start, len) in recycle::take_all(&mut c) {
-                if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
+                if let Err(e) = rackmem_sys::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
                     inner.internal_error(&format!("freeing staging slots: {e}"));
                 }
                 c.free_slots.extend((start..start + len).rev());
@@ -1061,7 +1061,7 @@ impl Handler {
                     c.free_slots.push(slot);
                 } else if !recycle::give(&mut c, slot, 1) {
                     drop(c);
-                    if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(slot), PAGE_SIZE) {
+                    if let Err(e) = rackmem_sys::madvise_dontneed(inner.slot_addr(slot), PAGE_SIZE) {
                         inner.internal_error(&format!("freeing a staging slot: {e}"));
                     }
                     c = inner.lock();

@@ -35,8 +35,9 @@ mod writeback;
 
 use config::Config;
 use policy::{EvictionPolicy, Fifo};
+use rackmem_sys::{Mapping, SysError};
 use rackmem_transport::{BrickAddr, Link, LinkError};
-use rackmem_uffd::{Features, Mapping, OpenOptions, RegisterMode, Uffd, UffdError};
+use rackmem_uffd::{Features, OpenOptions, RegisterMode, Uffd, UffdError};
 use regions::RegionAllocator;
 use segment::{Segment, SegmentTable};
 use stats::{Stats, StatsSnapshot};
@@ -106,9 +107,12 @@ pub enum RuntimeError {
     /// Bad configuration.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
-    /// A userfaultfd or memory-mapping call failed.
+    /// A userfaultfd call failed.
     #[error(transparent)]
     Uffd(#[from] UffdError),
+    /// A memory-mapping call failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
     /// A brick could not be reached or refused.
     #[error(transparent)]
     Link(#[from] LinkError),
@@ -323,7 +327,7 @@ pub(crate) struct Inner {
     /// Fork protocol: the handler parks when asked (and is woken by `bell` to notice).
     pub pause: AtomicBool,
     /// Rung to wake a handler blocked on an idle userfaultfd.
-    pub bell: rackmem_uffd::Doorbell,
+    pub bell: rackmem_sys::Doorbell,
     pub paused: Mutex<bool>,
     pub paused_cv: Condvar,
     /// When the handler started serving its current fault (ns since `epoch`), 0 when idle.
@@ -544,7 +548,7 @@ impl Runtime {
         inherited: Option<Core>,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
-        rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
+        rackmem_sys::madvise_dontfork(window.addr(), window.len())?;
         let uffd = Uffd::open(&OpenOptions {
             // THREAD_ID: the handler places itself by who faults (`placement`).
             features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP | Features::THREAD_ID,
@@ -561,7 +565,7 @@ impl Runtime {
         )?;
         let slots = STAGING_SLOTS;
         let staging = Mapping::reserve(slots * PAGE_SIZE, PAGE_SIZE)?;
-        rackmem_uffd::madvise_dontfork(staging.addr(), staging.len())?;
+        rackmem_sys::madvise_dontfork(staging.addr(), staging.len())?;
         let stage_uffd = Uffd::open(&OpenOptions {
             features: Features::MOVE,
             nonblocking: true,
@@ -602,7 +606,7 @@ impl Runtime {
             jobs_busy: AtomicUsize::new(0),
             stats,
             pause: AtomicBool::new(false),
-            bell: rackmem_uffd::Doorbell::new().map_err(RuntimeError::Doorbell)?,
+            bell: rackmem_sys::Doorbell::new().map_err(RuntimeError::Doorbell)?,
             paused: Mutex::new(false),
             paused_cv: Condvar::new(),
             fault_started_ns: AtomicU64::new(0),
@@ -748,7 +752,7 @@ impl Runtime {
             Link,
             Link,
             u64,
-            Option<rackmem_uffd::SharedMemory>,
+            Option<rackmem_sys::SharedMemory>,
         );
         let attach = || -> Result<Vec<Ready>, RuntimeError> {
             let mut out = Vec::new();
@@ -929,7 +933,7 @@ impl Runtime {
                 .0;
         }
         let syscall = || {
-            rackmem_uffd::mprotect(addr, (pages * PAGE) as usize, prot)
+            rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot)
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
         };
         if b != 0 {
@@ -1033,8 +1037,9 @@ impl Runtime {
         let runs = self.prot_runs(first, pages, |b| b & prot::FOREIGN != 0);
         for (s, n) in runs {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            let back = rackmem_uffd::remap_anonymous(addr, len)
-                .and_then(|_| rackmem_uffd::madvise_dontfork(addr, len))
+            let back = rackmem_sys::remap_anonymous(addr, len)
+                .and_then(|_| rackmem_sys::madvise_dontfork(addr, len))
+                .map_err(RuntimeError::from)
                 .and_then(|_| {
                     self.inner
                         .uffd
@@ -1048,6 +1053,7 @@ impl Runtime {
                             },
                         )
                         .map(|_| ())
+                        .map_err(RuntimeError::from)
                 });
             if let Err(e) = back {
                 self.inner.internal_error(&format!(
@@ -1082,7 +1088,7 @@ impl Runtime {
         self.give_back_lent(first, pages);
         for (s, n) in self.prot_runs(first, pages, |b| b != 0) {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            if let Err(e) = rackmem_uffd::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
+            if let Err(e) = rackmem_sys::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
                 self.inner.internal_error(&format!(
                     "making freed window pages {addr:#x}+{len} read-write again: {e}"
                 ));
@@ -1217,7 +1223,7 @@ impl Runtime {
         // does); the state change here covers pages that are remote or staged.
         let addr = self.inner.page_addr(first);
         let len = (pages * PAGE) as usize;
-        if let Err(e) = rackmem_uffd::madvise_dontneed(addr, len) {
+        if let Err(e) = rackmem_sys::madvise_dontneed(addr, len) {
             eprintln!("rackmem: madvise(DONTNEED) on window {addr:#x}+{len}: {e}");
         }
         let mut c = self.inner.lock();
@@ -1478,7 +1484,7 @@ pub fn fork_child() {
             }
             for &(a, l) in &lent {
                 let (placeholder, _) = Mapping::reserve(l, PAGE_SIZE)?.leak();
-                rackmem_uffd::move_mapping(a, l, placeholder)?;
+                rackmem_sys::move_mapping(a, l, placeholder)?;
                 aside.push((placeholder, a, l));
             }
             drop(gaps);
@@ -1540,11 +1546,11 @@ pub fn fork_child() {
         };
         let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
         for (placeholder, addr, len) in aside {
-            rackmem_uffd::move_mapping(placeholder, len, addr)?;
+            rackmem_sys::move_mapping(placeholder, len, addr)?;
         }
         for (s, n, b) in prot_runs {
             let addr = child.inner.page_addr(s);
-            rackmem_uffd::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;
+            rackmem_sys::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;
         }
         Ok(child)
     });
@@ -1561,7 +1567,7 @@ pub fn fork_child() {
         }
         Err(e) => {
             eprintln!("rackmem: the forked child cannot reach its remote memory: {e}");
-            if matches!(&e, RuntimeError::Uffd(u) if u.raw_os_error() == Some(libc::EEXIST)) {
+            if matches!(&e, RuntimeError::Sys(m) if m.raw_os_error() == Some(libc::EEXIST)) {
                 // Name what occupies the window's addresses: that is what to fix.
                 let (lo, hi) = (parent.window.addr(), parent.window.addr() + parent.window.len());
                 for line in std::fs::read_to_string("/proc/self/maps").unwrap_or_default().lines() {

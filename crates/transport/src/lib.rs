@@ -33,7 +33,7 @@ use rackmem_proto::{
     attach_proof, encode_write_head, BrickInfo, BrickStats, Extent, Grant, Header, Opcode, Request, SegmentGrant,
     Status, HEADER_LEN, KEY_LEN, MAX_EXTENTS, MAX_PAYLOAD, NONCE_LEN,
 };
-use rackmem_uffd::SharedMemory;
+use rackmem_sys::SharedMemory;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::io::{self, BufReader, IoSlice, Read, Write};
@@ -261,7 +261,7 @@ impl RxSock {
         match &mut self.sock {
             Sock::Unix(s) => {
                 let mut got = Vec::new();
-                let r = rackmem_uffd::recv_with_fds(s.as_fd(), b, &mut got);
+                let r = rackmem_sys::recv_with_fds(s.as_fd(), b, &mut got);
                 if !got.is_empty() {
                     lock(&self.fds).extend(got);
                 }
@@ -361,7 +361,7 @@ impl RxSock {
                 Sock::Unix(s) => s.as_fd(),
             };
             // Past the deadline this still takes what has arrived already.
-            if !rackmem_uffd::poll_readable(fd, left)? {
+            if !rackmem_sys::poll_readable(fd, left)? {
                 return Err(io::ErrorKind::TimedOut.into());
             }
         }
