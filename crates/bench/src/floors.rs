@@ -3,8 +3,9 @@
 
 use crate::{BenchError, Summary};
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};
+use rackmem_sys::{Mapping, PAGE_SIZE};
 use rackmem_transport::{BrickAddr, Link};
-use rackmem_uffd::{CopyMode, Event, Features, Mapping, OpenOptions, RegisterMode, Uffd, PAGE_SIZE};
+use rackmem_uffd::{CopyMode, Event, Features, OpenOptions, RegisterMode, Uffd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -61,9 +61,12 @@ impl Summary {
 /// Errors of benchmarks.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// userfaultfd or memory call.
+    /// userfaultfd call.
     #[error(transparent)]
     Uffd(#[from] rackmem_uffd::UffdError),
+    /// Memory call.
+    #[error(transparent)]
+    Sys(#[from] rackmem_sys::SysError),
     /// Brick or link.
     #[error("{0}")]
     Brick(String),

@@ -187,7 +187,7 @@ impl Guard {
 
     /// Counts a new connection from `peer` (`None`: a Unix-socket peer), or says why not.
     pub fn admit(&self, peer: Option<IpAddr>) -> Result<(), Refusal> {
-        let mut open = crate::server::lock(&self.open);
+        let mut open = crate::sync::lock(&self.open);
         if open.0 >= self.limits.max_connections {
             self.counters.refused_total.fetch_add(1, Relaxed);
             return Err(Refusal::Total(self.limits.max_connections));
@@ -206,7 +206,7 @@ impl Guard {
 
     /// Forgets a connection [`Guard::admit`] counted.
     pub fn release(&self, peer: Option<IpAddr>) {
-        let mut open = crate::server::lock(&self.open);
+        let mut open = crate::sync::lock(&self.open);
         open.0 = open.0.saturating_sub(1);
         if let Some(ip) = peer {
             if let Some(n) = open.1.get_mut(&ip) {
@@ -223,7 +223,7 @@ impl Guard {
     /// reserves (so checks from one address are spaced however many connections it opens),
     /// unless that slot is more than [`BrickLimits::auth_delay_max`] ahead.
     pub fn before_check(&self, peer: Option<IpAddr>, now: Instant) -> Admission {
-        let mut t = crate::server::lock(&self.failures);
+        let mut t = crate::sync::lock(&self.failures);
         let Some(f) = t.get_mut(&peer) else {
             return Admission::Now;
         };
@@ -261,7 +261,7 @@ impl Guard {
     /// A check from `peer` failed.
     pub fn failed(&self, peer: Option<IpAddr>, now: Instant) {
         self.counters.auth_failures.fetch_add(1, Relaxed);
-        let mut t = crate::server::lock(&self.failures);
+        let mut t = crate::sync::lock(&self.failures);
         if !t.contains_key(&peer) && t.len() >= MAX_TRACKED_PEERS {
             // Full: forget the address that failed longest ago. O(n) on a bounded table, and
             // only when a new address fails.
@@ -285,7 +285,7 @@ impl Guard {
 
     /// A check from `peer` passed: its failures are forgiven.
     pub fn succeeded(&self, peer: Option<IpAddr>) {
-        crate::server::lock(&self.failures).remove(&peer);
+        crate::sync::lock(&self.failures).remove(&peer);
     }
 }
 
@@ -354,6 +354,6 @@ mod tests {
                 t0 + Duration::from_millis(i as u64),
             );
         }
-        assert_eq!(crate::server::lock(&g.failures).len(), MAX_TRACKED_PEERS);
+        assert_eq!(crate::sync::lock(&g.failures).len(), MAX_TRACKED_PEERS);
     }
 }

@@ -25,16 +25,25 @@
 //! already buffered, so a pipelined burst is answered with few system calls and a client is
 //! never left waiting for a response while the brick waits for the client.
 
+mod accept;
+mod config;
+mod connection;
+mod data;
+mod error;
 mod guard;
 mod pool;
+mod reply;
 mod server;
+mod session;
+mod state;
+mod stream;
+mod sync;
 mod tls;
 
+pub use config::{BrickConfig, ListenAddr, CLONE_GRACE, DEFAULT_SPIN_US};
+pub use error::BrickError;
 pub use guard::{BrickLimits, GuardStats, AUTH_FORGET, MAX_TRACKED_PEERS};
 pub use pool::CHUNK;
 pub use rackmem_proto::BrickStats;
-pub use server::{
-    run_until_signal, Brick, BrickConfig, BrickError, BrickHandle, BrickManager, BrickStopper, ListenAddr, CLONE_GRACE,
-    DEFAULT_SPIN_US,
-};
+pub use server::{run_until_signal, Brick, BrickHandle, BrickManager, BrickStopper};
 pub use tls::server_config as tls_server_config;

@@ -7,7 +7,7 @@
 //! reach memory that a later segment reuses.
 
 use rackmem_proto::PAGE_SIZE;
-use rackmem_uffd::SharedMemory;
+use rackmem_sys::SharedMemory;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -486,7 +486,7 @@ impl Store {
 
     /// Zeroes `[off, off + len)` of the segment at pool offset `base` and frees its memory
     /// (page-aligned, bounds checked by the caller).
-    pub fn discard(&self, mem: &GateState, base: u64, off: u64, len: u64) -> Result<(), rackmem_uffd::UffdError> {
+    pub fn discard(&self, mem: &GateState, base: u64, off: u64, len: u64) -> Result<(), rackmem_sys::SysError> {
         match &mem.shared {
             Some(m) => m.discard(off as usize, len as usize),
             None => {
@@ -499,7 +499,7 @@ impl Store {
     /// Gives `[off, off + len)` of a segment memory now (page-aligned, bounds checked by the
     /// caller): a segment in shared memory allocates the pages here, so they are the brick's;
     /// a pool segment has nothing to do (the pool allocates at the first write).
-    pub fn populate(&self, mem: &GateState, off: u64, len: u64) -> Result<(), rackmem_uffd::UffdError> {
+    pub fn populate(&self, mem: &GateState, off: u64, len: u64) -> Result<(), rackmem_sys::SysError> {
         match &mem.shared {
             Some(m) => m.populate(off as usize, len as usize),
             None => Ok(()),
@@ -578,7 +578,7 @@ pub(crate) enum ShareError {
     #[error("the segment was released")]
     Released,
     #[error("cannot create shared memory for the segment: {0}")]
-    Memory(rackmem_uffd::UffdError),
+    Memory(rackmem_sys::SysError),
 }
 
 /// Page-aligned extent check against a segment of `size` bytes.

@@ -7,7 +7,7 @@
 //! handshake, which happens inside the first reads, is bound by the brick's handshake deadline.
 //! Descriptors cannot cross TLS: such a connection never offers shared memory (SHARE).
 
-use crate::server::BrickError;
+use crate::error::BrickError;
 use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;

@@ -194,7 +194,7 @@ fn headers_claiming_huge_payloads_allocate_nothing_and_clients_are_still_served(
 
 #[test]
 fn silent_and_trickling_connections_are_cut_at_the_handshake_deadline() {
-    rackmem_uffd::raise_open_files_limit().expect("raise the open files limit");
+    rackmem_sys::raise_open_files_limit().expect("raise the open files limit");
     let (h, addr, hp) = tcp(BrickLimits {
         handshake_timeout: Duration::from_secs(4),
         // Every connection here comes from 127.0.0.1.
@@ -555,7 +555,7 @@ fn a_burst_of_connections_beyond_the_default_backlog_reaches_the_brick() {
     // listen backlog (128), the kernel left the connections beyond it half-open: the client
     // believed itself connected, the brick never saw it. The brick queues as many as it may
     // serve, within the kernel's cap.
-    rackmem_uffd::raise_open_files_limit().expect("raise the open files limit");
+    rackmem_sys::raise_open_files_limit().expect("raise the open files limit");
     let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
         .ok()
         .and_then(|s| s.trim().parse().ok())

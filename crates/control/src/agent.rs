@@ -391,7 +391,7 @@ fn supplementary_groups(pid: u32) -> Vec<u32> {
 }
 
 /// Why a peer is not admitted, with the options that would admit it; `None`: admitted.
-fn refuse_peer(cfg: &AgentConfig, cred: &rackmem_uffd::PeerCredentials) -> Option<String> {
+fn refuse_peer(cfg: &AgentConfig, cred: &rackmem_sys::PeerCredentials) -> Option<String> {
     let own = own_uid();
     if cred.uid == 0 || Some(cred.uid) == own || cfg.allow_uids.contains(&cred.uid) {
         return None;
@@ -443,7 +443,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: UnixListener) {
         let Ok(conn) = conn else {
             continue;
         };
-        let cred = match rackmem_uffd::peer_credentials(conn.as_fd()) {
+        let cred = match rackmem_sys::peer_credentials(conn.as_fd()) {
             Ok(c) => c,
             Err(e) => {
                 shared.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
@@ -714,7 +714,7 @@ fn parse_request(line: &[u8]) -> Result<Request, serde_json::Value> {
 struct Connection<'a> {
     shared: &'a Shared,
     id: u64,
-    cred: rackmem_uffd::PeerCredentials,
+    cred: rackmem_sys::PeerCredentials,
     start_ticks: u64,
     /// Allocation → bytes.
     mine: HashMap<u64, u64>,
@@ -853,7 +853,7 @@ impl Connection<'_> {
     }
 }
 
-fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_uffd::PeerCredentials) {
+fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCredentials) {
     let mut c = Connection {
         shared,
         id: shared.next_connection.fetch_add(1, Ordering::Relaxed),

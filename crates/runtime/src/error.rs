@@ -1,6 +1,7 @@
 //! The runtime's errors.
 
 use crate::{agent, config};
+use rackmem_sys::SysError;
 use rackmem_transport::LinkError;
 use rackmem_uffd::UffdError;
 
@@ -10,9 +11,12 @@ pub enum RuntimeError {
     /// Bad configuration.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
-    /// A userfaultfd or memory-mapping call failed.
+    /// A userfaultfd call failed.
     #[error(transparent)]
     Uffd(#[from] UffdError),
+    /// A memory-mapping call failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
     /// A brick could not be reached or refused.
     #[error(transparent)]
     Link(#[from] LinkError),

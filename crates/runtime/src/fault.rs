@@ -56,7 +56,7 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
             Err(UffdError::Busy { .. }) if tries < 3 => {
                 // Shared with another process (should not happen: the window is not inherited
                 // by fork); break the sharing and retry.
-                rackmem_uffd::break_cow(src);
+                rackmem_sys::break_cow(src);
                 tries += 1;
             }
             Err(UffdError::Again { .. }) if tries < 1000 => {
@@ -354,7 +354,7 @@ impl Handler {
             }
             // Spent slots hold pages kept for recycling; victims need empty slots more.
             for (start, len) in c.slots.take_all_spent() {
-                if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
+                if let Err(e) = rackmem_sys::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
                     inner.internal_error(&format!("freeing staging slots: {e}"));
                 }
                 c.slots.put_free((start..start + len).rev());
@@ -574,7 +574,7 @@ impl Handler {
                     c.slots.put_free([slot]);
                 } else if !c.slots.give_spent(slot, 1) {
                     drop(c);
-                    if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(slot), PAGE_SIZE) {
+                    if let Err(e) = rackmem_sys::madvise_dontneed(inner.slot_addr(slot), PAGE_SIZE) {
                         inner.internal_error(&format!("freeing a staging slot: {e}"));
                     }
                     c = inner.lock();

@@ -7,8 +7,8 @@ use crate::process::{clear_global, global, set_global, ACTIVE_CALLS, FORKING};
 use crate::segment::{self, Segment, SegmentTable};
 use crate::{handler, ratelimit, sys, writeback, Inner, Runtime, PAGE, PAGE_SIZE};
 use rackmem_pager::prot;
+use rackmem_sys::Mapping;
 use rackmem_transport::Link;
-use rackmem_uffd::Mapping;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -158,7 +158,7 @@ pub fn fork_child() {
             }
             for &(a, l) in &lent {
                 let (placeholder, _) = Mapping::reserve(l, PAGE_SIZE)?.leak();
-                rackmem_uffd::move_mapping(a, l, placeholder)?;
+                rackmem_sys::move_mapping(a, l, placeholder)?;
                 aside.push((placeholder, a, l));
             }
             drop(gaps);
@@ -206,11 +206,11 @@ pub fn fork_child() {
         };
         let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
         for (placeholder, addr, len) in aside {
-            rackmem_uffd::move_mapping(placeholder, len, addr)?;
+            rackmem_sys::move_mapping(placeholder, len, addr)?;
         }
         for (s, n, b) in prot_runs {
             let addr = child.inner.page_addr(s);
-            rackmem_uffd::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;
+            rackmem_sys::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;
         }
         Ok(child)
     });
@@ -227,7 +227,7 @@ pub fn fork_child() {
         }
         Err(e) => {
             eprintln!("rackmem: the forked child cannot reach its remote memory: {e}");
-            if matches!(&e, RuntimeError::Uffd(u) if u.raw_os_error() == Some(libc::EEXIST)) {
+            if matches!(&e, RuntimeError::Sys(m) if m.raw_os_error() == Some(libc::EEXIST)) {
                 // Name what occupies the window's addresses: that is what to fix.
                 let (lo, hi) = (parent.window.addr(), parent.window.addr() + parent.window.len());
                 for line in std::fs::read_to_string("/proc/self/maps").unwrap_or_default().lines() {

@@ -58,7 +58,7 @@ impl Runtime {
             Link,
             Link,
             u64,
-            Option<rackmem_uffd::SharedMemory>,
+            Option<rackmem_sys::SharedMemory>,
         );
         let attach = || -> Result<Vec<Ready>, RuntimeError> {
             let mut out = Vec::new();

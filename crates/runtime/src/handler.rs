@@ -80,7 +80,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 if idle {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
                     // idle handler costs its CPU nothing.
-                    match rackmem_uffd::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
+                    match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
                         Ok(w) if w.rung => h.inner.bell.clear(),
                         Ok(_) => {}
                         Err(e) => h.inner.internal_error(&format!("poll on the userfaultfd failed: {e}")),

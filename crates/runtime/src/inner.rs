@@ -6,7 +6,8 @@ use crate::segment::{self, SegmentTable};
 use crate::stats::Stats;
 use crate::{agent, sys, MIN_BUDGET_PAGES, PAGE, PAGE_SIZE};
 use rackmem_pager::Core;
-use rackmem_uffd::{Mapping, Uffd};
+use rackmem_sys::Mapping;
+use rackmem_uffd::Uffd;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -45,7 +46,7 @@ pub(crate) struct Inner {
     /// Fork protocol: the handler parks when asked (and is woken by `bell` to notice).
     pub pause: AtomicBool,
     /// Rung to wake a handler blocked on an idle userfaultfd.
-    pub bell: rackmem_uffd::Doorbell,
+    pub bell: rackmem_sys::Doorbell,
     pub paused: Mutex<bool>,
     pub paused_cv: Condvar,
     /// When the handler started serving its current fault (ns since `epoch`), 0 when idle.

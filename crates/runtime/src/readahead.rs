@@ -151,7 +151,7 @@ impl ReadAheads {
         if !c.slots.give_spent(run.start(), run.count()) {
             // Past the cap: free them (under the core lock; rare).
             let addr = self.inner.slot_addr(run.start());
-            if let Err(e) = rackmem_uffd::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+            if let Err(e) = rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
                 self.inner.internal_error(&format!("freeing staging slots: {e}"));
             }
             c.slots.put_free((run.start()..run.start() + run.count()).rev());

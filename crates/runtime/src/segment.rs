@@ -13,8 +13,8 @@
 use crate::config::ShareChoice;
 use crate::ratelimit::RateLimiter;
 use rackmem_proto::{Extent, Grant};
+use rackmem_sys::SharedMemory;
 use rackmem_transport::{BrickAddr, Link, LinkError};
-use rackmem_uffd::SharedMemory;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 

@@ -12,8 +12,9 @@ use crate::{
     DEFAULT_SEGMENT_DIVISOR, PAGE, PAGE_SIZE, STAGING_SLOTS,
 };
 use rackmem_pager::Core;
+use rackmem_sys::Mapping;
 use rackmem_transport::{BrickAddr, Link};
-use rackmem_uffd::{Features, Mapping, OpenOptions, RegisterMode, Uffd};
+use rackmem_uffd::{Features, OpenOptions, RegisterMode, Uffd};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -91,7 +92,7 @@ impl Runtime {
         inherited: Option<Core>,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
-        rackmem_uffd::madvise_dontfork(window.addr(), window.len())?;
+        rackmem_sys::madvise_dontfork(window.addr(), window.len())?;
         let uffd = Uffd::open(&OpenOptions {
             // THREAD_ID: the handler places itself by who faults (`placement`).
             features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP | Features::THREAD_ID,
@@ -108,7 +109,7 @@ impl Runtime {
         )?;
         let slots = STAGING_SLOTS;
         let staging = Mapping::reserve(slots * PAGE_SIZE, PAGE_SIZE)?;
-        rackmem_uffd::madvise_dontfork(staging.addr(), staging.len())?;
+        rackmem_sys::madvise_dontfork(staging.addr(), staging.len())?;
         let stage_uffd = Uffd::open(&OpenOptions {
             features: Features::MOVE,
             nonblocking: true,
@@ -144,7 +145,7 @@ impl Runtime {
             jobs_busy: AtomicUsize::new(0),
             stats,
             pause: AtomicBool::new(false),
-            bell: rackmem_uffd::Doorbell::new().map_err(RuntimeError::Doorbell)?,
+            bell: rackmem_sys::Doorbell::new().map_err(RuntimeError::Doorbell)?,
             paused: Mutex::new(false),
             paused_cv: Condvar::new(),
             fault_started_ns: AtomicU64::new(0),

@@ -128,7 +128,7 @@ impl Runtime {
                 .0;
         }
         let syscall = || {
-            rackmem_uffd::mprotect(addr, (pages * PAGE) as usize, prot)
+            rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot)
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
         };
         if b != 0 {
@@ -232,8 +232,9 @@ impl Runtime {
         let runs = self.prot_runs(first, pages, |b| b & prot::FOREIGN != 0);
         for (s, n) in runs {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            let back = rackmem_uffd::remap_anonymous(addr, len)
-                .and_then(|_| rackmem_uffd::madvise_dontfork(addr, len))
+            let back = rackmem_sys::remap_anonymous(addr, len)
+                .and_then(|_| rackmem_sys::madvise_dontfork(addr, len))
+                .map_err(crate::RuntimeError::from)
                 .and_then(|_| {
                     self.inner
                         .uffd
@@ -247,6 +248,7 @@ impl Runtime {
                             },
                         )
                         .map(|_| ())
+                        .map_err(crate::RuntimeError::from)
                 });
             if let Err(e) = back {
                 self.inner.internal_error(&format!(
@@ -279,7 +281,7 @@ impl Runtime {
         self.give_back_lent(first, pages);
         for (s, n) in self.prot_runs(first, pages, |b| b != 0) {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            if let Err(e) = rackmem_uffd::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
+            if let Err(e) = rackmem_sys::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
                 self.inner.internal_error(&format!(
                     "making freed window pages {addr:#x}+{len} read-write again: {e}"
                 ));
@@ -414,7 +416,7 @@ impl Runtime {
         // does); the state change here covers pages that are remote or staged.
         let addr = self.inner.page_addr(first);
         let len = (pages * PAGE) as usize;
-        if let Err(e) = rackmem_uffd::madvise_dontneed(addr, len) {
+        if let Err(e) = rackmem_sys::madvise_dontneed(addr, len) {
             eprintln!("rackmem: madvise(DONTNEED) on window {addr:#x}+{len}: {e}");
         }
         let mut c = self.inner.lock();

@@ -240,7 +240,7 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
         if kept.contains(&(start, len)) {
             continue;
         }
-        if let Err(e) = rackmem_uffd::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
+        if let Err(e) = rackmem_sys::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
             inner.internal_error(&format!("freeing staging slots: {e}"));
         }
     }

@@ -103,7 +103,7 @@ pub(crate) fn handshake(
             return Ok(conn);
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        match rackmem_uffd::poll_readable(sock.as_fd(), left) {
+        match rackmem_sys::poll_readable(sock.as_fd(), left) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(format!(

@@ -1,17 +1,17 @@
-//! Raw memory calls: owning anonymous mappings, `madvise`, copying bytes in and out of memory
-//! that other threads may be using, breaking copy-on-write sharing. All through system calls,
-//! not the C library (see the crate docs).
+//! Raw memory calls on this process's address space: owning anonymous mappings, `madvise`,
+//! `mprotect`, moving and replacing mappings, breaking copy-on-write sharing. All through system
+//! calls, not the C library (see the crate docs).
 
-use crate::{os_error, UffdError};
+use crate::error::{invalid, os_error, SysError};
+use crate::racy::{atomic_load_bytes, atomic_store_bytes};
 use std::io;
-#[cfg(not(target_arch = "x86_64"))]
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-/// The base page size userfaultfd works in here (no huge pages in a [`Mapping`]).
+/// The base page size rackmem works in (no huge pages in a [`Mapping`]; userfaultfd resolves
+/// 4 KiB pages).
 pub const PAGE_SIZE: usize = 4096;
 
 /// Returns the result of a raw system call, or the errno it set (`libc::syscall` returns -1).
-fn check(op: &'static str, addr: usize, len: usize, r: libc::c_long) -> Result<usize, UffdError> {
+fn check(op: &'static str, addr: usize, len: usize, r: libc::c_long) -> Result<usize, SysError> {
     if r < 0 {
         Err(os_error(op, addr, len, io::Error::last_os_error()))
     } else {
@@ -64,21 +64,19 @@ impl Mapping {
     /// Reserves `len` bytes (rounded up to pages) aligned to `align` (a power of two; less than a
     /// page means a page): over-maps by `align`, trims both ends, then `MADV_NOHUGEPAGE`
     /// (userfaultfd here resolves 4 KiB pages).
-    pub fn reserve(len: usize, align: usize) -> Result<Mapping, UffdError> {
-        let invalid = |what| os_error(what, 0, len, io::Error::from_raw_os_error(libc::EINVAL));
+    pub fn reserve(len: usize, align: usize) -> Result<Mapping, SysError> {
+        let refuse = |why| invalid("mmap", 0, len, why);
         if len == 0 {
-            return Err(invalid("mmap (empty reservation)"));
+            return Err(refuse("an empty reservation"));
         }
         if !align.is_power_of_two() && align != 0 {
-            return Err(invalid("mmap (alignment not a power of two)"));
+            return Err(refuse("the alignment is not a power of two"));
         }
         let align = align.max(PAGE_SIZE);
         let len = len
             .checked_next_multiple_of(PAGE_SIZE)
-            .ok_or_else(|| invalid("mmap (length overflows)"))?;
-        let total = len
-            .checked_add(align)
-            .ok_or_else(|| invalid("mmap (length overflows)"))?;
+            .ok_or_else(|| refuse("the length overflows"))?;
+        let total = len.checked_add(align).ok_or_else(|| refuse("the length overflows"))?;
         let raw = check("mmap", 0, total, sys_mmap(0, total, 0))?;
         let start = raw.next_multiple_of(align);
         if start > raw {
@@ -96,11 +94,11 @@ impl Mapping {
     /// Maps `len` bytes (rounded up to pages) at exactly `addr` (page-aligned), failing with
     /// EEXIST if anything is mapped there (a forked child re-creates its parent's window at the
     /// same addresses).
-    pub fn reserve_at(addr: usize, len: usize) -> Result<Mapping, UffdError> {
+    pub fn reserve_at(addr: usize, len: usize) -> Result<Mapping, SysError> {
         let op = "mmap(MAP_FIXED_NOREPLACE)";
         let len = len
             .checked_next_multiple_of(PAGE_SIZE)
-            .ok_or_else(|| os_error(op, addr, len, io::Error::from_raw_os_error(libc::EINVAL)))?;
+            .ok_or_else(|| invalid(op, addr, len, "the length overflows"))?;
         let r = check(op, addr, len, sys_mmap(addr, len, libc::MAP_FIXED_NOREPLACE))?;
         if r != addr {
             // Kernels before 4.17 ignore the flag and map elsewhere.
@@ -112,7 +110,7 @@ impl Mapping {
         Ok(m)
     }
 
-    fn nohugepage(&self) -> Result<(), UffdError> {
+    fn nohugepage(&self) -> Result<(), SysError> {
         madvise(self.addr, self.len, libc::MADV_NOHUGEPAGE, "madvise(NOHUGEPAGE)")
     }
 
@@ -224,7 +222,7 @@ impl Mapping {
     ///
     /// # Panics
     /// If the range is outside the mapping (a caller bug, not an input error).
-    pub fn dontneed(&self, offset: usize, len: usize) -> Result<(), UffdError> {
+    pub fn dontneed(&self, offset: usize, len: usize) -> Result<(), SysError> {
         self.check_range(offset, len, "madvise(DONTNEED)");
         madvise_dontneed(self.addr + offset, len)
     }
@@ -233,7 +231,7 @@ impl Mapping {
     ///
     /// # Panics
     /// If the offset is outside the mapping (a caller bug, not an input error).
-    pub fn break_cow(&self, offset: usize) -> Result<(), UffdError> {
+    pub fn break_cow(&self, offset: usize) -> Result<(), SysError> {
         self.check_range(offset, 1, "break_cow");
         try_break_cow(self.addr + offset)
     }
@@ -245,101 +243,7 @@ impl Drop for Mapping {
     }
 }
 
-/// Copies `len` bytes from `src` to `dst` with `rep movsb` inside an `asm!` block.
-///
-/// Why not `copy_nonoverlapping`: the memory may be written meanwhile by another thread of the
-/// program or by another process (a shared segment), and a plain Rust copy racing with a write
-/// is undefined behaviour. An asm block is opaque to the compiler: it is not a Rust memory
-/// access, and the CPU gives what the hardware gives, some mix of old and new bytes. It is as
-/// sound as word-by-word atomic copies and, on CPUs with fast string moves (ERMS), runs at
-/// memcpy speed (a 512 KiB copy from a shared segment took 65 µs with atomic words).
-///
-/// # Safety
-/// `[src, src + len)` must be mapped and readable and `[dst, dst + len)` mapped and writable for
-/// the duration of the call; the ranges must not overlap; no Rust reference may point into the
-/// destination except the one the caller holds exclusively.
-#[cfg(target_arch = "x86_64")]
-unsafe fn racy_copy(dst: usize, src: usize, len: usize) {
-    // SAFETY: the caller guarantees both ranges for `len` bytes. `rep movsb` copies RCX bytes
-    // from RSI to RDI forwards (the ABI guarantees the direction flag is clear), touches no
-    // other memory and no flags, and leaves RCX/RSI/RDI changed, which the operands declare.
-    unsafe {
-        std::arch::asm!(
-            "rep movsb",
-            inout("rcx") len => _,
-            inout("rdi") dst => _,
-            inout("rsi") src => _,
-            options(nostack, preserves_flags)
-        );
-    }
-}
-
-/// Copies `out.len()` bytes from `src`, soundly even while others write it (see `racy_copy`; on
-/// other architectures, relaxed atomic loads: bytes up to 8-alignment, then words).
-///
-/// # Safety
-/// `[src, src + out.len())` must be mapped and readable for the duration of the call, and not be
-/// accessed non-atomically by Rust code.
-pub(crate) unsafe fn atomic_load_bytes(src: usize, out: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller guarantees the source; `out` is ours, exclusively, for its length.
-    unsafe {
-        racy_copy(out.as_mut_ptr() as usize, src, out.len())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let mut i = 0;
-        while i < out.len() {
-            let a = src + i;
-            if a % 8 == 0 && out.len() - i >= 8 {
-                // SAFETY: `a` is 8-aligned and the 8 bytes at it are mapped (caller's contract);
-                // AtomicU64 has the layout of u64.
-                let w = unsafe { &*(a as *const AtomicU64) }.load(Ordering::Relaxed);
-                out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-                i += 8;
-            } else {
-                // SAFETY: the byte at `a` is mapped (caller's contract).
-                out[i] = unsafe { &*(a as *const AtomicU8) }.load(Ordering::Relaxed);
-                i += 1;
-            }
-        }
-    }
-}
-
-/// Copies `data` to `dst`, soundly even while others read or write it (see
-/// [`atomic_load_bytes`]).
-///
-/// # Safety
-/// `[dst, dst + data.len())` must be mapped and writable for the duration of the call, and not be
-/// accessed non-atomically by Rust code.
-pub(crate) unsafe fn atomic_store_bytes(dst: usize, data: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller guarantees the destination; `data` is a live slice, read only.
-    unsafe {
-        racy_copy(dst, data.as_ptr() as usize, data.len())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let mut i = 0;
-        while i < data.len() {
-            let a = dst + i;
-            if a % 8 == 0 && data.len() - i >= 8 {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&data[i..i + 8]);
-                // SAFETY: `a` is 8-aligned and the 8 bytes at it are mapped and writable
-                // (caller's contract); AtomicU64 has the layout of u64.
-                unsafe { &*(a as *const AtomicU64) }.store(u64::from_ne_bytes(w), Ordering::Relaxed);
-                i += 8;
-            } else {
-                // SAFETY: the byte at `a` is mapped and writable (caller's contract).
-                unsafe { &*(a as *const AtomicU8) }.store(data[i], Ordering::Relaxed);
-                i += 1;
-            }
-        }
-    }
-}
-
-fn madvise(addr: usize, len: usize, advice: libc::c_int, op: &'static str) -> Result<(), UffdError> {
+fn madvise(addr: usize, len: usize, advice: libc::c_int, op: &'static str) -> Result<(), SysError> {
     // SAFETY: madvise(2) with the advice values this module uses (NOHUGEPAGE, DONTNEED,
     // DONTFORK, POPULATE_WRITE) touches no memory through a pointer; the kernel validates the
     // range and returns an error for unmapped addresses. What DONTNEED does to the contents is
@@ -352,30 +256,29 @@ fn madvise(addr: usize, len: usize, advice: libc::c_int, op: &'static str) -> Re
 /// anonymous memory then reads as zeros, or faults to its userfaultfd if registered for missing
 /// faults.
 ///
-/// With a uffd that negotiated `EVENT_REMOVE` registered on the range, this call blocks until
-/// some thread reads the [`Event::Remove`](crate::Event::Remove) message, and while it is
-/// pending `COPY`/`MOVE` on that uffd fail with [`UffdError::Again`]: never call it from the only
-/// thread that reads that uffd.
+/// With a userfaultfd that negotiated `EVENT_REMOVE` registered on the range, this call blocks
+/// until some thread reads the `REMOVE` event message, and while it is pending `COPY`/`MOVE` on
+/// that userfaultfd fail with `EAGAIN`: never call it from the only thread that reads it.
 ///
-/// Only for ranges this process set aside for userfaultfd (see the crate docs): pointed at
-/// memory Rust code references, it would change that memory under the references.
-pub fn madvise_dontneed(addr: usize, len: usize) -> Result<(), UffdError> {
+/// Only for ranges this process set aside (see the crate docs): pointed at memory Rust code
+/// references, it would change that memory under the references.
+pub fn madvise_dontneed(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_DONTNEED, "madvise(DONTNEED)")
 }
 
 /// `madvise(MADV_POPULATE_WRITE)` over `[addr, addr + len)`: allocates and maps every page as a
 /// write would, without changing any byte.
-pub(crate) fn madvise_populate_write(addr: usize, len: usize) -> Result<(), UffdError> {
+pub(crate) fn madvise_populate_write(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
 }
 
 /// `madvise(MADV_DONTFORK)`: a forked child does not inherit `[addr, addr + len)`.
-pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), UffdError> {
+pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_DONTFORK, "madvise(DONTFORK)")
 }
 
 /// Forces a private copy of the page holding `addr` (breaking copy-on-write sharing with a
-/// forked child, so that `UFFDIO_MOVE` stops failing with [`UffdError::Busy`]) without changing
+/// forked child, so that `UFFDIO_MOVE` stops failing with `EBUSY`) without changing
 /// its contents, even if other threads write it at the same time.
 ///
 /// It is `madvise(MADV_POPULATE_WRITE)` of that page (Linux 5.14): the kernel takes the write
@@ -384,13 +287,13 @@ pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), UffdError> {
 /// which a store such as an atomic `fetch_add(0)` would not be. As with a real write: a missing
 /// page of a range registered for missing faults waits for its handler (forever, if the caller
 /// is that handler), and a `WP_ASYNC` write-protected page is recorded as written.
-pub fn try_break_cow(addr: usize) -> Result<(), UffdError> {
+pub fn try_break_cow(addr: usize) -> Result<(), SysError> {
     let page = addr & !(PAGE_SIZE - 1);
     madvise(page, PAGE_SIZE, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
 }
 
 /// [`try_break_cow`], ignoring failure: the caller retries the `UFFDIO_MOVE` that failed with
-/// [`UffdError::Busy`] and sees `Busy` again if the page could not be made private.
+/// `EBUSY` and sees `EBUSY` again if the page could not be made private.
 pub fn break_cow(addr: usize) {
     // Ignored by design (see above): the retry of MOVE is the check.
     let _ = try_break_cow(addr);
@@ -398,7 +301,7 @@ pub fn break_cow(addr: usize) {
 
 /// `mprotect(2)` on `[addr, addr + len)` of the window: the program asked for this protection
 /// (a reserve-then-commit allocator); the VMA split keeps its userfaultfd registration.
-pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), UffdError> {
+pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), SysError> {
     // SAFETY: mprotect touches no memory through a pointer; the caller applies to its window
     // the protection the program asked for its own range, so accesses the program makes
     // afterwards are the ones it allowed.
@@ -410,7 +313,7 @@ pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), UffdEr
 /// replacing what was mapped there, with `mremap(MREMAP_MAYMOVE | MREMAP_FIXED)`. A forked
 /// child moves the file mappings its parent lent window pages to out of the way while it maps
 /// its own window, then back.
-pub fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), UffdError> {
+pub fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), SysError> {
     // SAFETY: mremap touches no memory through a pointer. The caller moves a mapping of the
     // program's within its own address space and back before the program runs again (a
     // forked child's atfork hook, single-threaded), onto a placeholder it owns.
@@ -430,6 +333,6 @@ pub fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), UffdError>
 /// Puts fresh private anonymous read-write memory at `[addr, addr + len)`, replacing whatever
 /// mapping the program had put there (MAP_FIXED): a range of the window that a file mapping
 /// borrowed comes back to the window (the caller registers it with its userfaultfd again).
-pub fn remap_anonymous(addr: usize, len: usize) -> Result<(), UffdError> {
+pub fn remap_anonymous(addr: usize, len: usize) -> Result<(), SysError> {
     check("mmap(MAP_FIXED)", addr, len, sys_mmap(addr, len, libc::MAP_FIXED)).map(|_| ())
 }

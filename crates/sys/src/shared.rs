@@ -8,9 +8,12 @@
 //! side ever touches a page past the end of the file (which would raise SIGBUS).
 //!
 //! Mappings go through the raw system calls, like [`Mapping`](crate::Mapping): this runs inside
-//! `librackmem.so`, which interposes the C library's `mmap`.
+//! `librackmem.so`, which interposes the C library's `mmap`. Handing the descriptor over is the
+//! job of [`send_with_fd`](crate::send_with_fd) and [`recv_with_fds`](crate::recv_with_fds).
 
-use crate::{os_error, UffdError};
+use crate::error::{invalid, os_error, SysError};
+use crate::mem::{madvise_dontfork, madvise_populate_write, PAGE_SIZE};
+use crate::racy::{atomic_load_bytes, atomic_store_bytes};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -31,17 +34,17 @@ impl SharedMemory {
     /// Creates a zero-filled, lazily backed memory file of `len` bytes (a whole number of pages),
     /// sealed against resizing, and maps it. `name` shows in `/proc/PID/maps` of every process
     /// that maps it.
-    pub fn create(name: &str, len: usize) -> Result<SharedMemory, UffdError> {
-        if len == 0 || len % crate::PAGE_SIZE != 0 {
-            return Err(os_error(
+    pub fn create(name: &str, len: usize) -> Result<SharedMemory, SysError> {
+        if len == 0 || len % PAGE_SIZE != 0 {
+            return Err(invalid(
                 "memfd_create",
                 0,
                 len,
-                io::Error::from_raw_os_error(libc::EINVAL),
+                "the length is not a whole number of pages",
             ));
         }
         let cname = std::ffi::CString::new(name.replace('\0', "?"))
-            .map_err(|_| os_error("memfd_create", 0, len, io::Error::from_raw_os_error(libc::EINVAL)))?;
+            .map_err(|_| invalid("memfd_create", 0, len, "the name holds a NUL byte"))?;
         // SAFETY: memfd_create(2) reads the NUL-terminated name and returns a new descriptor
         // (or -1); no memory of ours is written.
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -64,26 +67,26 @@ impl SharedMemory {
 
     /// Maps a memory file received from a brick, after checking that it is at least `len` bytes
     /// and sealed against shrinking (else the brick could cut pages out from under the mapping).
-    pub fn open(fd: OwnedFd, len: usize) -> Result<SharedMemory, UffdError> {
-        let bad = |what: &'static str| os_error(what, 0, len, io::Error::from_raw_os_error(libc::EINVAL));
-        if len == 0 || len % crate::PAGE_SIZE != 0 {
-            return Err(bad("mmap(shared): length"));
+    pub fn open(fd: OwnedFd, len: usize) -> Result<SharedMemory, SysError> {
+        let bad = |why| invalid("mmap(shared)", 0, len, why);
+        if len == 0 || len % PAGE_SIZE != 0 {
+            return Err(bad("the length is not a whole number of pages"));
         }
         // SAFETY: fcntl(2) F_GET_SEALS on a descriptor we own; no memory is touched.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(bad("mmap(shared): the file is not sealed against shrinking"));
+            return Err(bad("the file is not sealed against shrinking"));
         }
         let size = fstat(fd.as_fd())
             .map_err(|e| os_error("fstat(memfd)", 0, len, e))?
             .st_size;
         if size < len as libc::off_t {
-            return Err(bad("mmap(shared): the file is shorter than the segment"));
+            return Err(bad("the file is shorter than the segment"));
         }
         Self::map(fd, len)
     }
 
-    fn map(fd: OwnedFd, len: usize) -> Result<SharedMemory, UffdError> {
+    fn map(fd: OwnedFd, len: usize) -> Result<SharedMemory, SysError> {
         // SAFETY: a new shared mapping of a file we hold, at an address the kernel picks (no
         // MAP_FIXED): no existing memory is affected.
         let r = unsafe {
@@ -106,11 +109,11 @@ impl SharedMemory {
             len,
         };
         // A forked child must not inherit a way to write its parent's segment.
-        crate::madvise_dontfork(m.addr, m.len)?;
+        madvise_dontfork(m.addr, m.len)?;
         Ok(m)
     }
 
-    /// The file's descriptor (to hand to a node with [`send_with_fd`]).
+    /// The file's descriptor (to hand to a node with [`send_with_fd`](crate::send_with_fd)).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -143,7 +146,7 @@ impl SharedMemory {
         // SAFETY: the range lies inside this live mapping (checked above), which stays mapped
         // while `&self` lives; its bytes are only accessed atomically from this process, and the
         // file cannot shrink (sealed), so no page of it can vanish.
-        unsafe { crate::mem::atomic_load_bytes(self.addr + offset, out) }
+        unsafe { atomic_load_bytes(self.addr + offset, out) }
     }
 
     /// Copies `data` to `offset` (word-atomic stores).
@@ -153,7 +156,7 @@ impl SharedMemory {
     pub fn write(&self, offset: usize, data: &[u8]) {
         self.check_range(offset, data.len(), "write");
         // SAFETY: as in `read`; the mapping is writable.
-        unsafe { crate::mem::atomic_store_bytes(self.addr + offset, data) }
+        unsafe { atomic_store_bytes(self.addr + offset, data) }
     }
 
     /// Whether the bytes at `offset` equal `data`, read as [`read`](Self::read) does, a chunk
@@ -168,7 +171,7 @@ impl SharedMemory {
         data.chunks(CHUNK).enumerate().all(|(i, want)| {
             let got = &mut chunk[..want.len()];
             // SAFETY: as in `read`: the chunk lies inside the checked range.
-            unsafe { crate::mem::atomic_load_bytes(self.addr + offset + i * CHUNK, got) };
+            unsafe { atomic_load_bytes(self.addr + offset + i * CHUNK, got) };
             got == want
         })
     }
@@ -237,7 +240,7 @@ impl SharedMemory {
 
     /// Zeroes `[offset, offset + len)` (page-aligned) and gives its memory back to the system
     /// (`fallocate(PUNCH_HOLE)`), for every process that maps the file.
-    pub fn discard(&self, offset: usize, len: usize) -> Result<(), UffdError> {
+    pub fn discard(&self, offset: usize, len: usize) -> Result<(), SysError> {
         self.check_range(offset, len, "discard");
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: fallocate(2) on our descriptor; the kernel zaps the range from every mapping,
@@ -259,16 +262,16 @@ impl SharedMemory {
     /// the pages unwritten, which `mincore` reports as absent). Linux charges a page of shared
     /// memory to the memory cgroup of the process that allocates it: a brick populates the
     /// pages a node is about to write, so that they count against the brick, not the node.
-    pub fn populate(&self, offset: usize, len: usize) -> Result<(), UffdError> {
+    pub fn populate(&self, offset: usize, len: usize) -> Result<(), SysError> {
         self.check_range(offset, len, "populate");
-        crate::mem::madvise_populate_write(self.addr + offset, len)
+        madvise_populate_write(self.addr + offset, len)
     }
 
     /// For each page of `[offset, offset + len)` (page-aligned), whether the file holds memory
     /// for it (`mincore`: written, or populated, and not discarded since). Replaces `out`.
-    pub fn pages_backed(&self, offset: usize, len: usize, out: &mut Vec<bool>) -> Result<(), UffdError> {
+    pub fn pages_backed(&self, offset: usize, len: usize, out: &mut Vec<bool>) -> Result<(), SysError> {
         self.check_range(offset, len, "pages_backed");
-        let pages = len / crate::PAGE_SIZE;
+        let pages = len / PAGE_SIZE;
         let mut vec = vec![0u8; pages];
         // SAFETY: mincore(2) reads no memory of ours and writes one byte per page of the range
         // into `vec`, which has exactly that many; the range lies inside this live mapping.
@@ -307,102 +310,16 @@ fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-/// Sends `data` on the Unix stream socket `sock` with `fd` attached (`SCM_RIGHTS`); returns the
-/// bytes sent (the descriptor travels with the first of them: send the rest with plain writes).
-pub fn send_with_fd(sock: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
-    let fd_len = std::mem::size_of::<libc::c_int>() as u32;
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
-    let mut control = vec![0u8; space];
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: an all-zero msghdr is valid (null name, no iovecs yet).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: `msg` points at `control`, which has room for one header carrying one int
-    // (CMSG_SPACE above), so CMSG_FIRSTHDR is non-null and CMSG_DATA lies inside `control`.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(fd_len) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd.as_raw_fd());
-    }
-    loop {
-        // SAFETY: sendmsg(2) reads `data` through the iovec and the control buffer, both alive
-        // for the call; MSG_NOSIGNAL turns a closed peer into EPIPE rather than SIGPIPE.
-        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// Receives into `buf` from the Unix stream socket `sock` like `read(2)`, keeping any
-/// descriptors that came with the bytes (`SCM_RIGHTS`) in `fds` (close-on-exec).
-pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-    // Room for a few descriptors: a brick sends one per message; more would be a misbehaving
-    // peer, and the kernel closes what does not fit (MSG_CTRUNC).
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: an all-zero msghdr is valid (null name, no iovecs yet).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    let n = loop {
-        // SAFETY: recvmsg(2) writes at most `buf.len()` bytes into `buf` and at most
-        // `msg_controllen` bytes into `control`, both alive and exclusively ours for the call.
-        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if r >= 0 {
-            break r as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    };
-    // SAFETY: after a successful recvmsg the control buffer holds `msg_controllen` bytes of
-    // well-formed headers; the CMSG_* walk stays inside them, and each SCM_RIGHTS payload holds
-    // descriptors the kernel just installed in this process, owned by nobody else yet.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const libc::c_int;
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok(n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fdpass::{recv_with_fds, send_with_fd};
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
     #[test]
     fn a_segment_handed_over_a_socket_is_the_same_memory() {
-        let brick = SharedMemory::create("rackmem-test", 4 * crate::PAGE_SIZE).expect("memfd");
+        let brick = SharedMemory::create("rackmem-test", 4 * PAGE_SIZE).expect("memfd");
         brick.write(4096, b"hello");
         let (a, b) = UnixStream::pair().expect("socketpair");
         assert_eq!(send_with_fd(a.as_fd(), b"x", brick.fd()).expect("send"), 1);
@@ -410,7 +327,7 @@ mod tests {
         let mut fds = Vec::new();
         assert_eq!(recv_with_fds(b.as_fd(), &mut buf, &mut fds).expect("recv"), 1);
         assert_eq!(fds.len(), 1);
-        let node = SharedMemory::open(fds.remove(0), 4 * crate::PAGE_SIZE).expect("map");
+        let node = SharedMemory::open(fds.remove(0), 4 * PAGE_SIZE).expect("map");
         let mut got = [0u8; 5];
         node.read(4096, &mut got);
         assert_eq!(&got, b"hello");
@@ -434,7 +351,7 @@ mod tests {
 
     #[test]
     fn equals_finds_a_difference_in_any_byte() {
-        let m = SharedMemory::create("rackmem-test", 2 * crate::PAGE_SIZE).expect("memfd");
+        let m = SharedMemory::create("rackmem-test", 2 * PAGE_SIZE).expect("memfd");
         let page: Vec<u8> = (0..4096).map(|i| (i * 7 % 251) as u8).collect();
         m.write(4096, &page);
         assert!(m.equals(4096, &page));
@@ -452,7 +369,7 @@ mod tests {
 
     #[test]
     fn populated_pages_are_backed_and_read_as_zeros() {
-        let page = crate::PAGE_SIZE;
+        let page = PAGE_SIZE;
         let m = SharedMemory::create("rackmem-test", 8 * page).expect("memfd");
         let mut backed = Vec::new();
         m.pages_backed(0, 8 * page, &mut backed).expect("mincore");
@@ -473,12 +390,12 @@ mod tests {
 
     #[test]
     fn a_node_cannot_resize_the_file_or_map_more_than_it_holds() {
-        let brick = SharedMemory::create("rackmem-test", 2 * crate::PAGE_SIZE).expect("memfd");
+        let brick = SharedMemory::create("rackmem-test", 2 * PAGE_SIZE).expect("memfd");
         // SAFETY: ftruncate on a descriptor we hold; the seal must refuse it.
         let r = unsafe { libc::ftruncate(brick.fd().as_raw_fd(), 4096) };
         assert_ne!(r, 0, "a sealed segment cannot shrink");
         let dup = brick.fd().try_clone_to_owned().expect("dup");
-        assert!(SharedMemory::open(dup, 4 * crate::PAGE_SIZE).is_err());
+        assert!(SharedMemory::open(dup, 4 * PAGE_SIZE).is_err());
         // An unsealed file is refused: its owner could shrink it under the mapping.
         // SAFETY: memfd_create with a static NUL-terminated name.
         let raw = unsafe { libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC) };
@@ -489,69 +406,5 @@ mod tests {
         assert_eq!(unsafe { libc::ftruncate(plain.as_raw_fd(), 8192) }, 0);
         assert!(SharedMemory::open(plain, 8192).is_err());
         assert!(SharedMemory::create("rackmem-test", 100).is_err());
-    }
-}
-
-/// Who is at the other end of a connected Unix socket, as the kernel recorded it when the peer
-/// connected (`SO_PEERCRED`): the peer cannot forge it, unlike anything it sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerCredentials {
-    /// The peer's process id (0 when the peer is in another pid namespace the kernel cannot map).
-    pub pid: u32,
-    /// Its effective user id.
-    pub uid: u32,
-    /// Its effective group id.
-    pub gid: u32,
-}
-
-/// The credentials of the peer of the connected Unix socket `sock` (`getsockopt(SO_PEERCRED)`).
-pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt(2) writes at most `len` bytes into `cred`, a live, properly aligned
-    // `ucred` of exactly that size, and updates `len`; `sock` is a valid descriptor for the call.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if len as usize != std::mem::size_of::<libc::ucred>() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "SO_PEERCRED returned a short struct ucred",
-        ));
-    }
-    Ok(PeerCredentials {
-        pid: u32::try_from(cred.pid).unwrap_or(0),
-        uid: cred.uid,
-        gid: cred.gid,
-    })
-}
-
-#[cfg(test)]
-mod peer_tests {
-    use super::*;
-    use std::os::fd::AsFd;
-
-    #[test]
-    fn a_socket_pair_sees_this_process() {
-        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        let c = peer_credentials(a.as_fd()).expect("SO_PEERCRED");
-        // SAFETY: getuid and getgid cannot fail and touch no memory.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        assert_eq!((c.pid, c.uid, c.gid), (std::process::id(), uid, gid));
-    }
-
-    #[test]
-    fn a_file_is_not_a_socket() {
-        let f = std::fs::File::open("/proc/self/stat").expect("open");
-        assert!(peer_credentials(f.as_fd()).is_err());
     }
 }

@@ -1,0 +1,188 @@
+//! Data requests on the connection's attached segment (READ, WRITE, DISCARD, POPULATE, COPY,
+//! CLONE): each checked against the grant's rights and the segment's bounds, served under the
+//! segment's gate so that a release waits for it.
+
+use crate::config::CLONE_GRACE;
+use crate::pool::{in_segment, Gate, GateState, CHUNK};
+use crate::reply::{err, ok, Reply};
+use crate::state::Shared;
+use rackmem_proto::{extents_bytes, rights, Request, Status, MAX_PAYLOAD, PAGE_SIZE};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+/// The segment a connection is bound to.
+pub(crate) struct Attached {
+    pub(crate) id: u64,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    pub(crate) rights: u8,
+    /// Held (read side) while a request touches the segment's memory.
+    pub(crate) gate: Gate,
+}
+
+/// Runs a data operation on the connection's segment: refused before ATTACH, and after the
+/// control plane released the segment. The segment's gate is held across the operation, so a
+/// release waits for operations in flight.
+pub(crate) fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attached, &GateState) -> Reply) -> Reply {
+    let Some(a) = attached else {
+        return err(Status::NotAttached, "ATTACH or ALLOC before data requests", true);
+    };
+    let mem = a.gate.read().unwrap_or_else(|e| e.into_inner());
+    if !mem.alive {
+        return err(
+            Status::NoSegment,
+            format!(
+                "segment {} was released by the control plane; ask it for a new allocation",
+                a.id
+            ),
+            true,
+        );
+    }
+    op(a, &mem)
+}
+
+pub(crate) fn out_of_range(a: &Attached, o: u64, l: u64) -> Reply {
+    err(
+        Status::OutOfRange,
+        format!("{o:#x}+{l:#x} is outside the segment of {:#x} bytes", a.size),
+        true,
+    )
+}
+
+/// READ into `buf` (a buffer the connection reuses, so large reads touch no fresh memory).
+pub(crate) fn read_pages(
+    shared: &Shared,
+    a: &Attached,
+    mem: &GateState,
+    ext: &[rackmem_proto::Extent],
+    mut buf: Vec<u8>,
+) -> Reply {
+    if a.rights & rights::READ == 0 {
+        return err(Status::Forbidden, "grant does not allow reads", true);
+    }
+    let total = extents_bytes(ext);
+    if total > MAX_PAYLOAD as u64 {
+        return err(
+            Status::BadRequest,
+            format!("{total} bytes exceed the response limit"),
+            true,
+        );
+    }
+    if let Some(&(o, l)) = ext.iter().find(|&&(o, l)| !in_segment(a.size, o, l as u64)) {
+        return out_of_range(a, o, l as u64);
+    }
+    buf.clear();
+    buf.resize(total as usize, 0);
+    let mut at = 0usize;
+    for &(o, l) in ext {
+        shared.store.read(mem, a.offset, o, &mut buf[at..at + l as usize]);
+        at += l as usize;
+    }
+    shared.counters.bytes_read.fetch_add(total, Relaxed);
+    ok(buf)
+}
+
+/// WRITE of `data` (the extents' bytes, concatenated; length checked by the decoder).
+pub(crate) fn write_pages(
+    shared: &Shared,
+    a: &Attached,
+    mem: &GateState,
+    ext: &[rackmem_proto::Extent],
+    data: &[u8],
+) -> Reply {
+    if a.rights & rights::WRITE == 0 {
+        return err(Status::Forbidden, "grant does not allow writes", true);
+    }
+    if let Some(&(o, l)) = ext.iter().find(|&&(o, l)| !in_segment(a.size, o, l as u64)) {
+        return out_of_range(a, o, l as u64);
+    }
+    let mut at = 0usize;
+    for &(o, l) in ext {
+        shared.store.write(mem, a.offset, o, &data[at..at + l as usize]);
+        at += l as usize;
+    }
+    shared.counters.bytes_written.fetch_add(at as u64, Relaxed);
+    ok(Vec::new())
+}
+
+pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Request) -> Reply {
+    let store = &shared.store;
+    let need = |r: u8| a.rights & r == r;
+    let out_of_range = |o: u64, l: u64| {
+        err(
+            Status::OutOfRange,
+            format!("{o:#x}+{l:#x} is outside the segment of {:#x} bytes", a.size),
+            true,
+        )
+    };
+    match req {
+        Request::Read(ext) => read_pages(shared, a, mem, &ext, Vec::new()),
+        Request::Write { extents, data } => write_pages(shared, a, mem, &extents, &data),
+        Request::Discard { offset, len } => {
+            if !need(rights::WRITE) {
+                return err(Status::Forbidden, "grant does not allow writes", true);
+            }
+            if !in_segment(a.size, offset, len) || len % PAGE_SIZE as u64 != 0 {
+                return out_of_range(offset, len);
+            }
+            match store.discard(mem, a.offset, offset, len) {
+                Ok(()) => ok(Vec::new()),
+                Err(e) => err(Status::Internal, format!("discarding {offset:#x}+{len:#x}: {e}"), false),
+            }
+        }
+        Request::Populate { offset, len } => {
+            if !need(rights::WRITE) {
+                return err(Status::Forbidden, "grant does not allow writes", true);
+            }
+            if !in_segment(a.size, offset, len) || len % PAGE_SIZE as u64 != 0 || offset % PAGE_SIZE as u64 != 0 {
+                return out_of_range(offset, len);
+            }
+            match store.populate(mem, offset, len) {
+                Ok(()) => ok(Vec::new()),
+                Err(e) => err(Status::Internal, format!("populating {offset:#x}+{len:#x}: {e}"), false),
+            }
+        }
+        Request::Copy { src, dst, len } => {
+            if !need(rights::WRITE) {
+                return err(Status::Forbidden, "grant does not allow writes", true);
+            }
+            if !in_segment(a.size, src, len) || !in_segment(a.size, dst, len) {
+                return out_of_range(src.max(dst), len);
+            }
+            let mut buf = vec![0u8; CHUNK as usize];
+            // Copy in chunk-sized steps, in the direction that is safe for overlap.
+            let steps: Vec<u64> = (0..len.div_ceil(CHUNK)).map(|i| i * CHUNK).collect();
+            let order: Box<dyn Iterator<Item = &u64>> = if dst > src {
+                Box::new(steps.iter().rev())
+            } else {
+                Box::new(steps.iter())
+            };
+            for &s in order {
+                let n = (len - s).min(CHUNK) as usize;
+                store.read(mem, a.offset, src + s, &mut buf[..n]);
+                store.write(mem, a.offset, dst + s, &buf[..n]);
+            }
+            ok(Vec::new())
+        }
+        Request::Clone => {
+            if !need(rights::CLONE) {
+                return err(Status::Forbidden, "grant does not allow clones", true);
+            }
+            let Some((id, off, _)) = store.segs().carve(a.size, 0, Some(Instant::now() + CLONE_GRACE)) else {
+                return err(
+                    Status::NoSpace,
+                    format!("no free extent of {} bytes for the clone", a.size),
+                    false,
+                );
+            };
+            match &mem.shared {
+                // Shared memory has no copy-on-write chunks: the clone gets a copy now, without
+                // the pages that are all zeros (the pool reads those as zeros anyway).
+                Some(m) => store.copy_into_pool(m, off, a.size),
+                None => store.pool.share(a.offset, off, a.size),
+            }
+            ok(shared.grant(id, off, a.size).encode())
+        }
+        _ => err(Status::BadRequest, "unexpected request", true),
+    }
+}

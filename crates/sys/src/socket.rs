@@ -1,0 +1,106 @@
+//! Socket and process helpers a server needs: the listen backlog, the open files limit, and who
+//! is at the other end of a Unix socket (`SO_PEERCRED`).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Sets the backlog of a listening socket (calling `listen(2)` again on it does that): how many
+/// connections the kernel completes and queues for `accept` before it leaves further ones
+/// half-open. The kernel caps it at `net.core.somaxconn`.
+pub fn set_listen_backlog(fd: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
+    let backlog = backlog.min(i32::MAX as u32) as i32;
+    // SAFETY: listen(2) on a borrowed descriptor, no pointers.
+    if unsafe { libc::listen(fd.as_raw_fd(), backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Raises this process's soft limit on open files to its hard limit (a server with thousands
+/// of connections needs more than the usual default of 1024); returns the soft limit now.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes one rlimit into the exclusively borrowed `l`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if l.rlim_cur < l.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: l.rlim_max,
+            rlim_max: l.rlim_max,
+        };
+        // SAFETY: setrlimit(2) reads one rlimit from a live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        l.rlim_cur = l.rlim_max;
+    }
+    Ok(l.rlim_cur)
+}
+
+/// Who is at the other end of a connected Unix socket, as the kernel recorded it when the peer
+/// connected (`SO_PEERCRED`): the peer cannot forge it, unlike anything it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's process id (0 when the peer is in another pid namespace the kernel cannot map).
+    pub pid: u32,
+    /// Its effective user id.
+    pub uid: u32,
+    /// Its effective group id.
+    pub gid: u32,
+}
+
+/// The credentials of the peer of the connected Unix socket `sock` (`getsockopt(SO_PEERCRED)`).
+pub fn peer_credentials(sock: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) writes at most `len` bytes into `cred`, a live, properly aligned
+    // `ucred` of exactly that size, and updates `len`; `sock` is a valid descriptor for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "SO_PEERCRED returned a short struct ucred",
+        ));
+    }
+    Ok(PeerCredentials {
+        pid: u32::try_from(cred.pid).unwrap_or(0),
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_socket_pair_sees_this_process() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let c = peer_credentials(a.as_fd()).expect("SO_PEERCRED");
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        assert_eq!((c.pid, c.uid, c.gid), (std::process::id(), uid, gid));
+    }
+
+    #[test]
+    fn a_file_is_not_a_socket() {
+        let f = std::fs::File::open("/proc/self/stat").expect("open");
+        assert!(peer_credentials(f.as_fd()).is_err());
+    }
+}
