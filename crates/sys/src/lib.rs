@@ -1,5 +1,6 @@
-//! The raw system calls rackmem needs outside userfaultfd, each behind a small safe wrapper.
-//! With the LD_PRELOAD shim and `rackmem-uffd`, this is where the project's `unsafe` lives.
+//! The raw system calls rackmem needs outside userfaultfd, each behind a small safe wrapper
+//! whose `unsafe` blocks say why they are sound, so that the crates above need none for these
+//! calls.
 //!
 //! What it is for:
 //! - memory mappings this process owns ([`Mapping`]) and the calls on them: `madvise`

@@ -11,6 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// A link's connection: TCP (plain, or carrying TLS) or a Unix stream socket.
 pub(crate) enum Sock {
     Tcp(TcpStream),
     Unix(UnixStream),
