@@ -13,6 +13,7 @@ mod control_cmd;
 mod ctl_cmd;
 mod run_cmd;
 mod sys;
+mod values;
 
 use clap::{Parser, Subcommand};
 
