@@ -23,8 +23,11 @@
 //! Every run's result must equal the native run's, or its row says so. A peer killed by its
 //! cgroup's OOM killer gets an [`crate::oom::OomReport`] instead of a figure.
 
+use crate::rackmem::Rackmem;
+use crate::setups::Setup;
+use crate::summary::median;
 use crate::swap::{MemoryCgroup, SwapBackend, SwapPeer};
-use crate::BenchError;
+use crate::{BenchError, Output};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -49,8 +52,12 @@ pub struct AppsConfig {
     pub scale: f64,
     /// Runs per setup; the median is reported.
     pub repeat: u32,
-    /// The `rackmem` executable.
-    pub rackmem: PathBuf,
+    /// More rackmem setups beside `rackmem run`'s defaults, each run at every local buffer.
+    pub extra_setups: Vec<Setup>,
+    /// The build measured.
+    pub rackmem: Rackmem,
+    /// The build it is compared with: every rackmem setup also runs with it, taking turns.
+    pub baseline: Option<Rackmem>,
     /// Directory with the C workloads.
     pub bench_dir: PathBuf,
     /// Scratch directory (programs, sockets, logs).
@@ -64,7 +71,8 @@ pub struct AppsConfig {
 pub struct AppRow {
     /// Application.
     pub app: String,
-    /// `native`, `rackmem`, `zram` or `swap file`.
+    /// `native`, `rackmem` (its defaults), `rackmem NAME` (an extra setup), either with
+    /// `@baseline` (run with the baseline build), `zram` or `swap file`.
     pub setup: String,
     /// Local buffer, percent of the footprint (100 for native).
     pub local_pct: u32,
@@ -84,6 +92,10 @@ pub struct AppRow {
     pub vs_native: f64,
     /// `value` / zram's at the same local buffer (rackmem and swap file rows).
     pub vs_zram: Option<f64>,
+    /// `value` / the same setup's with the baseline build (current rackmem rows, with a
+    /// baseline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vs_baseline: Option<f64>,
     /// Every run's result (checksum, digest or output hash).
     pub results: Vec<String>,
     /// Whether every run's result equals the native run's.
@@ -134,8 +146,8 @@ fn fail(reason: impl Into<String>) -> Failure {
 enum Launch<'a> {
     /// Natively, its peak RSS measured.
     Native,
-    /// Under `rackmem run --local P%`.
-    Rackmem(&'a Path, u32),
+    /// Under `rackmem run --local P% OPTIONS…` of a build.
+    Rackmem(&'a Rackmem, &'a [String], u32),
     /// In a memory cgroup (a swap peer).
     Cgroup(&'a mut MemoryCgroup),
 }
@@ -148,13 +160,7 @@ impl Launch<'_> {
                 c.args(args);
                 c
             }
-            Launch::Rackmem(exe, pct) => {
-                let mut c = Command::new(exe);
-                c.args(["run", "--local", &format!("{pct}%"), "--"])
-                    .arg(prog)
-                    .args(args);
-                c
-            }
+            Launch::Rackmem(rackmem, options, pct) => rackmem.run(&format!("{pct}%"), options, prog, args),
             Launch::Cgroup(cg) => {
                 cg.start_sampling();
                 cg.command(prog, args)
@@ -454,7 +460,7 @@ fn prepare(name: &str, cfg: &AppsConfig) -> Result<Prepared, BenchError> {
         "kmeans" => p(
             "kmeans",
             "points_per_s",
-            crate::workloads::build(&cfg.bench_dir, "kmeans", &cfg.tmp)?,
+            crate::programs::build(&cfg.bench_dir, "kmeans", &cfg.tmp)?,
             vec![
                 sizes.kmeans_points.to_string(),
                 "16".into(),
@@ -468,7 +474,7 @@ fn prepare(name: &str, cfg: &AppsConfig) -> Result<Prepared, BenchError> {
         "bfs" => p(
             "bfs",
             "teps",
-            crate::workloads::build(&cfg.bench_dir, "bfs", &cfg.tmp)?,
+            crate::programs::build(&cfg.bench_dir, "bfs", &cfg.tmp)?,
             vec![sizes.bfs_scale.to_string(), "16".into(), "2".into(), "1".into()],
             None,
             None,
@@ -516,7 +522,7 @@ impl Drop for Prepared {
 
 /// The first `key=value` of a `result` line.
 fn kv(out: &[u8]) -> Result<BTreeMap<String, String>, Failure> {
-    crate::workloads::parse(out).map_err(Failure::from)
+    crate::programs::parse(out).map_err(Failure::from)
 }
 
 fn number(kv: &BTreeMap<String, String>, k: &str) -> Result<f64, Failure> {
@@ -914,21 +920,6 @@ fn run_one(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
     }
 }
 
-/// The median of `v` (not empty).
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 /// Runs of one setup, collected.
 #[derive(Default)]
 struct Series {
@@ -963,20 +954,135 @@ impl Series {
     }
 }
 
+/// One rackmem setup at one local buffer with one build: what a round runs after native.
+struct Variant<'a> {
+    pct: u32,
+    /// The row's setup: `rackmem`, `rackmem NAME`, either with `@baseline`.
+    setup: String,
+    rackmem: &'a Rackmem,
+    options: &'a [String],
+}
+
+/// The rackmem variants of a round, in the order they run: every local buffer, every setup
+/// (the defaults first), the current build then the baseline.
+fn variants(cfg: &AppsConfig) -> Vec<Variant<'_>> {
+    let setups: Vec<(String, &[String])> = std::iter::once(("rackmem".to_string(), &[][..]))
+        .chain(
+            cfg.extra_setups
+                .iter()
+                .map(|s| (format!("rackmem {}", s.name), &s.args[..])),
+        )
+        .collect();
+    let builds: Vec<&Rackmem> = std::iter::once(&cfg.rackmem).chain(&cfg.baseline).collect();
+    let mut v = Vec::new();
+    for &pct in &cfg.locals {
+        for (name, options) in &setups {
+            for b in &builds {
+                v.push(Variant {
+                    pct,
+                    setup: format!("{name}{}", b.build.suffix()),
+                    rackmem: b,
+                    options,
+                });
+            }
+        }
+    }
+    v
+}
+
 /// The progress display: how many runs `bench apps` makes with this configuration.
 pub fn runs(cfg: &AppsConfig) -> u64 {
-    let per = 1 + cfg.locals.len() + cfg.peers.len() * cfg.locals.len();
+    let per = 1 + variants(cfg).len() + cfg.peers.len() * cfg.locals.len();
     (cfg.only.len() * per) as u64 * cfg.repeat as u64
 }
 
-/// Runs `bench apps`; `pb` advances once per run.
-pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>, BenchError> {
+/// Runs `bench apps`: the table (and the current ÷ baseline table with a baseline), the JSON
+/// document, the chart.
+pub fn run(cfg: &AppsConfig) -> Result<Output, BenchError> {
+    let pb = crate::progress::bar(runs(cfg));
+    let rows = measure(cfg, &pb);
+    pb.finish_and_clear();
+    let mut rows = rows?;
+    let ratios = baseline_ratios(&mut rows);
+    let of = if cfg.repeat > 1 {
+        format!("value = median of {} runs; ", cfg.repeat)
+    } else {
+        String::new()
+    };
+    let mut text = format!(
+        "Applications (same run; {of}swap peers in a memory cgroup of the same share of the footprint; \"× zram\" = speed-up over zram at the same local buffer)\n{}\n",
+        table(&rows)
+    );
+    let mut json = serde_json::json!({
+        "apps": rows,
+        "repeat": cfg.repeat,
+        "scale": cfg.scale,
+        "sizes": Sizes::at(cfg.scale),
+    });
+    if !cfg.extra_setups.is_empty() {
+        json["setups"] = serde_json::json!(cfg
+            .extra_setups
+            .iter()
+            .map(|s| serde_json::json!({"name": s.name, "args": s.args}))
+            .collect::<Vec<_>>());
+    }
+    if let Some(b) = &cfg.baseline {
+        text += &crate::baseline::table(&b.exe, &ratios);
+        json["baseline"] = serde_json::json!({
+            "rackmem": b.exe,
+            "preload": b.preload,
+            "vs_baseline": ratios,
+        });
+    }
+    Ok(Output {
+        text,
+        svg: crate::chart::svg(
+            "Applications under rackmem and Linux swap against native, same run",
+            &bars(&rows),
+        ),
+        json,
+    })
+}
+
+/// Current ÷ baseline of every current rackmem row that has a baseline twin: its metric (higher
+/// is better) and its p99 (lower is better), when both runs produced them.
+fn baseline_ratios(rows: &mut [AppRow]) -> Vec<crate::baseline::Ratio> {
+    use crate::baseline::Ratio;
+    let suffix = crate::rackmem::Build::Baseline.suffix();
+    let snapshot = rows.to_vec();
+    let mut ratios = Vec::new();
+    for r in rows
+        .iter_mut()
+        .filter(|r| r.setup.starts_with("rackmem") && !r.setup.ends_with(suffix) && r.error.is_none())
+    {
+        let twin = format!("{}{suffix}", r.setup);
+        let Some(b) = snapshot
+            .iter()
+            .find(|b| b.app == r.app && b.local_pct == r.local_pct && b.setup == twin && b.error.is_none())
+        else {
+            continue;
+        };
+        let setup = r.setup.strip_prefix("rackmem ").unwrap_or("defaults");
+        let ratio = Ratio::new(&r.app, setup, r.local_pct, &r.metric, true, r.value, b.value);
+        r.vs_baseline = Some(ratio.ratio);
+        ratios.push(ratio);
+        if let (Some(c), Some(p)) = (r.p99_ms, b.p99_ms) {
+            ratios.push(Ratio::new(&r.app, setup, r.local_pct, "p99_ms", false, c, p));
+        }
+    }
+    ratios
+}
+
+/// Runs every application in every setup; `pb` advances once per run.
+fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>, BenchError> {
     if let Some(bad) = cfg.only.iter().find(|o| !APPS.contains(&o.as_str())) {
-        return Err(BenchError::Workload(format!(
+        return Err(BenchError::Config(format!(
             "unknown application {bad}: use {}",
             APPS.join(", ")
         )));
     }
+    Setup::check(&[], &cfg.extra_setups)?;
+    let variants = variants(cfg);
     if !cfg.peers.is_empty() {
         crate::swap::require_root("bench apps with swap peers (use --peers '' to run without)")?;
     }
@@ -995,7 +1101,7 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
         pb.set_message(format!("{name}: preparing"));
         let p = prepare(name, cfg)?;
         let mut native = Series::default();
-        let mut rackmem: Vec<Series> = cfg.locals.iter().map(|_| Series::default()).collect();
+        let mut rackmem: Vec<Series> = variants.iter().map(|_| Series::default()).collect();
         let mut footprint = 0u64;
         for _ in 0..cfg.repeat {
             interrupted()?;
@@ -1006,11 +1112,11 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 footprint = footprint.max(o.peak_rss_bytes.unwrap_or(0));
             }
             pb.inc(1);
-            for (&pct, series) in cfg.locals.iter().zip(rackmem.iter_mut()) {
+            for (v, series) in variants.iter().zip(rackmem.iter_mut()) {
                 interrupted()?;
-                pb.set_message(format!("{name}: rackmem {pct}%"));
+                pb.set_message(format!("{name}: {} {}%", v.setup, v.pct));
                 let s = t0.elapsed().as_secs_f64();
-                series.push(s, run_one(&p, &mut Launch::Rackmem(&cfg.rackmem, pct)));
+                series.push(s, run_one(&p, &mut Launch::Rackmem(v.rackmem, v.options, v.pct)));
                 pb.inc(1);
             }
         }
@@ -1086,6 +1192,7 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 p99_ms_values: s.p99.clone(),
                 vs_native: value / base,
                 vs_zram: None,
+                vs_baseline: None,
                 results: s.results.clone(),
                 result_matches_native: matches && s.error.is_none(),
                 footprint_bytes: footprint,
@@ -1095,8 +1202,8 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
             }
         };
         let mut app_rows = vec![row("native", 100, &native, None)];
-        for (&pct, s) in cfg.locals.iter().zip(&rackmem) {
-            app_rows.push(row("rackmem", pct, s, None));
+        for (v, s) in variants.iter().zip(&rackmem) {
+            app_rows.push(row(&v.setup, v.pct, s, None));
         }
         for (b, pct, s, limit) in &peers {
             app_rows.push(row(b.name(), *pct, s, Some(*limit)));

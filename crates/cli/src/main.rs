@@ -6,7 +6,6 @@
 
 mod agent_cmd;
 mod bench_cmd;
-mod bench_control;
 mod brick_cmd;
 mod client_args;
 mod control_cmd;
