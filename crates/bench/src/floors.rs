@@ -1,7 +1,9 @@
 //! The floors: a fault resolved from local memory (no network), and a request-response on a link
 //! (no fault). A remote fault costs at least one of each.
+//!
+//! [`run`] is `rackmem bench floors`: every floor, as a table, a JSON document and a chart.
 
-use crate::{BenchError, Summary};
+use crate::{BenchError, Output, Summary};
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};
 use rackmem_sys::{Mapping, PAGE_SIZE};
 use rackmem_transport::{BrickAddr, Link};
@@ -133,4 +135,39 @@ pub fn link_floor(transport: &str, bytes: u32, rounds: usize) -> Result<Summary,
         &format!("link floor, {transport}, {} KiB read", bytes / 1024),
         ns,
     ))
+}
+
+/// Floors measured by [`all`], for a progress bar's length.
+pub const STEPS: u64 = 6;
+
+/// Every floor, `samples` faults each (a quarter as many link round trips); `pb` advances once
+/// per floor.
+pub fn all(samples: usize, pb: &indicatif::ProgressBar) -> Result<Vec<Summary>, BenchError> {
+    let mut v = Vec::new();
+    for w in [Waiting::Blocking, Waiting::BusyPoll] {
+        pb.set_message(format!("userfaultfd floor, {w:?} handler"));
+        v.push(uffd_floor(w, samples).map_err(|e| BenchError::Workload(format!("userfaultfd floor: {e}")))?);
+        pb.inc(1);
+    }
+    for t in ["unix", "tcp"] {
+        for bytes in [4096, 65536] {
+            pb.set_message(format!("link floor, {t}, {} KiB", bytes / 1024));
+            v.push(link_floor(t, bytes, samples / 4).map_err(|e| BenchError::Workload(format!("link floor: {e}")))?);
+            pb.inc(1);
+        }
+    }
+    Ok(v)
+}
+
+/// `rackmem bench floors`: every floor, `samples` each.
+pub fn run(samples: usize) -> Result<Output, BenchError> {
+    let pb = crate::progress::bar(STEPS);
+    let f = all(samples, &pb);
+    pb.finish_and_clear();
+    let f = f?;
+    Ok(Output {
+        text: crate::summary::table("Floors (same run)", &f),
+        svg: crate::summary::latency_chart("Floors: the best this machine can do (same run)", &f),
+        json: serde_json::json!({ "floors": f }),
+    })
 }

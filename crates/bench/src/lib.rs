@@ -1,62 +1,55 @@
-//! Benchmarks of rackmem, measured against floors and peers in the same run.
+//! Benchmarks of rackmem, measured against floors and peers in the same run: everything
+//! `rackmem bench` does. The binary parses options into the config structs here and prints or
+//! saves the [`Output`] each part returns; which workloads exist, how setups run and take
+//! turns, ratios, tables, JSON and charts are decided here.
 //!
+//! The parts, one module each:
 //! - [`floors`]: what the machine can do at best: a userfaultfd fault resolved from local memory
 //!   by a blocking or a busy-polling handler, and a 4 KiB / 64 KiB request-response on each
 //!   transport to a brick in this process.
-//! - [`workloads`]: unmodified C programs from `bench/`, run natively and under `rackmem run`.
-//! - [`apps`]: real applications (Redis, memcached ([`kvload`] loads it), SQLite, K-means, Graph500 BFS, zstd) natively, under
-//!   `rackmem run` and under Linux swap ([`swap`]); [`oom`] explains a swap peer's OOM kill.
+//! - [`latency`]: the remote fault an unmodified program sees, beside the floors.
+//! - [`scan`]: a sequential scan under rackmem against all-local, over several links.
+//! - [`workloads`]: unmodified programs natively, under `rackmem run` in several setups
+//!   ([`setups`]), and under Linux swap ([`swap`]).
+//! - [`apps`]: real applications (Redis, memcached ([`kvload`] loads it), SQLite, K-means,
+//!   Graph500 BFS, zstd) natively, under `rackmem run` and under Linux swap; [`oom`] explains a
+//!   swap peer's OOM kill.
+//! - [`control`]: the control plane's allocation latency over HTTP, per store.
 //! - [`suite`]: every part in one run, one JSON and one SVG; [`progress`] its one display.
+//!
+//! What the parts share: [`programs`] builds and runs the test programs; [`rackmem`] is the
+//! `rackmem` executable a program runs under, the current build or a baseline build compared
+//! with it in the same run ([`baseline`] holds the ratios); [`loopback`] starts bricks on TCP
+//! loopback; [`summary`] and [`chart`] summarise and draw.
 //!
 //! Every figure is reported next to the floor or peer it should be judged against; ratios, not
 //! absolute numbers, are what carry from machine to machine.
+//!
+//! Not here: argument parsing (the binary), and anything a program under test links (the
+//! runtime).
 
 pub mod apps;
+pub mod baseline;
 pub mod chart;
+pub mod control;
 pub mod floors;
 pub mod kvload;
+pub mod latency;
 pub mod loopback;
 pub mod oom;
+pub mod output;
+pub mod programs;
 pub mod progress;
+pub mod rackmem;
+pub mod scan;
+pub mod setups;
 pub mod suite;
+pub mod summary;
 pub mod swap;
 pub mod workloads;
 
-/// Latency summary of one measured series, in microseconds.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct Summary {
-    /// What was measured.
-    pub name: String,
-    /// Samples.
-    pub samples: usize,
-    /// Median.
-    pub p50_us: f64,
-    /// 99th percentile.
-    pub p99_us: f64,
-    /// Mean.
-    pub mean_us: f64,
-}
-
-impl Summary {
-    /// Summarises nanosecond samples.
-    pub fn from_ns(name: &str, mut ns: Vec<u64>) -> Summary {
-        if ns.is_empty() {
-            return Summary {
-                name: name.into(),
-                ..Default::default()
-            };
-        }
-        ns.sort_unstable();
-        let q = |f: f64| ns[((ns.len() as f64 * f) as usize).min(ns.len() - 1)] as f64 / 1000.0;
-        Summary {
-            name: name.into(),
-            samples: ns.len(),
-            p50_us: q(0.5),
-            p99_us: q(0.99),
-            mean_us: ns.iter().sum::<u64>() as f64 / ns.len() as f64 / 1000.0,
-        }
-    }
-}
+pub use output::Output;
+pub use summary::Summary;
 
 /// Errors of benchmarks.
 #[derive(Debug, thiserror::Error)]
@@ -73,4 +66,47 @@ pub enum BenchError {
     /// A workload failed.
     #[error("{0}")]
     Workload(String),
+    /// The configuration names something unknown or impossible (says which option).
+    #[error("{0}")]
+    Config(String),
+    /// A step of a benchmark failed: what it was doing, and why.
+    #[error("{what}: {why}")]
+    Step {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        why: String,
+    },
+    /// A file could not be read or written.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// SIGINT or SIGTERM stopped the bench between runs.
+    #[error("{0}")]
+    Interrupted(String),
+}
+
+/// Says what was being done when an error happened, as [`BenchError::Step`].
+pub(crate) trait Context<T> {
+    /// `what: error`.
+    fn context(self, what: &str) -> Result<T, BenchError>;
+    /// `what(): error`, `what` evaluated on error only.
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T, BenchError>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
+    fn context(self, what: &str) -> Result<T, BenchError> {
+        self.with_context(|| what.to_string())
+    }
+
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T, BenchError> {
+        self.map_err(|e| BenchError::Step {
+            what: what(),
+            why: e.to_string(),
+        })
+    }
 }

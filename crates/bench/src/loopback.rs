@@ -29,6 +29,18 @@ impl LinkKind {
     }
 }
 
+impl std::str::FromStr for LinkKind {
+    type Err = BenchError;
+
+    fn from_str(s: &str) -> Result<LinkKind, BenchError> {
+        match s {
+            "tcp" => Ok(LinkKind::Tcp),
+            "tls" => Ok(LinkKind::Tls),
+            other => Err(BenchError::Config(format!("unknown link {other}: use tcp, tls"))),
+        }
+    }
+}
+
 /// A running loopback brick and what `rackmem run` needs to use it.
 pub struct LoopbackBrick {
     /// The brick; dropping it stops it.
@@ -64,6 +76,14 @@ impl LoopbackBrick {
         .map_err(|e| BenchError::Brick(format!("starting the {} loopback brick: {e}", kind.name())))?;
         let addr = handle.local_addr();
         Ok(LoopbackBrick { handle, addr, ca_file })
+    }
+
+    /// Starts one brick of `size_bytes` for each of `kinds`, in that order.
+    pub fn start_each(kinds: &[LinkKind], size_bytes: u64, dir: &Path) -> Result<Vec<LoopbackBrick>, BenchError> {
+        kinds
+            .iter()
+            .map(|&k| LoopbackBrick::start(k, size_bytes, dir))
+            .collect()
     }
 
     /// The `rackmem run` options that use this brick.

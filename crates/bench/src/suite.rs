@@ -3,7 +3,8 @@
 //! part's under its name) and their charts into one SVG (stacked, each under its part's name).
 //!
 //! The parts write their JSON and SVG as they do when run alone; [`Report`] reads them back, so
-//! a part needs no knowledge of the suite.
+//! a part needs no knowledge of the suite. [`run`] runs them in turn under one progress display,
+//! a failed part recorded in its place while the others go on.
 
 use crate::BenchError;
 use std::path::Path;
@@ -46,6 +47,47 @@ impl Report {
     pub fn svg(&self) -> String {
         stack(&self.charts)
     }
+
+    /// Writes the stacked charts to `svg` and the document to `json` (each when given).
+    pub fn save(&self, json: Option<&Path>, svg: Option<&Path>) -> Result<(), BenchError> {
+        if let Some(p) = svg {
+            crate::output::write(p, &self.svg())?;
+            eprintln!("rackmem bench: charts written to {}", p.display());
+        }
+        crate::output::write_json(json, &self.json())
+    }
+}
+
+/// Runs every part of [`PARTS`] in turn: `run_part(part, json, svg)` runs one as if alone,
+/// writing its document to `json` and its chart to `svg` (in a scratch directory of this
+/// function). Returns what the parts wrote, and the parts that failed.
+pub fn run<E: std::fmt::Display>(
+    mut run_part: impl FnMut(&'static str, &Path, &Path) -> Result<(), E>,
+) -> Result<(Report, Vec<&'static str>), BenchError> {
+    let dir = std::env::temp_dir().join(format!("rackmem-bench-suite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
+        what: format!("creating {}", dir.display()),
+        source,
+    })?;
+    let suite = crate::progress::Suite::start(PARTS.len() as u64);
+    let mut report = Report::default();
+    let mut failed = Vec::new();
+    for part in PARTS {
+        suite.overall.set_message(part);
+        let (j, s) = (dir.join(format!("{part}.json")), dir.join(format!("{part}.svg")));
+        let r = run_part(part, &j, &s)
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|_| report.add(part, &j, &s).map_err(|e| e.to_string()));
+        if let Err(e) = r {
+            suite.overall.println(format!("rackmem bench: part {part} failed: {e}"));
+            report.failed(part, &e);
+            failed.push(part);
+        }
+        suite.overall.inc(1);
+    }
+    drop(suite);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((report, failed))
 }
 
 /// A numeric attribute of an SVG's root element (`width="900"`).

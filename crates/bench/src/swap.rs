@@ -28,6 +28,22 @@ impl SwapBackend {
             SwapBackend::File(_) => "swap file",
         }
     }
+
+    /// The backends `names` asks for (`zram`, `file`; empty names skipped), a swap file going
+    /// into `swap_dir` under a name of this process.
+    pub fn parse_list(names: &[String], swap_dir: &Path) -> Result<Vec<SwapBackend>, BenchError> {
+        names
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| match p.as_str() {
+                "zram" => Ok(SwapBackend::Zram),
+                "file" => Ok(SwapBackend::File(
+                    swap_dir.join(format!("rackmem-bench-{}.swap", std::process::id())),
+                )),
+                other => Err(BenchError::Config(format!("unknown peer {other}: use zram or file"))),
+            })
+            .collect()
+    }
 }
 
 /// Which memory cgroup interface the machine offers.

@@ -2,7 +2,7 @@
 //! deterministic and skewed as Graph500's should be, its BFS trees validate, and `kmeans`
 //! converges to the centers the points were drawn around.
 
-use rackmem_bench::workloads::{build, num, run};
+use rackmem_bench::programs::{build, num, run};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

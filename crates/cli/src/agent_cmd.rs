@@ -42,7 +42,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "NAME")]
     name: Option<String>,
     /// A port of this node: NAME:BANDWIDTH[:SWITCH] (e.g. eth0:10GB/s); repeat for several.
-    #[arg(long = "port", value_name = "NAME:BW[:SWITCH]", value_parser = crate::ctl_cmd::parse_port)]
+    #[arg(long = "port", value_name = "NAME:BW[:SWITCH]", value_parser = crate::values::parse_port)]
     ports: Vec<PortSpec>,
     /// Spread each allocation over this many bricks.
     #[arg(long, value_name = "K", default_value_t = 1)]
@@ -63,11 +63,11 @@ pub struct AgentArgs {
     /// Most memory one process may hold at once (e.g. 64GiB), checked before the control plane
     /// is asked; a grow past it is refused with quota_exceeded. The default stops one runaway
     /// program from taking a whole rack's pool; raise it for programs that need more.
-    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = crate::brick_cmd::parse_size_arg)]
+    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = crate::values::parse_size_arg)]
     quota_per_process: u64,
     /// Most memory all processes of one user may hold at once (e.g. 256GiB): several programs of
     /// one user, or one program forking many, stay within it. Default: four full-size programs.
-    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = crate::brick_cmd::parse_size_arg)]
+    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = crate::values::parse_size_arg)]
     quota_per_uid: u64,
     /// Most programs served at once (each costs a thread with a 256 KiB stack while it is
     /// connected); over it a connection gets a too_many_connections line and is closed.
@@ -77,12 +77,12 @@ pub struct AgentArgs {
     /// How long a request line may take to arrive once its first byte has (a client that
     /// trickles bytes is cut off with request_timeout). Idle time between requests is
     /// unlimited: programs hold their connection for life.
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::control_cmd::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::values::parse_duration)]
     request_timeout: Duration,
     /// How often to release this node's agent-made allocations that nobody holds: none of this
     /// agent's connections has it and its process is gone (it also runs at start). Allocations
     /// made by hand (rackmem ctl alloc) are never released by the agent.
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::control_cmd::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::values::parse_duration)]
     reconcile_interval: Duration,
 }
 
@@ -93,7 +93,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     }
     let client = args.auth.client(&args.control, None)?;
     let ports = if args.ports.is_empty() {
-        vec![crate::ctl_cmd::parse_port("eth0:10GB/s").map_err(anyhow::Error::msg)?]
+        vec![crate::values::parse_port("eth0:10GB/s").map_err(anyhow::Error::msg)?]
     } else {
         args.ports
     };

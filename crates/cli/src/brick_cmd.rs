@@ -1,10 +1,11 @@
 //! `rackmem brick`: serve memory.
 
+use crate::values::{parse_port, parse_size_arg};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_brick::{Brick, BrickConfig, BrickLimits, ListenAddr};
 use rackmem_control::api::{BrickRegistration, LiveSegment, PortSpec};
-use rackmem_runtime::size::{format_size, parse_size};
+use rackmem_runtime::size::format_size;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +58,7 @@ pub struct BrickArgs {
     name: Option<String>,
     /// A port of this brick: NAME:RATE[:SWITCH], rate in bytes/s; repeatable. Default: one port
     /// `p0:10GB/s` on the switch the control plane's topology gives it (else `rack`).
-    #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = crate::ctl_cmd::parse_port, requires = "control")]
+    #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = parse_port, requires = "control")]
     ports: Vec<PortSpec>,
     /// Milliseconds between heartbeats to the control plane.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
@@ -222,10 +223,6 @@ fn on_live_segments(live: &[(u64, u64, u64)], dropped: &[u64], last_count: &mut 
     }
 }
 
-pub fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
 pub fn read_secret(secret: Option<String>, file: Option<&std::path::Path>) -> Result<Option<Vec<u8>>> {
     if let Some(s) = secret {
         return Ok(Some(s.into_bytes()));
@@ -346,7 +343,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
             let client = args.auth.client(urls, None)?;
             let (address, default_name) = advertised(&handle.local_addr());
             let ports = if args.ports.is_empty() {
-                vec![crate::ctl_cmd::parse_port(DEFAULT_PORT).map_err(anyhow::Error::msg)?]
+                vec![parse_port(DEFAULT_PORT).map_err(anyhow::Error::msg)?]
             } else {
                 args.ports
             };

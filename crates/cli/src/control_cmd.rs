@@ -1,5 +1,6 @@
 //! `rackmem control`: serve the control plane.
 
+use crate::values::parse_duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_control::graph::Topology;
@@ -118,24 +119,6 @@ pub fn state_dir() -> Option<PathBuf> {
         })
 }
 
-/// `500ms`, `10s`, `2m`, `1.5s`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration: use e.g. 500ms, 10s, 2m"))?;
-    let secs = match unit.trim() {
-        "ms" => v / 1000.0,
-        "" | "s" => v,
-        "m" | "min" => v * 60.0,
-        "h" => v * 3600.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
-}
-
 fn default_store() -> String {
     match state_dir() {
         Some(dir) => format!("sqlite:{}", dir.join("rackmem/control.db").display()),
@@ -216,19 +199,4 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     eprintln!("rackmem control: stopping");
     server.stop().context("stopping the control plane")?;
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5 weeks").is_err());
-        assert!(parse_duration("1e400s").is_err());
-    }
 }

@@ -1,10 +1,11 @@
 //! `rackmem ctl`: look at and change the control plane's state from a shell.
 
+use crate::values::{parse_port, parse_rate, parse_size_arg};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use rackmem_control::api::{AllocationRequest, NodeRegistration, PortSpec, TokenRequest};
 use rackmem_control::client::{Client, ClientError};
-use rackmem_runtime::size::{format_size, parse_size};
+use rackmem_runtime::size::format_size;
 use serde::Serialize;
 
 /// Exit statuses of `rackmem ctl`.
@@ -69,7 +70,7 @@ enum CtlCommand {
         #[arg(long, value_name = "NODE")]
         node: String,
         /// How much.
-        #[arg(long, value_name = "SIZE", value_parser = crate::brick_cmd::parse_size_arg)]
+        #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
         size: u64,
         /// Over how many bricks to spread it.
         #[arg(long, value_name = "K")]
@@ -91,7 +92,7 @@ enum CtlCommand {
         /// Allocation id.
         id: u64,
         /// The new size.
-        #[arg(long, value_name = "SIZE", value_parser = crate::brick_cmd::parse_size_arg)]
+        #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
         size: u64,
     },
     /// Create, list and revoke API tokens (admins only).
@@ -132,32 +133,6 @@ enum TokenCommand {
         /// Token id (the number in rmk_ID_...; `token list` shows them).
         id: u64,
     },
-}
-
-/// A rate in bytes per second: a size with an optional `/s`.
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t.strip_suffix("/s").unwrap_or(t);
-    parse_size(t).map_err(|e| format!("{e} (rates are bytes per second, e.g. 10GB/s)"))
-}
-
-/// `NAME:RATE[:SWITCH]`.
-pub fn parse_port(s: &str) -> Result<PortSpec, String> {
-    let mut parts = s.split(':');
-    let (Some(name), Some(rate)) = (parts.next(), parts.next()) else {
-        return Err(format!(
-            "`{s}`: a port is NAME:RATE[:SWITCH], e.g. p0:10GB/s or p0:10GB/s:tor-a"
-        ));
-    };
-    let switch = parts.next().map(str::to_string);
-    if parts.next().is_some() || name.is_empty() || switch.as_deref() == Some("") {
-        return Err(format!("`{s}`: a port is NAME:RATE[:SWITCH]"));
-    }
-    Ok(PortSpec {
-        name: name.to_string(),
-        bandwidth_bps: parse_rate(rate)?,
-        switch,
-    })
 }
 
 fn rate(bps: u64) -> String {
@@ -432,25 +407,4 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ports_and_rates() {
-        assert_eq!(parse_rate("10GB/s"), Ok(10_000_000_000));
-        assert_eq!(parse_rate("1GiB"), Ok(1 << 30));
-        assert!(parse_rate("fast").is_err());
-        let p = parse_port("p0:10GB/s:tor-a").unwrap();
-        assert_eq!(
-            (p.name.as_str(), p.bandwidth_bps, p.switch.as_deref()),
-            ("p0", 10_000_000_000, Some("tor-a"))
-        );
-        assert_eq!(parse_port("p0:1G").unwrap().switch, None);
-        assert!(parse_port("p0").is_err());
-        assert!(parse_port("p0:1G:a:b").is_err());
-        assert!(parse_port(":1G").is_err());
-    }
 }

@@ -6,13 +6,13 @@
 
 mod agent_cmd;
 mod bench_cmd;
-mod bench_control;
 mod brick_cmd;
 mod client_args;
 mod control_cmd;
 mod ctl_cmd;
 mod run_cmd;
 mod sys;
+mod values;
 
 use clap::{Parser, Subcommand};
 

@@ -1,6 +1,7 @@
 //! `rackmem run`: start a program with `librackmem.so` preloaded and the runtime configured.
 
-use crate::brick_cmd::{parse_size_arg, random_hex, read_secret};
+use crate::brick_cmd::{random_hex, read_secret};
+use crate::values::parse_size_arg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};

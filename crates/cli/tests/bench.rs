@@ -566,3 +566,179 @@ fn skewed_workload_runs_under_rackmem_with_the_native_checksum() {
         .unwrap_or_else(|| panic!("no cold_updates in {text}"));
     assert!((15_000.0..25_000.0).contains(&cold), "{text}");
 }
+
+/// Two builds and two configurations in one run: every rackmem setup, the built-in one and one
+/// added with --setup, runs with this build and with a baseline (this same binary here), and
+/// the JSON holds both variants and current ÷ baseline, saying which direction is better.
+#[test]
+fn workloads_compare_a_baseline_build_and_an_extra_setup_in_one_run() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("w.json");
+    let o = bench(&[
+        "workloads",
+        "--scale",
+        "0.01",
+        "--only",
+        "scan",
+        "--locals",
+        "25",
+        "--transports",
+        "defaults",
+        "--peers",
+        "",
+        "--setup",
+        "unix-link=--no-shared-memory  --prefetch 0",
+        "--baseline",
+        rackmem(),
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", show(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let rows = v["workloads"].as_array().expect("rows");
+    let setups: Vec<&str> = rows.iter().filter_map(|r| r["setup"].as_str()).collect();
+    assert_eq!(
+        setups,
+        [
+            "native",
+            "rackmem defaults",
+            "rackmem defaults@baseline",
+            "rackmem unix-link",
+            "rackmem unix-link@baseline"
+        ],
+        "{v}"
+    );
+    assert_eq!(
+        v["setups"],
+        serde_json::json!([{"name": "unix-link", "args": ["--no-shared-memory", "--prefetch", "0"]}]),
+        "{v}"
+    );
+    let ratios = v["baseline"]["vs_baseline"].as_array().expect("current ÷ baseline");
+    assert_eq!(ratios.len(), 2, "one per setup: {v}");
+    for setup in ["defaults", "unix-link"] {
+        let r = ratios
+            .iter()
+            .find(|r| r["setup"] == setup)
+            .unwrap_or_else(|| panic!("no ratio for {setup}: {v}"));
+        assert_eq!(
+            (r["workload"].as_str(), r["local_pct"].as_u64()),
+            (Some("scan"), Some(25)),
+            "{r}"
+        );
+        assert_eq!(r["metric"], "mb_per_s", "{r}");
+        assert_eq!(r["higher_is_better"], true, "throughput: higher is better: {r}");
+        let row = |name: &str| {
+            rows.iter()
+                .find(|x| x["setup"] == name)
+                .and_then(|x| x["value"].as_f64())
+                .expect("value")
+        };
+        let (cur, base) = (
+            row(&format!("rackmem {setup}")),
+            row(&format!("rackmem {setup}@baseline")),
+        );
+        assert!(cur > 0.0 && base > 0.0, "{v}");
+        let ratio = r["ratio"].as_f64().expect("ratio");
+        assert!(
+            (ratio - cur / base).abs() <= 1e-9 * ratio,
+            "ratio is current ÷ baseline: {r}"
+        );
+        let current_row = rows
+            .iter()
+            .find(|x| x["setup"] == format!("rackmem {setup}"))
+            .expect("row");
+        assert_eq!(current_row["vs_baseline"].as_f64(), Some(ratio), "{current_row}");
+    }
+    // The baseline preloads the library next to it.
+    let lib = Path::new(rackmem()).with_file_name("librackmem.so");
+    assert_eq!(
+        v["baseline"]["preload"].as_str().map(Path::new),
+        Some(lib.canonicalize().expect("librackmem.so next to rackmem").as_path()),
+        "{v}"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("current ÷ baseline") && out.contains("higher"), "{out}");
+}
+
+/// bench apps takes the same comparisons: its defaults (`rackmem`) and an extra setup, each
+/// with the baseline too; its key-value servers' p99 is compared with lower as better.
+#[test]
+fn apps_compare_a_baseline_build_and_an_extra_setup_in_one_run() {
+    need_root("bench apps");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("apps.json");
+    let o = bench(&[
+        "apps",
+        "--scale",
+        "0.02",
+        "--only",
+        "memcached",
+        "--locals",
+        "50",
+        "--peers",
+        "",
+        "--setup",
+        "unix-link=--no-shared-memory",
+        "--baseline",
+        rackmem(),
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", show(&o));
+    let rows = apps_json(&j);
+    // native, then rackmem and rackmem unix-link, each with both builds.
+    check_rows(&rows, &["memcached"], 5);
+    let setups: Vec<&str> = rows.iter().filter_map(|r| r["setup"].as_str()).collect();
+    assert_eq!(
+        setups,
+        [
+            "native",
+            "rackmem",
+            "rackmem@baseline",
+            "rackmem unix-link",
+            "rackmem unix-link@baseline"
+        ]
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let ratios = v["baseline"]["vs_baseline"].as_array().expect("current ÷ baseline");
+    for (setup, metric, higher) in [
+        ("defaults", "get_ops_per_s", true),
+        ("defaults", "p99_ms", false),
+        ("unix-link", "get_ops_per_s", true),
+        ("unix-link", "p99_ms", false),
+    ] {
+        let r = ratios
+            .iter()
+            .find(|r| r["setup"] == setup && r["metric"] == metric)
+            .unwrap_or_else(|| panic!("no {metric} ratio for {setup}: {v}"));
+        assert_eq!(r["higher_is_better"], higher, "{r}");
+        assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+    }
+}
+
+/// Wrong comparisons are refused before anything runs, saying what is wrong.
+#[test]
+fn a_malformed_setup_or_a_missing_baseline_is_refused() {
+    for part in ["workloads", "apps"] {
+        let o = bench(&[part, "--peers", "", "--setup", "fifo"]);
+        assert!(!o.status.success(), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--setup") && err.contains("NAME=ARGS"), "{err}");
+
+        let o = bench(&[part, "--peers", "", "--setup", "defaults=--stats"]);
+        assert!(!o.status.success(), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("defaults") && err.contains("taken"), "{err}");
+
+        let o = bench(&[part, "--peers", "", "--baseline", "/nonexistent/old/rackmem"]);
+        assert!(!o.status.success(), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("--baseline /nonexistent/old/rackmem") && err.contains("no such file"),
+            "{err}"
+        );
+    }
+}

@@ -7,9 +7,7 @@
 //! API, then times `samples` allocations back to back (each against that many live ones), the
 //! release of those same allocations, and `samples` health checks.
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
-use rackmem_bench::Summary;
+use crate::{BenchError, Context, Output, Summary};
 use rackmem_control::api::{AllocationRequest, BrickRegistration, NodeRegistration, PortSpec};
 use rackmem_control::client::Client;
 use rackmem_control::server::{spawn, ServerConfig, ServerHandle};
@@ -22,21 +20,18 @@ const TARGET_P99_US: f64 = 5000.0;
 /// Nodes the allocations are spread over.
 const NODES: usize = 100;
 
-#[derive(Args)]
-pub struct ControlBenchArgs {
+/// What `bench control` measures.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
     /// Bricks in the resource graph (64 GiB each, registered through the API).
-    #[arg(long, default_value_t = 1000)]
-    bricks: usize,
+    pub bricks: usize,
     /// Live allocations while measuring (1 to 64 MiB, striped over 1 to 4 bricks).
-    #[arg(long, default_value_t = 10_000)]
-    allocations: usize,
+    pub allocations: usize,
     /// Allocations, releases and floor round trips timed per store.
-    #[arg(long, default_value_t = 2000)]
-    samples: usize,
-    /// Stores to measure: sqlite, etcd (etcd needs a build with the cargo feature `etcd` and
-    /// Debian's etcd-server; it is skipped with a message otherwise).
-    #[arg(long, value_delimiter = ',', default_value = "sqlite,etcd")]
-    stores: Vec<String>,
+    pub samples: usize,
+    /// Stores to measure: `sqlite`, `etcd` (skipped, with why, when this build or machine
+    /// cannot run it).
+    pub stores: Vec<String>,
 }
 
 /// The figures of one store.
@@ -77,10 +72,6 @@ impl StoreResult {
     }
 }
 
-fn progress(len: u64) -> indicatif::ProgressBar {
-    rackmem_bench::progress::bar(len)
-}
-
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -97,7 +88,7 @@ fn etcd_unavailable() -> Option<String> {
 }
 
 /// Starts the control plane on `url` and waits until it serves (an etcd replica campaigns first).
-fn serve(url: &str) -> Result<(ServerHandle, Client)> {
+fn serve(url: &str) -> Result<(ServerHandle, Client), BenchError> {
     let store = rackmem_control::store::open(url).with_context(|| format!("opening the store {url}"))?;
     // Requests carry a token as in production: its check is part of each latency measured.
     let token = rackmem_control::auth::new_admin_token().context("making an admin token")?;
@@ -108,15 +99,19 @@ fn serve(url: &str) -> Result<(ServerHandle, Client)> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !server.leadership().serving() {
         if Instant::now() > deadline {
-            bail!("the control plane on {url} did not become leader within a minute");
+            return Err(BenchError::Workload(format!(
+                "the control plane on {url} did not become leader within a minute"
+            )));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let client = Client::new(&[server.url()])?.with_token(Some(token));
+    let client = Client::new(&[server.url()])
+        .context("a client of the control plane")?
+        .with_token(Some(token));
     Ok((server, client))
 }
 
-fn measure(store: &str, url: &str, a: &ControlBenchArgs, pb: &indicatif::ProgressBar) -> Result<StoreResult> {
+fn measure(store: &str, url: &str, a: &ControlConfig, pb: &indicatif::ProgressBar) -> Result<StoreResult, BenchError> {
     let (server, client) = serve(url)?;
     let port = |name: &str| PortSpec {
         name: name.into(),
@@ -214,7 +209,7 @@ fn measure(store: &str, url: &str, a: &ControlBenchArgs, pb: &indicatif::Progres
 }
 
 /// Measures every store in turn, in a directory of its own under `tmp`.
-fn measure_all(a: &ControlBenchArgs, tmp: &Path) -> Result<Vec<StoreResult>> {
+fn measure_all(a: &ControlConfig, tmp: &Path) -> Result<Vec<StoreResult>, BenchError> {
     let mut results = Vec::new();
     for store in &a.stores {
         let dir = tmp.join(store);
@@ -231,7 +226,7 @@ fn measure_all(a: &ControlBenchArgs, tmp: &Path) -> Result<Vec<StoreResult>> {
         } else {
             (format!("sqlite:{}", dir.join("control.db").display()), None)
         };
-        let pb = progress((a.bricks + a.allocations) as u64);
+        let pb = crate::progress::bar((a.bricks + a.allocations) as u64);
         let r = measure(store, &url, a, &pb);
         pb.finish_and_clear();
         drop(etcd);
@@ -240,17 +235,19 @@ fn measure_all(a: &ControlBenchArgs, tmp: &Path) -> Result<Vec<StoreResult>> {
     Ok(results)
 }
 
-pub fn run(a: ControlBenchArgs, json: Option<&Path>, svg: Option<&Path>) -> Result<()> {
+/// Runs `bench control`.
+pub fn run(a: &ControlConfig) -> Result<Output, BenchError> {
     if a.bricks == 0 || a.samples == 0 {
-        bail!("--bricks and --samples must be positive");
+        return Err(BenchError::Config("--bricks and --samples must be positive".into()));
     }
     for s in &a.stores {
         if s != "sqlite" && s != "etcd" {
-            bail!("unknown store {s:?}: use sqlite, etcd");
+            return Err(BenchError::Config(format!("unknown store {s:?}: use sqlite, etcd")));
         }
     }
-    let tmp = tempdir()?;
-    let results = measure_all(&a, &tmp);
+    let tmp = std::env::temp_dir().join(format!("rackmem-bench-control-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let results = measure_all(a, &tmp);
     let _ = std::fs::remove_dir_all(&tmp);
     let results = results?;
 
@@ -287,51 +284,39 @@ pub fn run(a: ControlBenchArgs, json: Option<&Path>, svg: Option<&Path>) -> Resu
                 rate.map_or_else(String::new, |v| format!("{v:.0}")),
                 format!("{:.1}×", s.p50_us / r.floor.p50_us.max(f64::MIN_POSITIVE)),
             ]);
-            bars.push(rackmem_bench::chart::LatencyBar {
+            bars.push(crate::chart::LatencyBar {
                 label: s.name.clone(),
                 p50_us: s.p50_us,
                 p99_us: s.p99_us,
             });
         }
     }
-    println!(
-        "Control plane over HTTP: {} bricks, {} live allocations, {} samples (same run)\n{t}",
+    let mut text = format!(
+        "Control plane over HTTP: {} bricks, {} live allocations, {} samples (same run)\n{t}\n",
         a.bricks, a.allocations, a.samples
     );
     for r in results.iter().filter(|r| r.target_met.is_some()) {
-        println!(
-            "target (p99 of one allocation with {} < {TARGET_P99_US:.0} µs): {} (p99 {:.0} µs)",
+        text += &format!(
+            "target (p99 of one allocation with {} < {TARGET_P99_US:.0} µs): {} (p99 {:.0} µs)\n",
             r.store,
             if r.target_met == Some(true) { "met" } else { "NOT met" },
             r.allocate.p99_us
         );
     }
-    if let Some(p) = svg {
-        let title = format!(
-            "Control plane: allocation and release over HTTP, {} bricks, {} live allocations (same run)",
-            a.bricks, a.allocations
-        );
-        std::fs::write(p, rackmem_bench::chart::latency_svg(&title, &bars))
-            .with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("rackmem bench: chart written to {}", p.display());
-    }
-    if let Some(p) = json {
-        let v = serde_json::json!({
+    let title = format!(
+        "Control plane: allocation and release over HTTP, {} bricks, {} live allocations (same run)",
+        a.bricks, a.allocations
+    );
+    Ok(Output {
+        text,
+        svg: crate::chart::latency_svg(&title, &bars),
+        json: serde_json::json!({
             "control": {
                 "bricks": a.bricks,
                 "allocations": a.allocations,
                 "samples": a.samples,
                 "results": results,
             }
-        });
-        std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("rackmem bench: results written to {}", p.display());
-    }
-    Ok(())
-}
-
-fn tempdir() -> Result<std::path::PathBuf> {
-    let d = std::env::temp_dir().join(format!("rackmem-bench-control-{}", std::process::id()));
-    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    Ok(d)
+        }),
+    })
 }

@@ -21,10 +21,20 @@
 //! Rounds interleave native and the rackmem setups (a slow spell of the machine hits them
 //! alike); the swap peers run after, one backend at a time (swap is switched on once per peer).
 //! Every run's result must equal the native run's, or its row says so. A peer killed by its
-//! cgroup's OOM killer gets an [`crate::oom::OomReport`] instead of a figure.
+//! cgroup's OOM killer gets an [`crate::oom::OomReport`] instead of a figure. With a baseline
+//! build, every rackmem setup runs with it too, right after the current build; [`report`] turns
+//! the runs into rows, ratios, a table and a chart.
 
+pub mod report;
+
+pub use report::AppRow;
+use report::{bars, baseline_ratios, table};
+
+use crate::rackmem::Rackmem;
+use crate::setups::Setup;
+use crate::summary::median;
 use crate::swap::{MemoryCgroup, SwapBackend, SwapPeer};
-use crate::BenchError;
+use crate::{BenchError, Output};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -49,53 +59,18 @@ pub struct AppsConfig {
     pub scale: f64,
     /// Runs per setup; the median is reported.
     pub repeat: u32,
-    /// The `rackmem` executable.
-    pub rackmem: PathBuf,
+    /// More rackmem setups beside `rackmem run`'s defaults, each run at every local buffer.
+    pub extra_setups: Vec<Setup>,
+    /// The build measured.
+    pub rackmem: Rackmem,
+    /// The build it is compared with: every rackmem setup also runs with it, taking turns.
+    pub baseline: Option<Rackmem>,
     /// Directory with the C workloads.
     pub bench_dir: PathBuf,
     /// Scratch directory (programs, sockets, logs).
     pub tmp: PathBuf,
     /// Set by SIGINT/SIGTERM: stop between runs.
     pub stop: Arc<AtomicBool>,
-}
-
-/// One row of the results: an application in one setup.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct AppRow {
-    /// Application.
-    pub app: String,
-    /// `native`, `rackmem`, `zram` or `swap file`.
-    pub setup: String,
-    /// Local buffer, percent of the footprint (100 for native).
-    pub local_pct: u32,
-    /// What `value` measures (higher is better).
-    pub metric: String,
-    /// Median of `values` (0 when the setup failed).
-    pub value: f64,
-    /// Every measured value, in the order run.
-    pub values: Vec<f64>,
-    /// When each run started, seconds since the bench started.
-    pub started_s: Vec<f64>,
-    /// 99th-percentile latency, ms (key-value servers): median and every value.
-    pub p99_ms: Option<f64>,
-    /// Every run's p99, ms.
-    pub p99_ms_values: Vec<f64>,
-    /// `value` / native's.
-    pub vs_native: f64,
-    /// `value` / zram's at the same local buffer (rackmem and swap file rows).
-    pub vs_zram: Option<f64>,
-    /// Every run's result (checksum, digest or output hash).
-    pub results: Vec<String>,
-    /// Whether every run's result equals the native run's.
-    pub result_matches_native: bool,
-    /// Peak RSS measured natively, bytes (the footprint the budgets are taken from).
-    pub footprint_bytes: u64,
-    /// The memory cgroup's limit (swap peers), bytes.
-    pub cgroup_limit_bytes: Option<u64>,
-    /// Why the setup produced no figure, or what is wrong with it.
-    pub error: Option<String>,
-    /// Why the program died in its cgroup, when it did.
-    pub oom: Option<crate::oom::OomReport>,
 }
 
 /// One successful run.
@@ -134,8 +109,8 @@ fn fail(reason: impl Into<String>) -> Failure {
 enum Launch<'a> {
     /// Natively, its peak RSS measured.
     Native,
-    /// Under `rackmem run --local P%`.
-    Rackmem(&'a Path, u32),
+    /// Under `rackmem run --local P% OPTIONS…` of a build.
+    Rackmem(&'a Rackmem, &'a [String], u32),
     /// In a memory cgroup (a swap peer).
     Cgroup(&'a mut MemoryCgroup),
 }
@@ -148,13 +123,7 @@ impl Launch<'_> {
                 c.args(args);
                 c
             }
-            Launch::Rackmem(exe, pct) => {
-                let mut c = Command::new(exe);
-                c.args(["run", "--local", &format!("{pct}%"), "--"])
-                    .arg(prog)
-                    .args(args);
-                c
-            }
+            Launch::Rackmem(rackmem, options, pct) => rackmem.run(&format!("{pct}%"), options, prog, args),
             Launch::Cgroup(cg) => {
                 cg.start_sampling();
                 cg.command(prog, args)
@@ -454,7 +423,7 @@ fn prepare(name: &str, cfg: &AppsConfig) -> Result<Prepared, BenchError> {
         "kmeans" => p(
             "kmeans",
             "points_per_s",
-            crate::workloads::build(&cfg.bench_dir, "kmeans", &cfg.tmp)?,
+            crate::programs::build(&cfg.bench_dir, "kmeans", &cfg.tmp)?,
             vec![
                 sizes.kmeans_points.to_string(),
                 "16".into(),
@@ -468,7 +437,7 @@ fn prepare(name: &str, cfg: &AppsConfig) -> Result<Prepared, BenchError> {
         "bfs" => p(
             "bfs",
             "teps",
-            crate::workloads::build(&cfg.bench_dir, "bfs", &cfg.tmp)?,
+            crate::programs::build(&cfg.bench_dir, "bfs", &cfg.tmp)?,
             vec![sizes.bfs_scale.to_string(), "16".into(), "2".into(), "1".into()],
             None,
             None,
@@ -516,7 +485,7 @@ impl Drop for Prepared {
 
 /// The first `key=value` of a `result` line.
 fn kv(out: &[u8]) -> Result<BTreeMap<String, String>, Failure> {
-    crate::workloads::parse(out).map_err(Failure::from)
+    crate::programs::parse(out).map_err(Failure::from)
 }
 
 fn number(kv: &BTreeMap<String, String>, k: &str) -> Result<f64, Failure> {
@@ -914,21 +883,6 @@ fn run_one(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
     }
 }
 
-/// The median of `v` (not empty).
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 /// Runs of one setup, collected.
 #[derive(Default)]
 struct Series {
@@ -963,20 +917,106 @@ impl Series {
     }
 }
 
+/// One rackmem setup at one local buffer with one build: what a round runs after native.
+struct Variant<'a> {
+    pct: u32,
+    /// The row's setup: `rackmem`, `rackmem NAME`, either with `@baseline`.
+    setup: String,
+    rackmem: &'a Rackmem,
+    options: &'a [String],
+}
+
+/// The rackmem variants of a round, in the order they run: every local buffer, every setup
+/// (the defaults first), the current build then the baseline.
+fn variants(cfg: &AppsConfig) -> Vec<Variant<'_>> {
+    let setups: Vec<(String, &[String])> = std::iter::once(("rackmem".to_string(), &[][..]))
+        .chain(
+            cfg.extra_setups
+                .iter()
+                .map(|s| (format!("rackmem {}", s.name), &s.args[..])),
+        )
+        .collect();
+    let builds: Vec<&Rackmem> = std::iter::once(&cfg.rackmem).chain(&cfg.baseline).collect();
+    let mut v = Vec::new();
+    for &pct in &cfg.locals {
+        for (name, options) in &setups {
+            for b in &builds {
+                v.push(Variant {
+                    pct,
+                    setup: format!("{name}{}", b.build.suffix()),
+                    rackmem: b,
+                    options,
+                });
+            }
+        }
+    }
+    v
+}
+
 /// The progress display: how many runs `bench apps` makes with this configuration.
 pub fn runs(cfg: &AppsConfig) -> u64 {
-    let per = 1 + cfg.locals.len() + cfg.peers.len() * cfg.locals.len();
+    let per = 1 + variants(cfg).len() + cfg.peers.len() * cfg.locals.len();
     (cfg.only.len() * per) as u64 * cfg.repeat as u64
 }
 
-/// Runs `bench apps`; `pb` advances once per run.
-pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>, BenchError> {
+/// Runs `bench apps`: the table (and the current ÷ baseline table with a baseline), the JSON
+/// document, the chart.
+pub fn run(cfg: &AppsConfig) -> Result<Output, BenchError> {
+    let pb = crate::progress::bar(runs(cfg));
+    let rows = measure(cfg, &pb);
+    pb.finish_and_clear();
+    let mut rows = rows?;
+    let ratios = baseline_ratios(&mut rows);
+    let of = if cfg.repeat > 1 {
+        format!("value = median of {} runs; ", cfg.repeat)
+    } else {
+        String::new()
+    };
+    let mut text = format!(
+        "Applications (same run; {of}swap peers in a memory cgroup of the same share of the footprint; \"× zram\" = speed-up over zram at the same local buffer)\n{}\n",
+        table(&rows)
+    );
+    let mut json = serde_json::json!({
+        "apps": rows,
+        "repeat": cfg.repeat,
+        "scale": cfg.scale,
+        "sizes": Sizes::at(cfg.scale),
+    });
+    if !cfg.extra_setups.is_empty() {
+        json["setups"] = serde_json::json!(cfg
+            .extra_setups
+            .iter()
+            .map(|s| serde_json::json!({"name": s.name, "args": s.args}))
+            .collect::<Vec<_>>());
+    }
+    if let Some(b) = &cfg.baseline {
+        text += &crate::baseline::table(&b.exe, &ratios);
+        json["baseline"] = serde_json::json!({
+            "rackmem": b.exe,
+            "preload": b.preload,
+            "vs_baseline": ratios,
+        });
+    }
+    Ok(Output {
+        text,
+        svg: crate::chart::svg(
+            "Applications under rackmem and Linux swap against native, same run",
+            &bars(&rows),
+        ),
+        json,
+    })
+}
+
+/// Runs every application in every setup; `pb` advances once per run.
+fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>, BenchError> {
     if let Some(bad) = cfg.only.iter().find(|o| !APPS.contains(&o.as_str())) {
-        return Err(BenchError::Workload(format!(
+        return Err(BenchError::Config(format!(
             "unknown application {bad}: use {}",
             APPS.join(", ")
         )));
     }
+    Setup::check(&[], &cfg.extra_setups)?;
+    let variants = variants(cfg);
     if !cfg.peers.is_empty() {
         crate::swap::require_root("bench apps with swap peers (use --peers '' to run without)")?;
     }
@@ -995,7 +1035,7 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
         pb.set_message(format!("{name}: preparing"));
         let p = prepare(name, cfg)?;
         let mut native = Series::default();
-        let mut rackmem: Vec<Series> = cfg.locals.iter().map(|_| Series::default()).collect();
+        let mut rackmem: Vec<Series> = variants.iter().map(|_| Series::default()).collect();
         let mut footprint = 0u64;
         for _ in 0..cfg.repeat {
             interrupted()?;
@@ -1006,11 +1046,11 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 footprint = footprint.max(o.peak_rss_bytes.unwrap_or(0));
             }
             pb.inc(1);
-            for (&pct, series) in cfg.locals.iter().zip(rackmem.iter_mut()) {
+            for (v, series) in variants.iter().zip(rackmem.iter_mut()) {
                 interrupted()?;
-                pb.set_message(format!("{name}: rackmem {pct}%"));
+                pb.set_message(format!("{name}: {} {}%", v.setup, v.pct));
                 let s = t0.elapsed().as_secs_f64();
-                series.push(s, run_one(&p, &mut Launch::Rackmem(&cfg.rackmem, pct)));
+                series.push(s, run_one(&p, &mut Launch::Rackmem(v.rackmem, v.options, v.pct)));
                 pb.inc(1);
             }
         }
@@ -1086,6 +1126,7 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 p99_ms_values: s.p99.clone(),
                 vs_native: value / base,
                 vs_zram: None,
+                vs_baseline: None,
                 results: s.results.clone(),
                 result_matches_native: matches && s.error.is_none(),
                 footprint_bytes: footprint,
@@ -1095,8 +1136,8 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
             }
         };
         let mut app_rows = vec![row("native", 100, &native, None)];
-        for (&pct, s) in cfg.locals.iter().zip(&rackmem) {
-            app_rows.push(row("rackmem", pct, s, None));
+        for (v, s) in variants.iter().zip(&rackmem) {
+            app_rows.push(row(&v.setup, v.pct, s, None));
         }
         for (b, pct, s, limit) in &peers {
             app_rows.push(row(b.name(), *pct, s, Some(*limit)));
@@ -1117,58 +1158,6 @@ pub fn run(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
     // A run cut short by the signal is recorded as a failure; the bench as a whole failed.
     interrupted()?;
     Ok(rows)
-}
-
-/// The results as a table.
-pub fn table(rows: &[AppRow]) -> String {
-    let mut t = comfy_table::Table::new();
-    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "app",
-        "footprint",
-        "setup",
-        "local",
-        "metric",
-        "value",
-        "p99 ms",
-        "vs native",
-        "× zram",
-        "result",
-    ]);
-    for r in rows {
-        t.add_row(vec![
-            r.app.clone(),
-            format!("{:.0} MiB", r.footprint_bytes as f64 / 1048576.0),
-            r.setup.clone(),
-            format!("{}%", r.local_pct),
-            r.metric.clone(),
-            if r.values.is_empty() {
-                "—".into()
-            } else {
-                format!("{:.1}", r.value)
-            },
-            r.p99_ms.map_or(String::new(), |p| format!("{p:.2}")),
-            format!("{:.3}", r.vs_native),
-            r.vs_zram.map_or(String::new(), |v| format!("{v:.2}")),
-            match &r.error {
-                None => "= native".into(),
-                Some(e) => e.clone(),
-            },
-        ]);
-    }
-    t.to_string()
-}
-
-/// The results as bars (fraction of native) for [`crate::chart::svg`].
-pub fn bars(rows: &[AppRow]) -> Vec<crate::chart::Bar> {
-    rows.iter()
-        .filter(|r| r.setup != "native" && !r.values.is_empty())
-        .map(|r| crate::chart::Bar {
-            group: r.app.clone(),
-            label: format!("{} {}%", r.setup, r.local_pct),
-            fraction: r.vs_native,
-        })
-        .collect()
 }
 
 #[cfg(test)]
