@@ -1074,11 +1074,19 @@ fn slow_headers_and_slow_bodies_are_cut_and_caps_hold() {
     // Eight silent connections fill this peer's share; the ninth is closed at once; the
     // refusal is counted; once the silent ones time out the peer is served again.
     let silent: Vec<_> = (0..8).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(100));
-    let mut ninth = std::net::TcpStream::connect(addr).unwrap();
-    let _ = ninth.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-    let (_, text) = read_all(&mut ninth);
-    assert!(text.is_empty(), "over the per-peer cap yet answered: {text}");
+    // The server accepts the eight in its own time: until it has, a ninth may still be served
+    // (as one of the eight). Once it has, every further one is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut ninth = std::net::TcpStream::connect(addr).unwrap();
+        let _ = ninth.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (_, text) = read_all(&mut ninth);
+        if text.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "over the per-peer cap yet answered for 10 s: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(silent);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
