@@ -13,7 +13,7 @@
 //! - `cargo test -p rackmem-pager --test simulation`: a few hundred seeds (CI).
 //! - `RACKMEM_SIM_SEED=N cargo test -p rackmem-pager --test simulation replay -- --ignored --nocapture`:
 //!   replays one seed exactly, printing its trace.
-//! - `cargo test -p rackmem-pager --test simulation -- --ignored`: a long campaign
+//! - `./scripts/simulate` or `cargo test -p rackmem-pager --test simulation -- --ignored`: a long campaign
 //!   (`RACKMEM_SIM_SEEDS`, default 20,000 seeds).
 
 use rackmem_pager::policy::{Eviction, EvictionPolicy};
