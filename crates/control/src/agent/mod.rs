@@ -13,8 +13,8 @@
 //! reply, malformed ones included; a request line must arrive whole within
 //! [`AgentConfig::request_timeout`] (idle time between requests is unlimited: processes hold
 //! their connection for life). Grows are checked against per-process and per-user quotas before
-//! the control plane is asked, and carry a fresh idempotency key and a [`Holder`] naming this
-//! agent run, the connection and the process.
+//! the control plane is asked, and carry a fresh idempotency key and a
+//! [`Holder`](crate::api::Holder) naming this agent run, the connection and the process.
 //!
 //! Everything a connection was given is returned when it closes, so a process that exits,
 //! crashes or is killed never keeps memory. A release the control plane cannot take right now
@@ -149,7 +149,7 @@ pub struct AgentCounters {
 struct Shared {
     client: Client,
     cfg: AgentConfig,
-    /// This run's name in [`Holder::agent`].
+    /// This run's name in [`Holder::agent`](crate::api::Holder::agent).
     run: String,
     node: AtomicU64,
     counters: AgentCounters,
