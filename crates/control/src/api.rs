@@ -454,13 +454,52 @@ pub struct LeaderInfo {
     pub store: String,
 }
 
+/// What a principal may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Operators and `rackmem ctl`: everything.
+    Admin,
+    /// A node's agent: its own node only.
+    Node,
+    /// A managed brick: its own registration and heartbeats only.
+    Brick,
+}
+
+impl Role {
+    /// `admin`, `node`, `brick`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Node => "node",
+            Role::Brick => "brick",
+        }
+    }
+
+    /// Parses `admin`, `node` or `brick`.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "node" => Some(Role::Node),
+            "brick" => Some(Role::Brick),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `POST /v1/tokens` (admin only): a token for a principal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// `admin`, `node` (an agent: that node's allocations only) or `brick` (that brick's
     /// registration and heartbeats only).
-    pub role: crate::auth::Role,
+    pub role: Role,
     /// The node or brick the token speaks for (for admins, a label).
     pub name: String,
 }
@@ -471,7 +510,7 @@ pub struct TokenCreated {
     /// Id (to revoke it).
     pub id: u64,
     /// Role.
-    pub role: crate::auth::Role,
+    pub role: Role,
     /// Name.
     pub name: String,
     /// The token: send it as `Authorization: Bearer TOKEN`.
@@ -484,7 +523,7 @@ pub struct TokenInfo {
     /// Id.
     pub id: u64,
     /// Role.
-    pub role: crate::auth::Role,
+    pub role: Role,
     /// Name.
     pub name: String,
     /// Creation time.

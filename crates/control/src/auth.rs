@@ -21,8 +21,10 @@
 //! This module decides *who* a request is; the handlers in [`crate::server`] decide what that
 //! principal may touch (its own node's allocations, its own brick).
 
+// Role is a type of the REST API (a token request names one): it lives with the API's types, and
+// is re-exported here where it is used.
+pub use crate::api::Role;
 use crate::store::TokenRecord;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -38,45 +40,6 @@ pub const FILE_TOKEN_ID: u64 = 0;
 
 /// Longest name a token may carry (names of nodes and bricks are shorter still).
 pub const MAX_NAME_BYTES: usize = 128;
-
-/// What a principal may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Operators and `rackmem ctl`: everything.
-    Admin,
-    /// A node's agent: its own node only.
-    Node,
-    /// A managed brick: its own registration and heartbeats only.
-    Brick,
-}
-
-impl Role {
-    /// `admin`, `node`, `brick`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::Node => "node",
-            Role::Brick => "brick",
-        }
-    }
-
-    /// Parses `admin`, `node` or `brick`.
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "admin" => Some(Role::Admin),
-            "node" => Some(Role::Node),
-            "brick" => Some(Role::Brick),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Who a request speaks for.
 #[derive(Debug, Clone, PartialEq, Eq)]

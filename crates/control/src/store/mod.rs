@@ -147,7 +147,7 @@ pub struct TokenRecord {
     /// Id (the number in `rmk_ID_SECRET`).
     pub id: u64,
     /// What it may do: `admin`, `node` or `brick`.
-    pub role: crate::auth::Role,
+    pub role: crate::api::Role,
     /// The node or brick it speaks for (for admins: a label).
     pub name: String,
     /// Hex of SHA-256 of the secret part.

@@ -1,0 +1,194 @@
+//! One process's connection: its requests answered in order (hello first; grows checked
+//! against the quotas, then allocated with an idempotency key and a holder; releases; rates),
+//! and everything it holds returned when it closes.
+
+use super::node::for_node;
+use super::protocol::{
+    client_refusal, parse_request, read_request, refusal, reply, Line, Request, MAX_LINE, WRITE_TIMEOUT,
+};
+use super::reconcile::process_start_ticks;
+use super::{lock, Shared};
+use crate::api::{AllocationRequest, Holder};
+use crate::client::{new_idempotency_key, ClientError};
+use std::collections::HashMap;
+use std::io::BufReader;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+
+/// Per-connection state.
+struct Connection<'a> {
+    shared: &'a Shared,
+    id: u64,
+    cred: rackmem_sys::PeerCredentials,
+    start_ticks: u64,
+    /// Allocation → bytes.
+    mine: HashMap<u64, u64>,
+}
+
+impl Connection<'_> {
+    fn grow(&mut self, bytes: u64) -> serde_json::Value {
+        let shared = self.shared;
+        let cfg = &shared.cfg;
+        let (uid, pid) = (self.cred.uid, self.cred.pid);
+        // Checked and reserved under one lock, before the control plane is asked.
+        let reserved = lock(&shared.holdings).reserve(cfg, self.id, uid, pid, bytes);
+        if let Err(why) = reserved {
+            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return refusal("quota_exceeded", why);
+        }
+        let holder = Holder {
+            agent: shared.run.clone(),
+            connection: self.id,
+            pid,
+            uid,
+            start_ticks: self.start_ticks,
+        };
+        // One key for this grow, kept across the client's retries and a re-registration.
+        let key = new_idempotency_key();
+        let req = |node| AllocationRequest {
+            node,
+            size_bytes: bytes,
+            stripe: Some(cfg.stripe.max(1)),
+            idempotency_key: Some(key.clone()),
+            holder: Some(holder.clone()),
+            ..Default::default()
+        };
+        let r = for_node(shared, |node| shared.client.allocate(&req(node)));
+        let mut h = lock(&shared.holdings);
+        h.answered(self.id, uid, pid, bytes);
+        match r {
+            Ok(a) => {
+                let size: u64 = a.segments.iter().map(|s| s.size_bytes).sum();
+                h.hold(a.id, self.id, uid, pid, size);
+                drop(h);
+                self.mine.insert(a.id, size);
+                shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
+                shared.counters.bytes.fetch_add(size, Ordering::Relaxed);
+                serde_json::json!({"ok": true, "allocation": a.id, "segments": a.segments})
+            }
+            Err(e) => {
+                drop(h);
+                shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+                client_refusal(&e)
+            }
+        }
+    }
+
+    /// Forgets an allocation this connection held (released, or handed to the pending list).
+    fn forget(&mut self, id: u64) {
+        let Some(size) = self.mine.remove(&id) else {
+            return;
+        };
+        lock(&self.shared.holdings).release(id, self.cred.uid, self.cred.pid, size);
+        self.shared.counters.allocations.fetch_sub(1, Ordering::Relaxed);
+        self.shared.counters.bytes.fetch_sub(size, Ordering::Relaxed);
+    }
+
+    fn answer(&mut self, req: Request, hello: &mut bool, who: &mut String) -> serde_json::Value {
+        let shared = self.shared;
+        match req {
+            Request::Hello { pid, program } => {
+                *hello = true;
+                // The pid the process claims is only for the log; the kernel's is used.
+                *who = format!("pid {} ({program}, says pid {pid})", self.cred.pid);
+                serde_json::json!({"ok": true, "node": shared.node.load(Ordering::Acquire)})
+            }
+            _ if !*hello => refusal("bad_request", "say hello first"),
+            Request::Grow { bytes } => self.grow(bytes),
+            Request::Release { allocation } => {
+                if !self.mine.contains_key(&allocation) {
+                    refusal("not_found", format!("allocation {allocation} is not this process's"))
+                } else {
+                    match shared.client.free(allocation) {
+                        Ok(_) | Err(ClientError::Server { status: 404, .. }) => {
+                            self.forget(allocation);
+                            serde_json::json!({"ok": true})
+                        }
+                        Err(e) => client_refusal(&e),
+                    }
+                }
+            }
+            Request::Rates => match for_node(shared, |node| shared.client.rates(node)) {
+                Ok(r) => {
+                    let rates: Vec<serde_json::Value> = r
+                        .segments
+                        .iter()
+                        .filter(|s| self.mine.contains_key(&s.allocation))
+                        .map(|s| serde_json::json!({"segment_id": s.segment_id, "rate_limit_bps": s.rate_limit_bps}))
+                        .collect();
+                    serde_json::json!({"ok": true, "rates": rates})
+                }
+                Err(e) => client_refusal(&e),
+            },
+        }
+    }
+}
+
+/// Serves one admitted process until it closes the connection or breaks the protocol, then
+/// returns everything it was given.
+pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCredentials) {
+    let mut c = Connection {
+        shared,
+        id: shared.next_connection.fetch_add(1, Ordering::Relaxed),
+        cred,
+        start_ticks: process_start_ticks(cred.pid).unwrap_or(0),
+        mine: HashMap::new(),
+    };
+    let mut who = format!("pid {}", cred.pid);
+    let mut hello = false;
+    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+    let Ok(reader) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(reader);
+    let mut out = conn;
+    let mut line = Vec::new();
+    loop {
+        let answer = match read_request(&mut reader, &mut line, shared.cfg.request_timeout) {
+            Line::Closed => break,
+            Line::TooLong => {
+                // The rest of the line cannot be told from the next request: answer and close.
+                let _ = reply(
+                    &mut out,
+                    &refusal(
+                        "request_too_long",
+                        format!("a request line is at most {MAX_LINE} bytes"),
+                    ),
+                );
+                break;
+            }
+            Line::TimedOut => {
+                let _ = reply(
+                    &mut out,
+                    &refusal(
+                        "request_timeout",
+                        format!(
+                            "a request line must arrive whole within {} ms of its first byte",
+                            shared.cfg.request_timeout.as_millis()
+                        ),
+                    ),
+                );
+                break;
+            }
+            Line::Got => match parse_request(&line) {
+                Ok(req) => c.answer(req, &mut hello, &mut who),
+                Err(refused) => refused,
+            },
+        };
+        if reply(&mut out, &answer).is_err() {
+            break;
+        }
+    }
+    // The process is gone (or broke the protocol): everything it had goes back.
+    let ids: Vec<u64> = c.mine.keys().copied().collect();
+    for id in ids {
+        c.forget(id);
+        match shared.client.free(id) {
+            Ok(_) | Err(ClientError::Server { status: 404, .. }) => {}
+            Err(e) => {
+                eprintln!("rackmem agent: returning allocation {id} of {who}: {e}; will retry");
+                lock(&shared.pending_releases).push(id);
+            }
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The JSON-lines protocol between the agent and its processes (`docs/control-plane.md`, "The
+//! agent and its processes"): reading one request line within the request timeout, parsing it,
+//! and writing one reply line, refusals included.
+
+use crate::client::ClientError;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// Longest request line a process may send.
+pub const MAX_LINE: usize = 64 << 10;
+
+/// How long a reply may take to be written before the connection is dropped (a process that
+/// does not read its replies must not hold a thread forever).
+pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The operations of the protocol.
+const OPS: [&str; 4] = ["hello", "grow", "release", "rates"];
+
+/// A request of a process.
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub(super) enum Request {
+    Hello {
+        #[serde(default)]
+        pid: u32,
+        #[serde(default)]
+        program: String,
+    },
+    Grow {
+        bytes: u64,
+    },
+    Release {
+        allocation: u64,
+    },
+    Rates,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    message: String,
+}
+
+/// A refusal reply with its error code and message.
+pub(super) fn refusal(code: &str, message: impl Into<String>) -> serde_json::Value {
+    serde_json::json!({"ok": false, "error": ErrorBody { code, message: message.into() }})
+}
+
+/// The refusal that passes on why the control plane failed or refused.
+pub(super) fn client_refusal(e: &ClientError) -> serde_json::Value {
+    match e {
+        ClientError::Server { code, message, .. } => refusal(code, message.clone()),
+        ClientError::Unreachable { .. } => refusal("control_plane_unreachable", e.to_string()),
+        other => refusal("control_plane_error", other.to_string()),
+    }
+}
+
+/// What reading one request line gave.
+pub(super) enum Line {
+    /// A whole line (without its newline).
+    Got,
+    /// The peer closed (or the connection broke).
+    Closed,
+    /// Longer than [`MAX_LINE`].
+    TooLong,
+    /// Begun but not finished within the request timeout.
+    TimedOut,
+}
+
+/// Reads one request line into `buf`: waits as long as it takes for its first byte (a process
+/// may stay quiet for its whole life), then at most `timeout` for the rest.
+pub(super) fn read_request(reader: &mut BufReader<UnixStream>, buf: &mut Vec<u8>, timeout: Duration) -> Line {
+    buf.clear();
+    if reader.get_ref().set_read_timeout(None).is_err() {
+        return Line::Closed;
+    }
+    loop {
+        match reader.fill_buf() {
+            Ok([]) => return Line::Closed,
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Line::Closed,
+        }
+    }
+    let started = Instant::now();
+    loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Line::TimedOut;
+        }
+        if reader.get_ref().set_read_timeout(Some(left)).is_err() {
+            return Line::Closed;
+        }
+        let room = (MAX_LINE + 1).saturating_sub(buf.len()) as u64;
+        match reader.by_ref().take(room).read_until(b'\n', buf) {
+            Ok(_) if buf.last() == Some(&b'\n') => {
+                buf.pop();
+                return Line::Got;
+            }
+            Ok(_) if buf.len() > MAX_LINE => return Line::TooLong,
+            // End of stream in the middle of a line: nobody is left to answer.
+            Ok(_) => return Line::Closed,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return Line::Closed,
+        }
+    }
+}
+
+/// Parses one request line, or says why it is not one.
+pub(super) fn parse_request(line: &[u8]) -> Result<Request, serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(line)
+        .map_err(|e| refusal("bad_request", format!("not a JSON object on one line: {e}")))?;
+    let op = match v.get("op") {
+        Some(serde_json::Value::String(op)) => op.clone(),
+        Some(_) | None => {
+            return Err(refusal(
+                "bad_request",
+                format!("a request is a JSON object with \"op\": one of {}", OPS.join(", ")),
+            ))
+        }
+    };
+    if !OPS.contains(&op.as_str()) {
+        return Err(refusal(
+            "unknown_op",
+            format!("unknown op {op:?}: this agent knows {}", OPS.join(", ")),
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| refusal("bad_request", format!("{op}: {e}")))
+}
+
+/// Writes one reply line.
+pub(super) fn reply(out: &mut UnixStream, v: &serde_json::Value) -> std::io::Result<()> {
+    let mut s = v.to_string();
+    s.push('\n');
+    out.write_all(s.as_bytes())
+}

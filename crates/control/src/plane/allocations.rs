@@ -1,0 +1,310 @@
+//! Allocations: requests checked (idempotency keys, holders, stripes, named bricks), placed
+//! (see `placement`), resized, renewed and released, and shown as the REST API shows them.
+
+use super::attach::next_id;
+use super::leases::grant_expiry_of;
+use super::placement::Placement;
+use super::{now_unix_ms, ControlPlane, PlaneError};
+use crate::api;
+use crate::store::{AllocationRecord, Key, Op, Record};
+use std::collections::HashSet;
+
+/// Most bricks one allocation may be striped over.
+pub const MAX_STRIPE: u32 = 1024;
+
+/// Whether [`ControlPlane::allocate_once`] made the allocation or found it by its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocated {
+    /// A new allocation (201).
+    Created,
+    /// The live allocation an earlier request with the same idempotency key made (200).
+    Replayed,
+}
+
+/// SHA-256 (hex) of an allocation request without its idempotency key: what a retry must
+/// repeat exactly.
+fn request_digest(req: &api::AllocationRequest) -> String {
+    use sha2::Digest;
+    let bare = api::AllocationRequest {
+        idempotency_key: None,
+        ..req.clone()
+    };
+    // Plain fields only: serialization cannot fail, and its field order is fixed.
+    let body = serde_json::to_vec(&bare).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(&body))
+}
+
+impl ControlPlane {
+    /// `POST /v1/allocations`: [`ControlPlane::allocate_once`] without saying whether the
+    /// allocation is new.
+    pub fn allocate(&mut self, req: api::AllocationRequest) -> Result<api::Allocation, PlaneError> {
+        self.allocate_once(req).map(|(a, _)| a)
+    }
+
+    /// `POST /v1/allocations`: a new allocation ([`Allocated::Created`]), or, for a request whose
+    /// idempotency key already made a live allocation, that one ([`Allocated::Replayed`]).
+    pub fn allocate_once(&mut self, req: api::AllocationRequest) -> Result<(api::Allocation, Allocated), PlaneError> {
+        let request_sha256 = match &req.idempotency_key {
+            None => None,
+            Some(key) => {
+                if !api::valid_token(key) {
+                    return Err(PlaneError::Invalid(format!(
+                        "idempotency_key must be 1 to {} characters of A-Z a-z 0-9 - _ . : (got {} bytes)",
+                        api::MAX_IDEMPOTENCY_KEY_LEN,
+                        key.len()
+                    )));
+                }
+                let sha = request_digest(&req);
+                if let Some(rec) = self.idempotency.get(key).and_then(|id| self.allocations.get(id)) {
+                    if rec.request_sha256.as_deref() != Some(sha.as_str()) {
+                        return Err(PlaneError::Conflict(format!(
+                            "idempotency key {key:?} already made allocation {} from a different request; \
+                             use a fresh key for a new request",
+                            rec.id
+                        )));
+                    }
+                    return Ok((self.allocation_view(rec), Allocated::Replayed));
+                }
+                Some(sha)
+            }
+        };
+        if let Some(h) = &req.holder {
+            if !api::valid_token(&h.agent) {
+                return Err(PlaneError::Invalid(format!(
+                    "holder.agent must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
+                    api::MAX_IDEMPOTENCY_KEY_LEN
+                )));
+            }
+        }
+        if !self.nodes.contains_key(&req.node) {
+            return Err(PlaneError::NotFound(format!("node {} is not registered", req.node)));
+        }
+        if req.size_bytes == 0 {
+            return Err(PlaneError::Invalid("size_bytes must be positive".to_string()));
+        }
+        let stripe = match (&req.bricks, req.stripe) {
+            (Some(b), Some(s)) if b.len() != s as usize => {
+                return Err(PlaneError::Invalid(format!(
+                    "stripe {s} but {} bricks named: give one or make them agree",
+                    b.len()
+                )))
+            }
+            (Some(b), _) => u32::try_from(b.len()).unwrap_or(u32::MAX),
+            (None, s) => s.unwrap_or(1),
+        };
+        if stripe == 0 || stripe > MAX_STRIPE {
+            return Err(PlaneError::Invalid(format!(
+                "stripe must be 1 to {MAX_STRIPE}, not {stripe}"
+            )));
+        }
+        if let Some(list) = &req.bricks {
+            let distinct: HashSet<&u64> = list.iter().collect();
+            if distinct.len() != list.len() {
+                return Err(PlaneError::Invalid("a brick is named twice in `bricks`".to_string()));
+            }
+            for id in list {
+                if !self.bricks.contains_key(id) {
+                    return Err(PlaneError::NotFound(format!("brick {id} is not registered")));
+                }
+            }
+        }
+        let bandwidth_bps = req.bandwidth_bps.unwrap_or(0);
+        let pl = Placement::new(
+            req.node,
+            req.size_bytes,
+            stripe,
+            bandwidth_bps,
+            req.links.as_deref(),
+            req.bricks.as_deref(),
+        )?;
+        let per_segment = pl.per_segment;
+        let usable: u64 = self
+            .bricks
+            .values()
+            .map(|b| b.extents.usable_bytes())
+            .max()
+            .unwrap_or(0);
+        if per_segment > usable {
+            return Err(PlaneError::InsufficientCapacity(format!(
+                "each of the {stripe} segments would need {per_segment} bytes; the largest brick lends {usable}"
+            )));
+        }
+        // The allocation counter moves with the same batch as the segments.
+        let mut counters = self.counters;
+        let id = next_id(&mut counters.next_allocation);
+        let view = self.place_allocation(&pl, counters, |segments| AllocationRecord {
+            id,
+            node: req.node,
+            size_bytes: req.size_bytes,
+            stripe,
+            bandwidth_bps,
+            links: req.links.clone(),
+            segments,
+            created_unix_ms: now_unix_ms(),
+            idempotency_key: req.idempotency_key.clone(),
+            request_sha256,
+            holder: req.holder.clone(),
+        })?;
+        Ok((view, Allocated::Created))
+    }
+
+    /// `PATCH /v1/allocations/{id}`.
+    pub fn resize(&mut self, id: u64, size_bytes: u64) -> Result<api::Allocation, PlaneError> {
+        let cur = self
+            .allocations
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| PlaneError::NotFound(format!("allocation {id} does not exist")))?;
+        if size_bytes == 0 {
+            return Err(PlaneError::Invalid(
+                "size_bytes must be positive (DELETE the allocation to release it)".to_string(),
+            ));
+        }
+        let covered: u64 = cur.segments.iter().map(|s| s.size_bytes).sum();
+        if size_bytes > covered {
+            let pl = Placement::new(
+                cur.node,
+                size_bytes - covered,
+                cur.stripe,
+                cur.bandwidth_bps,
+                cur.links.as_deref(),
+                None,
+            )?;
+            return self.place_allocation(&pl, self.counters, move |segments| {
+                let mut r = cur;
+                r.size_bytes = size_bytes;
+                r.segments.extend(segments);
+                r
+            });
+        }
+        let mut rec = cur;
+        let mut dropped = Vec::new();
+        let mut left = covered;
+        while rec.segments.len() > 1 {
+            let Some(last) = rec.segments.last() else { break };
+            if left - last.size_bytes < size_bytes {
+                break;
+            }
+            left -= last.size_bytes;
+            if let Some(s) = rec.segments.pop() {
+                dropped.push(s);
+            }
+        }
+        rec.size_bytes = size_bytes;
+        self.store.commit(&[Op::Put(Record::Allocation(rec.clone()))])?;
+        for s in &dropped {
+            self.release_segment(s);
+        }
+        Ok(self.keep(rec))
+    }
+
+    /// Makes `rec` live, new or in place of its earlier version: its bricks list its segments,
+    /// its node and its idempotency key lead to it. Returns what the REST API shows of it.
+    pub(super) fn keep(&mut self, rec: AllocationRecord) -> api::Allocation {
+        for s in &rec.segments {
+            if let Some(b) = self.bricks.get_mut(&s.brick_id) {
+                b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
+            }
+        }
+        if let Some(n) = self.nodes.get_mut(&rec.node) {
+            n.allocations.insert(rec.id);
+        }
+        if let Some(k) = &rec.idempotency_key {
+            self.idempotency.insert(k.clone(), rec.id);
+        }
+        let view = self.allocation_view(&rec);
+        self.allocations.insert(rec.id, rec);
+        view
+    }
+
+    /// `DELETE /v1/allocations/{id}`.
+    pub fn free(&mut self, id: u64) -> Result<api::Released, PlaneError> {
+        if !self.allocations.contains_key(&id) {
+            return Err(PlaneError::NotFound(format!("allocation {id} does not exist")));
+        }
+        self.store.commit(&[Op::Delete(Key::Allocation(id))])?;
+        let Some(rec) = self.allocations.remove(&id) else {
+            return Err(PlaneError::NotFound(format!("allocation {id} does not exist")));
+        };
+        for s in &rec.segments {
+            self.release_segment(s);
+        }
+        if let Some(n) = self.nodes.get_mut(&rec.node) {
+            n.allocations.remove(&id);
+        }
+        if let Some(k) = &rec.idempotency_key {
+            self.idempotency.remove(k);
+        }
+        Ok(api::Released {
+            id,
+            extents: rec
+                .segments
+                .iter()
+                .map(|s| api::ReleasedExtent {
+                    brick_id: s.brick_id,
+                    segment_id: s.segment_id,
+                    offset: s.offset,
+                    size_bytes: s.size_bytes,
+                })
+                .collect(),
+        })
+    }
+
+    /// What the REST API shows of an allocation: its segments with their bricks' addresses,
+    /// grants' expiries and current rate limits.
+    fn allocation_view(&self, a: &AllocationRecord) -> api::Allocation {
+        api::Allocation {
+            id: a.id,
+            node: a.node,
+            size_bytes: a.size_bytes,
+            stripe: a.stripe,
+            bandwidth_bps: a.bandwidth_bps,
+            created_unix_ms: a.created_unix_ms,
+            idempotency_key: a.idempotency_key.clone(),
+            holder: a.holder.clone(),
+            segments: a
+                .segments
+                .iter()
+                .map(|s| api::Segment {
+                    brick_id: s.brick_id,
+                    brick_address: self
+                        .bricks
+                        .get(&s.brick_id)
+                        .map(|b| b.rec.address.clone())
+                        .unwrap_or_default(),
+                    segment_id: s.segment_id,
+                    offset: s.offset,
+                    size_bytes: s.size_bytes,
+                    grant_hex: s.grant_hex.clone(),
+                    session_key_hex: s.session_key_hex.clone(),
+                    grant_expires_unix_s: grant_expiry_of(&s.grant_hex),
+                    bandwidth_bps: s.bandwidth_bps,
+                    rate_limit_bps: self.graph.rate_limit(&s.links, s.bandwidth_bps),
+                    links: s.links.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// `GET /v1/allocations/{id}`.
+    pub fn allocation(&self, id: u64) -> Result<api::Allocation, PlaneError> {
+        self.allocations
+            .get(&id)
+            .map(|a| self.allocation_view(a))
+            .ok_or_else(|| PlaneError::NotFound(format!("allocation {id} does not exist")))
+    }
+
+    /// `GET /v1/allocations` (optionally of one node).
+    pub fn allocations(&self, node: Option<u64>) -> Vec<api::Allocation> {
+        self.allocations
+            .values()
+            .filter(|a| node.is_none_or(|n| a.node == n))
+            .map(|a| self.allocation_view(a))
+            .collect()
+    }
+
+    /// The node allocation `id` belongs to.
+    pub fn allocation_node(&self, id: u64) -> Option<u64> {
+        self.allocations.get(&id).map(|a| a.node)
+    }
+}

@@ -1,0 +1,253 @@
+//! Bricks: registration (bound to the brick's grant key), heartbeats and liveness, forgetting a
+//! brick, and the brick views of the REST API.
+
+use super::attach::{id_for, name_links};
+use super::{now_unix_ms, BrickEntry, ControlPlane, PlaneError};
+use crate::alloc::{FreeExtents, EXTENT_ALIGN};
+use crate::api::{self, BrickState, Endpoint, HeartbeatStats, LiveSegment};
+use crate::graph::check_owner_name;
+use crate::store::{BrickRecord, Key, Op, Record};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Most bytes a grant key may have.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The grant key of a registration or a stored brick record.
+pub(super) fn decode_key(key_hex: &str) -> Result<Vec<u8>, String> {
+    let key = hex::decode(key_hex.trim()).map_err(|e| format!("key_hex is not hex: {e}"))?;
+    if key.len() < 16 || key.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "a grant key has 16 to {MAX_KEY_BYTES} bytes; this one has {}",
+            key.len()
+        ));
+    }
+    Ok(key)
+}
+
+/// Checks that a brick's address names a transport the runtime speaks.
+fn check_address(address: &str) -> Result<(), PlaneError> {
+    let ok = ["tcp://", "tls://", "unix:"]
+        .iter()
+        .any(|scheme| address.len() > scheme.len() && address.starts_with(scheme))
+        && address.len() <= 512;
+    if ok {
+        Ok(())
+    } else {
+        Err(PlaneError::Invalid(format!(
+            "brick address {address:?} is not valid: use tcp://HOST:PORT, tls://HOST:PORT or unix:PATH"
+        )))
+    }
+}
+
+impl ControlPlane {
+    /// `POST /v1/bricks`.
+    pub fn register_brick(&mut self, reg: api::BrickRegistration) -> Result<api::BrickRegistered, PlaneError> {
+        check_owner_name("brick", &reg.name)?;
+        check_address(&reg.address)?;
+        let key = decode_key(&reg.key_hex).map_err(|m| PlaneError::Invalid(format!("brick {}: {m}", reg.name)))?;
+        if reg.capacity_bytes < EXTENT_ALIGN {
+            return Err(PlaneError::Invalid(format!(
+                "brick {} lends {} bytes: a brick lends at least 1 MiB",
+                reg.name, reg.capacity_bytes
+            )));
+        }
+        let mut ports = self.graph.resolve_ports(&reg.name, &reg.ports)?;
+        if let Some((other, _)) = self
+            .bricks
+            .values()
+            .map(|b| (&b.rec.name, &b.rec.address))
+            .find(|(n, a)| **a == reg.address && **n != reg.name)
+        {
+            return Err(PlaneError::Conflict(format!(
+                "address {} is already registered by brick {other}",
+                reg.address
+            )));
+        }
+        let existing = self.brick_names.get(&reg.name).copied();
+        let mut counters = self.counters;
+        let id = id_for(existing, &mut counters.next_brick);
+        let owner = Endpoint::Brick { id };
+        name_links(&owner, &mut ports);
+        let mut extents = FreeExtents::new(reg.capacity_bytes);
+        let mut old_ports = Vec::new();
+        if let Some(b) = existing.and_then(|id| self.bricks.get(&id)) {
+            // The name is bound to the key: whoever else registers it cannot take over the
+            // brick's segments, nor sign grants the real brick would honour.
+            if b.key != key {
+                return Err(PlaneError::Conflict(format!(
+                    "brick {} is registered with another grant key: a brick keeps its key across restarts \
+                     (rackmem brick --key-file PATH); to replace the brick, release its allocations and \
+                     `rackmem ctl forget-brick {}` first",
+                    reg.name, reg.name
+                )));
+            }
+            for (sid, &(off, size)) in &b.segments {
+                if !extents.carve_at(off, size) {
+                    return Err(PlaneError::Conflict(format!(
+                        "brick {} re-registers with {} bytes, which no longer hold its live segment {sid} at \
+                         [{off}, +{size})",
+                        reg.name, reg.capacity_bytes
+                    )));
+                }
+            }
+            self.check_kept_ports(&owner, &format!("brick {}", reg.name), &ports)?;
+            old_ports = b.rec.ports.clone();
+        }
+        let rec = BrickRecord {
+            id,
+            name: reg.name.clone(),
+            address: reg.address,
+            capacity_bytes: reg.capacity_bytes,
+            ports: ports.clone(),
+            key_hex: hex::encode(&key),
+        };
+        self.commit_registration(&owner, Record::Brick(rec.clone()), counters, &old_ports, &mut ports)?;
+        let now = Instant::now();
+        let (segments, stats, hb) = match self.bricks.remove(&id) {
+            Some(old) => {
+                if old.up {
+                    self.index.remove(id, old.extents.largest());
+                }
+                (old.segments, old.stats, old.last_heartbeat_unix_ms)
+            }
+            None => (BTreeMap::new(), None, None),
+        };
+        self.index.update(id, None, extents.largest());
+        self.brick_names.insert(rec.name.clone(), id);
+        self.bricks.insert(
+            id,
+            BrickEntry {
+                rec,
+                key,
+                extents,
+                segments,
+                up: true,
+                last_seen: now,
+                last_heartbeat_unix_ms: hb,
+                stats,
+            },
+        );
+        Ok(api::BrickRegistered {
+            id,
+            heartbeat_interval_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
+            brick_timeout_ms: u64::try_from(self.brick_timeout.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// `PUT /v1/bricks/{id}/heartbeat`: the brick is alive; here are the segments it must keep.
+    pub fn heartbeat(&mut self, id: u64, stats: Option<HeartbeatStats>) -> Result<api::HeartbeatReply, PlaneError> {
+        let b = self
+            .bricks
+            .get_mut(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered (register it first)")))?;
+        b.last_seen = Instant::now();
+        b.last_heartbeat_unix_ms = Some(now_unix_ms());
+        if stats.is_some() {
+            b.stats = stats;
+        }
+        let segments = b
+            .segments
+            .iter()
+            .map(|(&id, &(offset, size_bytes))| LiveSegment { id, offset, size_bytes })
+            .collect();
+        if !b.up {
+            b.up = true;
+            let largest = b.extents.largest();
+            self.index.update(id, None, largest);
+            tracing::info!(brick = id, "brick is up again");
+        }
+        Ok(api::HeartbeatReply { segments })
+    }
+
+    /// Marks down the bricks whose last heartbeat is older than the brick timeout; returns
+    /// their names.
+    pub fn expire_bricks(&mut self, now: Instant) -> Vec<String> {
+        let mut down = Vec::new();
+        for (id, b) in &mut self.bricks {
+            if b.up && now.saturating_duration_since(b.last_seen) > self.brick_timeout {
+                b.up = false;
+                self.index.remove(*id, b.extents.largest());
+                down.push(b.rec.name.clone());
+            }
+        }
+        down
+    }
+
+    /// `DELETE /v1/bricks/{id}`: forgets a brick that holds no segment (its name and key are
+    /// free again, e.g. to replace a machine).
+    pub fn forget_brick(&mut self, id: u64) -> Result<api::Brick, PlaneError> {
+        let b = self
+            .bricks
+            .get(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("brick {id}")))?;
+        if !b.segments.is_empty() {
+            return Err(PlaneError::Conflict(format!(
+                "brick {} still holds {} segments: release their allocations first",
+                b.rec.name,
+                b.segments.len()
+            )));
+        }
+        let shown = self.brick(id)?;
+        self.store.commit(&[Op::Delete(Key::Brick(id))])?;
+        if let Some(b) = self.bricks.remove(&id) {
+            if b.up {
+                self.index.remove(id, b.extents.largest());
+            }
+            self.graph.attach(&Endpoint::Brick { id }, &b.rec.ports, &mut []);
+            self.brick_names.remove(&b.rec.name);
+        }
+        Ok(shown)
+    }
+
+    fn brick_view(&self, b: &BrickEntry) -> api::Brick {
+        api::Brick {
+            id: b.rec.id,
+            name: b.rec.name.clone(),
+            address: b.rec.address.clone(),
+            capacity_bytes: b.rec.capacity_bytes,
+            free_bytes: b.extents.free_bytes(),
+            largest_free_bytes: b.extents.largest(),
+            segments: b.segments.len() as u64,
+            ports: b.rec.ports.clone(),
+            state: if b.up { BrickState::Up } else { BrickState::Down },
+            last_heartbeat_unix_ms: b.last_heartbeat_unix_ms,
+            stats: b.stats.clone(),
+        }
+    }
+
+    /// `GET /v1/bricks/{id}`.
+    pub fn brick(&self, id: u64) -> Result<api::Brick, PlaneError> {
+        self.bricks
+            .get(&id)
+            .map(|b| self.brick_view(b))
+            .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered")))
+    }
+
+    /// `GET /v1/bricks`, by id.
+    pub fn bricks(&self) -> Vec<api::Brick> {
+        let mut v: Vec<_> = self.bricks.values().map(|b| self.brick_view(b)).collect();
+        v.sort_by_key(|b| b.id);
+        v
+    }
+
+    /// The name of brick `id`.
+    pub fn brick_name(&self, id: u64) -> Option<&str> {
+        self.bricks.get(&id).map(|b| b.rec.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brick_addresses_of_every_transport_are_accepted() {
+        for ok in ["tcp://mem1:7070", "tls://mem1.example:7070", "unix:/run/b.sock"] {
+            assert!(check_address(ok).is_ok(), "{ok}");
+        }
+        for bad in ["tls://", "tcp://", "unix:", "http://mem1:7070", "mem1:7070"] {
+            assert!(check_address(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! The control plane's state machine: registrations, heartbeats, allocations, and the views the
+//! REST API shows. No I/O but the store.
+//!
+//! Every change is planned on the in-memory state with an undo log, written to the store as one
+//! batch, and undone if anything (placement or the store) fails, so a failed request leaves
+//! nothing reserved. Callers serialize access (the server holds it in a mutex).
+//!
+//! This file holds the state ([`ControlPlane`]), its loading from the store and the summaries
+//! over all of it; each request's part lives with its resource:
+//!
+//! - `bricks`: registration, heartbeats, liveness and forgetting of bricks;
+//! - `nodes`: registration of nodes and their segments' rate limits;
+//! - `attach`: the ports, links and switches both bricks and nodes attach to the graph with;
+//! - `allocations`: allocating, resizing, releasing and showing allocations;
+//! - `placement`: the one path that carves segments on bricks and reserves their links for a
+//!   new or growing allocation, and gives them back;
+//! - `leases`: how long grants are good for, and renewing them;
+//! - `tokens`: the API tokens kept in the store.
+
+mod allocations;
+mod attach;
+mod bricks;
+mod leases;
+mod nodes;
+mod placement;
+mod tokens;
+
+pub use allocations::{Allocated, MAX_STRIPE};
+pub use bricks::MAX_KEY_BYTES;
+pub use leases::DEFAULT_GRANT_LIFETIME;
+
+use crate::alloc::{BrickIndex, FreeExtents};
+use crate::api::{self, Endpoint, HeartbeatStats};
+use crate::auth::TokenTable;
+use crate::graph::{Graph, GraphError, Topology};
+use crate::store::{AllocationRecord, BrickRecord, Counters, Key, NodeRecord, Store, StoreError, TokenRecord};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Why a request is refused. Each maps to one HTTP status (see `server`).
+#[derive(Debug, thiserror::Error)]
+pub enum PlaneError {
+    /// No such node, brick or allocation (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request contradicts the state (a name or address already taken differently, a
+    /// re-registration that would orphan live segments) (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The caller's role may not touch this object (403); the server's authorization.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request can never succeed as asked (size 0, stripe 0, bad names or key) (422).
+    #[error("{0}")]
+    Invalid(String),
+    /// Not enough free memory on up bricks now (409).
+    #[error("{0}")]
+    InsufficientCapacity(String),
+    /// No path with the bandwidth asked for now (409).
+    #[error("{0}")]
+    InsufficientBandwidth(String),
+    /// The store failed; nothing was changed (503).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<GraphError> for PlaneError {
+    fn from(e: GraphError) -> Self {
+        PlaneError::Invalid(e.to_string())
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A registered brick: its record, its free extents and live segments, and its liveness.
+struct BrickEntry {
+    rec: BrickRecord,
+    key: Vec<u8>,
+    extents: FreeExtents,
+    /// segment id → (offset, size).
+    segments: BTreeMap<u64, (u64, u64)>,
+    up: bool,
+    last_seen: Instant,
+    last_heartbeat_unix_ms: Option<u64>,
+    stats: Option<HeartbeatStats>,
+}
+
+/// A registered node and its live allocations.
+struct NodeEntry {
+    rec: NodeRecord,
+    allocations: BTreeSet<u64>,
+}
+
+/// Counts for `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct Gauges {
+    /// Live allocations.
+    pub allocations: u64,
+    /// Live segments.
+    pub segments: u64,
+    /// Bricks up.
+    pub bricks_up: u64,
+    /// Bricks down.
+    pub bricks_down: u64,
+    /// Nodes.
+    pub nodes: u64,
+    /// Per brick: (name, capacity, free, allocated).
+    pub bricks: Vec<(String, u64, u64, u64)>,
+}
+
+/// The control plane's state.
+pub struct ControlPlane {
+    store: Box<dyn Store>,
+    graph: Graph,
+    /// Kept to rebuild the graph on [`ControlPlane::reload`].
+    topology: Option<Topology>,
+    bricks: HashMap<u64, BrickEntry>,
+    brick_names: HashMap<String, u64>,
+    nodes: HashMap<u64, NodeEntry>,
+    node_names: HashMap<String, u64>,
+    allocations: BTreeMap<u64, AllocationRecord>,
+    /// Idempotency key → the live allocation it made (rebuilt from the records at load).
+    idempotency: HashMap<String, u64>,
+    counters: Counters,
+    index: BrickIndex,
+    stored_switches: HashSet<String>,
+    brick_timeout: Duration,
+    heartbeat_interval: Duration,
+    /// API tokens by id (hashes only).
+    tokens: BTreeMap<u64, TokenRecord>,
+    /// How long a grant is good for (zero: forever).
+    grant_lifetime: Duration,
+    /// What the REST server authenticates against: refilled whenever `tokens` changes.
+    token_table: Arc<TokenTable>,
+}
+
+impl ControlPlane {
+    /// Loads the state from `store`. Bricks count as up until `brick_timeout` passes without a
+    /// heartbeat.
+    pub fn open(
+        mut store: Box<dyn Store>,
+        topology: Option<Topology>,
+        brick_timeout: Duration,
+        heartbeat_interval: Duration,
+    ) -> Result<ControlPlane, PlaneError> {
+        let snap = store.load()?;
+        let mut p = ControlPlane::from_snapshot(snap, &store.describe(), topology, brick_timeout, heartbeat_interval)?;
+        p.store = store;
+        Ok(p)
+    }
+
+    /// Replaces the in-memory state with the store's (a replica that became leader, or one
+    /// whose last commit has an unknown outcome). Bricks known here keep their liveness; the
+    /// others count as up until their heartbeat timeout. On error nothing changes.
+    pub fn reload(&mut self) -> Result<(), PlaneError> {
+        let snap = self.store.load()?;
+        let mut fresh = ControlPlane::from_snapshot(
+            snap,
+            &self.store.describe(),
+            self.topology.clone(),
+            self.brick_timeout,
+            self.heartbeat_interval,
+        )?;
+        for (id, b) in &mut fresh.bricks {
+            if let Some(old) = self.bricks.get(id) {
+                b.up = old.up;
+                b.last_seen = old.last_seen;
+                b.last_heartbeat_unix_ms = old.last_heartbeat_unix_ms;
+                b.stats = old.stats.clone();
+                if !b.up {
+                    fresh.index.remove(*id, b.extents.largest());
+                }
+            }
+        }
+        std::mem::swap(&mut fresh.store, &mut self.store);
+        fresh.token_table = self.token_table.clone();
+        fresh.grant_lifetime = self.grant_lifetime;
+        *self = fresh;
+        self.publish_tokens();
+        Ok(())
+    }
+
+    /// The state of `snap`, over a placeholder store.
+    fn from_snapshot(
+        snap: crate::store::Snapshot,
+        describe: &str,
+        topology: Option<Topology>,
+        brick_timeout: Duration,
+        heartbeat_interval: Duration,
+    ) -> Result<ControlPlane, PlaneError> {
+        let corrupt = |key: String, message: String| {
+            PlaneError::Store(StoreError::Corrupt {
+                store: describe.to_string(),
+                key,
+                message,
+            })
+        };
+        let mut p = ControlPlane {
+            store: Box::new(crate::store::MemoryStore::default()),
+            graph: Graph::new(topology.clone()),
+            topology,
+            bricks: HashMap::new(),
+            brick_names: HashMap::new(),
+            nodes: HashMap::new(),
+            node_names: HashMap::new(),
+            allocations: BTreeMap::new(),
+            idempotency: HashMap::new(),
+            counters: snap.counters,
+            index: BrickIndex::default(),
+            stored_switches: HashSet::new(),
+            brick_timeout,
+            heartbeat_interval,
+            tokens: snap.tokens.into_iter().map(|t| (t.id, t)).collect(),
+            grant_lifetime: DEFAULT_GRANT_LIFETIME,
+            token_table: Arc::new(TokenTable::default()),
+        };
+        for s in snap.switches {
+            p.graph.add_switch(&s.name);
+            p.stored_switches.insert(s.name);
+        }
+        let now = Instant::now();
+        for b in snap.bricks {
+            let key = bricks::decode_key(&b.key_hex).map_err(|m| corrupt(Key::Brick(b.id).path(), m))?;
+            let mut ports = b.ports.clone();
+            p.graph.attach(&Endpoint::Brick { id: b.id }, &[], &mut ports);
+            p.brick_names.insert(b.name.clone(), b.id);
+            p.bricks.insert(
+                b.id,
+                BrickEntry {
+                    extents: FreeExtents::new(b.capacity_bytes),
+                    rec: BrickRecord { ports, ..b },
+                    key,
+                    segments: BTreeMap::new(),
+                    up: true,
+                    last_seen: now,
+                    last_heartbeat_unix_ms: None,
+                    stats: None,
+                },
+            );
+        }
+        for n in snap.nodes {
+            let mut ports = n.ports.clone();
+            p.graph.attach(&Endpoint::Node { id: n.id }, &[], &mut ports);
+            p.node_names.insert(n.name.clone(), n.id);
+            p.nodes.insert(
+                n.id,
+                NodeEntry {
+                    rec: NodeRecord { ports, ..n },
+                    allocations: BTreeSet::new(),
+                },
+            );
+        }
+        for a in snap.allocations {
+            let path = Key::Allocation(a.id).path();
+            let node = p
+                .nodes
+                .get_mut(&a.node)
+                .ok_or_else(|| corrupt(path.clone(), format!("node {} does not exist", a.node)))?;
+            node.allocations.insert(a.id);
+            for s in &a.segments {
+                let b = p
+                    .bricks
+                    .get_mut(&s.brick_id)
+                    .ok_or_else(|| corrupt(path.clone(), format!("brick {} does not exist", s.brick_id)))?;
+                if !b.extents.carve_at(s.offset, s.size_bytes) {
+                    return Err(corrupt(
+                        path,
+                        format!(
+                            "segment {} [{}, +{}) overlaps another or lies outside brick {}",
+                            s.segment_id, s.offset, s.size_bytes, b.rec.name
+                        ),
+                    ));
+                }
+                b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
+                p.graph.reserve(&s.links, s.bandwidth_bps);
+            }
+            if let Some(k) = &a.idempotency_key {
+                p.idempotency.insert(k.clone(), a.id);
+            }
+            p.allocations.insert(a.id, a);
+        }
+        for (id, b) in &p.bricks {
+            p.index.update(*id, None, b.extents.largest());
+        }
+        Ok(p)
+    }
+
+    /// Which store holds the state.
+    pub fn store_description(&self) -> String {
+        self.store.describe()
+    }
+
+    /// The brick timeout.
+    pub fn brick_timeout(&self) -> Duration {
+        self.brick_timeout
+    }
+
+    /// `GET /v1/graph`.
+    pub fn graph(&self) -> api::Graph {
+        api::Graph {
+            nodes: self.nodes(),
+            bricks: self.bricks(),
+            switches: self.graph.switches(),
+            links: self.graph.links(),
+        }
+    }
+
+    /// Counts for `/metrics`.
+    pub fn gauges(&self) -> Gauges {
+        let mut g = Gauges {
+            allocations: self.allocations.len() as u64,
+            nodes: self.nodes.len() as u64,
+            ..Gauges::default()
+        };
+        for b in self.bricks.values() {
+            if b.up {
+                g.bricks_up += 1;
+            } else {
+                g.bricks_down += 1;
+            }
+            g.segments += b.segments.len() as u64;
+            let free = b.extents.free_bytes();
+            g.bricks.push((
+                b.rec.name.clone(),
+                b.rec.capacity_bytes,
+                free,
+                b.extents.usable_bytes() - free,
+            ));
+        }
+        g.bricks.sort();
+        g
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::EXTENT_ALIGN;
+    use crate::api::{AllocationRequest, BrickRegistration, NodeRegistration, PortSpec};
+    use crate::store::{MemoryStore, Op};
+
+    const M: u64 = EXTENT_ALIGN;
+
+    fn plane() -> ControlPlane {
+        ControlPlane::open(
+            Box::new(MemoryStore::default()),
+            None,
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    }
+
+    fn port(bw: u64) -> Vec<PortSpec> {
+        vec![PortSpec {
+            name: "p0".into(),
+            bandwidth_bps: bw,
+            switch: None,
+        }]
+    }
+
+    fn brick(p: &mut ControlPlane, name: &str, cap: u64) -> u64 {
+        p.register_brick(BrickRegistration {
+            name: name.into(),
+            address: format!("tcp://{name}:7070"),
+            capacity_bytes: cap,
+            ports: port(1000),
+            key_hex: hex::encode([7u8; 32]),
+        })
+        .unwrap()
+        .id
+    }
+
+    #[test]
+    fn failed_stripe_leaves_nothing_reserved() {
+        let mut p = plane();
+        let b1 = brick(&mut p, "b1", 8 * M);
+        brick(&mut p, "b2", 2 * M);
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let before = p.graph();
+        let e = p
+            .allocate(AllocationRequest {
+                node: n,
+                size_bytes: 8 * M,
+                stripe: Some(2),
+                bandwidth_bps: Some(10),
+                ..AllocationRequest::default()
+            })
+            .unwrap_err();
+        assert!(matches!(e, PlaneError::InsufficientCapacity(_)), "{e}");
+        assert_eq!(p.graph(), before);
+        let a = p
+            .allocate(AllocationRequest {
+                node: n,
+                size_bytes: 3 * M,
+                stripe: Some(2),
+                ..AllocationRequest::default()
+            })
+            .unwrap();
+        assert_eq!(a.segments.len(), 2);
+        assert_eq!(a.segments[0].brick_id, b1, "emptiest brick first");
+        assert!(a.segments.iter().all(|s| s.size_bytes == 2 * M));
+        assert_eq!(a.segments[0].rate_limit_bps, 500, "two segments share the node port");
+    }
+
+    /// A store whose commits fail while `fail` is set.
+    struct FlakyStore {
+        inner: MemoryStore,
+        fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Store for FlakyStore {
+        fn describe(&self) -> String {
+            "flaky".into()
+        }
+        fn load(&mut self) -> Result<crate::store::Snapshot, StoreError> {
+            self.inner.load()
+        }
+        fn commit(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+            if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(StoreError::Backend {
+                    store: "flaky".into(),
+                    message: "disk on fire".into(),
+                });
+            }
+            self.inner.commit(ops)
+        }
+    }
+
+    #[test]
+    fn a_failed_commit_leaves_nothing_reserved() {
+        let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = FlakyStore {
+            inner: MemoryStore::default(),
+            fail: fail.clone(),
+        };
+        let mut p = ControlPlane::open(Box::new(store), None, Duration::from_secs(10), Duration::from_secs(1)).unwrap();
+        brick(&mut p, "b1", 8 * M);
+        brick(&mut p, "b2", 8 * M);
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = AllocationRequest {
+            node: n,
+            size_bytes: 4 * M,
+            stripe: Some(2),
+            bandwidth_bps: Some(100),
+            ..AllocationRequest::default()
+        };
+        let a = p.allocate(req.clone()).unwrap();
+        let before = p.graph();
+        fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(p.allocate(req.clone()), Err(PlaneError::Store(_))));
+        assert!(matches!(p.resize(a.id, 12 * M), Err(PlaneError::Store(_))));
+        assert!(matches!(p.resize(a.id, M), Err(PlaneError::Store(_))));
+        assert!(matches!(p.free(a.id), Err(PlaneError::Store(_))));
+        assert_eq!(p.graph(), before, "nothing changed");
+        assert_eq!(p.allocation(a.id).unwrap(), a);
+        fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        let b = p.allocate(req).unwrap();
+        assert_eq!(b.id, a.id + 1, "ids of failed attempts are not burnt");
+        assert_eq!(b.segments[0].segment_id, a.segments[1].segment_id + 1);
+    }
+}

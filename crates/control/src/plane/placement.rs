@@ -1,0 +1,280 @@
+//! Placement: the one path by which an allocation gets segments, whether it is new
+//! (`POST /v1/allocations`) or grows (`PATCH /v1/allocations/{id}`), and by which segments go
+//! back.
+//!
+//! A [`Placement`] asks for `stripe` segments of one size on distinct bricks, each with a path
+//! from the node that has the bandwidth asked for. Each segment's brick is the one named for it,
+//! or else the up brick with the largest free extent that has such a path; the segment is carved
+//! from it, its path reserved, its grant signed, every step written to an undo log. The
+//! allocation record is then written to the store in one batch with the counters; if placement
+//! or the store fails, the log is undone and nothing stays reserved.
+
+use super::attach::next_id;
+use super::{ControlPlane, PlaneError};
+use crate::alloc::align_up;
+use crate::api::{self, Port};
+use crate::grant;
+use crate::store::{AllocationRecord, Counters, Op, Record, SegmentRecord};
+use std::collections::HashSet;
+
+/// A step of a placement, to undo if the placement or its commit fails.
+enum Undo {
+    Carved { brick: u64, offset: u64, size: u64 },
+    Reserved { links: Vec<String>, bandwidth_bps: u64 },
+}
+
+/// What a placement needs to know.
+pub(super) struct Placement<'a> {
+    node: u64,
+    /// Bytes of each segment (whole MiB).
+    pub(super) per_segment: u64,
+    stripe: u32,
+    bandwidth_bps: u64,
+    /// The brick of each segment, if the request names them.
+    bricks: Option<&'a [u64]>,
+    /// The only links a path may cross, if the request names them.
+    allowed: Option<HashSet<String>>,
+}
+
+impl<'a> Placement<'a> {
+    /// `stripe` segments that together cover `size_bytes` (each rounded up to whole MiB) for
+    /// `node`, with `bandwidth_bps` reserved on every link of their paths; on `bricks` if given
+    /// (one per segment), over `links` only if given.
+    pub(super) fn new(
+        node: u64,
+        size_bytes: u64,
+        stripe: u32,
+        bandwidth_bps: u64,
+        links: Option<&[String]>,
+        bricks: Option<&'a [u64]>,
+    ) -> Result<Placement<'a>, PlaneError> {
+        let per_segment = align_up(size_bytes.div_ceil(u64::from(stripe))).ok_or_else(|| {
+            PlaneError::Invalid(format!(
+                "size {size_bytes} bytes cannot be represented in whole MiB segments"
+            ))
+        })?;
+        Ok(Placement {
+            node,
+            per_segment,
+            stripe,
+            bandwidth_bps,
+            bricks,
+            allowed: links.map(|l| l.iter().cloned().collect()),
+        })
+    }
+}
+
+impl ControlPlane {
+    /// Places `pl`, makes the allocation record from the new segments with `build`, and writes
+    /// it in one batch with `counters` (advanced past the new segments' ids); then the
+    /// allocation is live (see [`ControlPlane::keep`]). On failure everything placed is undone
+    /// and nothing changes.
+    pub(super) fn place_allocation(
+        &mut self,
+        pl: &Placement<'_>,
+        mut counters: Counters,
+        build: impl FnOnce(Vec<SegmentRecord>) -> AllocationRecord,
+    ) -> Result<api::Allocation, PlaneError> {
+        let mut log = Vec::new();
+        let segments = match self.place(pl, &mut counters, &mut log) {
+            Ok(s) => s,
+            Err(e) => {
+                self.undo(log);
+                return Err(e);
+            }
+        };
+        let rec = build(segments);
+        let ops = [
+            Op::Put(Record::Allocation(rec.clone())),
+            Op::Put(Record::Counters(counters)),
+        ];
+        if let Err(e) = self.store.commit(&ops) {
+            self.undo(log);
+            return Err(e.into());
+        }
+        self.counters = counters;
+        Ok(self.keep(rec))
+    }
+
+    /// Carves `stripe` segments on distinct bricks and reserves their paths; on failure,
+    /// everything done is undone by the caller through `log`.
+    fn place(
+        &mut self,
+        pl: &Placement<'_>,
+        counters: &mut Counters,
+        log: &mut Vec<Undo>,
+    ) -> Result<Vec<SegmentRecord>, PlaneError> {
+        let node_ports = self
+            .nodes
+            .get(&pl.node)
+            .map(|n| n.rec.ports.clone())
+            .ok_or_else(|| PlaneError::NotFound(format!("node {} is not registered", pl.node)))?;
+        let mut used: HashSet<u64> = HashSet::new();
+        let mut out = Vec::with_capacity(pl.stripe as usize);
+        for nth in 0..pl.stripe as usize {
+            let (brick, path) = self.choose(pl, nth, &used, &node_ports)?;
+            if !used.insert(brick) {
+                return Err(PlaneError::Invalid(format!(
+                    "brick {brick} is named twice in the stripe"
+                )));
+            }
+            let Some(b) = self.bricks.get_mut(&brick) else {
+                return Err(PlaneError::NotFound(format!("brick {brick} is not registered")));
+            };
+            let old_largest = b.extents.largest();
+            let offset = b.extents.carve(pl.per_segment).ok_or_else(|| {
+                PlaneError::InsufficientCapacity(format!(
+                    "brick {brick} has no free extent of {} bytes",
+                    pl.per_segment
+                ))
+            })?;
+            let key = b.key.clone();
+            log.push(Undo::Carved {
+                brick,
+                offset,
+                size: pl.per_segment,
+            });
+            self.set_largest(brick, old_largest);
+            self.graph.reserve(&path, pl.bandwidth_bps);
+            log.push(Undo::Reserved {
+                links: path.clone(),
+                bandwidth_bps: pl.bandwidth_bps,
+            });
+            let segment_id = next_id(&mut counters.next_segment);
+            let issued = grant::issue(&key, segment_id, offset, pl.per_segment, pl.node, self.grant_expiry());
+            out.push(SegmentRecord {
+                brick_id: brick,
+                segment_id,
+                offset,
+                size_bytes: pl.per_segment,
+                bandwidth_bps: pl.bandwidth_bps,
+                links: path,
+                grant_hex: issued.grant_hex,
+                session_key_hex: issued.session_key_hex,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The brick of the `nth` segment and the path to it: the one the request names, or the up
+    /// brick not `used` yet with the largest free extent that has a path from the node.
+    fn choose(
+        &self,
+        pl: &Placement<'_>,
+        nth: usize,
+        used: &HashSet<u64>,
+        node_ports: &[Port],
+    ) -> Result<(u64, Vec<String>), PlaneError> {
+        match pl.bricks {
+            Some(list) => {
+                let id = list[nth];
+                let b = self
+                    .bricks
+                    .get(&id)
+                    .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered")))?;
+                if !b.up {
+                    return Err(PlaneError::InsufficientCapacity(format!(
+                        "brick {} ({id}) is down (no heartbeat for {:?})",
+                        b.rec.name, self.brick_timeout
+                    )));
+                }
+                if b.extents.largest() < pl.per_segment {
+                    return Err(PlaneError::InsufficientCapacity(format!(
+                        "brick {} ({id}) has no free extent of {} bytes (largest free: {}, free: {})",
+                        b.rec.name,
+                        pl.per_segment,
+                        b.extents.largest(),
+                        b.extents.free_bytes()
+                    )));
+                }
+                let path = self
+                    .graph
+                    .find_path(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
+                    .ok_or_else(|| {
+                        PlaneError::InsufficientBandwidth(format!(
+                            "no path from node {} to brick {} ({id}) with {} bytes/s unreserved on every link",
+                            pl.node, b.rec.name, pl.bandwidth_bps
+                        ))
+                    })?;
+                Ok((id, path))
+            }
+            None => {
+                let mut with_space = 0usize;
+                let mut found = None;
+                for id in self.index.candidates(pl.per_segment) {
+                    if used.contains(&id) {
+                        continue;
+                    }
+                    with_space += 1;
+                    let Some(b) = self.bricks.get(&id) else { continue };
+                    if let Some(path) =
+                        self.graph
+                            .find_path(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
+                    {
+                        found = Some((id, path));
+                        break;
+                    }
+                }
+                match found {
+                    Some(f) => Ok(f),
+                    None if with_space == 0 => Err(PlaneError::InsufficientCapacity(format!(
+                        "{} of {} up bricks have a free extent of {} bytes; the stripe needs {}",
+                        nth,
+                        self.index.len(),
+                        pl.per_segment,
+                        pl.stripe
+                    ))),
+                    None => Err(PlaneError::InsufficientBandwidth(format!(
+                        "{with_space} more up bricks have room for {} bytes but none has a path from node {} \
+                             with {} bytes/s unreserved on every link",
+                        pl.per_segment, pl.node, pl.bandwidth_bps
+                    ))),
+                }
+            }
+        }
+    }
+
+    fn undo(&mut self, log: Vec<Undo>) {
+        for u in log.into_iter().rev() {
+            match u {
+                Undo::Carved { brick, offset, size } => {
+                    let old = self.bricks.get(&brick).map(|b| b.extents.largest());
+                    if let Some(b) = self.bricks.get_mut(&brick) {
+                        b.extents.release(offset, size);
+                    }
+                    if let Some(old) = old {
+                        self.set_largest(brick, old);
+                    }
+                }
+                Undo::Reserved { links, bandwidth_bps } => self.graph.release(&links, bandwidth_bps),
+            }
+        }
+    }
+
+    /// Gives a segment's extent back to its brick and its bandwidth back to its path.
+    pub(super) fn release_segment(&mut self, s: &SegmentRecord) {
+        self.graph.release(&s.links, s.bandwidth_bps);
+        let Some(b) = self.bricks.get_mut(&s.brick_id) else {
+            return;
+        };
+        let old = b.extents.largest();
+        b.segments.remove(&s.segment_id);
+        if !b.extents.release(s.offset, s.size_bytes) {
+            tracing::error!(
+                brick = s.brick_id,
+                segment = s.segment_id,
+                "released segment was already free: the extent map is inconsistent"
+            );
+        }
+        self.set_largest(s.brick_id, old);
+    }
+
+    /// Tells the index of up bricks that `brick`'s largest free extent was `old_largest`.
+    pub(super) fn set_largest(&mut self, brick: u64, old_largest: u64) {
+        if let Some(b) = self.bricks.get(&brick) {
+            if b.up {
+                self.index.update(brick, Some(old_largest), b.extents.largest());
+            }
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! The handlers of the REST API, a file per resource. Each handler's `utoipa::path` is its
+//! route and its OpenAPI operation; `router` lists them.
+
+pub(crate) mod allocations;
+pub(crate) mod bricks;
+pub(crate) mod graph;
+pub(crate) mod meta;
+pub(crate) mod nodes;
+pub(crate) mod tokens;
