@@ -1084,7 +1084,10 @@ fn slow_headers_and_slow_bodies_are_cut_and_caps_hold() {
         if text.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "over the per-peer cap yet answered for 10 s: {text}");
+        assert!(
+            Instant::now() < deadline,
+            "over the per-peer cap yet answered for 10 s: {text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(silent);

@@ -40,6 +40,9 @@ pub enum Source {
     Brick,
     /// One 8-byte word repeated (a same-filled page kept in the core).
     Fill(u64),
+    /// Nothing: the page was already resident, and the run passes over it (a run is not cut by
+    /// the hot pages the eviction policy keeps among cold ones). Never returned by `claim`.
+    Held,
 }
 
 /// The core. See the module documentation.

@@ -426,7 +426,7 @@ impl Sim {
                 for (i, k) in kinds.iter().enumerate() {
                     let p = page + i as u64;
                     data.push(match *k {
-                        Source::Zeros => ZERO,
+                        Source::Zeros | Source::Held => ZERO,
                         Source::Fill(w) => w,
                         Source::Brick => match &ahead {
                             Some(a) => a.data[i],
@@ -476,7 +476,8 @@ impl Sim {
         let (region_start, region_end) = (0, self.shape.window);
         let budget = self.shape.budget;
         let cap = (plan.run as u64).min((budget / 4).max(1));
-        let fits = |c: &Core, p: u64| c.state(p).installable();
+        // A run passes over resident pages, as the runtime's does.
+        let fits = |c: &Core, p: u64| c.state(p).installable() || c.location(p) == Location::Resident;
         let mut n = 1u64;
         let mut start = fault;
         if plan.down {
@@ -551,28 +552,42 @@ impl Sim {
     fn claim(&mut self, fault: u64, start: u64, n: u64, down: bool) -> Option<Serving> {
         let c = &self.core;
         let ok = |p: u64| c.state(p).installable();
-        let (page, n) = if down {
-            if !ok(fault) {
-                (fault, 0)
-            } else {
-                let mut first = fault;
-                while first > start && ok(first - 1) {
-                    first -= 1;
-                }
-                (first, fault + 1 - first)
-            }
-        } else {
-            let mut k = 0;
-            while k < n && ok(start + k) {
-                k += 1;
-            }
-            (start, k)
-        };
-        if n == 0 {
+        let held = |p: u64| c.location(p) == Location::Resident;
+        if !ok(fault) {
             // Installed or being evicted meanwhile: plan again.
             return Some(Serving::Plan { fault });
         }
-        let kinds: Vec<Source> = (page..page + n).map(|p| self.core.claim(p)).collect();
+        let (page, n) = if down {
+            let (mut first, mut p) = (fault, fault);
+            while p > start && (ok(p - 1) || held(p - 1)) {
+                p -= 1;
+                if ok(p) {
+                    first = p;
+                }
+            }
+            (first, fault + 1 - first)
+        } else {
+            let (mut k, mut end) = (1, 1);
+            while k < n && (ok(start + k) || held(start + k)) {
+                if ok(start + k) {
+                    end = k + 1;
+                }
+                k += 1;
+            }
+            (start, end)
+        };
+        let kinds: Vec<Source> = (page..page + n)
+            .map(|p| {
+                if self.core.state(p).installable() {
+                    self.core.claim(p)
+                } else {
+                    Source::Held
+                }
+            })
+            .collect();
+        if kinds.contains(&Source::Held) {
+            self.count("runs passing over resident pages");
+        }
         let epoch = self.core.epoch();
         let ahead = match self.aheads.iter().position(|a| a.page == page) {
             Some(i) => {
@@ -628,13 +643,16 @@ impl Sim {
         let mut hashes = Vec::new();
         for (i, &v) in data.iter().enumerate() {
             let p = page + i as u64;
+            if kinds[i] == Source::Held {
+                continue;
+            }
             if self.core.location(p) != Location::Resident {
                 self.count("claimed pages released before their install");
             }
             if self.core.location(p) == Location::Resident && !self.window.contains_key(&p) {
                 self.window.insert(p, v);
                 self.count(match kinds[i] {
-                    Source::Zeros => "pages installed as zeros",
+                    Source::Zeros | Source::Held => "pages installed as zeros",
                     Source::Brick => "pages installed from the brick",
                     Source::Fill(_) => "pages installed as fills",
                 });
@@ -885,6 +903,7 @@ fn campaign(first: u64, seeds: u64) {
         "same-filled evictions",
         "runs served by a read-ahead",
         "runs received into spent slots",
+        "runs passing over resident pages",
         "forks going on as the child",
     ] {
         assert!(

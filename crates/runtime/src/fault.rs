@@ -218,7 +218,9 @@ impl Handler {
             // The program released memory: pages it touches now are not bound for eviction.
             self.filled = false;
         }
-        let fits = |s: PageState| s.installable();
+        // A run passes over resident pages (installing around them), but stops at a page on its
+        // way out.
+        let fits = |s: PageState| s.installable() || s.location() == Location::Resident;
         let cap = (plan.run as u64).min((budget / 4).max(1));
         let mut n = 1u64;
         // An ascending run starts at the fault; a descending one ends there.
@@ -265,24 +267,36 @@ impl Handler {
         if !claimable(&c, fault) {
             return None;
         }
+        // Outward from the fault: claimable pages, and resident ones to pass over; the run ends
+        // on a claimable page.
+        let held = |c: &Core, p: u64| c.location(p) == Location::Resident;
         let (page, n) = if plan.down {
-            let mut first = fault;
-            while first > plan.start && claimable(&c, first - 1) {
-                first -= 1;
+            let (mut first, mut p) = (fault, fault);
+            while p > plan.start && (claimable(&c, p - 1) || held(&c, p - 1)) {
+                p -= 1;
+                if claimable(&c, p) {
+                    first = p;
+                }
             }
             (first, fault + 1 - first)
         } else {
-            let mut k = 1;
-            while k < plan.n && claimable(&c, plan.start + k) {
+            let (mut k, mut end) = (1, 1);
+            while k < plan.n && (claimable(&c, plan.start + k) || held(&c, plan.start + k)) {
+                if claimable(&c, plan.start + k) {
+                    end = k + 1;
+                }
                 k += 1;
             }
-            (plan.start, k)
+            (plan.start, end)
         };
         // Resident before the copy, so a REMOVE event read while copying (EAGAIN) turns the
         // claimed pages back to empty and the install skips them. A page of a range that is
         // not read-write stays out of the eviction policy (it cannot move to the staging area)
         // until the program makes it read-write again or frees it.
-        let kinds: Vec<Source> = (page..page + n).map(|p| c.claim(p)).collect();
+        let kinds: Vec<Source> = (page..page + n)
+            .map(|p| if claimable(&c, p) { c.claim(p) } else { Source::Held })
+            .collect();
+        let claimed = kinds.iter().filter(|&&k| k != Source::Held).count() as u64;
         let epoch = c.epoch();
         let ahead = self.ahead.take_for(&mut c, page, &kinds, epoch);
         // A read-ahead of any page claimed now would go stale: the page may be written and
@@ -298,7 +312,7 @@ impl Handler {
             None => None,
         };
         drop(c);
-        inner.stats.add_resident(n);
+        inner.stats.add_resident(claimed);
         Some(Run {
             page,
             kinds,
@@ -511,11 +525,16 @@ impl Handler {
         let mut i = 0usize;
         let mut cur_epoch = epoch;
         while i < n {
+            if kinds[i] == Source::Held {
+                // Resident before this run: not ours to install.
+                i += 1;
+                continue;
+            }
             if cur_epoch != inner.lock().epoch() {
                 // Pages were released while we copied: skip those no longer claimed.
                 let c = inner.lock();
                 cur_epoch = c.epoch();
-                while i < n && c.location(page + i as u64) != Location::Resident {
+                while i < n && (kinds[i] == Source::Held || c.location(page + i as u64) != Location::Resident) {
                     i += 1;
                 }
                 if i >= n {
@@ -526,7 +545,7 @@ impl Handler {
             let mut j = i + 1;
             {
                 let c = inner.lock();
-                while j < n && c.location(page + j as u64) == Location::Resident {
+                while j < n && kinds[j] != Source::Held && c.location(page + j as u64) == Location::Resident {
                     j += 1;
                 }
             }
@@ -625,10 +644,10 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8]) {
         match k {
             Source::Zeros => dst.fill(0),
             Source::Fill(w) => writeback::fill_with(dst, w),
-            Source::Brick => {}
+            Source::Brick | Source::Held => {}
         }
         // Every remote page is a re-fetch of a page evicted earlier (same-filled ones too).
-        if k != Source::Zeros {
+        if matches!(k, Source::Brick | Source::Fill(_)) {
             inner.stats.refetched.insert(page + i as u64);
         }
     }
