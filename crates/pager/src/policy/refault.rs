@@ -5,8 +5,8 @@
 //!
 //! - *probation*, a FIFO that every newly faulted page enters and that victims come from,
 //!   oldest first;
-//! - *ghosts*, the pages evicted most recently (as many as the budget: a page number, when it
-//!   left and its score), forgotten oldest first;
+//! - *ghosts*, the pages evicted most recently: a page is one while fewer than a budget's worth
+//!   of evictions came after its own (its refault distance), with the score it left with;
 //! - *protected*, a queue of pages that faulted back while still remembered as ghosts, which
 //!   eviction does not touch while probation has pages. It may hold all but an eighth of the
 //!   budget ([`MIN_PROBATION_DIVISOR`]).
@@ -25,10 +25,11 @@
 //! What it guarantees: a stream that never comes back within a budget's worth of evictions (a
 //! scan larger than the local buffer, STREAM) promotes nothing and is evicted exactly as
 //! [`super::Fifo`] evicts it. A scan of new pages cannot flush protected pages: new pages enter
-//! probation and leave from it. Memory is O(budget): one entry per resident page and one per
-//! ghost, and ghosts are capped at the budget, whatever the footprint. Every operation is O(1)
-//! amortised (queues with lazy deletion, compacted when stale entries outnumber live ones;
-//! scores age lazily, by the epoch they were last set in).
+//! probation and leave from it. Memory: one entry per resident page (O(budget)), and one word
+//! per window page up to the highest evicted (8 bytes per 4 KiB page: 0.2% of the window) for
+//! the ghosts, an array because it is read at every install and written at every eviction.
+//! Every operation is O(1) amortised (queues with lazy deletion, compacted when stale entries
+//! outnumber live ones; scores age lazily, by the epoch they were last set in).
 
 use super::{EvictionPolicy, PageMap};
 use std::collections::VecDeque;
@@ -54,13 +55,6 @@ struct Entry {
     score: Score,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Ghost {
-    /// The eviction count when the page left.
-    evicted_at: u64,
-    score: Score,
-}
-
 /// A score and the aging epoch it was set in; it halves once per epoch since.
 #[derive(Clone, Copy, Debug, Default)]
 struct Score {
@@ -83,9 +77,12 @@ pub struct Refault {
     protected: VecDeque<(u32, u32)>,
     /// Live pages in `protected`.
     protected_len: usize,
-    ghosts: PageMap<Ghost>,
-    /// Ghosts in eviction order, with when they left (stale when the map disagrees).
-    ghost_queue: VecDeque<(u32, u64)>,
+    /// Per window page, its last eviction as a ghost: `(eviction count + 1) << 8 | score`, 0
+    /// for none. A ghost is live while fewer than a budget of evictions came after it (the
+    /// page's refault distance, as Linux's workingset measures it). An array, not a map: it is
+    /// read at every install and written at every eviction, and a scan evicts at memory speed.
+    /// Grown to the highest page evicted: 8 bytes per window page at most.
+    ghost: Vec<u64>,
     evictions: u64,
     /// Aging epoch, and the eviction count when it began.
     epoch: u32,
@@ -118,9 +115,28 @@ impl Refault {
         self.promotions
     }
 
-    /// Ghosts remembered now.
+    /// Live ghosts now (O(window): for tests).
     pub fn ghosts(&self) -> usize {
-        self.ghosts.len()
+        (0..self.ghost.len()).filter(|&p| self.ghost_at(p).is_some()).count()
+    }
+
+    /// When page index `p` was evicted, if it is a live ghost.
+    fn ghost_at(&self, p: usize) -> Option<u64> {
+        let g = *self.ghost.get(p)?;
+        let at = (g >> 8).checked_sub(1)?;
+        (self.evictions - at <= self.capacity() as u64).then_some(at)
+    }
+
+    /// Takes page `page`'s ghost, if live: the score it left with, halved once if an aging
+    /// epoch began since (a live ghost is younger than a budget of evictions, an epoch lasts
+    /// several budgets, so at most one began).
+    fn take_ghost(&mut self, page: u32) -> Option<u8> {
+        let p = page as usize;
+        let at = self.ghost_at(p);
+        let g = std::mem::take(self.ghost.get_mut(p)?);
+        let at = at?;
+        let value = (g & 0xff) as u8;
+        Some(if at < self.epoch_began { value >> 1 } else { value })
     }
 
     /// Pages in protected now.
@@ -130,7 +146,7 @@ impl Refault {
 
     /// Queue entries held, live and stale (for the bound on memory).
     pub fn queued(&self) -> usize {
-        self.probation.len() + self.protected.len() + self.ghost_queue.len()
+        self.probation.len() + self.protected.len()
     }
 
     fn push(&mut self, page: u32, protected: bool, score: Score) {
@@ -213,17 +229,11 @@ impl Refault {
             self.epoch = self.epoch.wrapping_add(1);
             self.epoch_began = self.evictions;
         }
-        self.ghosts.insert(page, Ghost { evicted_at, score });
-        self.ghost_queue.push_back((page, evicted_at));
-        let cap = self.capacity();
-        while self.ghosts.len() > cap {
-            let Some((p, at)) = self.ghost_queue.pop_front() else {
-                break;
-            };
-            if self.ghosts.get(&p).is_some_and(|g| g.evicted_at == at) {
-                self.ghosts.remove(&p);
-            }
+        let p = page as usize;
+        if p >= self.ghost.len() {
+            self.ghost.resize(p + 1, 0);
         }
+        self.ghost[p] = ((evicted_at + 1) << 8) | u64::from(score.now(self.epoch));
     }
 
     /// Drops stale queue entries once they outnumber live ones, keeping memory O(budget).
@@ -239,19 +249,14 @@ impl Refault {
             self.probation.retain(keep(false));
             self.protected.retain(keep(true));
         }
-        if self.ghost_queue.len() > 2 * self.ghosts.len() + 1024 {
-            let ghosts = &self.ghosts;
-            self.ghost_queue
-                .retain(|(p, at)| ghosts.get(p).is_some_and(|g| g.evicted_at == *at));
-        }
     }
 }
 
 impl EvictionPolicy for Refault {
     fn inserted(&mut self, page: u32) {
-        match self.ghosts.remove(&page) {
-            Some(g) => {
-                let value = g.score.now(self.epoch).saturating_add(1).min(MAX_SCORE);
+        match self.take_ghost(page) {
+            Some(left_with) => {
+                let value = left_with.saturating_add(1).min(MAX_SCORE);
                 let epoch = self.epoch;
                 self.returned(page, Score { value, epoch });
             }
@@ -286,18 +291,10 @@ impl EvictionPolicy for Refault {
     }
 
     fn released(&mut self, first: u32, count: u32) {
-        if self.ghosts.is_empty() {
-            return;
+        let end = (first as usize).saturating_add(count as usize).min(self.ghost.len());
+        if let Some(range) = self.ghost.get_mut(first as usize..end) {
+            range.fill(0);
         }
-        let end = first.saturating_add(count);
-        if (count as usize) < self.ghosts.len() {
-            for p in first..end {
-                self.ghosts.remove(&p);
-            }
-        } else {
-            self.ghosts.retain(|&p, _| p < first || p >= end);
-        }
-        self.compact();
     }
 
     fn set_capacity(&mut self, pages: usize) {

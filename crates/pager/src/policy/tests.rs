@@ -179,9 +179,13 @@ fn memory_stays_bounded_by_the_budget_whatever_the_footprint() {
             }
             r.released(p, 64);
         }
-        assert!(r.ghosts() <= cap);
-        assert!(r.queued() <= 2 * (r.len() + r.ghosts()) + 3 * 1024 + 2);
+        assert!(r.queued() <= 2 * r.len() + 2 * 1024 + 2);
+        if i % 4096 == 0 {
+            // Counting ghosts walks the window's pages: now and then.
+            assert!(r.ghosts() <= cap);
+        }
     }
+    assert!(r.ghosts() <= cap);
     assert_eq!(r.len(), resident.len());
 }
 
