@@ -29,9 +29,10 @@ Defaults (each can be overridden):
     any of the program's CPUs and spins 200 µs after each fault. On one CPU (--cpus N, taskset)
     it sleeps between faults. --handler MODE (auto, blocking, busy-poll, hybrid[:µs]) sets the
     mode; --cpus confines the whole program.
-  Eviction: fifo. When the local buffer is full, pages leave in the order they came in.
-    --eviction refault (RACKMEM_EVICTION=refault) protects pages that fault back soon after
-    their eviction, so a hot set that fits in the buffer stays local (being measured).
+  Eviction: refault. When the local buffer is full, pages seen once leave first in, first out;
+    a page that faults back soon after its eviction is protected, and leaves only for pages
+    that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
+    evicts strictly in the order pages came in.
   Outrunning the link: a program that spends more than half of its time waiting on faults for
     5 s, mostly re-fetching pages evicted earlier, is told once on standard error, with its
     fault rate and a --local that would hold its working set.";
@@ -79,10 +80,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
     /// Which resident pages leave the local buffer when it is full (also RACKMEM_EVICTION):
-    /// fifo (the default) evicts strictly in the order pages came in, hot or not. refault
-    /// protects pages that fault back soon after they were evicted, the program's hot set,
-    /// which eviction then leaves alone; pages seen once leave first in, first out, so a scan
-    /// or a stream that never comes back is evicted as fifo would evict it.
+    /// refault (the default) protects pages that fault back soon after they were evicted, the
+    /// program's hot set, which eviction then leaves alone; pages seen once leave first in,
+    /// first out, so a scan or a stream that never comes back is evicted as fifo would evict
+    /// it. fifo evicts strictly in the order pages came in, hot or not.
     #[arg(long, value_name = "NAME", value_parser = parse_eviction)]
     eviction: Option<Eviction>,
     /// Require shared memory: fail if a brick on this host cannot map its segments into the

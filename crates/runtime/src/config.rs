@@ -104,8 +104,8 @@ pub struct Config {
     /// chain to, read at start (unset: `tls://` bricks cannot be used).
     pub tls: Option<TlsClient>,
     /// `RACKMEM_EVICTION`: which resident pages leave the local buffer when it is full:
-    /// `fifo` (the default: first in, first out) or `refault` (pages that fault back soon after
-    /// eviction are protected). See [`crate::policy`].
+    /// `refault` (the default: pages that fault back soon after eviction are protected) or
+    /// `fifo` (first in, first out). See [`crate::policy`].
     pub eviction: Eviction,
 }
 

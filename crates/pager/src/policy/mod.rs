@@ -14,10 +14,10 @@
 //! which pages are hot, it learns from pages that come back after being evicted.
 //!
 //! The policies:
-//! - [`Fifo`] (the default) evicts in the order pages came in. For sequential streams (STREAM, scans) it
+//! - [`Fifo`] evicts in the order pages came in. For sequential streams (STREAM, scans) it
 //!   evicts what LRU would, and for uniform random access (GUPS) every policy is as good as
 //!   random; but it evicts hot pages as readily as cold ones.
-//! - [`Refault`] is a FIFO whose pages earn protection by coming back: it
+//! - [`Refault`] (the default) is a FIFO whose pages earn protection by coming back: it
 //!   remembers recently evicted pages, and one that faults again soon after its eviction joins
 //!   a protected part that ordinary eviction does not touch. A stream that never comes back is
 //!   evicted exactly as FIFO would.
@@ -64,9 +64,9 @@ pub trait EvictionPolicy: Send {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Eviction {
     /// [`Fifo`].
-    #[default]
     Fifo,
     /// [`Refault`].
+    #[default]
     Refault,
 }
 

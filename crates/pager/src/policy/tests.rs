@@ -26,7 +26,7 @@ fn fifo_order_and_lazy_removal() {
 fn names_select_policies_and_unknown_names_are_errors() {
     assert_eq!("fifo".parse::<Eviction>(), Ok(Eviction::Fifo));
     assert_eq!(" Refault ".parse::<Eviction>(), Ok(Eviction::Refault));
-    assert_eq!(Eviction::default(), Eviction::Fifo);
+    assert_eq!(Eviction::default(), Eviction::Refault);
     let err = "lru".parse::<Eviction>().unwrap_err();
     assert!(err.to_string().contains("\"lru\"") && err.to_string().contains("fifo, refault"));
     for (name, e) in Eviction::ALL {
