@@ -137,6 +137,17 @@ impl Core {
         !self.fills.is_empty() && self.fills.contains_key(&(page as u32))
     }
 
+    /// How many pages from `page` (at most `limit`, within the window) are remote and read from
+    /// their brick (not same-filled): what a read-ahead from `page` may read.
+    pub fn remote_run(&self, page: u64, limit: u64) -> u64 {
+        let limit = limit.min(self.pages.len().saturating_sub(page));
+        let mut n = 0;
+        while n < limit && self.location(page + n) == Location::Remote && !self.is_filled(page + n) {
+            n += 1;
+        }
+        n
+    }
+
     /// The word a same-filled remote page consists of.
     pub fn fill_of(&self, page: u64) -> Option<u64> {
         self.fills.get(&(page as u32)).copied()

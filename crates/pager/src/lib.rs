@@ -9,10 +9,15 @@
 //! memory, the process forks) is one method that changes all of them at once and checks its
 //! preconditions.
 //!
-//! The runtime (`rackmem-runtime`) drives the core from its fault handler and write-back
-//! thread, doing the I/O (userfaultfd moves and copies, brick reads and writes) between calls.
-//! Because the core knows no kernel, a test can drive it with random events and check every
-//! page's contents after each step (`tests/simulation.rs`).
+//! The sequences that change pages live here too: the fault path ([`fault`]: plan, make room,
+//! claim, fetch, install) and the write-back ([`writeback`]: examine, write, finish). They do
+//! their I/O through small traits, [`fault::Backend`] (install, move out, read) and
+//! [`writeback::Writer`] (write): the runtime (`rackmem-runtime`) implements them with
+//! userfaultfd and links, and its fault handler and write-back thread are shells that turn
+//! userfaultfd events and link completions into calls on these sequences. Because nothing here
+//! knows a kernel, a test implements the same traits with maps and drives the very same
+//! sequences with random interleavings, checking every page's contents after each step
+//! (`tests/simulation.rs`).
 //!
 //! Adding an eviction policy means implementing [`policy::EvictionPolicy`]; prefetch lives in
 //! [`prefetch`].
@@ -20,12 +25,14 @@
 //! What this crate is not: it knows no userfaultfd, no link, no brick and no C ABI.
 
 pub mod core;
+pub mod fault;
 pub mod policy;
 pub mod prefetch;
 pub mod prot;
 pub mod regions;
 pub mod slots;
 pub mod state;
+pub mod writeback;
 
 pub use crate::core::{Core, Source, Victim};
 pub use slots::{Slots, SpentRun};

@@ -3,12 +3,15 @@
 //! and a brick, all in memory, in an order drawn from the seed, and checks after every step that
 //! every page reads back its last write and that the local buffer holds its budget.
 //!
-//! The handler and write-back steps below follow what `rackmem-runtime` does around each call
-//! on the core (plan a run, choose victims, move them out, claim, fetch, install; write back,
-//! recycle slots, finish), with the I/O replaced by maps, so that every interleaving the real
-//! threads allow can be drawn: faults from several threads, releases (`MADV_DONTNEED`) racing
-//! fetches and evictions, write-backs completing out of order, read-aheads going stale, forks,
-//! brick errors and lost responses.
+//! The fault path and the write-back are not copies: the handler hands each fault to
+//! `rackmem_pager::fault::serve` and the write-back thread each job to
+//! `rackmem_pager::writeback::write_back`, the very sequences the runtime runs, with this file's
+//! `Sim` as their backend (maps where the runtime has userfaultfd and links). Inside every
+//! backend call (where the real handler has dropped the core's lock) the program's threads and
+//! the write-back thread take a few steps, so every interleaving the real threads allow can be
+//! drawn: faults from several threads, releases (`MADV_DONTNEED`) racing fetches, installs and
+//! evictions, write-backs completing out of order and while faults wait, read-aheads going
+//! stale, forks, brick errors and lost responses.
 //!
 //! - `cargo test -p rackmem-pager --test simulation`: a few hundred seeds (CI).
 //! - `RACKMEM_SIM_SEED=N cargo test -p rackmem-pager --test simulation replay -- --ignored --nocapture`:
@@ -16,9 +19,13 @@
 //! - `./scripts/simulate` or `cargo test -p rackmem-pager --test simulation -- --ignored`: a long campaign
 //!   (`RACKMEM_SIM_SEEDS`, default 20,000 seeds).
 
+use rackmem_pager::fault::{self, Backend, Install, Plan, Run};
 use rackmem_pager::policy::{Eviction, EvictionPolicy};
-use rackmem_pager::{Core, Evicted, Location, Source, SpentRun, Victim};
+use rackmem_pager::writeback::{self, Examined, Writer};
+use rackmem_pager::{Core, Location, Source, Victim};
 use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::{Mutex, MutexGuard};
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);
@@ -121,6 +128,7 @@ enum Thread {
 }
 
 /// A read of the next run of a stream, sent after an install and used by a later fault.
+#[derive(Debug)]
 struct Ahead {
     page: u64,
     epoch: u64,
@@ -128,52 +136,21 @@ struct Ahead {
     data: Vec<u64>,
 }
 
-/// The fault the handler is serving, and how far it got.
-enum Serving {
-    /// Planning: waits while the page is evicting.
-    Plan { fault: u64 },
-    /// Run planned; making room: waits while staging slots are short.
-    MakeRoom { fault: u64, start: u64, n: u64, down: bool },
-    /// Victims chosen; next: move them out of the window.
-    Stage {
-        fault: u64,
-        start: u64,
-        n: u64,
-        down: bool,
-        job: Option<(u64, Vec<Victim>)>,
-    },
-    /// Victims queued; next: re-check and claim the run.
-    Claim { fault: u64, start: u64, n: u64, down: bool },
-    /// Claimed; next: read the brick pages.
-    Fetch {
-        page: u64,
-        kinds: Vec<Source>,
-        ahead: Option<Ahead>,
-        spent: Option<SpentRun>,
-    },
-    /// Fetched; next: install.
-    Install {
-        page: u64,
-        kinds: Vec<Source>,
-        data: Vec<u64>,
-        spent: Option<SpentRun>,
-    },
-}
+/// The brick failed: the runtime stops the program rather than go on with missing data. The
+/// simulation unwinds with this (from wherever the brick was used, as the runtime exits from
+/// wherever it was) and counts the run as ended.
+struct BrickLost;
 
-/// Why a run ended early.
-#[derive(Debug, PartialEq)]
-enum End {
-    /// The brick failed: the runtime stops the program rather than go on with missing data.
-    BrickLost,
-}
-
+/// Everything but the fault path and the write-back sequence, which are the pager core's own
+/// (`rackmem_pager::fault`, `rackmem_pager::writeback`) and run against this world through the
+/// `Backend` and `Writer` traits.
 struct Sim {
     rng: Rng,
     shape: Shape,
-    core: Core,
+    core: Rc<Mutex<Core>>,
     /// Pages present in the window (what the kernel maps), with their contents.
     window: HashMap<u64, u64>,
-    /// Staging slots holding a page (victims in flight, and spent slots).
+    /// Staging slots holding a page (victims in flight, spent slots, runs received).
     staging: HashMap<u32, u64>,
     /// The brick's copy of each page (absent: zeros).
     brick: HashMap<u64, u64>,
@@ -183,17 +160,33 @@ struct Sim {
     threads: Vec<Thread>,
     /// Per thread, the next page of its sequential stream.
     cursor: Vec<u64>,
+    /// Eviction jobs queued for the write-back thread.
     jobs: Vec<(u64, Vec<Victim>)>,
-    serving: Option<Serving>,
+    /// Jobs being written back now (their staged pages are still in flight).
+    writing: Vec<(u64, Vec<Victim>)>,
+    /// Victims chosen whose move out of the window has not happened yet (still mapped).
+    choosing: Vec<u64>,
+    /// The fault the handler is serving.
+    serving: Option<u64>,
+    /// The install buffer (a run not received into spent slots).
+    buf: Vec<u64>,
+    /// Dirty pages examined by the write-back, to send at its flush.
+    to_write: Vec<(u64, u64)>,
     aheads: Vec<Ahead>,
     trace: VecDeque<String>,
     step: usize,
     forks: u32,
+    /// The run ended because a brick was lost.
+    lost: bool,
     /// How often each interesting thing happened, to show what a campaign covered.
     seen: std::collections::BTreeMap<&'static str, u64>,
 }
 
 const ZERO: u64 = 0;
+
+fn zero_hash() -> u64 {
+    checksum(ZERO)
+}
 
 impl Sim {
     fn new(seed: u64) -> Sim {
@@ -205,7 +198,7 @@ impl Sim {
         Sim {
             rng,
             shape,
-            core,
+            core: Rc::new(Mutex::new(core)),
             window: HashMap::new(),
             staging: HashMap::new(),
             brick: HashMap::new(),
@@ -214,13 +207,22 @@ impl Sim {
             threads: vec![Thread::Running; shape.threads],
             cursor: (0..shape.threads as u64).map(|t| t * shape.window / 4).collect(),
             jobs: Vec::new(),
+            writing: Vec::new(),
+            choosing: Vec::new(),
             serving: None,
+            buf: Vec::new(),
+            to_write: Vec::new(),
             aheads: Vec::new(),
             trace: VecDeque::new(),
             step: 0,
             forks: 0,
+            lost: false,
             seen: Default::default(),
         }
+    }
+
+    fn core(&self) -> MutexGuard<'_, Core> {
+        fault::lock(&self.core)
     }
 
     fn count(&mut self, what: &'static str) {
@@ -238,50 +240,38 @@ impl Sim {
         self.model.get(&page).copied().unwrap_or(ZERO)
     }
 
-    fn zero_hash() -> u64 {
-        checksum(ZERO)
-    }
-
-    /// A brick operation: fails now and then when the shape says so.
-    fn brick_ok(&mut self) -> Result<(), End> {
+    /// A brick operation: fails now and then when the shape says so, and then the program
+    /// stops.
+    fn brick_op(&mut self) {
         if self.shape.brick_faults > 0 && self.rng.chance(self.shape.brick_faults) {
-            Err(End::BrickLost)
-        } else {
-            Ok(())
+            self.log("brick lost: the program stops".into());
+            std::panic::panic_any(BrickLost);
         }
     }
 
-    fn run(&mut self) -> Result<Option<End>, String> {
-        for step in 0..self.shape.steps {
-            self.step = step;
-            match self.one_step() {
-                Ok(()) => {}
-                Err(End::BrickLost) => {
-                    self.log("brick lost: the program stops".into());
-                    return Ok(Some(End::BrickLost));
-                }
-            }
-            self.check()?;
+    /// Runs the seed's steps; `Err` if a check failed.
+    fn run(&mut self) -> Result<(), String> {
+        while self.step < self.shape.steps {
+            self.one_step();
         }
-        Ok(None)
+        Ok(())
     }
 
-    fn one_step(&mut self) -> Result<(), End> {
-        let running: Vec<usize> = (0..self.threads.len())
-            .filter(|&t| self.threads[t] == Thread::Running)
-            .collect();
-        let handler_busy = self.serving.is_some() || !self.uffd.is_empty();
+    /// One step of the program, the handler (a whole fault, with the other actors' steps inside
+    /// it), the write-back thread, or a fork; the world is checked after it.
+    fn one_step(&mut self) {
+        let running = self.threads.contains(&Thread::Running);
         let mut choices: Vec<(u64, u8)> = Vec::new();
-        if !running.is_empty() {
+        if running {
             choices.push((50, 0));
         }
-        if handler_busy {
+        if !self.uffd.is_empty() {
             choices.push((30, 1));
         }
         if !self.jobs.is_empty() {
             choices.push((self.shape.writeback_weight, 2));
         }
-        if self.serving.is_none() && self.uffd.is_empty() && self.jobs.is_empty() {
+        if self.uffd.is_empty() && self.jobs.is_empty() {
             choices.push((1, 3));
         }
         let total: u64 = choices.iter().map(|c| c.0).sum();
@@ -296,18 +286,36 @@ impl Sim {
             pick -= w;
         }
         match what {
-            0 => {
-                let t = running[self.rng.below(running.len() as u64) as usize];
-                self.program(t);
-                Ok(())
-            }
+            0 => self.program_step(),
             1 => self.handler_step(),
-            2 => {
-                let i = self.rng.below(self.jobs.len() as u64) as usize;
-                let (id, victims) = self.jobs.swap_remove(i);
-                self.write_back(id, victims)
-            }
+            2 => self.write_back_step(),
             _ => self.fork(),
+        }
+        self.checked();
+    }
+
+    /// Counts a step and checks the world after it.
+    fn checked(&mut self) {
+        self.step += 1;
+        if let Err(why) = self.check() {
+            panic!("{why}");
+        }
+    }
+
+    /// The program and the write-back thread take a few steps while the handler is in a
+    /// backend call (where the real handler has dropped the core's lock).
+    fn interleave(&mut self, writeback: bool) {
+        for _ in 0..self.rng.below(4) {
+            let running = self.threads.contains(&Thread::Running);
+            let jobs = writeback && !self.jobs.is_empty();
+            match (running, jobs) {
+                (false, false) => return,
+                // As often as the shape's write-back speed says: slow ones make faults wait.
+                (true, true) if self.rng.below(300) < self.shape.writeback_weight => self.write_back_step(),
+                (_, true) if !running => self.write_back_step(),
+                _ => self.program_step(),
+            }
+            self.checked();
         }
     }
 
@@ -328,7 +336,11 @@ impl Sim {
         }
     }
 
-    fn program(&mut self, t: usize) {
+    fn program_step(&mut self) {
+        let running: Vec<usize> = (0..self.threads.len())
+            .filter(|&t| self.threads[t] == Thread::Running)
+            .collect();
+        let t = running[self.rng.below(running.len() as u64) as usize];
         if self.rng.chance(30) {
             // MADV_DONTNEED of a few pages: the kernel zaps what is mapped and queues REMOVE;
             // then the runtime's own call releases the pages in the core.
@@ -339,7 +351,7 @@ impl Sim {
                 self.model.remove(&p);
             }
             self.uffd.push_back(Event::Remove { first, count });
-            self.core.release(first, count);
+            self.core().release(first, count);
             self.log(format!("thread {t} releases {first}+{count}"));
             return;
         }
@@ -369,7 +381,7 @@ impl Sim {
     }
 
     /// Wakes the threads whose page is now mapped.
-    fn wake(&mut self) {
+    fn wake_mapped(&mut self) {
         for t in 0..self.threads.len() {
             if let Thread::Blocked(p) = self.threads[t] {
                 if self.window.contains_key(&p) {
@@ -379,381 +391,41 @@ impl Sim {
         }
     }
 
-    // --- The fault handler -------------------------------------------------------------
+    // --- The fault handler: reads the queue, hands faults to the pager's fault path ------
 
-    fn handler_step(&mut self) -> Result<(), End> {
-        let Some(s) = self.serving.take() else {
-            match self.uffd.pop_front() {
-                Some(Event::Remove { first, count }) => {
-                    self.core.release(first, count);
-                    self.log(format!("handler: REMOVE {first}+{count}"));
-                }
-                Some(Event::Fault { page }) => self.serving = Some(Serving::Plan { fault: page }),
-                None => {}
+    fn handler_step(&mut self) {
+        match self.uffd.pop_front() {
+            Some(Event::Remove { first, count }) => {
+                self.core().release(first, count);
+                self.log(format!("handler: REMOVE {first}+{count}"));
             }
-            return Ok(());
-        };
-        self.serving = match s {
-            Serving::Plan { fault } => self.plan(fault),
-            Serving::MakeRoom { fault, start, n, down } => self.make_room(fault, start, n, down),
-            Serving::Stage {
-                fault,
-                start,
-                n,
-                down,
-                job,
-            } => {
-                if let Some((id, mut victims)) = job {
-                    for v in victims.iter_mut() {
-                        if let Some(c) = self.window.remove(&(v.page as u64)) {
-                            self.staging.insert(v.slot, c);
-                            v.moved = true;
-                        }
-                    }
-                    self.log(format!("handler: staged job {id}: {} victims", victims.len()));
-                    self.jobs.push((id, victims));
-                }
-                Some(Serving::Claim { fault, start, n, down })
+            Some(Event::Fault { page }) => {
+                self.log(format!("handler: fault on {page}"));
+                self.serving = Some(page);
+                let core = self.core.clone();
+                fault::serve(&core, self, page);
+                self.serving = None;
             }
-            Serving::Claim { fault, start, n, down } => self.claim(fault, start, n, down),
-            Serving::Fetch {
-                page,
-                kinds,
-                ahead,
-                spent,
-            } => {
-                let mut data = Vec::with_capacity(kinds.len());
-                for (i, k) in kinds.iter().enumerate() {
-                    let p = page + i as u64;
-                    data.push(match *k {
-                        Source::Zeros | Source::Held => ZERO,
-                        Source::Fill(w) => w,
-                        Source::Brick => match &ahead {
-                            Some(a) => a.data[i],
-                            None => self.brick.get(&p).copied().unwrap_or(ZERO),
-                        },
-                    });
-                }
-                if ahead.is_none() && kinds.contains(&Source::Brick) {
-                    self.brick_ok()?;
-                }
-                Some(Serving::Install {
-                    page,
-                    kinds,
-                    data,
-                    spent,
-                })
-            }
-            Serving::Install {
-                page,
-                kinds,
-                data,
-                spent,
-            } => {
-                self.install(page, &kinds, &data, spent)?;
-                None
-            }
-        };
-        Ok(())
+            None => {}
+        }
     }
 
-    fn plan(&mut self, fault: u64) -> Option<Serving> {
-        match self.core.location(fault) {
-            Location::Resident => {
-                // Another thread's fault installed it (or it is claimed and on its way: that
-                // fault's install wakes everyone).
-                self.wake();
-                return None;
-            }
-            // Being written back: wait for the write-back thread.
-            Location::Evicting => {
-                self.count("fault waits for its page's write-back");
-                return Some(Serving::Plan { fault });
-            }
-            _ => {}
-        }
-        let plan = self.core.streams.plan(fault, self.shape.prefetch);
-        let (region_start, region_end) = (0, self.shape.window);
-        let budget = self.shape.budget;
-        let cap = (plan.run as u64).min((budget / 4).max(1));
-        // A run passes over resident pages, as the runtime's does.
-        let fits = |c: &Core, p: u64| c.state(p).installable() || c.location(p) == Location::Resident;
-        let mut n = 1u64;
-        let mut start = fault;
-        if plan.down {
-            while n < cap.min(fault - region_start + 1) && fits(&self.core, fault - n) {
-                n += 1;
-            }
-            start = fault + 1 - n;
-        } else {
-            while n < cap.min(region_end - fault) && fits(&self.core, fault + n) {
-                n += 1;
-            }
-        }
-        self.drop_stale_aheads(fault);
-        if !plan.down {
-            if let Some(a) = self.aheads.iter().find(|a| a.page == fault) {
-                n = a.data.len() as u64;
-            }
-        }
-        self.core.streams.advance(plan.slot, start, start + n);
-        Some(Serving::MakeRoom {
-            fault,
-            start,
-            n,
-            down: plan.down,
-        })
+    // --- The write-back thread: runs a queued job through the pager's write-back ----------
+
+    fn write_back_step(&mut self) {
+        let i = self.rng.below(self.jobs.len() as u64) as usize;
+        let job = self.jobs.swap_remove(i);
+        self.write_back(job);
     }
 
-    fn make_room(&mut self, fault: u64, start: u64, n: u64, down: bool) -> Option<Serving> {
-        let budget = self.shape.budget;
-        let resident = self.core.resident();
-        if resident + n <= budget {
-            return Some(Serving::Stage {
-                fault,
-                start,
-                n,
-                down,
-                job: None,
-            });
-        }
-        let slack = (budget / 16).clamp(1, 32);
-        let want = ((resident + n - budget + slack) as usize)
-            .min(self.shape.slots as usize / 2)
-            .min(resident as usize);
-        while self.core.slots.free_count() < want {
-            if self.core.slots.spent_is_empty() {
-                // Wait for the write-back thread to give slots back.
-                self.count("fault waits for staging slots");
-                return Some(Serving::MakeRoom { fault, start, n, down });
-            }
-            self.count("spent slots freed for victims");
-            for (s, l) in self.core.slots.take_all_spent() {
-                for slot in s..s + l {
-                    self.staging.remove(&slot);
-                }
-                self.core.slots.put_free((s..s + l).rev());
-            }
-        }
-        let mut victims = Vec::new();
-        let job = self
-            .core
-            .choose_victims(want, budget, Self::zero_hash(), &mut victims)
-            .map(|id| (id, victims));
-        Some(Serving::Stage {
-            fault,
-            start,
-            n,
-            down,
-            job,
-        })
-    }
-
-    fn claim(&mut self, fault: u64, start: u64, n: u64, down: bool) -> Option<Serving> {
-        let c = &self.core;
-        let ok = |p: u64| c.state(p).installable();
-        let held = |p: u64| c.location(p) == Location::Resident;
-        if !ok(fault) {
-            // Installed or being evicted meanwhile: plan again.
-            return Some(Serving::Plan { fault });
-        }
-        let (page, n) = if down {
-            let (mut first, mut p) = (fault, fault);
-            while p > start && (ok(p - 1) || held(p - 1)) {
-                p -= 1;
-                if ok(p) {
-                    first = p;
-                }
-            }
-            (first, fault + 1 - first)
-        } else {
-            let (mut k, mut end) = (1, 1);
-            while k < n && (ok(start + k) || held(start + k)) {
-                if ok(start + k) {
-                    end = k + 1;
-                }
-                k += 1;
-            }
-            (start, end)
-        };
-        let kinds: Vec<Source> = (page..page + n)
-            .map(|p| {
-                if self.core.state(p).installable() {
-                    self.core.claim(p)
-                } else {
-                    Source::Held
-                }
-            })
-            .collect();
-        if kinds.contains(&Source::Held) {
-            self.count("runs passing over resident pages");
-        }
-        let epoch = self.core.epoch();
-        let ahead = match self.aheads.iter().position(|a| a.page == page) {
-            Some(i) => {
-                let a = self.aheads.swap_remove(i);
-                let usable =
-                    a.data.len() == kinds.len() && a.epoch == epoch && kinds.iter().all(|&k| k == Source::Brick);
-                usable.then_some(a)
-            }
-            None => None,
-        };
-        // A read-ahead of any page claimed now would go stale.
-        self.aheads
-            .retain(|a| !(a.page < page + n && page < a.page + a.data.len() as u64));
-        let spent = if ahead.is_none() && n >= 4 {
-            self.core.slots.take_spent(n as usize)
-        } else {
-            None
-        };
-        if ahead.is_some() {
-            self.count("runs served by a read-ahead");
-        }
-        if spent.is_some() {
-            self.count("runs received into spent slots");
-        }
-        self.log(format!(
-            "handler: claimed {page}+{n} for fault {fault}{}{}",
-            if ahead.is_some() { " (read-ahead)" } else { "" },
-            if spent.is_some() { " (into spent slots)" } else { "" }
-        ));
-        Some(Serving::Fetch {
-            page,
-            kinds,
-            ahead,
-            spent,
-        })
-    }
-
-    fn install(&mut self, page: u64, kinds: &[Source], data: &[u64], spent: Option<SpentRun>) -> Result<(), End> {
-        // A non-fault event queued makes the install ioctl fail with EAGAIN: the handler applies
-        // the queued events, then installs what is still claimed.
-        let mut faults = VecDeque::new();
-        while let Some(e) = self.uffd.pop_front() {
-            match e {
-                Event::Remove { first, count } => {
-                    self.core.release(first, count);
-                    self.count("install EAGAIN on a queued REMOVE");
-                    self.log(format!("handler: REMOVE {first}+{count} (install EAGAIN)"));
-                }
-                f @ Event::Fault { .. } => faults.push_back(f),
-            }
-        }
-        self.uffd = faults;
-        let mut hashes = Vec::new();
-        for (i, &v) in data.iter().enumerate() {
-            let p = page + i as u64;
-            if kinds[i] == Source::Held {
-                continue;
-            }
-            if self.core.location(p) != Location::Resident {
-                self.count("claimed pages released before their install");
-            }
-            if self.core.location(p) == Location::Resident && !self.window.contains_key(&p) {
-                self.window.insert(p, v);
-                self.count(match kinds[i] {
-                    Source::Zeros | Source::Held => "pages installed as zeros",
-                    Source::Brick => "pages installed from the brick",
-                    Source::Fill(_) => "pages installed as fills",
-                });
-                if kinds[i] == Source::Brick {
-                    hashes.push((p as u32, checksum(v)));
-                }
-            }
-        }
-        self.core.record_hashes(hashes);
-        if let Some(run) = spent {
-            // Every slot's page moved into the window: free again.
-            for s in run.start()..run.start() + run.count() {
-                self.staging.remove(&s);
-            }
-            self.core.slots.put_free((run.start()..run.start() + run.count()).rev());
-        }
-        self.log(format!("handler: installed {page}+{}", data.len()));
-        assert!(
-            self.core.resident() <= self.shape.budget,
-            "{} pages resident over a budget of {}",
-            self.core.resident(),
-            self.shape.budget
-        );
-        self.wake();
-        // Keep the stream's next run on its way: a read of pages that are all on the brick.
-        if data.len() > 1 && kinds.iter().all(|&k| k != Source::Zeros) && self.aheads.len() < 4 {
-            let next = page + data.len() as u64;
-            let mut m = 0;
-            while m < data.len() as u64
-                && next + m < self.shape.window
-                && self.core.location(next + m) == Location::Remote
-                && !self.core.is_filled(next + m)
-            {
-                m += 1;
-            }
-            if m >= 2 && !self.aheads.iter().any(|a| a.page == next) {
-                self.brick_ok()?;
-                let data = (next..next + m)
-                    .map(|p| self.brick.get(&p).copied().unwrap_or(ZERO))
-                    .collect();
-                self.aheads.push(Ahead {
-                    page: next,
-                    epoch: self.core.epoch(),
-                    data,
-                });
-                self.count("read-aheads sent");
-                self.log(format!("handler: read ahead {next}+{m}"));
-            }
-        }
-        Ok(())
-    }
-
-    fn drop_stale_aheads(&mut self, fault: u64) {
-        let epoch = self.core.epoch();
-        self.aheads.retain(|a| {
-            let inside = fault > a.page && fault < a.page + a.data.len() as u64;
-            a.epoch == epoch && !inside
-        });
-    }
-
-    // --- The write-back thread ---------------------------------------------------------
-
-    fn write_back(&mut self, id: u64, victims: Vec<Victim>) -> Result<(), End> {
-        let mut outcomes = Vec::with_capacity(victims.len());
-        for v in &victims {
-            // A page released since it was staged is not written: its staged copy is stale, and
-            // a later eviction of the page may already have written newer contents.
-            let how = if !v.moved || !self.core.is_evicting_for(id, v.page) {
-                Evicted::Gone
-            } else {
-                let c = self.staging.get(&v.slot).copied().unwrap_or(ZERO);
-                if let Some(w) = same_filled(c) {
-                    Evicted::Filled(w)
-                } else if checksum(c) == v.hash {
-                    Evicted::Clean
-                } else {
-                    self.brick_ok()?;
-                    self.brick.insert(v.page as u64, c);
-                    Evicted::Written
-                }
-            };
-            self.count(match how {
-                Evicted::Gone => "evictions of released pages",
-                Evicted::Clean => "clean evictions",
-                Evicted::Written => "evictions written back",
-                Evicted::Filled(_) => "same-filled evictions",
-            });
-            outcomes.push(how);
-        }
-        // Moved slots are kept as spent when there is room, else freed; the others are free.
-        for v in &victims {
-            if !(v.moved && self.core.slots.give_spent(v.slot, 1)) {
-                self.staging.remove(&v.slot);
-                self.core.slots.put_free([v.slot]);
-            }
-        }
-        for (v, how) in victims.iter().zip(outcomes) {
-            self.core.finish_eviction(id, v.page, how);
-        }
-        self.log(format!("write-back: job {id} done ({} pages)", victims.len()));
-        Ok(())
+    fn write_back(&mut self, job: (u64, Vec<Victim>)) {
+        let core = self.core.clone();
+        let (id, n) = (job.0, job.1.len());
+        self.writing.push(job);
+        let victims = self.writing.last().map(|j| j.1.clone()).unwrap_or_default();
+        writeback::write_back(&core, self, id, &victims);
+        self.writing.retain(|j| j.0 != id);
+        self.log(format!("write-back: job {id} done ({n} pages)"));
     }
 
     // --- fork --------------------------------------------------------------------------
@@ -761,24 +433,28 @@ impl Sim {
     /// The parent writes back its dirty resident pages; the child starts from the parent's
     /// core and a copy of its brick memory, with nothing mapped. Half the time the simulation
     /// goes on as the child.
-    fn fork(&mut self) -> Result<(), End> {
-        let resident: Vec<u64> = (0..self.shape.window)
-            .filter(|&p| self.core.location(p) == Location::Resident)
-            .collect();
+    fn fork(&mut self) {
+        let resident: Vec<u64> = {
+            let c = self.core();
+            (0..self.shape.window)
+                .filter(|&p| c.location(p) == Location::Resident)
+                .collect()
+        };
         for p in resident {
             let Some(&v) = self.window.get(&p) else {
                 continue;
             };
-            let hash = self.core.hash_of(p).unwrap_or(Self::zero_hash());
+            let hash = self.core().hash_of(p).unwrap_or(zero_hash());
             if checksum(v) != hash {
-                self.brick_ok()?;
+                self.brick_op();
                 self.brick.insert(p, v);
-                self.core.mark_written(p, Some(checksum(v)));
+                self.core().mark_written(p, Some(checksum(v)));
             }
         }
         self.forks += 1;
         if self.rng.chance(500) {
-            self.core = self.core.forked(policy(self.shape.policy));
+            let child = self.core().forked(policy(self.shape.policy));
+            *self.core() = child;
             self.window.clear();
             self.staging.clear();
             self.aheads.clear();
@@ -787,31 +463,37 @@ impl Sim {
         } else {
             self.log("fork: going on as the parent".into());
         }
-        Ok(())
     }
 
     // --- Checks ------------------------------------------------------------------------
 
-    /// Every page reads back its last write, wherever it is; the core is consistent.
+    /// Every page reads back its last write, wherever it is; the core is consistent; the
+    /// local buffer holds its budget.
     fn check(&self) -> Result<(), String> {
-        self.core.check()?;
+        let c = self.core();
+        c.check()?;
+        if c.resident() > self.shape.budget {
+            return Err(format!(
+                "{} pages resident over a budget of {}",
+                c.resident(),
+                self.shape.budget
+            ));
+        }
         let in_flight: HashMap<u64, u32> = self
             .jobs
             .iter()
+            .chain(&self.writing)
             .flat_map(|(_, vs)| vs.iter())
             .filter(|v| v.moved)
             .map(|v| (v.page as u64, v.slot))
             .collect();
         for p in 0..self.shape.window {
             let want = self.expect(p);
-            let s = self.core.state(p);
+            let s = c.state(p);
             let mapped = self.window.get(&p).copied();
-            let staging_now = match &self.serving {
-                Some(Serving::Stage { job: Some((_, vs)), .. }) => vs.iter().any(|v| v.page as u64 == p),
-                _ => false,
-            };
             // A victim stays mapped from its choice until the handler moves it out.
-            let may_map = s.location() == Location::Resident || (s.location() == Location::Evicting && staging_now);
+            let may_map = s.location() == Location::Resident
+                || (s.location() == Location::Evicting && self.choosing.contains(&p));
             if mapped.is_some() && !may_map {
                 return Err(format!("page {p} is mapped but {s:?}"));
             }
@@ -825,7 +507,7 @@ impl Sim {
                     (None, Some(slot)) => self.staging.get(slot).copied().unwrap_or(ZERO),
                     (None, None) => continue, // chosen, not there to move (released meanwhile)
                 },
-                Location::Remote => match self.core.fill_of(p) {
+                Location::Remote => match c.fill_of(p) {
                     Some(w) => w,
                     None => self.brick.get(&p).copied().unwrap_or(ZERO),
                 },
@@ -840,6 +522,272 @@ impl Sim {
         Ok(())
     }
 
+    /// The contents a run's page `i` was read into.
+    fn fetched(&self, run: &Run<Ahead>, i: usize) -> u64 {
+        match &run.spent {
+            Some(s) => self.staging.get(&(s.start() + i as u32)).copied().unwrap_or(ZERO),
+            None => self.buf[i],
+        }
+    }
+}
+
+impl Backend for Sim {
+    type Ahead = Ahead;
+
+    fn budget(&mut self, _c: &Core) -> u64 {
+        self.shape.budget
+    }
+
+    fn prefetch_pages(&self) -> usize {
+        self.shape.prefetch
+    }
+
+    fn zero_hash(&self) -> u64 {
+        zero_hash()
+    }
+
+    /// The handler waits for the write-back thread: that thread runs a job (there must be one,
+    /// or the real handler would wait forever), and the program may act too.
+    fn wait<'a>(&mut self, lock: &'a Mutex<Core>, c: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
+        let evicting = self.serving.is_some_and(|p| c.location(p) == Location::Evicting);
+        drop(c);
+        self.count(if evicting {
+            "fault waits for its page's write-back"
+        } else {
+            "fault waits for staging slots"
+        });
+        assert!(
+            !self.jobs.is_empty(),
+            "the fault path waits for the write-back, but no eviction is in flight: it would wait forever"
+        );
+        self.write_back_step();
+        self.checked();
+        self.interleave(true);
+        fault::lock(lock)
+    }
+
+    fn notify(&mut self) {}
+
+    fn wake(&mut self, _page: u64) {
+        self.wake_mapped();
+    }
+
+    fn already_installed(&mut self, page: u64) {
+        // Another thread's fault installed it (or it is claimed and on its way: that fault's
+        // install wakes everyone).
+        self.log(format!("handler: {page} already installed"));
+        self.wake_mapped();
+    }
+
+    fn move_out(&mut self, _lock: &Mutex<Core>, id: u64, mut victims: Vec<Victim>) {
+        // Chosen and still mapped: the program may write them until they move.
+        self.choosing = victims.iter().map(|v| v.page as u64).collect();
+        self.interleave(true);
+        for v in victims.iter_mut() {
+            if let Some(c) = self.window.remove(&(v.page as u64)) {
+                self.staging.insert(v.slot, c);
+                v.moved = true;
+            }
+        }
+        self.choosing.clear();
+        self.log(format!("handler: staged job {id}: {} victims", victims.len()));
+        if self.jobs.is_empty() && self.rng.chance(100) {
+            // As the runtime does for bricks a memory copy away: written back right here.
+            self.count("jobs written back by the handler");
+            self.write_back((id, victims));
+        } else {
+            self.jobs.push((id, victims));
+        }
+    }
+
+    /// The kernel's UFFDIO_COPY/MOVE: refused with EAGAIN while a REMOVE is queued, refused
+    /// with EEXIST on a mapped page, else maps the pages and wakes their threads.
+    fn install(&mut self, run: &mut Run<Ahead>, from: usize, to: usize) -> Install {
+        self.interleave(true);
+        if self.uffd.iter().any(|e| matches!(e, Event::Remove { .. })) {
+            self.count("install EAGAIN on a queued REMOVE");
+            return Install::Again(0);
+        }
+        for i in from..to {
+            let p = run.page + i as u64;
+            if self.window.contains_key(&p) {
+                self.wake_mapped();
+                return Install::Exists(i - from);
+            }
+            let v = self.fetched(run, i);
+            self.window.insert(p, v);
+            if let Some(s) = &run.spent {
+                self.staging.remove(&(s.start() + i as u32));
+                run.moved[i] = true;
+            }
+            self.count(match run.kinds[i] {
+                Source::Zeros | Source::Held => "pages installed as zeros",
+                Source::Brick => "pages installed from the brick",
+                Source::Fill(_) => "pages installed as fills",
+            });
+        }
+        self.wake_mapped();
+        Install::Placed(to - from)
+    }
+
+    fn pump_events(&mut self) {
+        let mut faults = VecDeque::new();
+        while let Some(e) = self.uffd.pop_front() {
+            match e {
+                Event::Remove { first, count } => {
+                    self.core().release(first, count);
+                    self.log(format!("handler: REMOVE {first}+{count} (install EAGAIN)"));
+                }
+                f @ Event::Fault { .. } => faults.push_back(f),
+            }
+        }
+        self.uffd = faults;
+    }
+
+    fn discard_slots(&mut self, start: u32, count: u32) {
+        self.count("staging slots given back");
+        for s in start..start + count {
+            self.staging.remove(&s);
+        }
+    }
+
+    fn read(&mut self, run: &mut Run<Ahead>) {
+        self.interleave(true);
+        let ahead = run.ahead.take();
+        if ahead.is_none() && run.kinds.contains(&Source::Brick) {
+            self.brick_op();
+        }
+        let data: Vec<u64> = (0..run.len())
+            .map(|i| match run.kinds[i] {
+                Source::Zeros | Source::Held => ZERO,
+                Source::Fill(w) => w,
+                Source::Brick => match &ahead {
+                    Some(a) => a.data[i],
+                    None => self.brick.get(&(run.page + i as u64)).copied().unwrap_or(ZERO),
+                },
+            })
+            .collect();
+        match &run.spent {
+            Some(s) => {
+                self.count("runs received into spent slots");
+                for (i, v) in data.into_iter().enumerate() {
+                    self.staging.insert(s.start() + i as u32, v);
+                }
+            }
+            None => self.buf = data,
+        }
+    }
+
+    fn checksums(&mut self, run: &mut Run<Ahead>, out: &mut Vec<(u32, u64)>) {
+        for i in 0..run.len() {
+            if run.kinds[i] == Source::Brick {
+                out.push(((run.page + i as u64) as u32, checksum(self.fetched(run, i))));
+            }
+        }
+    }
+
+    fn planning(&mut self, c: &mut Core, fault: u64, _budget: u64) -> Option<usize> {
+        let epoch = c.epoch();
+        self.aheads
+            .retain(|a| !fault::ahead_stale(a.page, a.data.len(), a.epoch, fault, epoch));
+        self.aheads.iter().find(|a| a.page == fault).map(|a| a.data.len())
+    }
+
+    fn claimed(&mut self, _c: &mut Core, run: &mut Run<Ahead>) {
+        if let Some(i) = self.aheads.iter().position(|a| a.page == run.page) {
+            let a = self.aheads.swap_remove(i);
+            if fault::ahead_serves(a.page, a.data.len(), a.epoch, run) {
+                run.ahead = Some(a);
+                self.count("runs served by a read-ahead");
+            }
+        }
+        // A read-ahead of any page claimed now would go stale.
+        let (page, n) = (run.page, run.len() as u64);
+        self.aheads
+            .retain(|a| !fault::overlaps(a.page, a.data.len() as u64, page, n));
+        if run.kinds.contains(&Source::Held) {
+            self.count("runs passing over resident pages");
+        }
+        self.log(format!(
+            "handler: claimed {page}+{n}{}",
+            if run.ahead.is_some() { " (read-ahead)" } else { "" }
+        ));
+    }
+
+    fn read_ahead(&mut self, lock: &Mutex<Core>, _stream: usize, next: u64, run: usize) {
+        if self.aheads.len() >= 4 || self.aheads.iter().any(|a| a.page == next) {
+            return;
+        }
+        let (m, epoch) = {
+            let c = fault::lock(lock);
+            // As long as the stream's run, within a quarter of the budget (as the runtime).
+            let limit = (run as u64).min((self.shape.budget / 4).max(1));
+            (c.remote_run(next, limit), c.epoch())
+        };
+        if m < 2 {
+            return;
+        }
+        self.brick_op();
+        let data = (next..next + m)
+            .map(|p| self.brick.get(&p).copied().unwrap_or(ZERO))
+            .collect();
+        self.aheads.push(Ahead {
+            page: next,
+            epoch,
+            data,
+        });
+        self.count("read-aheads sent");
+        self.log(format!("handler: read ahead {next}+{m}"));
+    }
+
+    fn installed(&mut self, _plan: &Plan, run: &Run<Ahead>, _full: bool) {
+        let released = (0..run.len())
+            .filter(|&i| run.kinds[i] != Source::Held && !self.window.contains_key(&(run.page + i as u64)))
+            .count();
+        for _ in 0..released {
+            self.count("claimed pages released before their install");
+        }
+        self.log(format!("handler: installed {}+{}", run.page, run.len()));
+    }
+}
+
+impl Writer for Sim {
+    fn examine(&mut self, v: &Victim) -> Examined {
+        let c = self.staging.get(&v.slot).copied().unwrap_or(ZERO);
+        if let Some(w) = same_filled(c) {
+            self.count("same-filled evictions");
+            Examined::Filled(w)
+        } else if checksum(c) == v.hash {
+            self.count("clean evictions");
+            Examined::Clean
+        } else {
+            self.count("evictions written back");
+            self.to_write.push((v.page as u64, c));
+            Examined::Dirty
+        }
+    }
+
+    /// Sends the dirty pages; the program may act meanwhile (it may release a page being
+    /// written, whose eviction then ends as its release left it).
+    fn flush(&mut self) {
+        self.interleave(false);
+        if self.to_write.is_empty() {
+            return;
+        }
+        self.brick_op();
+        for (p, v) in std::mem::take(&mut self.to_write) {
+            self.brick.insert(p, v);
+        }
+    }
+
+    fn discard_slots(&mut self, start: u32, count: u32) {
+        for s in start..start + count {
+            self.staging.remove(&s);
+        }
+    }
+}
+
+impl Sim {
     fn report(&self, seed: u64, why: &str) -> String {
         let trace: Vec<&str> = self.trace.iter().map(String::as_str).collect();
         format!(
@@ -854,11 +802,16 @@ impl Sim {
 
 /// Runs one seed; Err(report) if a check failed or something panicked.
 fn run_seed(seed: u64) -> Result<Sim, String> {
+    quiet_brick_loss();
     let mut sim = Sim::new(seed);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.run()));
     match outcome {
-        Ok(Ok(_)) => Ok(sim),
+        Ok(Ok(())) => Ok(sim),
         Ok(Err(why)) => Err(sim.report(seed, &why)),
+        Err(panic) if panic.is::<BrickLost>() => {
+            sim.lost = true;
+            Ok(sim)
+        }
         Err(panic) => {
             let why = panic
                 .downcast_ref::<String>()
@@ -868,6 +821,19 @@ fn run_seed(seed: u64) -> Result<Sim, String> {
             Err(sim.report(seed, &why))
         }
     }
+}
+
+/// A lost brick ends a run by unwinding, as the runtime exits: not worth a panic message.
+fn quiet_brick_loss() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.payload().is::<BrickLost>() {
+                previous(info);
+            }
+        }));
+    });
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -882,7 +848,7 @@ fn campaign(first: u64, seeds: u64) {
         match run_seed(seed) {
             Ok(sim) => {
                 forks += sim.forks;
-                lost += u32::from(sim.trace.back().is_some_and(|l| l.contains("brick lost")));
+                lost += u32::from(sim.lost);
                 for (k, v) in sim.seen {
                     *seen.entry(k).or_default() += v;
                 }
@@ -905,6 +871,9 @@ fn campaign(first: u64, seeds: u64) {
         "runs received into spent slots",
         "runs passing over resident pages",
         "forks going on as the child",
+        "install EAGAIN on a queued REMOVE",
+        "jobs written back by the handler",
+        "staging slots given back",
     ] {
         assert!(
             seen.get(must).copied().unwrap_or(0) > 0,

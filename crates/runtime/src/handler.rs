@@ -37,6 +37,9 @@ pub(crate) struct Handler {
     pub(crate) filled: bool,
     /// Where this thread runs and how it waits, under `HandlerMode::Auto` on several CPUs.
     pub(crate) placement: Option<Placement>,
+    /// When the fault being served started, then when it reached each
+    /// [`Step`](rackmem_pager::fault::Step) (ns since the runtime's clock started).
+    pub(crate) marks: [u64; 7],
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -52,6 +55,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         writes: Vec::new(),
         filled: false,
         placement: None,
+        marks: [0; 7],
     };
     let mode = h.inner.cfg.handler;
     if let HandlerMode::Auto { spin_us } = mode {
@@ -142,7 +146,7 @@ impl Handler {
 
     /// Reads whatever is queued and applies non-fault events at once (they are what makes a
     /// COPY return EAGAIN); faults are kept for later, in order.
-    pub(crate) fn pump_events(&mut self) {
+    pub(crate) fn apply_queued_events(&mut self) {
         self.events.clear();
         if let Err(e) = self.inner.uffd.read_events(&mut self.events, READ_BATCH) {
             self.inner

@@ -4,8 +4,9 @@
 
 use crate::inner::Inner;
 use crate::{recycle, PAGE, PAGE_SIZE};
+use rackmem_pager::fault::{self, Run};
 use rackmem_pager::Core;
-use rackmem_pager::{Location, Source, SpentRun};
+use rackmem_pager::SpentRun;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -60,14 +61,12 @@ impl ReadAheads {
         self.list.iter().find(|a| a.page == page).map(|a| a.n)
     }
 
-    /// Takes the read-ahead of the run just claimed at `page`, if it holds exactly that run:
-    /// as long, sent since the last release, and every page from the brick. One that does not
-    /// is dropped.
-    pub(crate) fn take_for(&mut self, c: &mut Core, page: u64, kinds: &[Source], epoch: u64) -> Option<Ahead> {
-        let i = self.list.iter().position(|a| a.page == page)?;
+    /// Takes the read-ahead of the run just claimed, if it holds exactly that run
+    /// ([`fault::ahead_serves`]). One at the run's page that does not is dropped.
+    pub(crate) fn take_for(&mut self, c: &mut Core, run: &Run<Ahead>) -> Option<Ahead> {
+        let i = self.list.iter().position(|a| a.page == run.page)?;
         let a = self.list.swap_remove(i);
-        let from_brick = kinds.iter().all(|&k| k == Source::Brick);
-        if a.n == kinds.len() && a.epoch == epoch && from_brick {
+        if fault::ahead_serves(a.page, a.n, a.epoch, run) {
             Some(a)
         } else {
             self.drop_ahead(c, a);
@@ -115,15 +114,13 @@ impl ReadAheads {
         s.pages_read_ahead.fetch_add(a.n as u64, Ordering::Relaxed);
     }
 
-    /// Drops the read-aheads that can no longer be used: pages were released since they were
-    /// sent, or the fault at `page` falls inside one rather than at its start (the stream
-    /// jumped; its pages will be fetched the ordinary way).
+    /// Drops the read-aheads that can no longer be used at the fault at `page`
+    /// ([`fault::ahead_stale`]).
     pub(crate) fn drop_stale(&mut self, c: &mut Core, page: u64) {
         let mut i = 0;
         while i < self.list.len() {
             let a = &self.list[i];
-            let inside = page > a.page && page < a.page + a.n as u64;
-            if a.epoch != c.epoch() || inside {
+            if fault::ahead_stale(a.page, a.n, a.epoch, page, c.epoch()) {
                 let a = self.list.swap_remove(i);
                 self.drop_ahead(c, a);
             } else {
@@ -169,11 +166,8 @@ impl ReadAheads {
         let limit = (want as u64)
             .min((budget / 4).max(1))
             .min(region_end.saturating_sub(page));
-        let mut n = 0u64;
         // Same-filled pages are not read from the brick (its copy is stale): they end the run.
-        while n < limit && c.location(page + n) == Location::Remote && !c.is_filled(page + n) {
-            n += 1;
-        }
+        let n = c.remote_run(page, limit);
         if n < 2 {
             return false;
         }
@@ -247,7 +241,7 @@ impl ReadAheads {
         let mut i = 0;
         while i < self.list.len() {
             let a = &self.list[i];
-            if a.page < page + n && page < a.page + a.n as u64 {
+            if fault::overlaps(a.page, a.n as u64, page, n) {
                 let a = self.list.swap_remove(i);
                 self.drop_ahead(c, a);
             } else {

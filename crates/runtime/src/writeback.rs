@@ -9,7 +9,8 @@
 
 use crate::segment::Segment;
 use crate::{Inner, Job, Victim, PAGE, PAGE_SIZE};
-use rackmem_pager::{Evicted, Location};
+use rackmem_pager::writeback::{Examined, Writer};
+use rackmem_pager::Location;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
@@ -125,38 +126,51 @@ pub(crate) fn fill_with(out: &mut [u8], word: u64) {
     }
 }
 
-/// Writes back the dirty pages of an eviction job and gives its slots back. Run by the
-/// write-back thread, or by the handler for a job whose pages all go to mapped segments.
+/// Writes back eviction job `id` through the pager core's write-back sequence
+/// ([`rackmem_pager::writeback::write_back`]), then wakes whoever waits for its slots or pages.
+/// Run by the write-back thread, or by the handler for a job whose pages all go to mapped
+/// segments.
 pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut Vec<BrickWrites>) {
     // Per brick: extents and the data to write.
     per_brick.resize_with(inner.table.len(), BrickWrites::default);
     per_brick.iter_mut().for_each(BrickWrites::clear);
-    // The mapped segment of each brick that has one, looked up once per job.
-    let mut mapped_of: Vec<Option<Option<Arc<Segment>>>> = vec![None; per_brick.len()];
-    let mut written_mapped = 0u64;
-    let mut dirty = vec![false; victims.len()];
-    let mut fills: Vec<Option<u64>> = vec![None; victims.len()];
-    let mut clean = 0u64;
-    let mut filled = 0u64;
-    // Pages released since they were staged are not sent: their staged copy is stale, and
-    // whatever order jobs complete in, it must never overwrite what a later eviction wrote.
-    let current: Vec<bool> = {
-        let c = inner.lock();
-        victims
-            .iter()
-            .map(|v| v.moved && c.is_evicting_for(id, v.page))
-            .collect()
+    let mut w = Writes {
+        inner,
+        mapped_of: vec![None; per_brick.len()],
+        per_brick,
+        written_mapped: 0,
+        clean: 0,
+        filled: 0,
     };
-    for (k, v) in victims.iter().enumerate() {
-        if !current[k] {
-            continue;
-        }
+    rackmem_pager::writeback::write_back(&inner.core, &mut w, id, victims);
+    let s = &inner.stats;
+    s.bytes_written_back.fetch_add(w.written_mapped, Ordering::Relaxed);
+    s.bytes_written_shared.fetch_add(w.written_mapped, Ordering::Relaxed);
+    s.evictions_clean.fetch_add(w.clean, Ordering::Relaxed);
+    s.evictions_same_filled.fetch_add(w.filled, Ordering::Relaxed);
+    inner.core_cv.notify_all();
+}
+
+/// One eviction job's writes: dirty pages gathered per brick (or copied into mapped segments
+/// at once), sent by `flush`.
+struct Writes<'a> {
+    inner: &'a Inner,
+    /// The mapped segment of each brick that has one, looked up once per job.
+    mapped_of: Vec<Option<Option<Arc<Segment>>>>,
+    per_brick: &'a mut Vec<BrickWrites>,
+    written_mapped: u64,
+    clean: u64,
+    filled: u64,
+}
+
+impl Writer for Writes<'_> {
+    fn examine(&mut self, v: &Victim) -> Examined {
+        let inner = self.inner;
         let page = crate::recycle::staged_page(inner, v.slot);
         if let Some(w) = same_filled(page) {
             // Whatever the brick holds for it is not read again (see `Core::fills`).
-            fills[k] = Some(w);
-            filled += 1;
-            continue;
+            self.filled += 1;
+            return Examined::Filled(w);
         }
         let Some((brick, off)) = inner.table.lookup(v.page as u64) else {
             inner.internal_error(&format!("window page {} has no segment", v.page));
@@ -164,21 +178,20 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
         // Checked in place; only a page to write is copied, straight into the brick's outgoing
         // data, or into the mapped segment when the brick already holds memory for it (fresh
         // pages go over the link: see `Segment::write`).
-        let mapped = mapped_of[brick]
+        let mapped = self.mapped_of[brick]
             .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
             .as_ref();
         if unchanged(mapped, off, v.brick_valid, v.hash, page) {
-            clean += 1;
-            continue;
+            self.clean += 1;
+            return Examined::Clean;
         }
-        dirty[k] = true;
-        let w = &mut per_brick[brick];
+        let w = &mut self.per_brick[brick];
         let (ext, data) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
             Some((seg, m)) if v.backed => {
                 seg.limiter.acquire(PAGE);
                 m.write(off as usize, page);
-                written_mapped += PAGE;
-                continue;
+                self.written_mapped += PAGE;
+                return Examined::Dirty;
             }
             Some(_) => (&mut w.fresh_extents, &mut w.fresh_data),
             None => (&mut w.extents, &mut w.data),
@@ -188,79 +201,37 @@ pub(crate) fn evict(inner: &Inner, id: u64, victims: &[Victim], per_brick: &mut 
             Some(last) if last.0 + last.1 as u64 == off => last.1 += PAGE_SIZE as u32,
             _ => ext.push((off, PAGE_SIZE as u32)),
         }
+        Examined::Dirty
     }
-    for (brick, w) in per_brick.iter().enumerate() {
-        for (ext, data, fresh) in [(&w.extents, &w.data, false), (&w.fresh_extents, &w.fresh_data, true)] {
-            if ext.is_empty() {
-                continue;
-            }
-            let seg = inner.segment(brick);
-            seg.limiter.acquire(data.len() as u64);
-            if let Err(e) = seg.write(ext, data, fresh) {
-                inner.brick_lost(brick, "writing back evicted pages", &e);
-            }
-            inner
-                .stats
-                .bytes_written_back
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-        }
-    }
-    inner
-        .stats
-        .bytes_written_back
-        .fetch_add(written_mapped, Ordering::Relaxed);
-    inner
-        .stats
-        .bytes_written_shared
-        .fetch_add(written_mapped, Ordering::Relaxed);
-    inner.stats.evictions_clean.fetch_add(clean, Ordering::Relaxed);
-    inner.stats.evictions_same_filled.fetch_add(filled, Ordering::Relaxed);
-    // Runs of neighbouring moved slots: kept mapped as spent slots for the handler's next
-    // fetches (see `recycle`), or, past the cap, freed with one madvise per run (no event: the
-    // staging uffd has none).
-    let mut slots: Vec<u32> = victims.iter().filter(|v| v.moved).map(|v| v.slot).collect();
-    slots.sort_unstable();
-    let mut runs: Vec<(u32, u32)> = Vec::new();
-    for &s in &slots {
-        match runs.last_mut() {
-            Some(r) if r.0 + r.1 == s => r.1 += 1,
-            _ => runs.push((s, 1)),
-        }
-    }
-    let mut kept = Vec::new();
-    {
-        let mut c = inner.lock();
-        for &(start, len) in &runs {
-            if c.slots.give_spent(start, len) {
-                kept.push((start, len));
+
+    fn flush(&mut self) {
+        let inner = self.inner;
+        for (brick, w) in self.per_brick.iter().enumerate() {
+            for (ext, data, fresh) in [(&w.extents, &w.data, false), (&w.fresh_extents, &w.fresh_data, true)] {
+                if ext.is_empty() {
+                    continue;
+                }
+                let seg = inner.segment(brick);
+                seg.limiter.acquire(data.len() as u64);
+                if let Err(e) = seg.write(ext, data, fresh) {
+                    inner.brick_lost(brick, "writing back evicted pages", &e);
+                }
+                inner
+                    .stats
+                    .bytes_written_back
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
             }
         }
     }
-    for &(start, len) in &runs {
-        if kept.contains(&(start, len)) {
-            continue;
-        }
-        if let Err(e) = rackmem_sys::madvise_dontneed(inner.slot_addr(start), len as usize * PAGE_SIZE) {
-            inner.internal_error(&format!("freeing staging slots: {e}"));
+
+    /// Frees slots past the spent cap with one madvise per run (no event: the staging uffd has
+    /// none).
+    fn discard_slots(&mut self, start: u32, count: u32) {
+        let at = self.inner.slot_addr(start);
+        if let Err(e) = rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) {
+            self.inner.internal_error(&format!("freeing staging slots: {e}"));
         }
     }
-    let mut c = inner.lock();
-    for (k, v) in victims.iter().enumerate() {
-        let how = match (fills[k], dirty[k], v.moved) {
-            (Some(w), _, _) => Evicted::Filled(w),
-            (None, true, _) => Evicted::Written,
-            (None, false, true) => Evicted::Clean,
-            (None, false, false) => Evicted::Gone,
-        };
-        c.finish_eviction(id, v.page, how);
-    }
-    // Highest first, so the handler pops ascending runs of neighbouring slots.
-    let in_spent = |s: u32| kept.iter().any(|&(a, l)| s >= a && s < a + l);
-    let mut freed: Vec<u32> = victims.iter().map(|v| v.slot).filter(|&s| !in_spent(s)).collect();
-    freed.sort_unstable_by(|a, b| b.cmp(a));
-    c.slots.put_free(freed);
-    drop(c);
-    inner.core_cv.notify_all();
 }
 
 /// Writes back every resident page whose contents changed since it was installed (fork

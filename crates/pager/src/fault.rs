@@ -1,0 +1,473 @@
+//! The fault path, top to bottom: a missing-page fault in the window becomes a run of pages
+//! installed from their brick, after room was made for them in the local buffer.
+//!
+//! [`serve`] runs it for one fault. Its steps, in the order they run:
+//!
+//! 1. **plan** the run ([`plan`]): the faulting page, plus the following pages when the stream
+//!    is sequential ([`crate::prefetch`]), within one region; waits while the page is being
+//!    written back;
+//! 2. **make room** ([`make_room`]): if the run would overflow the local buffer, the eviction
+//!    policy picks victims ([`Core::choose_victims`]); the backend moves them out of the window
+//!    into their staging slots and hands them to the write-back ([`crate::writeback`]);
+//! 3. **claim** the run ([`claim`]): its pages are resident before their contents arrive, so a
+//!    release read meanwhile turns them back to empty; a run passes over pages already resident;
+//! 4. **fetch** the remote pages from their bricks (the backend: one batched read per brick, or
+//!    a read-ahead sent at the previous fault of the stream);
+//! 5. **install** them ([`install`]), stretch by stretch, skipping pages released meanwhile and
+//!    applying queued events when the kernel says EAGAIN; spent staging slots that received the
+//!    run are freed or kept spent;
+//! 6. keep the stream's next run on its way (read-ahead).
+//!
+//! The sequence holds the core's lock only between backend calls, never across one: every
+//! backend call is a point where the program's threads and the write-back may act. The runtime
+//! implements [`Backend`] with userfaultfd and links (`rackmem-runtime`, `fault.rs`); the
+//! simulation (`tests/simulation.rs`) with maps, running the program's threads and the
+//! write-back inside those calls, so it checks this very sequence.
+//!
+//! A backend that loses a brick does not return: the runtime stops the program rather than go
+//! on with missing data, the simulation unwinds.
+
+use crate::core::{Core, Source, Victim};
+use crate::slots::SpentRun;
+use crate::state::{Location, PageState};
+use std::sync::{Mutex, MutexGuard};
+
+/// Shortest run received into spent slots and moved in (shorter runs are copied: for single
+/// pages a move gains nothing over the fresh page a copy takes; GUPS at 25% local on shared
+/// memory: 80.0 k updates/s moving, 83.1 k copying).
+pub const RECYCLE_MIN_PAGES: u64 = 4;
+
+/// Locks the core, whether or not a thread panicked while holding it (the core's state is
+/// changed by whole methods, each consistent on its own).
+pub fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    core.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The point the sequence has reached, for a backend that times its steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The run is planned.
+    Planned,
+    /// Victims are chosen (if room had to be made).
+    Chosen,
+    /// The victims are out of the window.
+    Staged,
+    /// The run is claimed.
+    Claimed,
+    /// Its contents are read.
+    Fetched,
+    /// It is installed.
+    Installed,
+}
+
+/// A run planned for a fault (step 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// The faulting page.
+    pub fault: u64,
+    /// First page of the run (the fault, or below it for a descending stream).
+    pub start: u64,
+    /// Pages planned.
+    pub n: u64,
+    /// The stream's run length (what prefetch asked for).
+    pub run: usize,
+    /// The prefetch stream's slot.
+    pub stream: usize,
+    /// The stream walks down.
+    pub down: bool,
+}
+
+/// A claimed run (step 3), on its way to install.
+#[derive(Debug)]
+pub struct Run<A> {
+    /// First page.
+    pub page: u64,
+    /// Where each page's contents come from ([`Source::Held`]: already resident, passed over).
+    pub kinds: Vec<Source>,
+    /// The core's epoch at the claim (a read-ahead sent before a release since cannot serve it).
+    pub epoch: u64,
+    /// The backend's read-ahead that holds the run's contents, if one does.
+    pub ahead: Option<A>,
+    /// Spent staging slots the run is received into (their pages then move into the window).
+    pub spent: Option<SpentRun>,
+    /// For a run in spent slots: which slots gave their page to the window (set by the
+    /// backend's [`Backend::install`]).
+    pub moved: Vec<bool>,
+}
+
+impl<A> Run<A> {
+    /// Pages in the run.
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// True for a run of no pages (never made by [`claim`]).
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+}
+
+/// What one install call got done, in pages from its first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Install {
+    /// Placed this many pages (the whole stretch, or up to an error the backend dealt with).
+    Placed(usize),
+    /// Placed this many, then found the next page already mapped (its waiters are woken).
+    Exists(usize),
+    /// Placed this many, then the kernel said EAGAIN: events are queued that change the window.
+    Again(usize),
+}
+
+/// What the fault sequence needs from the world. Methods that take `&mut Core` run under the
+/// core's lock; the others without it (the program and the write-back may act meanwhile).
+pub trait Backend {
+    /// The backend's read-ahead: a read in flight that holds a run's contents.
+    type Ahead;
+
+    // --- The environment ---
+
+    /// The local buffer's size now, in pages.
+    fn budget(&mut self, c: &Core) -> u64;
+    /// Longest run a sequential stream fetches, in pages.
+    fn prefetch_pages(&self) -> usize;
+    /// The checksum of a page of zeros (what a page never fetched is compared with).
+    fn zero_hash(&self) -> u64;
+    /// Waits until the write-back gives back a slot or finishes a page, with the lock
+    /// released meanwhile; returns the lock again.
+    fn wait<'a>(&mut self, lock: &'a Mutex<Core>, c: MutexGuard<'a, Core>) -> MutexGuard<'a, Core>;
+    /// The sequence reached `step` (for timings).
+    fn mark(&mut self, _step: Step) {}
+    /// Wakes whoever waits for the core (the sequence gave slots back).
+    fn notify(&mut self);
+
+    // --- The window ---
+
+    /// Wakes the threads waiting for `page`, which is mapped.
+    fn wake(&mut self, page: u64);
+    /// The fault's page was installed by an earlier fault: wake its waiters.
+    fn already_installed(&mut self, page: u64) {
+        self.wake(page);
+    }
+    /// Moves the victims of job `id` out of the window into their slots (setting `moved` on
+    /// those that were there), then writes them back or hands them to the write-back thread.
+    fn move_out(&mut self, lock: &Mutex<Core>, id: u64, victims: Vec<Victim>);
+    /// Installs pages `from..to` of the run (all claimed), from where `read` put them.
+    fn install(&mut self, run: &mut Run<Self::Ahead>, from: usize, to: usize) -> Install;
+    /// Applies the non-fault events queued in the window's event queue (they made an install
+    /// say EAGAIN); faults stay queued.
+    fn pump_events(&mut self);
+    /// Gives the memory of staging slots `start..start+count` back (they become free).
+    fn discard_slots(&mut self, start: u32, count: u32);
+
+    // --- The bricks ---
+
+    /// Reads the run's contents: brick pages from their bricks or the run's read-ahead,
+    /// same-filled pages filled, the others zeroed; into `run.spent` if set.
+    fn read(&mut self, run: &mut Run<Self::Ahead>);
+    /// The install checksums of the run's pages that are compared by checksum at eviction.
+    fn checksums(&mut self, run: &mut Run<Self::Ahead>, out: &mut Vec<(u32, u64)>);
+
+    // --- Read-ahead ---
+
+    /// Planning the fault at `fault` (under the lock): drops read-aheads that went stale and
+    /// returns the length of the one starting at `fault`, if any.
+    fn planning(&mut self, c: &mut Core, fault: u64, budget: u64) -> Option<usize>;
+    /// Victims need slots that read-aheads hold: drops those; false if none held any.
+    fn release_slots_held(&mut self, _c: &mut Core) -> bool {
+        false
+    }
+    /// The run was just claimed (under the lock): takes its read-ahead into `run.ahead` if one
+    /// holds exactly this run, and drops the others that overlap it (they would go stale).
+    fn claimed(&mut self, c: &mut Core, run: &mut Run<Self::Ahead>);
+    /// Keeps the next runs of sequential stream `stream` on their way, from page `next`.
+    fn read_ahead(&mut self, lock: &Mutex<Core>, stream: usize, next: u64, run: usize);
+    /// The run is installed. `full`: room had to be made for it.
+    fn installed(&mut self, _plan: &Plan, _run: &Run<Self::Ahead>, _full: bool) {}
+}
+
+/// Serves the fault at window page `fault`, step by step (see the module documentation).
+/// Returns false if an earlier fault had installed the page already.
+pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
+    loop {
+        // 1. Plan the run (or find that another thread's fault already installed the page).
+        let Some((c, plan)) = plan(lock, b, fault) else {
+            return false;
+        };
+        b.mark(Step::Planned);
+        // 2. Make room; may wait for staging slots.
+        let (c, staged) = make_room(lock, c, b, plan.n);
+        drop(c);
+        b.mark(Step::Chosen);
+        let full = staged.is_some();
+        if let Some((id, victims)) = staged {
+            b.move_out(lock, id, victims);
+        }
+        b.mark(Step::Staged);
+        // 3. Claim what is still claimable: the write-back may have finished pages while we
+        // staged. Nothing left (the page is being evicted again): plan anew.
+        let Some(mut run) = claim(lock, b, &plan) else {
+            continue;
+        };
+        b.mark(Step::Claimed);
+        // 4. Fetch.
+        b.read(&mut run);
+        b.mark(Step::Fetched);
+        // 5. Install, waking the faulting threads.
+        install(lock, b, &mut run);
+        b.mark(Step::Installed);
+        b.installed(&plan, &run, full);
+        // 6. Ahead of the next faults: a sequential stream gets its next runs read.
+        if plan.run > 1 && !plan.down && run.kinds.iter().all(|&k| k != Source::Zeros) {
+            b.read_ahead(lock, plan.stream, run.page + run.len() as u64, plan.run);
+        }
+        return true;
+    }
+}
+
+/// Step 1: plans the run for the fault at `fault`. `None` if the page is already installed
+/// (another thread faulted it first: its waiters are woken). Waits while the page is being
+/// written back.
+pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Option<(MutexGuard<'a, Core>, Plan)> {
+    let mut c = self::lock(lock);
+    loop {
+        match c.location(fault) {
+            Location::Resident => {
+                drop(c);
+                b.already_installed(fault);
+                return None;
+            }
+            Location::Evicting => c = b.wait(lock, c),
+            Location::Empty | Location::Remote => break,
+        }
+    }
+    let p = c.streams.plan(fault, b.prefetch_pages().max(1));
+    let (region_start, region_end) = c
+        .alloc
+        .region_containing(fault)
+        .map_or((fault, fault + 1), |(s, l)| (s, s + l));
+    let budget = b.budget(&c);
+    // A run passes over resident pages (installing around them), but stops at a page on its
+    // way out.
+    let fits = |s: PageState| s.installable() || s.location() == Location::Resident;
+    let cap = (p.run as u64).min((budget / 4).max(1));
+    let mut n = 1u64;
+    // An ascending run starts at the fault; a descending one ends there.
+    let mut start = fault;
+    if p.down {
+        while n < cap.min(fault - region_start + 1) && fits(c.state(fault - n)) {
+            n += 1;
+        }
+        start = fault + 1 - n;
+    } else {
+        while n < cap.min(region_end.saturating_sub(fault).max(1)) && fits(c.state(fault + n)) {
+            n += 1;
+        }
+    }
+    // The read-ahead sent at the previous fault of this stream, if it covers this run (and
+    // fits in it: room is made for at most `cap` pages).
+    let ahead = b.planning(&mut c, fault, budget);
+    if !p.down {
+        if let Some(len) = ahead.filter(|&l| l as u64 <= cap) {
+            n = len as u64;
+        }
+    }
+    c.streams.advance(p.slot, start, start + n);
+    let plan = Plan {
+        fault,
+        start,
+        n,
+        run: p.run,
+        stream: p.slot,
+        down: p.down,
+    };
+    Some((c, plan))
+}
+
+/// Step 2: picks victims so that `need` more pages fit in the budget, marks them evicting and
+/// gives each a staging slot. Returns the lock (it may have waited for slots) and the job.
+pub fn make_room<'a, B: Backend>(
+    lock: &'a Mutex<Core>,
+    mut c: MutexGuard<'a, Core>,
+    b: &mut B,
+    need: u64,
+) -> (MutexGuard<'a, Core>, Option<(u64, Vec<Victim>)>) {
+    let budget = b.budget(&c);
+    if c.resident() + need <= budget {
+        return (c, None);
+    }
+    // Evict a little more than needed so the next faults of a stream find room; at most half
+    // the staging area per batch, so the next batch finds slots while this one is written.
+    let slack = (budget / 16).clamp(1, 32);
+    let want = ((c.resident() + need - budget + slack) as usize)
+        .min(c.slots.total() as usize / 2)
+        .min(c.resident() as usize);
+    while c.slots.free_count() < want {
+        if c.slots.spent_is_empty() {
+            // Read-aheads may hold the slots victims need: they go first.
+            if b.release_slots_held(&mut c) {
+                continue;
+            }
+            c = b.wait(lock, c);
+            continue;
+        }
+        // Spent slots hold pages kept for recycling; victims need empty slots more.
+        for (start, len) in c.slots.take_all_spent() {
+            b.discard_slots(start, len);
+            c.slots.put_free((start..start + len).rev());
+        }
+    }
+    let mut out = Vec::with_capacity(want);
+    let id = c.choose_victims(want, budget, b.zero_hash(), &mut out);
+    (c, id.map(|id| (id, out)))
+}
+
+/// Step 3: claims the planned run, or what is still claimable of it from the faulting page
+/// outward. `None` if the faulting page itself no longer is.
+pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<Run<B::Ahead>> {
+    let mut c = self::lock(lock);
+    let fault = plan.fault;
+    // A run stays within one protection: read-ahead must not fill a reservation (PROT_NONE)
+    // next to committed memory, nor pages lent to a file mapping (no longer registered with
+    // the userfaultfd).
+    let fault_prot = c.prot_of(fault);
+    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot;
+    if !claimable(&c, fault) {
+        return None;
+    }
+    // Outward from the fault: claimable pages, and resident ones to pass over; the run ends on
+    // a claimable page.
+    let held = |c: &Core, p: u64| c.location(p) == Location::Resident;
+    let (page, n) = if plan.down {
+        let (mut first, mut p) = (fault, fault);
+        while p > plan.start && (claimable(&c, p - 1) || held(&c, p - 1)) {
+            p -= 1;
+            if claimable(&c, p) {
+                first = p;
+            }
+        }
+        (first, fault + 1 - first)
+    } else {
+        let (mut k, mut end) = (1, 1);
+        while k < plan.n && (claimable(&c, plan.start + k) || held(&c, plan.start + k)) {
+            if claimable(&c, plan.start + k) {
+                end = k + 1;
+            }
+            k += 1;
+        }
+        (plan.start, end)
+    };
+    // Resident before the copy, so a REMOVE event read while copying (EAGAIN) turns the claimed
+    // pages back to empty and the install skips them. A page of a range that is not read-write
+    // stays out of the eviction policy (it cannot move to the staging area) until the program
+    // makes it read-write again or frees it.
+    let kinds: Vec<Source> = (page..page + n)
+        .map(|p| if claimable(&c, p) { c.claim(p) } else { Source::Held })
+        .collect();
+    let mut run = Run {
+        page,
+        kinds,
+        epoch: c.epoch(),
+        ahead: None,
+        spent: None,
+        moved: Vec::new(),
+    };
+    b.claimed(&mut c, &mut run);
+    // Receive into spent staging slots when a run of them is long enough (their pages then move
+    // into the window); else into the backend's buffer, copied in.
+    if run.ahead.is_none() && n >= RECYCLE_MIN_PAGES {
+        run.spent = c.slots.take_spent(n as usize);
+    }
+    Some(run)
+}
+
+/// Step 5: installs the claimed run, stretch by stretch, skipping pages released meanwhile and
+/// applying queued events after EAGAIN; then frees the spent slots whose pages moved in (the
+/// others are spent again, or freed past the cap).
+pub fn install<B: Backend>(lock: &Mutex<Core>, b: &mut B, run: &mut Run<B::Ahead>) {
+    let n = run.len();
+    let mut hashes = Vec::new();
+    b.checksums(run, &mut hashes);
+    if !hashes.is_empty() {
+        self::lock(lock).record_hashes(hashes);
+    }
+    run.moved.clear();
+    if run.spent.is_some() {
+        run.moved.resize(n, false);
+    }
+    let mut i = 0usize;
+    while i < n {
+        // The next stretch still claimed: pages released while we fetched (or while an earlier
+        // stretch was installed) are skipped, wherever they lie in the run. Checked at every
+        // stretch, not only when the epoch moved: a stretch that ended at a released page must
+        // not install that page next (it would map stale contents over a page that reads zeros).
+        let j = {
+            let c = self::lock(lock);
+            let claimed =
+                |i: usize| run.kinds[i] != Source::Held && c.location(run.page + i as u64) == Location::Resident;
+            while i < n && !claimed(i) {
+                i += 1;
+            }
+            if i >= n {
+                break;
+            }
+            let mut j = i + 1;
+            while j < n && claimed(j) {
+                j += 1;
+            }
+            j
+        };
+        match b.install(run, i, j) {
+            Install::Placed(k) => {
+                assert!(
+                    k > 0,
+                    "the install of pages {i}..{j} of the run at {} placed none",
+                    run.page
+                );
+                i += k;
+            }
+            Install::Exists(k) => {
+                b.wake(run.page + (i + k) as u64);
+                i += k + 1;
+            }
+            Install::Again(k) => {
+                b.pump_events();
+                i += k;
+            }
+        }
+    }
+    if let Some(spent) = run.spent.take() {
+        // Slots whose page moved are empty again: free for victims. The others still hold a
+        // page: spent again (or freed, past the cap).
+        let mut c = self::lock(lock);
+        for k in (0..n).rev() {
+            let slot = spent.start() + k as u32;
+            if run.moved[k] {
+                c.slots.put_free([slot]);
+            } else if !c.slots.give_spent(slot, 1) {
+                b.discard_slots(slot, 1);
+                c.slots.put_free([slot]);
+            }
+        }
+        drop(c);
+        b.notify();
+    }
+}
+
+/// True if a read-ahead of `n` pages at `page`, sent at `epoch`, holds exactly the run just
+/// claimed: as long, sent since the last release, and every page from the brick.
+pub fn ahead_serves<A>(page: u64, n: usize, epoch: u64, run: &Run<A>) -> bool {
+    page == run.page && n == run.len() && epoch == run.epoch && run.kinds.iter().all(|&k| k == Source::Brick)
+}
+
+/// True if a read-ahead of `n` pages at `page`, sent at `epoch`, can no longer be used by the
+/// fault at `fault`: pages were released since it was sent (the core is at `now`), or the fault
+/// falls inside it rather than at its start (the stream jumped; its pages are fetched the
+/// ordinary way).
+pub fn ahead_stale(page: u64, n: usize, epoch: u64, fault: u64, now: u64) -> bool {
+    epoch != now || (fault > page && fault < page + n as u64)
+}
+
+/// True if `[a, a+an)` and `[b, b+bn)` share a page.
+pub fn overlaps(a: u64, an: u64, b: u64, bn: u64) -> bool {
+    a < b + bn && b < a + an
+}
