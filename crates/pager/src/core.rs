@@ -74,6 +74,8 @@ pub struct Core {
     /// First pages of the regions handed out as malloc-family blocks; other regions are
     /// mappings, inside which the program's own allocator places its blocks.
     pub blocks: BTreeSet<u64>,
+    /// Scratch for the policy's victims (kept: an eviction batch per fault must not allocate).
+    victim_pages: Vec<u32>,
 }
 
 impl Core {
@@ -94,6 +96,7 @@ impl Core {
             streams: Streams::default(),
             alloc: RegionAllocator::new(window_pages),
             blocks: BTreeSet::new(),
+            victim_pages: Vec::new(),
         }
     }
 
@@ -254,16 +257,18 @@ impl Core {
     /// fetched is compared with. Returns the job id, or `None` if nothing could be chosen.
     pub fn choose_victims(&mut self, want: usize, budget: u64, zero_hash: u64, out: &mut Vec<Victim>) -> Option<u64> {
         self.policy.set_capacity(budget as usize);
-        let mut pages = Vec::with_capacity(want);
+        let mut pages = std::mem::take(&mut self.victim_pages);
+        pages.clear();
         self.policy.victims(want.min(self.slots.free_count()), &mut pages);
         // In page order, so runs of pages get runs of slots (one move each).
         pages.sort_unstable();
         if pages.is_empty() {
+            self.victim_pages = pages;
             return None;
         }
         let id = self.next_job;
         self.next_job += 1;
-        for p in pages {
+        for &p in &pages {
             let Some(slot) = self.slots.pop_free() else {
                 // Cannot happen (asked for at most the free slots); keep the page resident.
                 self.policy.inserted(p);
@@ -282,6 +287,7 @@ impl Core {
                 moved: false,
             });
         }
+        self.victim_pages = pages;
         Some(id)
     }
 
