@@ -1,34 +1,11 @@
-//! The raw calls the binary makes: forwarding a signal to the program it runs, and confining the
-//! program to CPUs.
+//! The binary's process calls: forwarding a signal to the program it runs, and confining the
+//! program to CPUs (both from `rackmem-sys`), with the CPU-list option they take.
 
-/// Sends `signal` to process `pid`; errors (the process is gone) are ignored.
-pub fn send_signal(pid: u32, signal: i32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: kill(2) takes plain integers; a stale pid at worst returns ESRCH.
-    unsafe {
-        libc::kill(pid, signal);
-    }
-}
+pub use rackmem_sys::process::send_signal;
 
 /// Confines the calling thread, and the processes it starts from now on, to `cpus`.
 pub fn pin_this_thread(cpus: &[usize]) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (indices checked below);
-    // sched_setaffinity only reads it and changes this thread's mask.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            if c >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
-                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-            }
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    rackmem_sys::process::set_thread_cpus(0, cpus)
 }
 
 /// CPUs to confine a program to.

@@ -12,6 +12,8 @@
 //!   ([`send_with_fd`], [`recv_with_fds`]);
 //! - waiting: a [`Doorbell`] (an `eventfd`) that lets a thread block on a descriptor without a
 //!   timeout yet be woken by another ([`wait_readable`]), and [`poll_readable`];
+//! - processes, threads and signals ([`process`]): leaving at once, descriptors inherited across
+//!   `fork`, SIGPIPE masks, sending signals, the CPUs a thread may run on;
 //! - what a server needs of its sockets and process: [`set_listen_backlog`],
 //!   [`raise_open_files_limit`], and the kernel's word on who is at the other end of a Unix
 //!   socket ([`peer_credentials`]).
@@ -39,6 +41,7 @@ mod error;
 mod fdpass;
 mod mem;
 mod poll;
+pub mod process;
 mod racy;
 mod shared;
 mod socket;

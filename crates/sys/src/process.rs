@@ -1,0 +1,125 @@
+//! Processes, threads and signals: leaving at once, descriptors inherited across `fork`,
+//! signal masks and signals, and the CPUs a thread may run on.
+
+/// Ends the process now without running `atexit` handlers or destructors: those may touch remote
+/// memory that can no longer be served, and the thread calling this may be the fault handler.
+pub fn exit_immediately(status: i32) -> ! {
+    // SAFETY: _exit takes no pointers and never returns; skipping atexit handlers is the point.
+    unsafe { libc::_exit(status) }
+}
+
+/// Closes a file descriptor this process inherited across `fork` and will never use (the
+/// parent's links and userfaultfds, owned by a runtime object the child leaks on purpose).
+pub fn close_inherited(fd: std::os::fd::RawFd) {
+    // SAFETY: the caller passes a descriptor whose owning object is never used or dropped in
+    // this process, so nothing closes or reads it after us.
+    unsafe {
+        libc::close(fd);
+    }
+}
+
+/// Blocks SIGPIPE in the calling thread. The runtime writes to brick sockets from threads of a
+/// program whose SIGPIPE disposition is its own (the default kills it): a brick that dies must
+/// turn into an error the runtime reports (EPIPE), never a silent death by signal.
+pub fn block_sigpipe() {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset; pthread_sigmask only changes this
+    // thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Runs `f` with SIGPIPE blocked in the calling thread (a program thread, e.g. in the fork
+/// hooks), restoring the thread's mask afterwards.
+pub fn without_sigpipe<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: as in `block_sigpipe`; the old mask is saved and restored on this same thread.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    let r = f();
+    // SAFETY: restores the mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    r
+}
+
+/// How many CPUs the calling thread may run on (its affinity mask; 0 if it cannot be read).
+pub fn allowed_cpus() -> usize {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_COUNT reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 0;
+        }
+        libc::CPU_COUNT(&set) as usize
+    }
+}
+
+/// The CPUs thread `tid` of this process (0: the calling thread) may run on; empty if its mask
+/// cannot be read (the thread is gone).
+pub fn thread_cpus(tid: u32) -> Vec<usize> {
+    let Ok(tid) = libc::pid_t::try_from(tid) else {
+        return Vec::new();
+    };
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_ISSET reads
+    // inside it (indices below CPU_SETSIZE).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Confines thread `tid` of this process (0: the calling thread), and only it, to `cpus` (a
+/// thread started by it afterwards, or a process it starts, inherits the mask). Fails if the
+/// kernel refused (the thread is gone, or a CPU is offline) or a CPU is out of range (EINVAL).
+pub fn set_thread_cpus(tid: u32, cpus: &[usize]) -> std::io::Result<()> {
+    let einval = || std::io::Error::from_raw_os_error(libc::EINVAL);
+    let tid = libc::pid_t::try_from(tid).map_err(|_| einval())?;
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (indices checked below);
+    // sched_setaffinity only reads it and changes that thread's mask.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c >= libc::CPU_SETSIZE as usize {
+                return Err(einval());
+            }
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The calling thread's id.
+pub fn this_thread_id() -> u32 {
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    u32::try_from(tid).unwrap_or(0)
+}
+
+/// Sends `signal` to process `pid`; errors (the process is gone) are ignored.
+pub fn send_signal(pid: u32, signal: i32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) takes plain integers; a stale pid at worst returns ESRCH.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
