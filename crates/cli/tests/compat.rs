@@ -274,6 +274,65 @@ impl Run {
     }
 }
 
+/// A long log cut to what explains a failure (see `Server::log`).
+fn log_excerpt(log: &str) -> String {
+    const HEAD: usize = 60;
+    const TAIL: usize = 40;
+    // Redis and others prefix lines with "pid:role day month year time": compare the rest.
+    let body = |l: &str| {
+        l.split_once(" # ")
+            .or_else(|| l.split_once(" * "))
+            .map_or(l, |(_, b)| b)
+            .to_string()
+    };
+    let mut folded: Vec<(String, usize)> = Vec::new();
+    for line in log.lines() {
+        match folded.last_mut() {
+            Some((last, n)) if body(last) == body(line) => *n += 1,
+            _ => folded.push((line.to_string(), 1)),
+        }
+    }
+    // A repeated block (a report printed over and over) folds to its first copy.
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<String> = Vec::new();
+    let mut hidden = 0usize;
+    for (i, (line, n)) in folded.iter().enumerate() {
+        let show = i < HEAD || i + TAIL >= folded.len() || line.contains("rackmem");
+        if !show || !seen.insert(body(line)) {
+            hidden += n;
+            continue;
+        }
+        kept.push(if *n > 1 {
+            format!("{line}   [{n} times]")
+        } else {
+            line.clone()
+        });
+    }
+    if hidden > 0 {
+        kept.push(format!("[{hidden} other lines of {} not shown]", log.lines().count()));
+    }
+    kept.join("\n") + "\n"
+}
+
+#[test]
+fn a_server_log_is_cut_to_its_start_the_runtime_lines_and_its_end() {
+    let mut log = String::from("1:M 25 Nov 06:38:06.700 * Server started\nrackmem: warning: something ran out\n");
+    for i in 0..500 {
+        log += &format!("1:M 25 Nov 06:38:06.{i:03} # Out Of Memory allocating 23 bytes!\n");
+        log += &format!("1:M 25 Nov 06:38:06.{i:03} # ------ STACK TRACE ------\n");
+    }
+    log += "1:M 25 Nov 06:38:07.000 # the last line\n";
+    let cut = log_excerpt(&log);
+    assert!(
+        cut.starts_with("1:M 25 Nov 06:38:06.700 * Server started\nrackmem: warning: something ran out\n"),
+        "{cut}"
+    );
+    assert!(cut.contains("the last line"), "{cut}");
+    assert_eq!(cut.matches("Out Of Memory").count(), 1, "{cut}");
+    assert!(cut.lines().count() < 10, "{cut}");
+    assert!(cut.contains("of 1003 not shown"), "{cut}");
+}
+
 /// A long-running program under test (a server), its output in a log file; killed with its
 /// process group if the test fails before it is stopped.
 struct Server {
@@ -297,8 +356,11 @@ impl Server {
         }
     }
 
+    /// The server's log for a failure message: its beginning (where the runtime's warnings
+    /// land), every line the runtime wrote, and its end, with runs of lines that differ only in
+    /// their timestamps folded (a server that panics while panicking repeats its report).
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        log_excerpt(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
     /// Fails the test if the server has exited.
