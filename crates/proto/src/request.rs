@@ -1,0 +1,450 @@
+//! Requests: the [`Extent`] lists of batched READ and WRITE, [`Request`] with its frame encoding and
+//! payload decoding, the zero-copy WRITE helpers, and whole request frames decoded from byte slices.
+
+use crate::bytes::{array_at, exact, u32_at, u64_at};
+use crate::{DecodeError, Grant, Header, Opcode, HEADER_LEN, KEY_LEN, MAX_EXTENTS, MAX_SECRET, PAGE_SIZE};
+
+/// One run of pages: offset within the segment, length in bytes.
+pub type Extent = (u64, u32);
+
+/// A decoded request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// HELLO.
+    Hello,
+    /// ALLOC of `size_bytes` with the shared secret.
+    Alloc {
+        /// Requested size.
+        size_bytes: u64,
+        /// Shared secret.
+        secret: Vec<u8>,
+    },
+    /// ATTACH with a grant and the proof that this connection holds its session key.
+    Attach {
+        /// The grant.
+        grant: Grant,
+        /// [`attach_proof`](crate::attach_proof) for this connection's HELLO nonce and the grant's segment.
+        proof: [u8; KEY_LEN],
+    },
+    /// READ of extents.
+    Read(Vec<Extent>),
+    /// WRITE of extents; `data` holds their bytes in order.
+    Write {
+        /// Extents.
+        extents: Vec<Extent>,
+        /// Data.
+        data: Vec<u8>,
+    },
+    /// DISCARD.
+    Discard {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// COPY within the segment.
+    Copy {
+        /// Source offset.
+        src: u64,
+        /// Destination offset.
+        dst: u64,
+        /// Length.
+        len: u64,
+    },
+    /// CLONE.
+    Clone,
+    /// DETACH.
+    Detach,
+    /// PING.
+    Ping,
+    /// STATS.
+    Stats,
+    /// SHARE.
+    Share,
+    /// POPULATE.
+    Populate {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+fn encode_extents(extents: &[Extent], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(extents.len() as u32).to_le_bytes());
+    for &(o, l) in extents {
+        out.extend_from_slice(&o.to_le_bytes());
+        out.extend_from_slice(&l.to_le_bytes());
+    }
+}
+
+/// Decodes a WRITE payload without copying its data: the extents, and the bytes that follow
+/// them (exactly as many as the extents cover). A brick uses this to store pages straight from
+/// its receive buffer.
+pub fn decode_write(p: &[u8]) -> Result<(Vec<Extent>, &[u8]), DecodeError> {
+    let (ext, used) = decode_extents(p)?;
+    let want = extents_bytes(&ext) as usize;
+    exact(&p[used..], want)?;
+    Ok((ext, &p[used..]))
+}
+
+/// Decodes the extent list at the start of `b`; returns the extents and the bytes consumed.
+fn decode_extents(b: &[u8]) -> Result<(Vec<Extent>, usize), DecodeError> {
+    if b.len() < 4 {
+        return Err(DecodeError::Truncated { need: 4, have: b.len() });
+    }
+    let n = u32_at(b, 0);
+    if n == 0 {
+        return Err(DecodeError::Invalid("empty extent list"));
+    }
+    if n > MAX_EXTENTS {
+        return Err(DecodeError::TooManyExtents(n));
+    }
+    let need = 4 + n as usize * 12;
+    if b.len() < need {
+        return Err(DecodeError::Truncated { need, have: b.len() });
+    }
+    let mut v = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        let o = u64_at(b, 4 + i * 12);
+        let l = u32_at(b, 12 + i * 12);
+        if l == 0 || l % PAGE_SIZE != 0 || o % PAGE_SIZE as u64 != 0 || o.checked_add(l as u64).is_none() {
+            return Err(DecodeError::Misaligned { offset: o, len: l });
+        }
+        v.push((o, l));
+    }
+    Ok((v, need))
+}
+
+/// Total bytes of an extent list (saturating).
+pub fn extents_bytes(extents: &[Extent]) -> u64 {
+    extents.iter().map(|e| e.1 as u64).sum()
+}
+
+impl Request {
+    /// The opcode.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Hello => Opcode::Hello,
+            Request::Alloc { .. } => Opcode::Alloc,
+            Request::Attach { .. } => Opcode::Attach,
+            Request::Read(_) => Opcode::Read,
+            Request::Write { .. } => Opcode::Write,
+            Request::Discard { .. } => Opcode::Discard,
+            Request::Copy { .. } => Opcode::Copy,
+            Request::Clone => Opcode::Clone,
+            Request::Detach => Opcode::Detach,
+            Request::Ping => Opcode::Ping,
+            Request::Stats => Opcode::Stats,
+            Request::Share => Opcode::Share,
+            Request::Populate { .. } => Opcode::Populate,
+        }
+    }
+
+    /// Encodes a whole frame (header and payload) with `tag`.
+    ///
+    /// A WRITE's data is copied into the frame; [`encode_write_head`] avoids that copy.
+    pub fn encode(&self, tag: u32) -> Vec<u8> {
+        if let Request::Write { extents, data } = self {
+            let mut frame = encode_write_head(tag, extents, data.len());
+            frame.extend_from_slice(data);
+            return frame;
+        }
+        let mut payload = Vec::new();
+        let mut offset = 0;
+        match self {
+            Request::Hello | Request::Clone | Request::Detach | Request::Ping | Request::Stats | Request::Share => {}
+            Request::Alloc { size_bytes, secret } => {
+                offset = *size_bytes;
+                payload.extend_from_slice(secret);
+            }
+            Request::Attach { grant, proof } => {
+                payload = grant.encode();
+                payload.extend_from_slice(proof);
+            }
+            Request::Read(ext) => encode_extents(ext, &mut payload),
+            // Encoded above, without the intermediate payload.
+            Request::Write { .. } => {}
+            Request::Discard { offset: o, len } | Request::Populate { offset: o, len } => {
+                offset = *o;
+                payload.extend_from_slice(&len.to_le_bytes());
+            }
+            Request::Copy { src, dst, len } => {
+                for v in [src, dst, len] {
+                    payload.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        let h = Header {
+            opcode: self.opcode(),
+            flags: 0,
+            tag,
+            status: 0,
+            offset,
+            length: 0,
+            payload_len: payload.len() as u32,
+        };
+        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+        frame.extend_from_slice(&h.encode());
+        frame.extend_from_slice(&payload);
+        frame
+    }
+
+    /// Decodes a request from its validated header and its payload.
+    pub fn decode(h: &Header, p: &[u8]) -> Result<Request, DecodeError> {
+        if p.len() != h.payload_len as usize {
+            return Err(DecodeError::PayloadSize {
+                want: h.payload_len as usize,
+                have: p.len(),
+            });
+        }
+        if h.is_response() {
+            return Err(DecodeError::Invalid("response flag in a request"));
+        }
+        let empty = |r: Request| {
+            exact(p, 0)?;
+            Ok(r)
+        };
+        match h.opcode {
+            Opcode::Hello => empty(Request::Hello),
+            Opcode::Clone => empty(Request::Clone),
+            Opcode::Detach => empty(Request::Detach),
+            Opcode::Ping => empty(Request::Ping),
+            Opcode::Stats => empty(Request::Stats),
+            Opcode::Share => empty(Request::Share),
+            Opcode::Alloc => {
+                if p.len() > MAX_SECRET {
+                    return Err(DecodeError::Invalid("secret too long"));
+                }
+                Ok(Request::Alloc {
+                    size_bytes: h.offset,
+                    secret: p.to_vec(),
+                })
+            }
+            Opcode::Attach => {
+                if p.len() == Grant::LEN {
+                    return Err(DecodeError::MissingProof);
+                }
+                exact(p, Grant::LEN + KEY_LEN)?;
+                Ok(Request::Attach {
+                    grant: Grant::decode(&p[..Grant::LEN])?,
+                    proof: array_at(p, Grant::LEN),
+                })
+            }
+            Opcode::Read => {
+                let (ext, used) = decode_extents(p)?;
+                exact(&p[used..], 0)?;
+                Ok(Request::Read(ext))
+            }
+            Opcode::Write => {
+                let (extents, data) = decode_write(p)?;
+                Ok(Request::Write {
+                    extents,
+                    data: data.to_vec(),
+                })
+            }
+            Opcode::Discard => {
+                exact(p, 8)?;
+                Ok(Request::Discard {
+                    offset: h.offset,
+                    len: u64_at(p, 0),
+                })
+            }
+            Opcode::Populate => {
+                exact(p, 8)?;
+                Ok(Request::Populate {
+                    offset: h.offset,
+                    len: u64_at(p, 0),
+                })
+            }
+            Opcode::Copy => {
+                exact(p, 24)?;
+                Ok(Request::Copy {
+                    src: u64_at(p, 0),
+                    dst: u64_at(p, 8),
+                    len: u64_at(p, 16),
+                })
+            }
+        }
+    }
+}
+
+/// Encodes the header and extent list of a WRITE frame whose `data_len` bytes of data the caller
+/// sends right after (so page data is never copied into a frame buffer). `data_len` must be the
+/// extents' total and the extents must respect [`MAX_EXTENTS`] and [`MAX_PAYLOAD`](crate::MAX_PAYLOAD), or the
+/// brick refuses the frame.
+pub fn encode_write_head(tag: u32, extents: &[Extent], data_len: usize) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(HEADER_LEN + 4 + extents.len() * 12);
+    frame.extend_from_slice(&[0u8; HEADER_LEN]);
+    encode_extents(extents, &mut frame);
+    let payload_len = (frame.len() - HEADER_LEN + data_len) as u32;
+    let h = Header {
+        opcode: Opcode::Write,
+        flags: 0,
+        tag,
+        status: 0,
+        offset: 0,
+        length: 0,
+        payload_len,
+    };
+    frame[..HEADER_LEN].copy_from_slice(&h.encode());
+    frame
+}
+
+/// Decodes a whole frame from a byte slice (header, then exactly `payload_len` bytes): the entry
+/// point for fuzzing and tests. Returns the header, the request and the bytes consumed.
+pub fn decode_request_frame(b: &[u8]) -> Result<(Header, Request, usize), DecodeError> {
+    let h = Header::decode(b)?;
+    let end = HEADER_LEN + h.payload_len as usize;
+    if b.len() < end {
+        return Err(DecodeError::Truncated {
+            need: end,
+            have: b.len(),
+        });
+    }
+    let r = Request::decode(&h, &b[HEADER_LEN..end])?;
+    Ok((h, r, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grant::tests::grant;
+    use crate::rights;
+    use proptest::prelude::*;
+
+    fn extents() -> impl Strategy<Value = Vec<Extent>> {
+        proptest::collection::vec((0u64..1 << 40, 1u32..16), 1..20)
+            .prop_map(|v| v.into_iter().map(|(o, l)| (o * 4096, l * 4096)).collect())
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            Just(Request::Hello),
+            Just(Request::Clone),
+            Just(Request::Detach),
+            Just(Request::Ping),
+            Just(Request::Stats),
+            Just(Request::Share),
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64))
+                .prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
+            (grant(), any::<[u8; 32]>()).prop_map(|(grant, proof)| Request::Attach { grant, proof }),
+            extents().prop_map(Request::Read),
+            (extents(), any::<u8>()).prop_map(|(extents, fill)| {
+                let n = extents_bytes(&extents) as usize;
+                Request::Write {
+                    extents,
+                    data: vec![fill; n],
+                }
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Discard { offset, len }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Populate { offset, len }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(src, dst, len)| Request::Copy { src, dst, len }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn request_round_trip(r in request(), tag in any::<u32>()) {
+            let frame = r.encode(tag);
+            let (h, back, used) = decode_request_frame(&frame).unwrap();
+            prop_assert_eq!(used, frame.len());
+            prop_assert_eq!(h.tag, tag);
+            prop_assert_eq!(back, r);
+            // A receiver enforcing the per-opcode bound accepts every well-formed request.
+            prop_assert!(h.payload_len <= h.opcode.max_request_payload());
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_request_frame(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_with_valid_header(op in 0u8..16, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut b = Header { opcode: Opcode::Ping, flags: 0, tag: 1, status: 0, offset: 4096, length: 0, payload_len: payload.len() as u32 }.encode().to_vec();
+            b[5] = op;
+            b.extend_from_slice(&payload);
+            let _ = decode_request_frame(&b);
+        }
+
+        #[test]
+        fn write_head_plus_data_is_a_write_frame(ext in extents(), tag in any::<u32>()) {
+            let n = extents_bytes(&ext) as usize;
+            let data: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+            let mut frame = encode_write_head(tag, &ext, n);
+            frame.extend_from_slice(&data);
+            let (_, back, _) = decode_request_frame(&frame).unwrap();
+            prop_assert_eq!(back, Request::Write { extents: ext, data });
+        }
+
+        #[test]
+        fn truncated_frames_are_errors(r in request(), cut in any::<prop::sample::Index>()) {
+            let frame = r.encode(9);
+            let cut = cut.index(frame.len());
+            prop_assert!(decode_request_frame(&frame[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn write_data_must_match_extents() {
+        let mut frame = encode_write_head(1, &[(0, 4096)], 4095);
+        frame.extend_from_slice(&[0u8; 4095]);
+        assert!(matches!(
+            decode_request_frame(&frame),
+            Err(DecodeError::PayloadSize { want: 4096, have: 4095 })
+        ));
+    }
+
+    #[test]
+    fn extents_are_validated() {
+        let mut p = Vec::new();
+        encode_extents(&[(100, 4096)], &mut p);
+        let h = Header {
+            opcode: Opcode::Read,
+            flags: 0,
+            tag: 1,
+            status: 0,
+            offset: 0,
+            length: 0,
+            payload_len: p.len() as u32,
+        };
+        assert!(matches!(Request::decode(&h, &p), Err(DecodeError::Misaligned { .. })));
+        let mut p = Vec::new();
+        p.extend_from_slice(&(MAX_EXTENTS + 1).to_le_bytes());
+        let h = Header {
+            payload_len: p.len() as u32,
+            ..h
+        };
+        assert_eq!(
+            Request::decode(&h, &p),
+            Err(DecodeError::TooManyExtents(MAX_EXTENTS + 1))
+        );
+    }
+
+    #[test]
+    fn attach_without_proof_is_a_clear_error() {
+        let g = Grant::sign(b"k", 1, 0, 4096, 2, rights::ALL, 0);
+        let p = g.encode();
+        let h = Header {
+            opcode: Opcode::Attach,
+            flags: 0,
+            tag: 1,
+            status: 0,
+            offset: 0,
+            length: 0,
+            payload_len: p.len() as u32,
+        };
+        let e = Request::decode(&h, &p).unwrap_err();
+        assert_eq!(e, DecodeError::MissingProof);
+        assert!(e.to_string().contains("upgrade"), "{e}");
+        let h = Header {
+            payload_len: p.len() as u32 - 1,
+            ..h
+        };
+        assert!(matches!(
+            Request::decode(&h, &p[1..]),
+            Err(DecodeError::PayloadSize { want: 105, have: 72 })
+        ));
+    }
+}
