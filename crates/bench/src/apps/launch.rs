@@ -1,0 +1,94 @@
+//! Where a run's program runs ([`Launch`]: natively, under `rackmem run`, or in a swap peer's
+//! memory cgroup) and what the run gives: an [`Outcome`], or a [`Failure`] that carries the
+//! cgroup's OOM report when the program died there.
+
+use crate::rackmem::Rackmem;
+use crate::swap::MemoryCgroup;
+use crate::BenchError;
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+
+/// One successful run.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Outcome {
+    pub(super) metric: f64,
+    pub(super) p99_ms: Option<f64>,
+    pub(super) result: String,
+    pub(super) peak_rss_bytes: Option<u64>,
+}
+
+/// One failed run: why, and the cgroup's report when it died there.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) reason: String,
+    pub(super) oom: Option<Box<crate::oom::OomReport>>,
+}
+
+impl From<BenchError> for Failure {
+    fn from(e: BenchError) -> Failure {
+        Failure {
+            reason: e.to_string(),
+            oom: None,
+        }
+    }
+}
+
+pub(super) fn fail(reason: impl Into<String>) -> Failure {
+    Failure {
+        reason: reason.into(),
+        oom: None,
+    }
+}
+
+/// Where a program runs.
+pub(super) enum Launch<'a> {
+    /// Natively, its peak RSS measured.
+    Native,
+    /// Under `rackmem run --local P% OPTIONS…` of a build.
+    Rackmem(&'a Rackmem, &'a [String], u32),
+    /// In a memory cgroup (a swap peer).
+    Cgroup(&'a mut MemoryCgroup),
+}
+
+impl Launch<'_> {
+    pub(super) fn command(&mut self, prog: &Path, args: &[String]) -> Command {
+        match self {
+            Launch::Native => {
+                let mut c = Command::new(prog);
+                c.args(args);
+                c
+            }
+            Launch::Rackmem(rackmem, options, pct) => rackmem.run(&format!("{pct}%"), options, prog, args),
+            Launch::Cgroup(cg) => {
+                cg.start_sampling();
+                cg.command(prog, args)
+            }
+        }
+    }
+
+    /// Why a program that ended with `status` failed: the cgroup's OOM report if it ran in one
+    /// and was killed.
+    pub(super) fn failure(&mut self, what: &str, status: ExitStatus, stderr: &str) -> Failure {
+        use std::os::unix::process::ExitStatusExt;
+        let exit = match status.signal() {
+            Some(9) => "killed by SIGKILL".to_string(),
+            Some(s) => format!("killed by signal {s}"),
+            None => format!("exit status {}", status.code().unwrap_or(-1)),
+        };
+        let tail: String = stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+        match self {
+            Launch::Cgroup(cg) => {
+                let rep = cg.report(exit.clone());
+                if rep.oom_kills.is_some_and(|k| k > 0) || rep.kernel.is_some() {
+                    Failure {
+                        reason: format!("{what} OOM-killed by its cgroup: {}", rep.summary()),
+                        oom: Some(Box::new(rep)),
+                    }
+                } else {
+                    fail(format!("{what} failed ({exit}): {tail}"))
+                }
+            }
+            _ => fail(format!("{what} failed ({exit}): {tail}")),
+        }
+    }
+}
