@@ -13,8 +13,13 @@ use std::time::{Duration, Instant};
 
 /// Builds `tests/c/alloc_family.c` linked with jemalloc (Debian's libjemalloc-dev).
 fn alloc_family_jemalloc() -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/alloc_family.c");
-    let out = std::env::temp_dir().join(format!("rackmem-alloc-family-je-{}", std::process::id()));
+    with_jemalloc("alloc_family")
+}
+
+/// Builds `tests/c/NAME.c` linked with jemalloc (Debian's libjemalloc-dev).
+fn with_jemalloc(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/c/{name}.c"));
+    let out = std::env::temp_dir().join(format!("rackmem-{name}-je-{}", std::process::id()));
     let o = Command::new("gcc")
         .args([
             "-O2",
@@ -33,7 +38,7 @@ fn alloc_family_jemalloc() -> PathBuf {
         .expect("run gcc");
     assert!(
         o.status.success(),
-        "cannot build alloc_family with jemalloc (needs Debian's libjemalloc-dev, installed by \
+        "cannot build {name} with jemalloc (needs Debian's libjemalloc-dev, installed by \
          scripts/programs.sh):\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
@@ -117,6 +122,49 @@ fn preloaded_mimalloc_family() {
     require_root();
     let lib = system_lib("libmimalloc.so.2");
     same_as_native_preloaded(&program("alloc_family"), Some(&lib));
+}
+
+/// Threads keep allocating small blocks from jemalloc while the main thread's first large
+/// allocation starts the runtime: none of their allocations may fail, and every block must hold
+/// what was written. While a runtime thread starts, every thread's C allocations go to the
+/// runtime's glibc table (the new thread's own set-up must not reach the program's allocator);
+/// a starting thread that the scheduler left waiting once let a program's threads fill that
+/// table, and Redis aborted on ENOMEM in CI. The program runs on one CPU, which makes that wait
+/// likely: before the fix, two runs in five failed.
+#[test]
+fn threads_allocating_while_the_runtime_starts_never_see_enomem() {
+    require_root();
+    let prog = with_jemalloc("spawn_window");
+    let native = run_with_deadline(Command::new(&prog), LIMIT);
+    assert!(native.status.success(), "native run failed: {}", show(&native));
+    let want = String::from_utf8_lossy(&native.stdout).into_owned();
+    assert!(
+        want.starts_with("checksum="),
+        "native run printed no checksum: {}",
+        show(&native)
+    );
+    for round in 0..8 {
+        let stats = build_dir_file(&format!("spawn-{}.jsonl", unique()));
+        let mut r = Command::new(rackmem());
+        r.args(["run", "--local", "25%", "--stats-json"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&prog);
+        let o = run_with_deadline(r, LIMIT);
+        assert!(o.status.success(), "round {round} under rackmem failed: {}", show(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            want,
+            "round {round}: results under rackmem differ from the native run"
+        );
+        let s = read_stats(&stats);
+        let p = busiest(&s);
+        assert!(
+            p.footprint_bytes() >= 64 << 20,
+            "round {round}: the large block did not go to the window, so the runtime never started: {p:?}"
+        );
+        let _ = std::fs::remove_file(&stats);
+    }
 }
 
 /// Sends one RESP command and reads one reply (bulk strings returned whole).

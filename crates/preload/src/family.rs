@@ -594,6 +594,12 @@ fn track(p: usize) -> bool {
     false
 }
 
+/// True while the table has room for allocations that may not be the runtime's (those made
+/// while a runtime thread starts): a quarter stays for the runtime's own calls.
+pub fn tracked_has_room_for_others() -> bool {
+    TRACKED_LIVE.load(Ordering::Acquire) < TRACK_SLOTS * 3 / 4
+}
+
 /// Removes `p` from the table; true if it was there (a glibc block of the runtime's calls).
 pub fn untrack(p: *mut c_void) -> bool {
     let p = p as usize;

@@ -50,10 +50,19 @@ fn local() -> Option<&'static family::Next> {
 /// the C library's allocations for the runtime then stay in glibc (see
 /// `family::internal_malloc`).
 fn internal(n: &family::Next) -> bool {
-    !n.glibc
-        && (INSIDE.with(|f| f.get())
-            || rackmem_runtime::is_runtime_thread()
-            || rackmem_runtime::spawning_runtime_thread())
+    if n.glibc {
+        return false;
+    }
+    if INSIDE.with(|f| f.get()) || rackmem_runtime::is_runtime_thread() {
+        return true;
+    }
+    // A runtime thread is starting and may not have marked itself yet: its set-up allocations
+    // must stay off the program's allocator, and no thread can tell whether it is that one, so
+    // every allocation goes to glibc meanwhile. The program's threads allocate then too; once
+    // they have taken three quarters of the runtime's table, theirs go back to the program's
+    // allocator instead of failing (Redis, loading keys under load, once filled the table and
+    // aborted on ENOMEM).
+    rackmem_runtime::spawning_runtime_thread() && family::tracked_has_room_for_others()
 }
 
 /// A local block from the program's allocator, or from the bootstrap arena during the lookup.

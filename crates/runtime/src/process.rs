@@ -26,7 +26,9 @@ pub(crate) static SPAWNING: AtomicUsize = AtomicUsize::new(0);
 /// True while a runtime thread is being started: the C library and Rust's thread set-up allocate
 /// on the new thread before it can mark itself (`is_runtime_thread`), so an interposer that must
 /// keep runtime threads off the program's allocator treats every allocation in that short
-/// window as the runtime's.
+/// window as the runtime's. The thread that starts the runtime waits until each new thread has
+/// marked itself; the program's other threads may still allocate in the window, so an
+/// interposer should hand their allocations to the program's allocator if its own table is full.
 pub fn spawning_runtime_thread() -> bool {
     SPAWNING.load(Ordering::Acquire) != 0
 }

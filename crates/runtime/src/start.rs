@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+/// Longest a runtime start waits for a new runtime thread to mark itself.
+const SPAWN_MARK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn connect_links(cfg: &Config) -> Result<Vec<(BrickAddr, Link)>, RuntimeError> {
     cfg.bricks
         .iter()
@@ -158,6 +161,13 @@ impl Runtime {
         }
         let spawn = |name: &str, f: fn(Arc<Inner>)| {
             let i = inner.clone();
+            // While SPAWNING is up, every thread's C allocations go to the runtime's own table
+            // (see `spawning_runtime_thread`), the program's too: wait here until the new thread
+            // has marked itself, so the window lasts as long as a thread start, not as long as
+            // the scheduler leaves the new thread waiting while this one goes on allocating.
+            // (Under load in CI, Redis filled the table in 80 ms that way and saw ENOMEM.)
+            let marked = Arc::new((Mutex::new(false), Condvar::new()));
+            let tell = marked.clone();
             SPAWNING.fetch_add(1, Ordering::AcqRel);
             let started = std::thread::Builder::new()
                 .name(name.into())
@@ -165,6 +175,10 @@ impl Runtime {
                 .spawn(move || {
                     RUNTIME_THREAD.with(|t| t.set(true));
                     SPAWNING.fetch_sub(1, Ordering::AcqRel);
+                    let (done, cv) = &*tell;
+                    *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    cv.notify_all();
+                    drop(tell);
                     sys::block_sigpipe();
                     // A runtime thread that dies would leave the program waiting on a fault
                     // forever: stop the program instead, saying why.
@@ -176,6 +190,15 @@ impl Runtime {
                 });
             if started.is_err() {
                 SPAWNING.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                // Bounded: a thread that has not run in 10 s leaves the window open behind it
+                // (it closes when the thread runs), but does not hold the program here.
+                let (done, cv) = &*marked;
+                let guard = done.lock().unwrap_or_else(|e| e.into_inner());
+                drop(
+                    cv.wait_timeout_while(guard, SPAWN_MARK_WAIT, |d| !*d)
+                        .unwrap_or_else(|e| e.into_inner()),
+                );
             }
             started
         };
