@@ -83,7 +83,29 @@ fn others() -> Vec<Trace> {
     let mut s = 7u64;
     let uniform = (0..400_000).map(|_| (xorshift(&mut s) % u64::from(n)) as u32).collect();
     let loop_len = budget as u32 * 6 / 5;
+    // Graph500 BFS at half local: a hot twentieth (parent and level arrays) and the adjacency
+    // lists, read in random order, slightly more than the buffer holds.
+    let (w, b) = (20_000u64, 18_700usize);
+    let mut s2 = 11u64;
+    let bfs = (0..2_000_000)
+        .map(|_| {
+            let r = xorshift(&mut s2);
+            (if r % 2 == 0 {
+                (r >> 8) % (w / 20)
+            } else {
+                w / 20 + (r >> 8) % (w - w / 20)
+            }) as u32
+        })
+        .collect();
     vec![
+        Trace {
+            name: "random over 1.07 × the buffer, half to a hot twentieth".into(),
+            pages: bfs,
+            budget: b,
+            setup: 0,
+            hot: None,
+            cold: 0,
+        },
         plain("scan of 4 × the buffer, 3 passes", (0..3).flat_map(|_| 0..n).collect()),
         plain(
             "loop over 1.2 × the buffer, 5 passes",
