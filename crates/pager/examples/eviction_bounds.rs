@@ -83,8 +83,8 @@ fn others() -> Vec<Trace> {
     let mut s = 7u64;
     let uniform = (0..400_000).map(|_| (xorshift(&mut s) % u64::from(n)) as u32).collect();
     let loop_len = budget as u32 * 6 / 5;
-    // Graph500 BFS at half local: a hot twentieth (parent and level arrays) and the adjacency
-    // lists, read in random order, slightly more than the buffer holds.
+    // Random reads over slightly more than the buffer holds, half of them to a hot twentieth:
+    // what no online order improves on much, as which cold page comes next is random.
     let (w, b) = (20_000u64, 18_700usize);
     let mut s2 = 11u64;
     let bfs = (0..2_000_000)
