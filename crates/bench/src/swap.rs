@@ -122,6 +122,36 @@ pub fn require_root(what: &str) -> Result<(), BenchError> {
     }
 }
 
+/// Makes `/dev/zram0` when it is missing: the module may not be loaded, or loaded with its
+/// device removed (`zramctl --reset` on a recent util-linux removes the device it resets).
+fn add_zram0() -> Result<(), BenchError> {
+    let control = Path::new("/sys/class/zram-control/hot_add");
+    if !control.exists() {
+        // Not loaded: loading it makes zram0. Failure is reported below, as no device.
+        let _ = sh("modprobe", &["zram"]);
+    }
+    if !Path::new("/sys/block/zram0").exists() && control.exists() {
+        // Reading hot_add adds the lowest free device and says its number.
+        let added = std::fs::read_to_string(control).unwrap_or_default();
+        if added.trim() != "0" {
+            // Not the device the peer uses: take it back.
+            let _ = std::fs::write("/sys/class/zram-control/hot_remove", added.trim());
+            return Err(BenchError::Workload(format!(
+                "no /dev/zram0, and adding a zram device made zram{} instead; remove the other zram \
+                 devices or add zram0 by hand",
+                added.trim()
+            )));
+        }
+    }
+    if Path::new("/sys/block/zram0").exists() {
+        Ok(())
+    } else {
+        Err(BenchError::Workload(
+            "no /dev/zram0, and none could be added: this kernel has no zram (modprobe zram failed)".into(),
+        ))
+    }
+}
+
 impl SwapPeer {
     /// Switches the backend on with room for `size_bytes` of swapped pages.
     pub fn enable(backend: SwapBackend, size_bytes: u64) -> Result<SwapPeer, BenchError> {
@@ -143,9 +173,7 @@ impl SwapPeer {
             SwapBackend::Zram => {
                 let z = Path::new("/sys/block/zram0");
                 if !z.exists() {
-                    return Err(BenchError::Workload(
-                        "no /dev/zram0: this kernel has no zram device (modprobe zram)".into(),
-                    ));
+                    add_zram0()?;
                 }
                 if std::fs::read_to_string(z.join("initstate"))
                     .map(|s| s.trim() != "0")
