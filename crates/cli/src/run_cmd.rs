@@ -40,7 +40,9 @@ Defaults (each can be overridden):
 #[derive(Args)]
 #[command(trailing_var_arg = true, after_help = DEFAULTS_HELP)]
 pub struct RunArgs {
-    /// Local buffer: bytes (512MiB) or a percentage of the program's footprint in remote memory (25%).
+    /// Local buffer: bytes (512MiB), or a percentage of the program's peak footprint in remote
+    /// memory so far (25%). A percentage is a limit, like a memory cgroup's: it grows with the
+    /// footprint and never shrinks when the program frees memory. A size stays that size.
     #[arg(long, value_name = "SIZE|PCT", default_value = "50%")]
     local: Budget,
     /// A memory brick to use (tcp://HOST:PORT, tls://HOST:PORT or unix:PATH); repeat for several. Without one, an
@@ -359,7 +361,8 @@ fn print_stats(path: &Path) {
         "same-filled",
         "peak local",
         "budget",
-        "footprint",
+        "peak footprint",
+        "peak RssAnon",
         "fault p50",
         "p99",
     ]);
@@ -377,12 +380,17 @@ fn print_stats(path: &Path) {
             s.evictions_same_filled.to_string(),
             format_size(s.peak_resident_bytes),
             format_size(s.budget_bytes),
-            format_size(s.peak_window_bytes),
+            format_size(s.peak_footprint_bytes),
+            format_size(s.peak_rss_anon_bytes),
             format!("{:.1} µs", s.fault_p50_ns as f64 / 1000.0),
             format!("{:.1} µs", s.fault_p99_ns as f64 / 1000.0),
         ]);
     }
-    eprintln!("rackmem statistics (fault latency is the handler's service time):\n{table}");
+    eprintln!(
+        "rackmem statistics (peak local: window pages resident at once; budget: the local buffer, of the peak \
+         footprint in the window; peak RssAnon: all anonymous memory the process held, sampled; fault latency: \
+         the handler's service time):\n{table}"
+    );
 }
 
 struct RemoveDir(PathBuf);

@@ -443,3 +443,47 @@ fn reserve_then_commit_heaps() {
     );
     assert_used_remote_memory_at(busiest(&stats), 25);
 }
+
+/// `--local 50%` is half of the peak footprint: after the program frees an 80 MiB scratch array,
+/// its 48 MiB kept array still fits the 64 MiB local buffer, and passes over it stop reading
+/// from the brick. (When the budget followed the footprint now, it fell to 24 MiB and every pass
+/// read the whole array again.)
+#[test]
+fn freeing_memory_does_not_shrink_the_local_buffer() {
+    require_root();
+    let prog = program("budget_peak");
+    let args = ["80", "48", "4"];
+    let native = native(&prog, &args);
+    let (o, stats) = remote(&prog, &args, "50%", &[]);
+    assert!(o.status.success(), "budget_peak failed: {}", show(&o));
+    assert_eq!(
+        checksums(&o),
+        checksums(&native),
+        "the kept array differs from the native run"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let field = |k: &str| -> u64 {
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("budget_peak printed no {k}: {out}"))
+    };
+    let s = busiest(&stats);
+    assert_used_remote_memory_at(s, 50);
+    let peak = s.extra("peak_footprint_bytes");
+    assert!(
+        peak >= 128 << 20,
+        "the peak footprint should count both arrays (128 MiB), statistics say {peak} bytes"
+    );
+    assert_eq!(
+        field("budget_mib="),
+        (peak / 2) >> 20,
+        "the budget after the free should be half the peak footprint"
+    );
+    let read = field("read_after_first_pass=");
+    assert!(
+        read < (48 << 20) / 20,
+        "three passes over a 48 MiB array that fits the 64 MiB local buffer read {read} bytes from the brick \
+         (a budget of half the footprint now, 24 MiB, reads the whole array again at every pass)"
+    );
+}

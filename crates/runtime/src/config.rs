@@ -60,7 +60,7 @@ pub struct Config {
     pub bricks: Vec<BrickAddr>,
     /// `RACKMEM_SECRET`: the shared secret that lets this process carve segments from a brick.
     pub secret: Vec<u8>,
-    /// `RACKMEM_LOCAL`: local buffer budget, bytes or percent of the footprint (default 50%).
+    /// `RACKMEM_LOCAL`: local buffer budget, bytes or percent of the peak footprint so far (default 50%).
     pub budget: Budget,
     /// `RACKMEM_THRESHOLD`: allocations of at least this many bytes go to the window (1 MiB).
     pub threshold_bytes: u64,

@@ -68,13 +68,27 @@ impl Inner {
         self.staging.addr() + slot as usize * PAGE_SIZE
     }
 
+    /// The local buffer's budget now, in pages: a byte budget as it is, a percentage of the
+    /// peak committed footprint so far (never of the footprint now: a program that frees memory
+    /// keeps its local buffer, as it keeps a memory cgroup's limit).
     pub fn budget_pages(&self, core: &Core) -> u64 {
-        let b = self
-            .cfg
-            .budget
-            .pages(core.committed_pages() * PAGE, PAGE, MIN_BUDGET_PAGES);
+        let peak = self.note_footprint(core);
+        let b = self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES);
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
+    }
+
+    /// Records the window's footprint as `core` has it now (bytes allocated, their peak, the
+    /// peak of committed pages); returns that peak, in pages.
+    pub fn note_footprint(&self, core: &Core) -> u64 {
+        let allocated = core.alloc.allocated_pages() * PAGE;
+        let s = &self.stats;
+        s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
+        s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
+        let committed = core.committed_pages();
+        s.peak_committed_pages
+            .fetch_max(committed, Ordering::Relaxed)
+            .max(committed)
     }
 
     /// Releases `[first, first+count)` in the core (see [`Core::release`]) and counts the

@@ -71,7 +71,8 @@ pub enum SizeError {
 pub enum Budget {
     /// A fixed number of bytes.
     Bytes(u64),
-    /// A fraction of the live footprint in the window (Xmem(X%) in seed 002, section 4.1).
+    /// A fraction of the peak footprint in the window so far (Xmem(X%) in seed 002, section
+    /// 4.1); the caller passes that peak to [`Budget::pages`].
     Percent(f64),
 }
 

@@ -133,6 +133,10 @@ impl Runtime {
         stats
             .window_bytes_allocated
             .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
+        // A forked child's peak footprint starts at what it inherits.
+        stats
+            .peak_committed_pages
+            .store(core.committed_pages(), Ordering::Relaxed);
         let inner = Arc::new(Inner {
             cfg,
             window,

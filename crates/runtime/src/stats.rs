@@ -211,8 +211,18 @@ pub struct Stats {
     pub resident_pages: AtomicU64,
     /// Largest number of resident pages seen.
     pub peak_resident_pages: AtomicU64,
-    /// Largest local-buffer budget in force so far, in pages (the budget follows the footprint).
+    /// Largest local-buffer budget in force so far, in pages (a percentage follows the peak
+    /// footprint).
     pub budget_pages: AtomicU64,
+    /// Largest number of committed window pages so far (allocated, not `PROT_NONE`): the peak
+    /// footprint a `--local` percentage is of. Never decreases, so freeing memory never shrinks
+    /// the local buffer, as freeing never lowers a memory cgroup's limit.
+    pub peak_committed_pages: AtomicU64,
+    /// Largest anonymous resident memory of the process (`RssAnon` in `/proc/self/status`)
+    /// sampled so far, in bytes: the local memory the program really holds, window pages,
+    /// staging slots, the C library's heap and the runtime's own memory together. Sampled by the
+    /// watchdog four times a second and at each snapshot.
+    pub peak_rss_anon_bytes: AtomicU64,
     /// Window bytes allocated now.
     pub window_bytes_allocated: AtomicU64,
     /// Largest window footprint seen.
@@ -281,6 +291,12 @@ pub struct StatsSnapshot {
     pub peak_resident_bytes: u64,
     /// Largest budget in force during the run, in bytes.
     pub budget_bytes: u64,
+    /// Peak committed footprint in the window, in bytes (see [`Stats::peak_committed_pages`]).
+    #[serde(default)]
+    pub peak_footprint_bytes: u64,
+    /// See [`Stats::peak_rss_anon_bytes`].
+    #[serde(default)]
+    pub peak_rss_anon_bytes: u64,
     /// Window bytes allocated at snapshot time.
     pub window_bytes_allocated: u64,
     /// Largest window footprint seen.
@@ -339,6 +355,15 @@ impl Stats {
         self.resident_pages.fetch_sub(pages, Relaxed);
     }
 
+    /// Reads the process's `RssAnon` now and keeps the peak; returns the peak (0 if
+    /// `/proc/self/status` cannot be read, as in a sandbox without procfs).
+    pub fn sample_rss_anon(&self) -> u64 {
+        if let Some(now) = rss_anon_bytes() {
+            self.peak_rss_anon_bytes.fetch_max(now, Relaxed);
+        }
+        self.peak_rss_anon_bytes.load(Relaxed)
+    }
+
     /// A snapshot for reporting.
     pub fn snapshot(&self, page_size: u64) -> StatsSnapshot {
         let g = |a: &AtomicU64| a.load(Relaxed);
@@ -360,6 +385,8 @@ impl Stats {
             resident_bytes: g(&self.resident_pages) * page_size,
             peak_resident_bytes: g(&self.peak_resident_pages) * page_size,
             budget_bytes: g(&self.budget_pages) * page_size,
+            peak_footprint_bytes: g(&self.peak_committed_pages) * page_size,
+            peak_rss_anon_bytes: self.sample_rss_anon(),
             window_bytes_allocated: g(&self.window_bytes_allocated),
             peak_window_bytes: g(&self.peak_window_bytes),
             window_allocations: g(&self.window_allocations),
@@ -382,9 +409,31 @@ impl Stats {
     }
 }
 
+/// The process's anonymous resident memory (`RssAnon`), in bytes.
+fn rss_anon_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_rss_anon(&status)
+}
+
+/// `RssAnon` of a `/proc/PID/status` text, in bytes.
+fn parse_rss_anon(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rss_anon_is_read_from_status() {
+        let status = "Name:\tx\nVmRSS:\t  9000 kB\nRssAnon:\t    1234 kB\nRssFile:\t 10 kB\n";
+        assert_eq!(parse_rss_anon(status), Some(1234 * 1024));
+        assert_eq!(parse_rss_anon("Name:\tx\n"), None);
+        let own = rss_anon_bytes().expect("this process's RssAnon");
+        assert!(own > 0, "a running test holds anonymous memory");
+    }
 
     #[test]
     fn quantiles_are_within_a_bucket() {

@@ -15,6 +15,8 @@ pub(crate) fn run(inner: Arc<Inner>) {
     let mut last_keepalive = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(250));
+        // The local memory the program really holds, for --stats (a read of /proc per tick).
+        inner.stats.sample_rss_anon();
         placement::watch(inner.stats.faults.load(Ordering::Relaxed));
         outrun.tick(&inner);
         if !inner.cfg.keepalive.is_zero()

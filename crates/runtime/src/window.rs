@@ -46,17 +46,13 @@ impl Runtime {
             }
             return None;
         };
-        let allocated = c.alloc.allocated_pages() * PAGE;
         drop(c);
         if !self.ensure_backed(first + pages) {
             let mut c = self.inner.lock();
             c.alloc.free_range(first, pages);
             return None;
         }
-        let s = &self.inner.stats;
-        s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
-        s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
-        s.window_allocations.fetch_add(1, Ordering::Relaxed);
+        self.account_allocation();
         Some(self.inner.page_addr(first))
     }
 
@@ -91,11 +87,8 @@ impl Runtime {
     }
 
     fn account_allocation(&self) {
-        let allocated = self.inner.lock().alloc.allocated_pages() * PAGE;
-        let s = &self.inner.stats;
-        s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
-        s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);
-        s.window_allocations.fetch_add(1, Ordering::Relaxed);
+        self.inner.note_footprint(&self.inner.lock());
+        self.inner.stats.window_allocations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `mprotect(2)` on window pages: applies `prot` and records it. Pages that are not
@@ -358,15 +351,7 @@ impl Runtime {
             c.alloc.resize_in_place(page, old);
             ok = false;
         }
-        let allocated = self.inner.lock().alloc.allocated_pages() * PAGE;
-        self.inner
-            .stats
-            .window_bytes_allocated
-            .store(allocated, Ordering::Relaxed);
-        self.inner
-            .stats
-            .peak_window_bytes
-            .fetch_max(allocated, Ordering::Relaxed);
+        self.inner.note_footprint(&self.inner.lock());
         ok
     }
 
