@@ -10,6 +10,7 @@ mod brick_cmd;
 mod client_args;
 mod control_cmd;
 mod ctl_cmd;
+mod reach;
 mod run_cmd;
 mod sys;
 mod values;

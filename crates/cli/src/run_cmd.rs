@@ -297,6 +297,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
         // above) keep theirs.
         crate::sys::pin_this_thread(&c.0).with_context(|| format!("confining the program to CPUs {:?}", c.0))?;
     }
+    // A program the runtime cannot enter is told so now, not found out from its memory use.
+    let unreachable = crate::reach::examine(Path::new(&args.command[0]));
+    if let Some(v) = &unreachable {
+        eprintln!("{}", v.at_start());
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -321,6 +326,12 @@ pub fn run(args: RunArgs) -> Result<i32> {
         (None, Some(sig)) => 128 + sig,
         _ => 1,
     };
+
+    if let Some(v) = &unreachable {
+        if let Ok(peak) = rackmem_sys::process::children_max_rss_bytes() {
+            eprintln!("{}", v.at_exit(peak));
+        }
+    }
 
     if let Some(handle) = embedded {
         // A program that daemonized still uses the embedded brick: serve it until it is done.

@@ -487,3 +487,74 @@ fn freeing_memory_does_not_shrink_the_local_buffer() {
          (a budget of half the footprint now, 24 MiB, reads the whole array again at every pass)"
     );
 }
+
+/// Runs `rackmem run --local 25% -- PROG ARGS` and returns its standard error, after checking
+/// that the program's output is the native run's.
+fn stderr_of_unreachable(prog: &str, args: &[&str], installed_by: &str) -> String {
+    let path = std::path::Path::new(prog);
+    assert!(
+        path.exists(),
+        "this test runs {prog}, which {installed_by} installs: run ./scripts/programs.sh (as root)"
+    );
+    let native = native(path, args);
+    let mut c = Command::new(rackmem());
+    c.args(["run", "--local", "25%", "--"]).arg(prog).args(args);
+    let o = run_with_deadline(c, Duration::from_secs(60));
+    assert!(o.status.success(), "{prog} under rackmem failed: {}", show(&o));
+    assert_eq!(o.stdout, native.stdout, "{prog}: output differs from the native run");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A static program cannot load the runtime: the user is told at start why its memory stays
+/// local, and at exit how much that was (busybox's dd with a 64 MiB block holds at least that).
+#[test]
+fn a_static_program_is_told_its_memory_stays_local_and_how_much() {
+    let err = stderr_of_unreachable(
+        "/bin/busybox",
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1", "status=none"],
+        "Debian's busybox-static (scripts/programs.sh)",
+    );
+    assert_eq!(
+        err.matches("is statically linked: the runtime is loaded by the dynamic loader")
+            .count(),
+        1,
+        "one notice at start: {err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("resident, all of it local"))
+        .unwrap_or_else(|| panic!("no notice at exit of how much memory stayed local: {err}"));
+    let mib: f64 = line
+        .split("held up to ")
+        .nth(1)
+        .and_then(|r| r.split(" MiB").next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the exit notice gives no size in MiB: {line}"));
+    assert!(
+        mib >= 64.0,
+        "dd with a 64 MiB block held {mib} MiB by the notice: {line}"
+    );
+}
+
+/// A Go program maps its heap itself: told once, naming Go.
+#[test]
+fn a_go_program_is_told_its_heap_stays_local() {
+    let err = stderr_of_unreachable(
+        "/usr/bin/etcdctl",
+        &["version"],
+        "Debian's etcd-client (scripts/programs.sh)",
+    );
+    assert_eq!(
+        err.matches("is a Go program: the Go runtime").count(),
+        1,
+        "one notice at start: {err}"
+    );
+    assert!(err.contains("all of it local (it is a Go program)"), "{err}");
+}
+
+/// A dynamically linked program gets no such notice.
+#[test]
+fn a_dynamic_program_gets_no_notice() {
+    let err = stderr_of_unreachable("/bin/ls", &["/"], "Debian's coreutils");
+    assert!(!err.contains("notice"), "ls is dynamically linked: {err}");
+}

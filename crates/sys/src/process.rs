@@ -123,3 +123,21 @@ pub fn send_signal(pid: u32, signal: i32) {
         libc::kill(pid, signal);
     }
 }
+
+/// The largest resident set of any child process reaped so far (and of their reaped
+/// descendants), in bytes: `getrusage(RUSAGE_CHILDREN)`'s `ru_maxrss`.
+pub fn children_max_rss_bytes() -> std::io::Result<u64> {
+    // SAFETY: rusage is plain data; all-zero is a valid value for it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage for the call to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024)
+}
+
+/// The calling process's effective user and group ids.
+pub fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid and getegid take nothing and cannot fail.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
