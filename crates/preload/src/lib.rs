@@ -37,6 +37,7 @@ use std::sync::Arc;
 mod api;
 mod family;
 mod fork;
+mod heap;
 mod malloc;
 mod mapping;
 use family::{libc_calloc, libc_free, libc_malloc, libc_memalign, libc_realloc};
@@ -120,6 +121,22 @@ fn load_config() {
     match Config::from_env() {
         Ok(Some(cfg)) => {
             THRESHOLD.store(cfg.threshold_bytes, Ordering::Release);
+            // Small blocks go to the window unless asked not to (to compare, or to rule the
+            // heap out when a program misbehaves under it).
+            let small = std::env::var("RACKMEM_SMALL_BLOCKS").unwrap_or_default();
+            if !matches!(small.as_str(), "0" | "off" | "no" | "false") {
+                let after = match std::env::var("RACKMEM_SMALL_BLOCKS_AFTER") {
+                    Ok(v) => match rackmem_runtime::size::parse_size(&v) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            eprintln!("rackmem: bad configuration: RACKMEM_SMALL_BLOCKS_AFTER={v}: {e}");
+                            sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
+                        }
+                    },
+                    Err(_) => heap::SWITCH_BYTES,
+                };
+                heap::arm(after);
+            }
             *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(cfg);
         }
         Ok(None) => STATE.store(OFF, Ordering::Release),
