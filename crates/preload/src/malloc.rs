@@ -6,12 +6,13 @@
 
 use crate::family::{self, libc_free};
 use crate::heap;
-use crate::{runtime, set_errno, wants_window, window_runtime, Inside, INSIDE};
+use crate::{inside, runtime, set_errno, wants_window, window_runtime, Inside};
 use libc::{c_int, c_void, size_t};
 use rackmem_runtime::{in_window, CallGuard};
 use std::ptr;
 
 /// A malloc-family block of `size` bytes in the window, if it is large enough to go there.
+#[inline]
 fn window_alloc(size: usize, align: usize) -> Option<*mut c_void> {
     let rt = window_runtime(size)?;
     let _call = CallGuard::enter();
@@ -22,7 +23,7 @@ fn window_alloc(size: usize, align: usize) -> Option<*mut c_void> {
 /// A block of `size` bytes below the threshold in the window, when the program's allocator is
 /// glibc's and the heap is on; `None` sends the request to the program's allocator. While the
 /// heap is armed, counts what glibc hands out and turns the heap on at its switch point.
-#[inline]
+#[inline(always)]
 fn small_alloc(size: usize) -> Option<*mut c_void> {
     match heap::state() {
         heap::ON => {}
@@ -53,6 +54,7 @@ fn medium_alloc(size: usize) -> *mut c_void {
 
 /// Counts a small block glibc is about to hand out; at the switch point, starts the runtime (if
 /// no large allocation did yet) and turns the heap on.
+#[cold]
 fn count_for_switch(size: usize) {
     match local() {
         Some(n) if n.glibc => {}
@@ -112,7 +114,7 @@ fn internal(n: &family::Next) -> bool {
     if n.glibc {
         return false;
     }
-    if INSIDE.with(|f| f.get()) || rackmem_runtime::is_runtime_thread() {
+    if inside() || rackmem_runtime::is_runtime_thread() {
         return true;
     }
     // A runtime thread is starting and may not have marked itself yet: its set-up allocations
