@@ -552,6 +552,7 @@ fn give(c: usize, head: usize, tail: usize, n: u32) {
 // --- Thread caches -------------------------------------------------------------------------
 
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct Cached {
     head: usize,
     count: u32,
@@ -564,6 +565,7 @@ const T_CACHE: u8 = 1;
 /// A runtime thread: never uses the heap.
 const T_NEVER: u8 = 2;
 
+#[repr(C)]
 struct Cache {
     mode: u8,
     /// See [`crate::inside`].
@@ -571,24 +573,80 @@ struct Cache {
     bins: [Cached; CLASSES],
 }
 
-thread_local! {
-    static CACHE: UnsafeCell<Cache> = const {
-        UnsafeCell::new(Cache { mode: T_NEW, inside: false, bins: [Cached { head: 0, count: 0 }; CLASSES] })
-    };
+/// This thread's cache (all zero at thread start: `T_NEW`, not inside, empty).
+///
+/// On x86-64 it is a thread-local block of the initial-exec model, reached from the thread
+/// pointer with one load: Rust's `thread_local!` in a shared object goes through a call to
+/// `__tls_get_addr` on every access, and on the allocate-and-free loop of
+/// `bench/malloc_bench.c` that call was the largest part of the gap to glibc, which reads its
+/// own thread cache this way. The initial-exec model is sound for a library loaded at start
+/// (`LD_PRELOAD`), which is how this one is used; a `dlopen` of it may be refused for want of
+/// static TLS space, with the loader's message.
+#[cfg(target_arch = "x86_64")]
+mod tls {
+    use super::Cache;
+
+    core::arch::global_asm!(
+        ".pushsection .tbss,\"awT\",@nobits",
+        ".balign 64",
+        ".globl rackmem_heap_cache",
+        ".hidden rackmem_heap_cache",
+        ".type rackmem_heap_cache,@object",
+        ".size rackmem_heap_cache, {size}",
+        "rackmem_heap_cache:",
+        ".zero {size}",
+        ".popsection",
+        size = const std::mem::size_of::<Cache>(),
+    );
+
+    #[inline(always)]
+    pub(super) fn cache_ptr() -> *mut Cache {
+        let p: usize;
+        // SAFETY: reads this thread's offset of `rackmem_heap_cache` from the GOT (filled by
+        // the loader's TPOFF relocation) and adds the thread pointer (%fs:0 holds the TCB's own
+        // address on x86-64 Linux): the address of this thread's block, which lives as long as
+        // the thread. Neither load has side effects.
+        unsafe {
+            core::arch::asm!(
+                "movq rackmem_heap_cache@GOTTPOFF(%rip), {p}",
+                "addq %fs:0, {p}",
+                p = out(reg) p,
+                options(att_syntax, pure, readonly, nostack)
+            );
+        }
+        p as *mut Cache
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod tls {
+    use super::{Cache, Cached, CLASSES, T_NEW};
+    use std::cell::UnsafeCell;
+
+    thread_local! {
+        static CACHE: UnsafeCell<Cache> = const {
+            UnsafeCell::new(Cache { mode: T_NEW, inside: false, bins: [Cached { head: 0, count: 0 }; CLASSES] })
+        };
+    }
+
+    #[inline(always)]
+    pub(super) fn cache_ptr() -> *mut Cache {
+        CACHE.with(|c| c.get())
+    }
 }
 
 /// True while this thread runs runtime code for an allocation call (see [`crate::inside`]).
 #[inline]
 pub fn inside() -> bool {
     // SAFETY: this thread's own state; no reference to it is held across calls.
-    CACHE.with(|c| unsafe { (*c.get()).inside })
+    unsafe { (*tls::cache_ptr()).inside }
 }
 
 /// Marks this thread as inside (or out of) a runtime call.
 #[inline]
 pub fn set_inside(v: bool) {
     // SAFETY: as for `inside`.
-    CACHE.with(|c| unsafe { (*c.get()).inside = v })
+    unsafe { (*tls::cache_ptr()).inside = v }
 }
 
 static KEY: AtomicUsize = AtomicUsize::new(0);
@@ -597,7 +655,7 @@ static KEY: AtomicUsize = AtomicUsize::new(0);
 /// thread (nor a thread that may be one not yet marked).
 #[inline(always)]
 fn cache() -> Option<*mut Cache> {
-    let c = CACHE.with(|c| c.get());
+    let c = tls::cache_ptr();
     // SAFETY: this thread's own cache; no reference to it outlives a heap call.
     let (mode, inside) = unsafe { ((*c).mode, (*c).inside) };
     if mode == T_CACHE && !inside {
@@ -701,7 +759,7 @@ pub fn free(p: usize) {
 
 /// Gives a thread's cached blocks back when the thread exits.
 extern "C" fn thread_exit(_: *mut c_void) {
-    let c = CACHE.with(|c| c.get());
+    let c = tls::cache_ptr();
     // SAFETY: this thread's own cache, during its exit.
     let cache = unsafe { &mut *c };
     for (class, b) in cache.bins.iter_mut().enumerate() {

@@ -12,8 +12,15 @@ use rackmem_runtime::{in_window, CallGuard};
 use std::ptr;
 
 /// A malloc-family block of `size` bytes in the window, if it is large enough to go there.
-#[inline]
+#[inline(always)]
 fn window_alloc(size: usize, align: usize) -> Option<*mut c_void> {
+    if !wants_window(size) {
+        return None;
+    }
+    window_alloc_large(size, align)
+}
+
+fn window_alloc_large(size: usize, align: usize) -> Option<*mut c_void> {
     let rt = window_runtime(size)?;
     let _call = CallGuard::enter();
     let _inside = Inside::enter();
