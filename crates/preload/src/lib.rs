@@ -2,8 +2,10 @@
 //!
 //! It interposes the malloc family and private anonymous `mmap` (with `munmap`, `mremap`,
 //! `mprotect`, `madvise`): requests of at least the threshold (`RACKMEM_THRESHOLD`, 1 MiB by
-//! default) are placed in the rackmem window, smaller ones go to the program's own allocator
-//! (glibc's, or a jemalloc, tcmalloc or mimalloc it links or preloads: see `family`). Those
+//! default) are placed in the rackmem window; smaller blocks come from the window too when the
+//! program's allocator is glibc's (`heap`, once glibc has handed out the first MiB), and
+//! otherwise go to the program's own allocator (a jemalloc, tcmalloc or mimalloc it links or
+//! preloads: see `family`). Those
 //! allocators and language runtimes take their memory with anonymous `mmap`, reserving with
 //! `PROT_NONE` and committing with `mprotect` or `MAP_FIXED`, so their large mappings land in
 //! the window too.
@@ -20,8 +22,8 @@
 //! This crate is the C ABI boundary: every `unsafe` block is in it, each with its reason. This
 //! file holds start-up, the re-entrancy guard and the global allocator; the interposers are in
 //! `malloc` (the malloc family, with jemalloc's extended API), `mapping` (the mmap family) and
-//! `fork` (the `pthread_atfork` hooks), the functions of `include/rackmem.h` in `api`, and the
-//! lookup of the program's allocator in `family`.
+//! `fork` (the `pthread_atfork` hooks), the functions of `include/rackmem.h` in `api`, the
+//! lookup of the program's allocator in `family`, and the small-block heap in `heap`.
 
 // The interposed symbols are the C library's own (malloc(3), mmap(2), ...): their contract is POSIX's.
 #![allow(clippy::missing_safety_doc, missing_docs)]
