@@ -281,12 +281,14 @@ fn resolve() -> Next {
     // SAFETY: dlsym with NUL-terminated names; RTLD_NEXT searches the objects after this one.
     let sym = |name: &std::ffi::CStr| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
     let malloc = sym(c"malloc");
-    let libc_malloc = glibc_fns::get().map_or(ptr::null_mut(), |f| f.malloc as *mut c_void);
-    if malloc.is_null() || std::ptr::eq(malloc, libc_malloc) {
+    if malloc.is_null() {
         return GLIBC;
     }
     let home = object_of(malloc);
-    let libc_home = object_of(libc_malloc);
+    // The C library's object, known by a function no allocator defines: glibc's own functions
+    // may still be being looked up (this lookup can run inside that one, when `dlopen`
+    // allocates), and taking them as unknown once made glibc pass for another allocator.
+    let libc_home = object_of(libc::getpid as *mut c_void);
     if home == 0 || home == libc_home {
         return GLIBC;
     }

@@ -2,8 +2,10 @@
 //!
 //! It interposes the malloc family and private anonymous `mmap` (with `munmap`, `mremap`,
 //! `mprotect`, `madvise`): requests of at least the threshold (`RACKMEM_THRESHOLD`, 1 MiB by
-//! default) are placed in the rackmem window, smaller ones go to the program's own allocator
-//! (glibc's, or a jemalloc, tcmalloc or mimalloc it links or preloads: see `family`). Those
+//! default) are placed in the rackmem window; smaller blocks come from the window too when the
+//! program's allocator is glibc's (`heap`, once glibc has handed out the first MiB), and
+//! otherwise go to the program's own allocator (a jemalloc, tcmalloc or mimalloc it links or
+//! preloads: see `family`). Those
 //! allocators and language runtimes take their memory with anonymous `mmap`, reserving with
 //! `PROT_NONE` and committing with `mprotect` or `MAP_FIXED`, so their large mappings land in
 //! the window too.
@@ -20,8 +22,8 @@
 //! This crate is the C ABI boundary: every `unsafe` block is in it, each with its reason. This
 //! file holds start-up, the re-entrancy guard and the global allocator; the interposers are in
 //! `malloc` (the malloc family, with jemalloc's extended API), `mapping` (the mmap family) and
-//! `fork` (the `pthread_atfork` hooks), the functions of `include/rackmem.h` in `api`, and the
-//! lookup of the program's allocator in `family`.
+//! `fork` (the `pthread_atfork` hooks), the functions of `include/rackmem.h` in `api`, the
+//! lookup of the program's allocator in `family`, and the small-block heap in `heap`.
 
 // The interposed symbols are the C library's own (malloc(3), mmap(2), ...): their contract is POSIX's.
 #![allow(clippy::missing_safety_doc, missing_docs)]
@@ -29,7 +31,6 @@
 use libc::{c_int, c_void};
 use rackmem_runtime::{config::Config, sys, Runtime};
 use std::alloc::{GlobalAlloc, Layout};
-use std::cell::Cell;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use std::sync::Arc;
 mod api;
 mod family;
 mod fork;
+mod heap;
 mod malloc;
 mod mapping;
 use family::{libc_calloc, libc_free, libc_malloc, libc_memalign, libc_realloc};
@@ -105,10 +107,11 @@ const OFF: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static THRESHOLD: AtomicU64 = AtomicU64::new(u64::MAX);
 
-thread_local! {
-    /// Set while this thread runs runtime code on behalf of an allocation call, so allocations
-    /// made by the C library underneath (name lookup, thread creation) stay local.
-    static INSIDE: Cell<bool> = const { Cell::new(false) };
+/// Set while this thread runs runtime code on behalf of an allocation call, so allocations
+/// made by the C library underneath (name lookup, thread creation) stay local. Kept in the
+/// heap's per-thread state: one thread-local access on the fast path instead of two.
+pub(crate) fn inside() -> bool {
+    heap::inside()
 }
 
 /// Configuration read at load time; the runtime itself starts at the first allocation that
@@ -120,6 +123,26 @@ fn load_config() {
     match Config::from_env() {
         Ok(Some(cfg)) => {
             THRESHOLD.store(cfg.threshold_bytes, Ordering::Release);
+            // Small blocks go to the window unless asked not to (to compare, or to rule the
+            // heap out when a program misbehaves under it).
+            // Not with an agent's segments: a brick managed by a control plane cannot clone them
+            // for a forked child, which goes on without its parent's window, and a child touches
+            // its parent's small blocks between fork and exec (an argv built before the fork, a
+            // stdio buffer), where it only touches large ones by exception.
+            let small = std::env::var("RACKMEM_SMALL_BLOCKS").unwrap_or_default();
+            if cfg.agent.is_none() && !matches!(small.as_str(), "0" | "off" | "no" | "false") {
+                let after = match std::env::var("RACKMEM_SMALL_BLOCKS_AFTER") {
+                    Ok(v) => match rackmem_runtime::size::parse_size(&v) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            eprintln!("rackmem: bad configuration: RACKMEM_SMALL_BLOCKS_AFTER={v}: {e}");
+                            sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
+                        }
+                    },
+                    Err(_) => heap::SWITCH_BYTES,
+                };
+                heap::arm(after);
+            }
             *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(cfg);
         }
         Ok(None) => STATE.store(OFF, Ordering::Release),
@@ -172,12 +195,13 @@ fn runtime() -> Option<Arc<Runtime>> {
         }
         _ => return None,
     }
-    if INSIDE.with(|f| f.get()) || rackmem_runtime::is_runtime_thread() {
+    if inside() || rackmem_runtime::is_runtime_thread() {
         return None;
     }
     rackmem_runtime::global()
 }
 
+#[inline]
 fn wants_window(size: usize) -> bool {
     size as u64 >= THRESHOLD.load(Ordering::Acquire)
 }
@@ -185,17 +209,18 @@ fn wants_window(size: usize) -> bool {
 struct Inside;
 impl Inside {
     fn enter() -> Inside {
-        INSIDE.with(|f| f.set(true));
+        heap::set_inside(true);
         Inside
     }
 }
 impl Drop for Inside {
     fn drop(&mut self) {
-        INSIDE.with(|f| f.set(false));
+        heap::set_inside(false);
     }
 }
 
 /// The runtime, if a request of `size` bytes goes to the window.
+#[inline]
 fn window_runtime(size: usize) -> Option<Arc<Runtime>> {
     if !wants_window(size) {
         return None;

@@ -1,18 +1,86 @@
 //! The malloc family's interposers, with jemalloc's extended API (`mallocx` and the rest):
-//! large blocks are window blocks, the others go to the program's own allocator (`family`).
+//! large blocks are window blocks; smaller ones go to the program's own allocator (`family`),
+//! except that when it is glibc's, once the program has taken a few MiB from it, they come from
+//! the window too (`heap`, and page-granular window blocks above the heap's classes). A pointer
+//! is routed by its address: a heap chunk, a window block, or the program's allocator.
 
 use crate::family::{self, libc_free};
-use crate::{set_errno, wants_window, window_runtime, Inside, INSIDE};
+use crate::heap;
+use crate::{inside, runtime, set_errno, wants_window, window_runtime, Inside};
 use libc::{c_int, c_void, size_t};
 use rackmem_runtime::{in_window, CallGuard};
 use std::ptr;
 
 /// A malloc-family block of `size` bytes in the window, if it is large enough to go there.
+#[inline(always)]
 fn window_alloc(size: usize, align: usize) -> Option<*mut c_void> {
+    if !wants_window(size) {
+        return None;
+    }
+    window_alloc_large(size, align)
+}
+
+fn window_alloc_large(size: usize, align: usize) -> Option<*mut c_void> {
     let rt = window_runtime(size)?;
     let _call = CallGuard::enter();
     let _inside = Inside::enter();
     rt.alloc_block(size, align).map(|a| a as *mut c_void)
+}
+
+/// A block of `size` bytes below the threshold in the window, when the program's allocator is
+/// glibc's and the heap is on; `None` sends the request to the program's allocator. While the
+/// heap is armed, counts what glibc hands out and turns the heap on at its switch point.
+#[inline(always)]
+fn small_alloc(size: usize) -> Option<*mut c_void> {
+    match heap::state() {
+        heap::ON => {}
+        heap::COUNTING => {
+            count_for_switch(size);
+            return None;
+        }
+        _ => return None,
+    }
+    let p = if size <= heap::MAX_SMALL {
+        heap::alloc(size)
+    } else {
+        medium_alloc(size)
+    };
+    (!p.is_null()).then_some(p)
+}
+
+/// A page-granular window block for a request between the heap's classes and the threshold.
+#[cold]
+fn medium_alloc(size: usize) -> *mut c_void {
+    let Some(rt) = runtime() else {
+        return ptr::null_mut();
+    };
+    let _call = CallGuard::enter();
+    let _inside = Inside::enter();
+    rt.alloc_block(size, 16).map_or(ptr::null_mut(), |a| a as *mut c_void)
+}
+
+/// Counts a small block glibc is about to hand out; at the switch point, starts the runtime (if
+/// no large allocation did yet) and turns the heap on.
+#[cold]
+fn count_for_switch(size: usize) {
+    match local() {
+        Some(n) if n.glibc => {}
+        Some(_) => {
+            heap::disarm();
+            return;
+        }
+        None => return,
+    }
+    if !heap::count(size) {
+        return;
+    }
+    if crate::STATE.load(std::sync::atomic::Ordering::Acquire) == crate::OFF {
+        heap::disarm();
+        return;
+    }
+    if let Some(rt) = runtime() {
+        heap::switch_on(&rt);
+    }
 }
 
 /// True if `p` is a window block of the malloc family (not a block the program's allocator
@@ -53,7 +121,7 @@ fn internal(n: &family::Next) -> bool {
     if n.glibc {
         return false;
     }
-    if INSIDE.with(|f| f.get()) || rackmem_runtime::is_runtime_thread() {
+    if inside() || rackmem_runtime::is_runtime_thread() {
         return true;
     }
     // A runtime thread is starting and may not have marked itself yet: its set-up allocations
@@ -112,6 +180,9 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     if let Some(p) = window_alloc(size, 16) {
         return p;
     }
+    if let Some(p) = small_alloc(size) {
+        return p;
+    }
     local_malloc(size)
 }
 
@@ -125,6 +196,11 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = window_alloc(total, 16) {
         return p;
     }
+    if let Some(p) = small_alloc(total) {
+        // SAFETY: a fresh block of at least `total` bytes (a reused heap block is not zero).
+        unsafe { ptr::write_bytes(p as *mut u8, 0, total) };
+        return p;
+    }
     match local() {
         Some(a) if internal(a) => family::internal_malloc(total, true),
         // SAFETY: calloc(3) of the program's allocator.
@@ -136,10 +212,28 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
 
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if p.is_null() || window_release(p) {
+    if p.is_null() {
         return;
     }
+    if heap::owns(p as usize) {
+        heap::free(p as usize);
+        return;
+    }
+    if window_release(p) {
+        return;
+    }
+    not_in_window(p, "free(): invalid pointer (remote memory that is not a block)");
     local_free(p)
+}
+
+/// Stops the program if `p`, about to go to glibc, lies in the window: no glibc block does
+/// (glibc's memory never reaches the interposed `mmap`), so it is a pointer never handed out,
+/// and glibc would read its chunk header from window memory the runtime manages.
+#[inline]
+fn not_in_window(p: *mut c_void, what: &str) {
+    if in_window(p as usize) && local().is_some_and(|n| n.glibc) {
+        heap::die(what, p as usize);
+    }
 }
 
 #[no_mangle]
@@ -152,6 +246,9 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     if p.is_null() {
         return 0;
+    }
+    if heap::owns(p as usize) {
+        return heap::usable_size(p as usize);
     }
     if is_window_block(p) {
         return rackmem_runtime::global()
@@ -201,6 +298,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
         // SAFETY: same contract as malloc.
         return unsafe { malloc(size) };
     }
+    if heap::owns(p as usize) {
+        return heap_realloc(p, size);
+    }
     if size == 0 && !family::in_arena(p) && !is_window_block(p) && !family::is_tracked(p) {
         return match local() {
             // SAFETY: the program's allocator gives realloc(p, 0) its own meaning.
@@ -225,6 +325,16 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     if family::is_tracked(p) {
         return family::internal_realloc(p, size);
     }
+    if heap::state() == heap::ON && !family::in_arena(p) && !in_window(p as usize) {
+        // A glibc block from before the switch: it moves to the window as it grows or shrinks.
+        if let Some(n) = small_alloc(size) {
+            let old = local_usable_size(p);
+            // SAFETY: `p` has `old` usable bytes, `n` has `size`; distinct blocks.
+            unsafe { ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, old.min(size)) };
+            local_free(p);
+            return n;
+        }
+    }
     if family::in_arena(p) {
         let n = local_malloc(size);
         if !n.is_null() {
@@ -240,13 +350,47 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     }
 }
 
+/// `realloc` of a heap block: in place while the new size fits and uses at least half of it,
+/// else moved (to the heap, a window block or glibc, as `malloc` would place it).
+fn heap_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if heap::state() == heap::GONE {
+        // A forked child without its parent's window: the block's contents are gone.
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    let (_, old) = heap::realloc_usable(p as usize);
+    if size == 0 {
+        heap::free(p as usize);
+        return ptr::null_mut();
+    }
+    if size <= old && size >= old / 2 {
+        return p;
+    }
+    // SAFETY: same contract as malloc.
+    let n = unsafe { malloc(size) };
+    if n.is_null() {
+        return n;
+    }
+    // SAFETY: `p` has `old` usable bytes, `n` has `size`; distinct blocks.
+    unsafe { ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, old.min(size)) };
+    heap::free(p as usize);
+    n
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
         set_errno(libc::ENOMEM);
         return ptr::null_mut();
     };
-    if p.is_null() || is_window_block(p) || family::in_arena(p) || family::is_tracked(p) || wants_window(total) {
+    if p.is_null()
+        || heap::state() == heap::ON
+        || heap::owns(p as usize)
+        || is_window_block(p)
+        || family::in_arena(p)
+        || family::is_tracked(p)
+        || wants_window(total)
+    {
         // SAFETY: same contract as realloc.
         return unsafe { realloc(p, total) };
     }
@@ -263,6 +407,11 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, si
         return libc::EINVAL;
     }
     if let Some(p) = window_alloc(size, align.max(16)) {
+        // SAFETY: the caller passes a valid out-pointer.
+        unsafe { *out = p };
+        return 0;
+    }
+    if let Some(p) = aligned_small(align, size) {
         // SAFETY: the caller passes a valid out-pointer.
         unsafe { *out = p };
         return 0;
@@ -291,9 +440,21 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, si
     }
 }
 
+/// An aligned small block in the window: heap blocks are 16-aligned and window blocks
+/// page-aligned; other requests (a 64-byte alignment of a small block) stay with glibc.
+fn aligned_small(align: usize, size: usize) -> Option<*mut c_void> {
+    if align <= 16 || (align <= 4096 && size > heap::MAX_SMALL) {
+        return small_alloc(size);
+    }
+    None
+}
+
 /// One of the aligned allocation calls: the window for large sizes, else `local`.
 fn aligned(align: usize, size: usize, local_call: impl FnOnce(&'static family::Next) -> *mut c_void) -> *mut c_void {
     if let Some(p) = window_alloc(size, align.max(16)) {
+        return p;
+    }
+    if let Some(p) = aligned_small(align, size) {
         return p;
     }
     match local() {
@@ -443,5 +604,63 @@ pub unsafe extern "C" fn sdallocx(p: *mut c_void, size: size_t, flags: c_int) {
     if let Some(f) = local().and_then(|n| n.sdallocx) {
         // SAFETY: jemalloc's sdallocx with the caller's arguments.
         unsafe { f(p, size, flags) }
+    }
+}
+
+/// glibc's function `name` from libc.so.6 itself (`RTLD_NEXT` could name another allocator's).
+fn glibc_symbol(name: &std::ffi::CStr) -> usize {
+    // SAFETY: dlopen of the already loaded C library (RTLD_NOLOAD loads nothing) and dlsym with
+    // a NUL-terminated name.
+    unsafe {
+        let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return 0;
+        }
+        libc::dlsym(h, name.as_ptr()) as usize
+    }
+}
+
+/// glibc's `mallinfo2` with the heap's window memory added: `arena` counts its chunks,
+/// `uordblks` its blocks handed out (or cached by threads), `fordblks` the rest.
+#[no_mangle]
+pub unsafe extern "C" fn mallinfo2() -> libc::mallinfo2 {
+    static F: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let mut f = F.load(std::sync::atomic::Ordering::Acquire);
+    if f == 0 {
+        f = glibc_symbol(c"mallinfo2");
+        F.store(f, std::sync::atomic::Ordering::Release);
+    }
+    let mut m = if f == 0 {
+        // SAFETY: mallinfo2 is a plain C struct of integers; all zero is a valid value.
+        unsafe { std::mem::zeroed() }
+    } else {
+        // SAFETY: glibc's mallinfo2, whose C type is the one given.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::mallinfo2>(f)() }
+    };
+    if heap::owns_any() {
+        let (total, used, _) = heap::totals();
+        m.arena += total as usize;
+        m.uordblks += used as usize;
+        m.fordblks += total.saturating_sub(used) as usize;
+    }
+    m
+}
+
+/// `mallinfo`, from `mallinfo2` (its fields are `int`: they wrap, as glibc's do).
+#[no_mangle]
+pub unsafe extern "C" fn mallinfo() -> libc::mallinfo {
+    // SAFETY: same contract.
+    let m = unsafe { mallinfo2() };
+    libc::mallinfo {
+        arena: m.arena as c_int,
+        ordblks: m.ordblks as c_int,
+        smblks: m.smblks as c_int,
+        hblks: m.hblks as c_int,
+        hblkhd: m.hblkhd as c_int,
+        usmblks: m.usmblks as c_int,
+        fsmblks: m.fsmblks as c_int,
+        uordblks: m.uordblks as c_int,
+        fordblks: m.fordblks as c_int,
+        keepcost: m.keepcost as c_int,
     }
 }

@@ -112,11 +112,13 @@ pub(crate) fn pause(inner: &Inner) {
     }
 }
 
-/// Lets a parked handler go on.
+/// Lets a parked handler go on. `paused` stays set until the handler itself leaves `park`: a
+/// second fork's `pause` that came before the handler woke up must find it parked (clearing it
+/// here left that `pause` waiting for a park the handler, still inside `park`, never announced
+/// again: PostgreSQL's postmaster, forking its children back to back, hung there).
 pub(crate) fn resume(inner: &Inner) {
     inner.pause.store(false, Ordering::Release);
-    let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
-    *parked = false;
+    let _parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
     inner.paused_cv.notify_all();
 }
 

@@ -45,7 +45,7 @@ mod writeback;
 pub use error::RuntimeError;
 pub use fork::{fork_child, fork_parent, fork_prepare};
 pub(crate) use inner::{Inner, Job, Victim};
-pub use process::{global, in_window, is_runtime_thread, set_global, spawning_runtime_thread, CallGuard};
+pub use process::{global, in_window, is_runtime_thread, set_global, spawning_runtime_thread, window_start, CallGuard};
 pub use rackmem_pager::{policy, prefetch, regions};
 pub use window::Runtime;
 

@@ -69,6 +69,12 @@ pub fn in_window(addr: usize) -> bool {
     a >= WINDOW_START.load(Ordering::Acquire) && a < WINDOW_END.load(Ordering::Acquire)
 }
 
+/// The window's first address (0 before a runtime started): allocators that carve their own
+/// blocks from window allocations index them by their offset in the window.
+pub fn window_start() -> usize {
+    WINDOW_START.load(Ordering::Acquire) as usize
+}
+
 /// Marks a call into the runtime from a program thread, so `fork` can wait until no thread holds
 /// a runtime lock (the child would inherit it locked).
 pub struct CallGuard(());
