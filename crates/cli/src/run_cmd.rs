@@ -16,6 +16,12 @@ use std::time::{Duration, Instant};
 /// What `rackmem run` does unless told otherwise, for `--help`.
 const DEFAULTS_HELP: &str = "\
 Defaults (each can be overridden):
+  What goes remote: blocks of the malloc family of at least --threshold, private anonymous mmap
+    of at least --threshold, and, for programs on glibc's allocator, smaller blocks too: after
+    the program's first MiB of them, the runtime serves them from a heap in remote memory
+    (RACKMEM_SMALL_BLOCKS=off leaves them to glibc; RACKMEM_SMALL_BLOCKS_AFTER=BYTES moves the
+    switch). A program that brings jemalloc, tcmalloc or mimalloc keeps it. Statically linked,
+    Go and set-user-ID programs cannot be reached: rackmem says so at start.
   Shared memory: the segments of bricks on this host (the embedded brick, unix: bricks, and those
     the node agent hands out on unix: bricks) are mapped into the program, so a fault or a
     write-back is a memory copy rather than a request over the socket. --no-shared-memory or
