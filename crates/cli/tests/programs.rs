@@ -558,3 +558,30 @@ fn a_dynamic_program_gets_no_notice() {
     let err = stderr_of_unreachable("/bin/ls", &["/"], "Debian's coreutils");
     assert!(!err.contains("notice"), "ls is dynamically linked: {err}");
 }
+
+/// Shared anonymous memory keeps its meaning (a child's writes reach the parent) and stays
+/// local: the user is told once, with its size, and the statistics count it.
+#[test]
+fn shared_memory_stays_local_and_the_user_is_told() {
+    require_root();
+    let prog = program("shared_anon");
+    let args = ["64", "64"];
+    let n = native(&prog, &args);
+    let (o, stats) = remote(&prog, &args, "25%", &[]);
+    assert!(o.status.success(), "shared_anon under rackmem failed: {}", show(&o));
+    assert_eq!(checksums(&o), checksums(&n), "results differ from the native run");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("maps shared memory (MAP_SHARED|MAP_ANONYMOUS, 64 MiB here): shared mappings stay local")
+            .count(),
+        1,
+        "one notice, naming the size: {err}"
+    );
+    let parent = busiest(&stats);
+    assert_used_remote_memory_at(parent, 25);
+    assert_eq!(
+        parent.extra("shared_local_bytes"),
+        64 << 20,
+        "the statistics count the shared memory: {parent:?}"
+    );
+}

@@ -202,7 +202,7 @@ fn runtime() -> Option<Arc<Runtime>> {
 }
 
 #[inline]
-fn wants_window(size: usize) -> bool {
+pub(crate) fn wants_window(size: usize) -> bool {
     size as u64 >= THRESHOLD.load(Ordering::Acquire)
 }
 

@@ -76,7 +76,41 @@ pub unsafe extern "C" fn mmap(
         }
     }
     let r = raw_mmap(addr, len, prot, flags, fd, off) as libc::c_long;
-    syscall_result(r) as *mut c_void
+    let r = syscall_result(r);
+    if r != -1 && flags & (libc::MAP_SHARED | libc::MAP_ANONYMOUS) == (libc::MAP_SHARED | libc::MAP_ANONYMOUS) {
+        shared_stays_local(len);
+    }
+    r as *mut c_void
+}
+
+/// A shared anonymous mapping of at least the threshold (PostgreSQL's shared buffers, a
+/// multi-process server's shared cache) stays local: counted, and told once, with its size.
+fn shared_stays_local(len: size_t) {
+    if !crate::wants_window(len) || rackmem_runtime::is_runtime_thread() {
+        return;
+    }
+    rackmem_runtime::note_shared_local(len as u64);
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    // Formatted on the stack: this runs inside mmap, which an allocator may be calling.
+    let mut buf = [0u8; 400];
+    let mut w = &mut buf[..];
+    let _ = std::io::Write::write_fmt(
+        &mut w,
+        format_args!(
+            "rackmem: notice: this program maps shared memory (MAP_SHARED|MAP_ANONYMOUS, {} MiB here): \
+             shared mappings stay local, whatever --local says (a page shared between processes has no \
+             single owner to evict it for); its statistics count them as shared_local_bytes\n",
+            len >> 20
+        ),
+    );
+    let n = 400 - w.len();
+    family::say_once(
+        &SAID,
+        std::str::from_utf8(&buf[..n]).unwrap_or("rackmem: notice: shared memory stays local\n"),
+    );
 }
 
 #[no_mangle]

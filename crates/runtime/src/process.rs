@@ -75,6 +75,21 @@ pub fn window_start() -> usize {
     WINDOW_START.load(Ordering::Acquire) as usize
 }
 
+/// Bytes of shared anonymous memory the program mapped in pieces of at least the threshold: it
+/// stays local (a userfaultfd serves one process's private pages; a shared page has no single
+/// owner to evict it for), and the user is told so.
+static SHARED_LOCAL: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `bytes` of shared memory that stays local; returns the total so far.
+pub fn note_shared_local(bytes: u64) -> u64 {
+    SHARED_LOCAL.fetch_add(bytes, Ordering::Relaxed) + bytes
+}
+
+/// Shared memory mapped so far that stays local, in bytes (see [`note_shared_local`]).
+pub fn shared_local_bytes() -> u64 {
+    SHARED_LOCAL.load(Ordering::Relaxed)
+}
+
 /// Marks a call into the runtime from a program thread, so `fork` can wait until no thread holds
 /// a runtime lock (the child would inherit it locked).
 pub struct CallGuard(());

@@ -297,6 +297,10 @@ pub struct StatsSnapshot {
     /// See [`Stats::peak_rss_anon_bytes`].
     #[serde(default)]
     pub peak_rss_anon_bytes: u64,
+    /// Shared anonymous memory the program mapped (pieces of at least the threshold), which
+    /// stays local: see `crate::note_shared_local`.
+    #[serde(default)]
+    pub shared_local_bytes: u64,
     /// Window bytes allocated at snapshot time.
     pub window_bytes_allocated: u64,
     /// Largest window footprint seen.
@@ -387,6 +391,7 @@ impl Stats {
             budget_bytes: g(&self.budget_pages) * page_size,
             peak_footprint_bytes: g(&self.peak_committed_pages) * page_size,
             peak_rss_anon_bytes: self.sample_rss_anon(),
+            shared_local_bytes: crate::process::shared_local_bytes(),
             window_bytes_allocated: g(&self.window_bytes_allocated),
             peak_window_bytes: g(&self.peak_window_bytes),
             window_allocations: g(&self.window_allocations),
