@@ -168,13 +168,17 @@ pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Va
         rows.iter()
             .find(|r| r.app == app && r.setup == setup && r.local_pct == pct)
     };
-    let peers = ["zram", "swap file"];
+    // Only the peers that ran (`--peers` picks them).
+    let peers: Vec<&str> = ["zram", "swap file"]
+        .into_iter()
+        .filter(|p| rows.iter().any(|r| r.setup == *p))
+        .collect();
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
     let mut header = vec!["app".to_string(), "footprint".into()];
     header.extend(locals.iter().map(|p| format!("slowdown {p}%")));
     header.push("seed 002, Xmem(25%)".into());
-    for peer in peers {
+    for peer in &peers {
         header.extend(locals.iter().map(|p| format!("÷ {peer} {p}%")));
     }
     t.set_header(header);
@@ -203,7 +207,7 @@ pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Va
             }
             None => cells.push(String::new()),
         }
-        for peer in peers {
+        for &peer in &peers {
             for (i, &pct) in locals.iter().enumerate() {
                 let (Some(r), Some(p)) = (find(app, "rackmem", pct), find(app, peer, pct)) else {
                     cells.push(String::new());
@@ -339,6 +343,12 @@ mod tests {
         assert_eq!(qsort["vs_peer"]["zram 25"], "OOM-killed", "{json}");
         assert_eq!(qsort["vs_peer"]["swap file 25"].as_f64(), Some(8.0), "{json}");
         assert!(text.contains("without the 1 where zram's cgroup OOM-killed"), "{text}");
+        let zram_only: Vec<AppRow> = rows.into_iter().filter(|r| r.setup != "swap file").collect();
+        let (text, _) = against_peers(&zram_only, &[25]);
+        assert!(
+            !text.contains("swap file"),
+            "a peer that did not run has no column: {text}"
+        );
     }
 
     #[test]
