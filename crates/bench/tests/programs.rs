@@ -1,6 +1,7 @@
 //! The C programs of `bench apps` on toy inputs: the Kronecker generator of `bfs` is
 //! deterministic and skewed as Graph500's should be, its BFS trees validate, and `kmeans`
-//! converges to the centers the points were drawn around.
+//! converges to the centers the points were drawn around; `qsort` sorts, and `updates` leaves
+//! the same array whatever its thread count, both with the checksums computed here independently.
 
 use rackmem_bench::programs::{build, num, run};
 use std::collections::BTreeMap;
@@ -71,4 +72,56 @@ fn kmeans_converges_on_separated_blobs() {
     assert_eq!(a.get("checksum"), b.get("checksum"), "deterministic");
     let c = result(&km, &["20000", "2", "4", "20", "4"]);
     assert_ne!(a.get("checksum"), c.get("checksum"), "another seed, other points");
+}
+
+/// FNV-1a over 64-bit words, as the C programs print it.
+fn fnv(words: &[u64]) -> String {
+    let h = words
+        .iter()
+        .fold(1469598103934665603u64, |h, w| (h ^ w).wrapping_mul(1099511628211));
+    format!("{h:016x}")
+}
+
+#[test]
+fn qsort_sorts_the_generated_keys() {
+    let prog = program("qsort");
+    let r = result(&prog, &["100000", "5"]);
+    assert_eq!(r.get("sorted").map(String::as_str), Some("1"), "{r:?}");
+    let mut s = 5u64;
+    let mut keys: Vec<u64> = (0..100_000)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        })
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(r.get("checksum"), Some(&fnv(&keys)), "{r:?}");
+    assert!(num(&r, "elements_per_s") > 0.0, "{r:?}");
+}
+
+#[test]
+fn updates_end_the_same_for_one_two_and_all_threads() {
+    let prog = program("updates");
+    let splitmix = |mut x: u64| {
+        x = x.wrapping_add(0x9e3779b97f4a7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+        x ^ (x >> 31)
+    };
+    let words = (4u64 << 20) / 8;
+    let mut t: Vec<u64> = (0..words).collect();
+    for k in 0..300_000u64 {
+        let x = splitmix(3 + k);
+        t[(x % words) as usize] ^= x;
+    }
+    let expect = fnv(&t);
+    for threads in ["1", "2", "0", "3"] {
+        let r = result(&prog, &["4", "300000", threads, "3"]);
+        assert_eq!(r.get("checksum"), Some(&expect), "{threads} threads: {r:?}");
+        if threads != "0" {
+            assert_eq!(r.get("threads").map(String::as_str), Some(threads), "{r:?}");
+        }
+    }
 }

@@ -466,6 +466,67 @@ fn apps_under_rackmem_compute_what_they_compute_natively() {
     assert!(table.contains("= native"), "{table}");
 }
 
+/// The far-memory papers' kinds of work (issue 21) at a tiny scale: each runs natively and under
+/// rackmem at 25% and computes what it computed natively (the bench compares every checksum);
+/// the random updates end with the same array for 1, 2 and all threads; seed 002's slowdowns sit
+/// beside ours.
+#[test]
+fn papers_kinds_of_work_compute_what_they_compute_natively() {
+    need_root("bench apps");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("apps.json");
+    let apps = [
+        "numpy-linalg",
+        "numpy-kmeans",
+        "qsort",
+        "pydict",
+        "updates-1",
+        "updates-2",
+        "updates-all",
+    ];
+    let o = bench(&[
+        "apps",
+        "--scale",
+        "0.01",
+        "--only",
+        &apps.join(","),
+        "--locals",
+        "25",
+        "--peers",
+        "",
+        "--json",
+        j.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = apps_json(&j);
+    check_rows(&rows, &apps, 2);
+    let updates: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["app"].as_str().is_some_and(|a| a.starts_with("updates-")))
+        .map(|r| &r["results"][0])
+        .collect();
+    assert!(
+        updates.len() == 6 && updates.iter().all(|r| *r == updates[0]),
+        "the same updates leave the same array whatever the threads: {updates:?}"
+    );
+    for r in &rows {
+        let s = r["slowdown_vs_native"].as_f64().expect("slowdown");
+        let v = r["vs_native"].as_f64().expect("vs native");
+        assert!((s * v - 1.0).abs() < 1e-9, "slowdown is native ÷ value: {r}");
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let seed: Vec<&str> = v["against_peers"]["apps"]
+        .as_array()
+        .expect("against_peers")
+        .iter()
+        .filter_map(|a| a["seed_002_xmem_25"]["app"].as_str())
+        .collect();
+    assert_eq!(seed, ["DGEMM", "GUPS", "GUPS", "GUPS"], "{v}");
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("seed 002, Xmem(25%)"), "{table}");
+}
+
 #[test]
 fn apps_against_swap_peers_leave_the_machine_as_found() {
     need_root("bench apps with swap peers");

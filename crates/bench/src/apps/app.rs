@@ -4,7 +4,9 @@
 
 use super::launch::{fail, Failure, Launch, Outcome};
 use super::process::{run_deadline, Done};
-use super::{bfs, kmeans, memcached, redis, sqlite, zstd, AppsConfig, APPS};
+use super::{
+    bfs, kmeans, memcached, numpy_kmeans, numpy_linalg, pydict, qsort, redis, sqlite, updates, zstd, AppsConfig, APPS,
+};
 use crate::BenchError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +30,18 @@ pub struct Sizes {
     pub bfs_scale: u32,
     /// zstd input bytes.
     pub zstd_bytes: u64,
+    /// NumPy matrix multiply and solve: the matrices' order (n × n doubles).
+    pub linalg_n: u64,
+    /// NumPy K-means points (16 dimensions, 16 clusters, 8 iterations).
+    pub numpy_kmeans_points: u64,
+    /// 64-bit keys sorted by the C library's `qsort`.
+    pub qsort_elements: u64,
+    /// Entries of the Python dict (and as many probes).
+    pub dict_entries: u64,
+    /// The random updates' array, MiB.
+    pub updates_mib: u64,
+    /// Random updates, in total over the threads.
+    pub updates: u64,
 }
 
 impl Sizes {
@@ -47,6 +61,21 @@ impl Sizes {
             // rackmem run on this 2-vCPU VM, beyond the whole bench's budget.
             bfs_scale: (19.0 + scale.max(1e-6).log2()).round().clamp(8.0, 26.0) as u32,
             zstd_bytes: sz(256.0 * 1048576.0, 1 << 20),
+            // 4000 × 4000 doubles, as issue 21 measured it: five such matrices live at once
+            // (A, B, A·B, the LU copy, the solution), ≈ 790 MiB. The work grows as n³, the
+            // footprint as n², so n moves by the square root of the scale.
+            linalg_n: ((4000.0 * scale.max(0.0).sqrt()).round() as u64).max(64),
+            // ≈ 300 MiB: the points (122 MiB) and three n × k temporaries per iteration.
+            numpy_kmeans_points: sz(1_000_000.0, 1000),
+            // 128 MiB of keys and glibc's merge-sort copy: ≈ 260 MiB.
+            qsort_elements: sz(16_777_216.0, 1000),
+            // ≈ 720 MiB of dict and objects at 3 million entries.
+            dict_entries: sz(3_000_000.0, 1000),
+            // 512 MiB, as issue 21 measured it. A million updates: 20 ms natively, but nearly
+            // every one a fault at 25%, and the swap file serves random faults at about 14 k/s
+            // (bench workloads' GUPS), so one run stays near a minute there.
+            updates_mib: sz(512.0, 4),
+            updates: sz(1_000_000.0, 10_000),
         }
     }
 }
@@ -61,6 +90,8 @@ pub(super) struct Prepared {
     pub(super) stdin: Option<Vec<u8>>,
     pub(super) sizes: Sizes,
     pub(super) dir: PathBuf,
+    /// Environment set for the program in every setup (BLAS threads).
+    pub(super) env: Vec<(String, String)>,
 }
 
 pub(super) fn which(prog: &str) -> Result<PathBuf, BenchError> {
@@ -88,6 +119,13 @@ pub(super) fn prepare(name: &str, cfg: &AppsConfig) -> Result<Prepared, BenchErr
         "kmeans" => kmeans::prepare(cfg, sizes, dir),
         "bfs" => bfs::prepare(cfg, sizes, dir),
         "zstd" => zstd::prepare(sizes, dir),
+        "numpy-linalg" => numpy_linalg::prepare(cfg, sizes, dir),
+        "numpy-kmeans" => numpy_kmeans::prepare(cfg, sizes, dir),
+        "qsort" => qsort::prepare(cfg, sizes, dir),
+        "pydict" => pydict::prepare(cfg, sizes, dir),
+        "updates-1" => updates::prepare(cfg, sizes, dir, "updates-1", 1),
+        "updates-2" => updates::prepare(cfg, sizes, dir, "updates-2", 2),
+        "updates-all" => updates::prepare(cfg, sizes, dir, "updates-all", 0),
         other => Err(BenchError::Workload(format!(
             "unknown application {other}: use {}",
             APPS.join(", ")
@@ -115,9 +153,12 @@ pub(super) fn run_one(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Fail
 /// One run of a batch application.
 fn run_batch(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
     let rss_file = p.dir.join("rss");
-    let (d, rss) = batch(launch, p.name, &p.prog, &p.args, p.stdin.clone(), &rss_file)?;
+    let (d, rss) = batch(launch, p, &rss_file)?;
     let (metric, result) = match p.name {
         "kmeans" => kmeans::measured(&d)?,
+        "numpy-linalg" | "numpy-kmeans" | "qsort" | "pydict" | "updates-1" | "updates-2" | "updates-all" => {
+            checked(p, &d)?
+        }
         "bfs" => bfs::measured(&d)?,
         "sqlite" => sqlite::measured(p, &d)?,
         "zstd" => zstd::measured(p, &d)?,
@@ -132,24 +173,18 @@ fn run_batch(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
 }
 
 /// Runs a batch program where `launch` says; peak RSS measured natively (GNU time's `%M`).
-fn batch(
-    launch: &mut Launch,
-    what: &str,
-    prog: &Path,
-    args: &[String],
-    input: Option<Vec<u8>>,
-    rss_file: &Path,
-) -> Result<(Done, Option<u64>), Failure> {
-    let cmd = if let Launch::Native = launch {
+fn batch(launch: &mut Launch, p: &Prepared, rss_file: &Path) -> Result<(Done, Option<u64>), Failure> {
+    let mut cmd = if let Launch::Native = launch {
         let mut c = Command::new("/usr/bin/time");
-        c.args(["-f", "%M", "-o"]).arg(rss_file).arg(prog).args(args);
+        c.args(["-f", "%M", "-o"]).arg(rss_file).arg(&p.prog).args(&p.args);
         c
     } else {
-        launch.command(prog, args)
+        launch.command(&p.prog, &p.args)
     };
-    let d = run_deadline(cmd, input, Duration::from_secs(1800))?;
+    cmd.envs(p.env.iter().map(|(k, v)| (k, v)));
+    let d = run_deadline(cmd, p.stdin.clone(), Duration::from_secs(1800))?;
     if !d.status.success() {
-        return Err(launch.failure(what, d.status, &d.stderr));
+        return Err(launch.failure(p.name, d.status, &d.stderr));
     }
     let rss = match launch {
         Launch::Native => Some(
@@ -162,6 +197,67 @@ fn batch(
         _ => None,
     };
     Ok((d, rss))
+}
+
+/// The metric and the checksum from the result line of a program that checks its own output
+/// (`metric=… checksum=…`; the programs exit non-zero when a check fails).
+fn checked(p: &Prepared, d: &Done) -> Result<(f64, String), Failure> {
+    let m = kv(&d.stdout)?;
+    let checksum = m
+        .get("checksum")
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| fail(format!("{}: no checksum in the program's result line", p.name)))?;
+    Ok((number(&m, p.metric)?, checksum.clone()))
+}
+
+/// The Python 3 that `python3` on the PATH runs (its real executable, not a version manager's
+/// shim, so rackmem and the cgroup start the interpreter itself), checked to import NumPy when
+/// `numpy` is set.
+pub(super) fn python(numpy: bool) -> Result<PathBuf, BenchError> {
+    let code = if numpy {
+        "import sys, numpy; print(sys.executable)"
+    } else {
+        "import sys; print(sys.executable)"
+    };
+    let o = Command::new("python3")
+        .args(["-c", code])
+        .output()
+        .map_err(|e| BenchError::Workload(format!("cannot run python3 ({e}): scripts/programs.sh installs it")))?;
+    let exe = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    if !o.status.success() || exe.is_empty() {
+        let what = if numpy { "NumPy for python3" } else { "python3" };
+        return Err(BenchError::Workload(format!(
+            "{what} is missing ({}): python3 -m pip install numpy (scripts/programs.sh does)",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )));
+    }
+    Ok(PathBuf::from(exe))
+}
+
+/// A script of the bench directory, checked to be there.
+pub(super) fn script(cfg: &AppsConfig, name: &str) -> Result<PathBuf, BenchError> {
+    let p = cfg.bench_dir.join(name);
+    if !p.is_file() {
+        return Err(BenchError::Workload(format!(
+            "{} is missing: pass the repository's bench directory with --bench-dir",
+            p.display()
+        )));
+    }
+    Ok(p)
+}
+
+/// The environment that pins a BLAS (OpenBLAS, as NumPy's wheels ship it; OpenMP and MKL builds
+/// read the other two) to `threads` threads.
+pub(super) fn blas_threads(threads: usize) -> Vec<(String, String)> {
+    ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"]
+        .iter()
+        .map(|k| (k.to_string(), threads.to_string()))
+        .collect()
+}
+
+/// The CPUs this process may run on (what OpenBLAS would start by default).
+pub(super) fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The first `key=value` of a `result` line.

@@ -25,6 +25,7 @@ pub(super) fn prepare(cfg: &AppsConfig, sizes: Sizes, dir: PathBuf) -> Result<Pr
         stdin: None,
         sizes,
         dir,
+        env: Vec::new(),
     })
 }
 

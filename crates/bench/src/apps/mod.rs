@@ -1,6 +1,6 @@
 //! Real applications against Linux swap: `rackmem bench apps`.
 //!
-//! Six applications, each with a footprint of a few hundred MiB at `scale` 1, run natively,
+//! Thirteen applications, each with a footprint of a few hundred MiB at `scale` 1, run natively,
 //! under `rackmem run --local P%` and, with root, under Linux swap to zram and to a swap file
 //! with a memory cgroup limited to the same P% of the footprint measured natively:
 //!
@@ -18,6 +18,16 @@
 //! - `zstd`: `zstd --long=27` over a generated input whose repeats lie up to 120 MiB apart, so
 //!   the 128 MiB window is used; MB/s; the hash of the compressed output is the result.
 //!
+//! And the far-memory papers' kinds of work (issue 21; seed 002 §4.3 ran DGEMM, Graph500 and
+//! GUPS), each checking its own output:
+//!
+//! - `numpy-linalg`: NumPy's matrix multiply and solve of 4000 × 4000 doubles, BLAS on every CPU.
+//! - `numpy-kmeans`: K-means in whole-array NumPy, one BLAS thread.
+//! - `qsort`: the C library's `qsort` on 16 Mi 64-bit keys (`bench/qsort.c`).
+//! - `pydict`: a Python dict of 3 million small objects, built and probed at random.
+//! - `updates-1`, `updates-2`, `updates-all`: random 8-byte updates on a 512 MiB array from 1, 2
+//!   and every CPU's thread, the same total work (`bench/updates.c`).
+//!
 //! Rounds interleave native and the rackmem setups (a slow spell of the machine hits them
 //! alike); the swap peers run after, one backend at a time (swap is switched on once per peer).
 //! Every run's result must equal the native run's, or its row says so. A peer killed by its
@@ -26,7 +36,8 @@
 //! the runs into rows, ratios, a table and a chart.
 //!
 //! This module is the runner: the configuration, the rounds, the swap peers, the rows. Each
-//! application is a module of its own (`redis`, `memcached`, `sqlite`, `kmeans`, `bfs`, `zstd`):
+//! application is a module of its own (`redis`, `memcached`, `sqlite`, `kmeans`, `bfs`, `zstd`,
+//! `numpy_linalg`, `numpy_kmeans`, `qsort`, `pydict`, `updates`):
 //! what it prepares once, how one run goes and what is read from it. `app` hands a run to them
 //! and holds what they share; `launch` is where a run's program runs and what the run gives;
 //! `process` starts, times and stops the processes.
@@ -36,10 +47,15 @@ mod bfs;
 mod kmeans;
 mod launch;
 mod memcached;
+mod numpy_kmeans;
+mod numpy_linalg;
 mod process;
+mod pydict;
+mod qsort;
 mod redis;
 pub mod report;
 mod sqlite;
+mod updates;
 mod zstd;
 
 pub use app::Sizes;
@@ -50,7 +66,7 @@ pub use zstd::zstd_input;
 
 use app::{prepare, run_one};
 use launch::{Failure, Launch, Outcome};
-use report::{bars, baseline_ratios, table};
+use report::{against_peers, bars, baseline_ratios, table};
 
 use crate::rackmem::Rackmem;
 use crate::setups::Setup;
@@ -63,7 +79,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The applications, in the order they run.
-pub const APPS: [&str; 6] = ["redis", "memcached", "sqlite", "kmeans", "bfs", "zstd"];
+pub const APPS: [&str; 13] = [
+    "redis",
+    "memcached",
+    "sqlite",
+    "kmeans",
+    "bfs",
+    "zstd",
+    "numpy-linalg",
+    "numpy-kmeans",
+    "qsort",
+    "pydict",
+    "updates-1",
+    "updates-2",
+    "updates-all",
+];
 
 /// What `bench apps` runs.
 #[derive(Debug, Clone)]
@@ -185,8 +215,11 @@ pub fn run(cfg: &AppsConfig) -> Result<Output, BenchError> {
         "Applications (same run; {of}swap peers in a memory cgroup of the same share of the footprint; \"× zram\" = speed-up over zram at the same local buffer)\n{}\n",
         table(&rows)
     );
+    let (peers_text, peers_json) = against_peers(&rows, &cfg.locals);
+    text += &peers_text;
     let mut json = serde_json::json!({
         "apps": rows,
+        "against_peers": peers_json,
         "repeat": cfg.repeat,
         "scale": cfg.scale,
         "sizes": Sizes::at(cfg.scale),
@@ -334,7 +367,9 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 p99_ms: (!s.p99.is_empty()).then(|| median(&s.p99)),
                 p99_ms_values: s.p99.clone(),
                 vs_native: value / base,
+                slowdown_vs_native: if value > 0.0 { base / value } else { 0.0 },
                 vs_zram: None,
+                peers_oom_killed: Vec::new(),
                 vs_baseline: None,
                 results: s.results.clone(),
                 result_matches_native: matches && s.error.is_none(),
@@ -361,6 +396,20 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
             .filter(|r| r.setup != "native" && r.setup != "zram" && r.error.is_none())
         {
             r.vs_zram = zram.iter().find(|z| z.0 == r.local_pct).map(|z| r.value / z.1);
+        }
+        // Where a peer's cgroup killed the program, the rows that finished say so instead of a
+        // ratio.
+        let killed: Vec<(String, u32)> = app_rows
+            .iter()
+            .filter(|r| r.oom.is_some())
+            .map(|r| (r.setup.clone(), r.local_pct))
+            .collect();
+        for r in app_rows.iter_mut().filter(|r| r.error.is_none() && r.setup != "native") {
+            r.peers_oom_killed = killed
+                .iter()
+                .filter(|(s, pct)| *pct == r.local_pct && *s != r.setup)
+                .map(|(s, _)| s.clone())
+                .collect();
         }
         rows.extend(app_rows);
     }

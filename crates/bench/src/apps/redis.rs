@@ -24,6 +24,7 @@ pub(super) fn prepare(sizes: Sizes, dir: PathBuf) -> Result<Prepared, BenchError
         stdin: None,
         sizes,
         dir,
+        env: Vec::new(),
     })
 }
 

@@ -25,8 +25,15 @@ pub struct AppRow {
     pub p99_ms_values: Vec<f64>,
     /// `value` / native's.
     pub vs_native: f64,
+    /// Native's `value` / this one: how many times slower than native (0 when the setup failed).
+    #[serde(default)]
+    pub slowdown_vs_native: f64,
     /// `value` / zram's at the same local buffer (rackmem and swap file rows).
     pub vs_zram: Option<f64>,
+    /// The swap peers (`zram`, `swap file`) whose cgroup OOM-killed the program at this local
+    /// buffer: a rackmem row that finished has no ratio to them, only this.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers_oom_killed: Vec<String>,
     /// `value` / the same setup's with the baseline build (current rackmem rows, with a
     /// baseline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +94,7 @@ pub fn table(rows: &[AppRow]) -> String {
         "value",
         "p99 ms",
         "vs native",
+        "slowdown",
         "× zram",
         "result",
     ]);
@@ -104,7 +112,12 @@ pub fn table(rows: &[AppRow]) -> String {
             },
             r.p99_ms.map_or(String::new(), |p| format!("{p:.2}")),
             format!("{:.3}", r.vs_native),
-            r.vs_zram.map_or(String::new(), |v| format!("{v:.2}")),
+            slowdown(r),
+            match r.vs_zram {
+                Some(v) => format!("{v:.2}"),
+                None if r.peers_oom_killed.iter().any(|p| p == "zram") => "zram OOM-killed".into(),
+                None => String::new(),
+            },
             match &r.error {
                 None => "= native".into(),
                 Some(e) => e.clone(),
@@ -112,6 +125,145 @@ pub fn table(rows: &[AppRow]) -> String {
         ]);
     }
     t.to_string()
+}
+
+fn slowdown(r: &AppRow) -> String {
+    if r.slowdown_vs_native > 0.0 {
+        format!("{:.2}×", r.slowdown_vs_native)
+    } else {
+        "—".into()
+    }
+}
+
+/// Seed 002's published slowdowns at Xmem(25%) (§4.3, Fig. 4: the RAN far memory at Argonne,
+/// a quarter of each application's footprint in the node's local buffer, against all local):
+/// the application of `bench apps` doing the same kind of work, the paper's application, and
+/// its range of slowdowns over thread counts.
+pub const SEED_002_XMEM_25: [(&str, &str, f64, f64); 5] = [
+    ("numpy-linalg", "DGEMM", 2.6, 9.1),
+    ("bfs", "Graph500", 10.7, 17.5),
+    ("updates-1", "GUPS", 29.5, 86.8),
+    ("updates-2", "GUPS", 29.5, 86.8),
+    ("updates-all", "GUPS", 29.5, 86.8),
+];
+
+/// The geometric mean of `ratios` (`None` when empty).
+pub fn geomean(ratios: &[f64]) -> Option<f64> {
+    (!ratios.is_empty()).then(|| (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp())
+}
+
+/// rackmem's defaults (the `rackmem` rows, current build) against native, seed 002 and the swap
+/// peers, one line per application: the slowdown at each local buffer, seed 002's at Xmem(25%)
+/// where the work is of the same kind, and rackmem ÷ each peer, or that the peer's cgroup
+/// OOM-killed the program where rackmem finished. Then the geometric mean of rackmem ÷ zram over
+/// the applications zram finished, per local buffer and over all. The text, and the same as JSON.
+pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Value) {
+    let mut apps: Vec<&str> = Vec::new();
+    for r in rows {
+        if !apps.contains(&r.app.as_str()) {
+            apps.push(&r.app);
+        }
+    }
+    let find = |app: &str, setup: &str, pct: u32| {
+        rows.iter()
+            .find(|r| r.app == app && r.setup == setup && r.local_pct == pct)
+    };
+    // Only the peers that ran (`--peers` picks them).
+    let peers: Vec<&str> = ["zram", "swap file"]
+        .into_iter()
+        .filter(|p| rows.iter().any(|r| r.setup == *p))
+        .collect();
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    let mut header = vec!["app".to_string(), "footprint".into()];
+    header.extend(locals.iter().map(|p| format!("slowdown {p}%")));
+    header.push("seed 002, Xmem(25%)".into());
+    for peer in &peers {
+        header.extend(locals.iter().map(|p| format!("÷ {peer} {p}%")));
+    }
+    t.set_header(header);
+    let mut per_local: Vec<(u32, Vec<f64>)> = locals.iter().map(|&p| (p, Vec::new())).collect();
+    let mut json_apps = Vec::new();
+    let mut oom_killed = 0;
+    for app in &apps {
+        let footprint = rows.iter().find(|r| r.app == *app).map_or(0, |r| r.footprint_bytes);
+        let mut cells = vec![app.to_string(), format!("{:.0} MiB", footprint as f64 / 1048576.0)];
+        let mut j = serde_json::json!({"app": app});
+        for &pct in locals {
+            let cell = match find(app, "rackmem", pct) {
+                Some(r) if r.error.is_none() => {
+                    j["slowdown"][pct.to_string()] = serde_json::json!(r.slowdown_vs_native);
+                    format!("{:.2}×", r.slowdown_vs_native)
+                }
+                Some(_) => "failed".into(),
+                None => String::new(),
+            };
+            cells.push(cell);
+        }
+        match SEED_002_XMEM_25.iter().find(|s| s.0 == *app) {
+            Some((_, kind, lo, hi)) => {
+                cells.push(format!("{kind} {lo}–{hi}×"));
+                j["seed_002_xmem_25"] = serde_json::json!({"app": kind, "slowdown_min": lo, "slowdown_max": hi});
+            }
+            None => cells.push(String::new()),
+        }
+        for &peer in &peers {
+            for (i, &pct) in locals.iter().enumerate() {
+                let (Some(r), Some(p)) = (find(app, "rackmem", pct), find(app, peer, pct)) else {
+                    cells.push(String::new());
+                    continue;
+                };
+                let key = format!("{peer} {pct}");
+                let cell = if r.error.is_some() {
+                    "rackmem failed".to_string()
+                } else if p.oom.is_some() {
+                    oom_killed += (peer == "zram") as usize;
+                    j["vs_peer"][&key] = serde_json::json!("OOM-killed");
+                    format!("{peer} OOM-killed, rackmem finished")
+                } else if p.error.is_some() || p.value <= 0.0 {
+                    format!("{peer} failed")
+                } else {
+                    let ratio = r.value / p.value;
+                    if peer == "zram" {
+                        per_local[i].1.push(ratio);
+                    }
+                    j["vs_peer"][&key] = serde_json::json!(ratio);
+                    format!("{ratio:.2}")
+                };
+                cells.push(cell);
+            }
+        }
+        t.add_row(cells);
+        json_apps.push(j);
+    }
+    let mut text = format!(
+        "rackmem (defaults) against native, seed 002 and the swap peers (slowdown = native ÷ rackmem; \
+         \"÷ peer\" = rackmem's speed over the peer's at the same share)\n{t}\n"
+    );
+    let all: Vec<f64> = per_local.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    let mut means = serde_json::Map::new();
+    let mut parts = Vec::new();
+    for (pct, v) in per_local
+        .iter()
+        .map(|(p, v)| (p.to_string() + "%", v))
+        .chain([("all".to_string(), &all)])
+    {
+        if let Some(g) = geomean(v) {
+            parts.push(format!("{pct} {g:.2} ({} apps)", v.len()));
+            means.insert(pct.trim_end_matches('%').to_string(), serde_json::json!(g));
+        }
+    }
+    if !parts.is_empty() {
+        text += &format!("geometric mean of rackmem ÷ zram: {}", parts.join(", "));
+        if oom_killed > 0 {
+            text += &format!(" (without the {oom_killed} where zram's cgroup OOM-killed the program)");
+        }
+        text += "\n";
+    }
+    (
+        text,
+        serde_json::json!({"apps": json_apps, "geomean_vs_zram": means, "zram_oom_killed": oom_killed}),
+    )
 }
 
 /// The results as bars (fraction of native) for [`crate::chart::svg`].
@@ -124,4 +276,85 @@ pub fn bars(rows: &[AppRow]) -> Vec<crate::chart::Bar> {
             fraction: r.vs_native,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(app: &str, setup: &str, pct: u32, value: f64, native: f64) -> AppRow {
+        AppRow {
+            app: app.into(),
+            setup: setup.into(),
+            local_pct: pct,
+            metric: "ops".into(),
+            value,
+            values: vec![value],
+            started_s: vec![0.0],
+            p99_ms: None,
+            p99_ms_values: Vec::new(),
+            vs_native: value / native,
+            slowdown_vs_native: native / value,
+            vs_zram: None,
+            peers_oom_killed: Vec::new(),
+            vs_baseline: None,
+            results: vec!["x".into()],
+            result_matches_native: true,
+            footprint_bytes: 100 << 20,
+            cgroup_limit_bytes: None,
+            error: None,
+            oom: None,
+        }
+    }
+
+    fn killed(mut r: AppRow) -> AppRow {
+        r.value = 0.0;
+        r.values.clear();
+        r.error = Some("OOM-killed by its cgroup".into());
+        r.oom = Some(crate::oom::OomReport::default());
+        r
+    }
+
+    #[test]
+    fn an_oom_killed_peer_is_reported_never_as_a_ratio_nor_in_the_mean() {
+        let rows = vec![
+            row("numpy-linalg", "native", 100, 10.0, 10.0),
+            row("numpy-linalg", "rackmem", 25, 2.0, 10.0),
+            row("numpy-linalg", "zram", 25, 1.0, 10.0),
+            row("numpy-linalg", "swap file", 25, 0.5, 10.0),
+            row("qsort", "native", 100, 8.0, 8.0),
+            row("qsort", "rackmem", 25, 4.0, 8.0),
+            killed(row("qsort", "zram", 25, 1.0, 8.0)),
+            row("qsort", "swap file", 25, 0.5, 8.0),
+            row("pydict", "native", 100, 8.0, 8.0),
+            row("pydict", "rackmem", 25, 1.0, 8.0),
+            row("pydict", "zram", 25, 2.0, 8.0),
+        ];
+        let (text, json) = against_peers(&rows, &[25]);
+        assert!(text.contains("zram OOM-killed, rackmem finished"), "{text}");
+        assert!(text.contains("DGEMM 2.6–9.1×"), "{text}");
+        assert!(text.contains("5.00×"), "numpy-linalg's slowdown: {text}");
+        // rackmem ÷ zram: 2.0 (linalg) and 0.5 (pydict); qsort's zram was killed.
+        let g = json["geomean_vs_zram"]["25"].as_f64().expect("a mean at 25%");
+        assert!((g - 1.0).abs() < 1e-9, "{json}");
+        assert_eq!(json["geomean_vs_zram"]["all"].as_f64(), Some(g), "{json}");
+        assert_eq!(json["zram_oom_killed"], 1, "{json}");
+        let qsort = &json["apps"][1];
+        assert_eq!(qsort["vs_peer"]["zram 25"], "OOM-killed", "{json}");
+        assert_eq!(qsort["vs_peer"]["swap file 25"].as_f64(), Some(8.0), "{json}");
+        assert!(text.contains("without the 1 where zram's cgroup OOM-killed"), "{text}");
+        let zram_only: Vec<AppRow> = rows.into_iter().filter(|r| r.setup != "swap file").collect();
+        let (text, _) = against_peers(&zram_only, &[25]);
+        assert!(
+            !text.contains("swap file"),
+            "a peer that did not run has no column: {text}"
+        );
+    }
+
+    #[test]
+    fn geomean_of_ratios() {
+        assert_eq!(geomean(&[]), None);
+        let g = geomean(&[2.0, 8.0]).expect("mean");
+        assert!((g - 4.0).abs() < 1e-12);
+    }
 }

@@ -42,6 +42,7 @@ pub(super) fn prepare(sizes: Sizes, dir: PathBuf) -> Result<Prepared, BenchError
         stdin: Some(sqlite_script(sizes.sqlite_rows).into_bytes()),
         sizes,
         dir,
+        env: Vec::new(),
     })
 }
 
