@@ -362,6 +362,7 @@ fn print_stats(path: &Path) {
         "footprint",
         "fault p50",
         "p99",
+        "in flight",
     ]);
     for line in text.lines() {
         let Ok(s) = serde_json::from_str::<StatsSnapshot>(line) else {
@@ -380,9 +381,13 @@ fn print_stats(path: &Path) {
             format_size(s.peak_window_bytes),
             format!("{:.1} µs", s.fault_p50_ns as f64 / 1000.0),
             format!("{:.1} µs", s.fault_p99_ns as f64 / 1000.0),
+            format!("{:.2} (max {})", s.faults_in_flight_mean, s.faults_in_flight_max),
         ]);
     }
-    eprintln!("rackmem statistics (fault latency is the handler's service time):\n{table}");
+    eprintln!(
+        "rackmem statistics (fault latency is the handler's service time; in flight: faults served at once, \
+         mean over the time any was, and most at once):\n{table}"
+    );
 }
 
 struct RemoveDir(PathBuf);

@@ -162,6 +162,10 @@ pub trait Backend {
     /// Applies the non-fault events queued in the window's event queue (they made an install
     /// say EAGAIN); faults stay queued.
     fn pump_events(&mut self);
+    /// An install (its check that the pages are still claimed, then [`Backend::install`])
+    /// begins (`true`) or ends: no event may be read and applied by another handler in between
+    /// (the runtime's event gate). Never held across [`Backend::pump_events`].
+    fn install_gate(&mut self, _enter: bool) {}
     /// Gives the memory of staging slots `start..start+count` back (they become free).
     fn discard_slots(&mut self, start: u32, count: u32);
 
@@ -437,6 +441,7 @@ pub fn install<B: Backend>(lock: &Mutex<Core>, b: &mut B, run: &mut Run<B::Ahead
         // every stretch, not only when the epoch moved: a stretch that ended at a released page
         // must not install that page next (it would map stale contents over a page that reads
         // zeros), nor a page released and claimed again by another fault in flight.
+        b.install_gate(true);
         let j = {
             let mut c = self::lock(lock);
             for k in placed.clone() {
@@ -451,6 +456,8 @@ pub fn install<B: Backend>(lock: &Mutex<Core>, b: &mut B, run: &mut Run<B::Ahead
                 i += 1;
             }
             if i >= n {
+                drop(c);
+                b.install_gate(false);
                 break;
             }
             let mut j = i + 1;
@@ -459,7 +466,9 @@ pub fn install<B: Backend>(lock: &Mutex<Core>, b: &mut B, run: &mut Run<B::Ahead
             }
             j
         };
-        match b.install(run, i, j) {
+        let r = b.install(run, i, j);
+        b.install_gate(false);
+        match r {
             Install::Placed(k) => {
                 assert!(
                     k > 0,

@@ -1,10 +1,11 @@
 //! Starting the runtime: links to the bricks (or the node agent), the window and staging area
 //! registered with their userfaultfds, and the handler, write-back and watchdog threads.
 
-use crate::config::Config;
+use crate::config::{Config, HandlerMode};
 use crate::error::RuntimeError;
-use crate::inner::Inner;
+use crate::inner::{EventGate, Inner};
 use crate::process::{RUNTIME_THREAD, SPAWNING};
+use crate::readahead::ReadAheads;
 use crate::segment::{self, Segment, SegmentTable};
 use crate::stats::Stats;
 use crate::{
@@ -133,6 +134,8 @@ impl Runtime {
         stats
             .window_bytes_allocated
             .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
+        let handlers = cfg.handlers.max(1);
+        let handler_mode = cfg.handler;
         let inner = Arc::new(Inner {
             cfg,
             window,
@@ -149,17 +152,23 @@ impl Runtime {
             stats,
             pause: AtomicBool::new(false),
             bell: rackmem_sys::Doorbell::new().map_err(RuntimeError::Doorbell)?,
-            paused: Mutex::new(false),
+            paused: Mutex::new(0),
             paused_cv: Condvar::new(),
-            fault_started_ns: AtomicU64::new(0),
-            fault_addr: AtomicU64::new(0),
+            fault_started_ns: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
+            fault_addr: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
+            aheads: Mutex::new(ReadAheads::default()),
+            gate: EventGate::default(),
+            // Helpers serve from the start unless the first handler places itself: under
+            // `Auto` they wait until it sees several threads fault.
+            helpers_on: Mutex::new(!matches!(handler_mode, HandlerMode::Auto { .. })),
+            helpers_cv: Condvar::new(),
             clock: Instant::now(),
         });
         {
             let c = inner.lock();
             inner.budget_pages(&c);
         }
-        let spawn = |name: &str, f: fn(Arc<Inner>)| {
+        let spawn = |name: &str, f: Box<dyn FnOnce(Arc<Inner>) + Send>| {
             let i = inner.clone();
             // While SPAWNING is up, every thread's C allocations go to the runtime's own table
             // (see `spawning_runtime_thread`), the program's too: wait here until the new thread
@@ -202,9 +211,17 @@ impl Runtime {
             }
             started
         };
-        spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
-        spawn("rackmem-wb", writeback::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
-        spawn("rackmem-watchdog", watchdog::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        for index in 0..handlers {
+            let name = if index == 0 {
+                "rackmem-fault".to_string()
+            } else {
+                format!("rackmem-fault{index}")
+            };
+            spawn(&name, Box::new(move |i| handler::run(i, index)))
+                .map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        }
+        spawn("rackmem-wb", Box::new(writeback::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-watchdog", Box::new(watchdog::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
         if inner.cfg.verbose {
             eprintln!(
                 "rackmem[{}]: window {:#x}+{} on {} segment(s){}, local buffer {}, handler {:?}",
