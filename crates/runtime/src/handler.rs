@@ -97,7 +97,13 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
                         Some(Waiting::Spin { spin_us }) => last_activity.elapsed() > Duration::from_micros(spin_us),
                     },
                 };
-                if idle {
+                if idle && index > 0 && matches!(mode, HandlerMode::Auto { .. }) {
+                    // A helper sleeps until a handler finds faults queued behind the one it
+                    // serves, rather than on the userfaultfd, which wakes every sleeper at every
+                    // fault.
+                    wait_for_call(&h.inner);
+                    last_activity = Instant::now();
+                } else if idle {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
                     // idle handler costs its CPU nothing.
                     match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
@@ -169,11 +175,51 @@ fn helpers_wanted(inner: &Inner) -> bool {
     false
 }
 
+/// For a helper under `HandlerMode::Auto`: sleeps until a handler calls it (faults are queued
+/// behind the ones being served) or a fork asks every handler to park.
+fn wait_for_call(inner: &Inner) {
+    let mut on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
+    inner.idle_helpers.fetch_add(1, Ordering::SeqCst);
+    loop {
+        if inner.pause.load(Ordering::Acquire) {
+            break;
+        }
+        if *on
+            && inner
+                .helper_calls
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+                .is_ok()
+        {
+            break;
+        }
+        on = inner.helpers_cv.wait(on).unwrap_or_else(|e| e.into_inner());
+    }
+    inner.idle_helpers.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Calls a sleeping helper if faults are queued on the userfaultfd behind the one just read
+/// (several threads fault at once): a poll per fault read, a wake-up only when one is useful.
+fn call_helper_if_queued(inner: &Inner) {
+    if inner.idle_helpers.load(Ordering::SeqCst) == 0 || inner.helper_calls.load(Ordering::SeqCst) > 0 {
+        return;
+    }
+    match rackmem_sys::wait_readable(inner.uffd.as_fd(), &inner.bell, Some(Duration::ZERO)) {
+        Ok(w) if w.readable => {}
+        _ => return,
+    }
+    let _on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
+    inner.helper_calls.fetch_add(1, Ordering::SeqCst);
+    inner.helpers_cv.notify_one();
+}
+
 /// Turns the helper handlers on or off (the first handler's placement decided).
 fn set_helpers(inner: &Inner, want: bool) {
     let mut on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
     if *on != want {
         *on = want;
+        inner
+            .helpers_active
+            .store(want && inner.handlers() > 1, Ordering::Relaxed);
         inner.helpers_cv.notify_all();
     }
 }
@@ -183,7 +229,8 @@ impl Handler {
     /// (each takes the next fault, so faults spread over handlers), a batch otherwise. Events
     /// are applied before the event gate opens; faults are kept for later, in order.
     fn read_some(&mut self) -> usize {
-        if self.inner.handlers() == 1 {
+        if !self.inner.helpers_active.load(Ordering::Relaxed) {
+            // One handler serves (the others sleep, or there are none): as before them.
             return self.read_and_apply(READ_BATCH);
         }
         // A spinning handler reads an empty queue again and again: a poll that finds nothing
@@ -215,6 +262,9 @@ impl Handler {
                 Event::Pagefault { .. } => {
                     inner.stats.in_flight.begin(inner.now_ns());
                     self.pending.push_back(ev);
+                    if batch == 1 && matches!(inner.cfg.handler, HandlerMode::Auto { .. }) && inner.handlers() > 1 {
+                        call_helper_if_queued(&inner);
+                    }
                 }
                 other => self.handle(other),
             }

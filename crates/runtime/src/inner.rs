@@ -64,6 +64,12 @@ pub(crate) struct Inner {
     /// thread does all the faulting: the first handler follows it, see `placement`).
     pub helpers_on: Mutex<bool>,
     pub helpers_cv: Condvar,
+    /// Mirrors `helpers_on` (with more than one handler) for the reading path, which then takes
+    /// one message at a time and peeks before taking the event gate.
+    pub helpers_active: AtomicBool,
+    /// Helpers asleep until called, and calls not yet taken (`HandlerMode::Auto`).
+    pub idle_helpers: AtomicU32,
+    pub helper_calls: AtomicU32,
     pub clock: Instant,
 }
 

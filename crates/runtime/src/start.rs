@@ -17,7 +17,7 @@ use rackmem_sys::Mapping;
 use rackmem_transport::{BrickAddr, Link};
 use rackmem_uffd::{Features, OpenOptions, RegisterMode, Uffd};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -162,6 +162,9 @@ impl Runtime {
             // `Auto` they wait until it sees several threads fault.
             helpers_on: Mutex::new(!matches!(handler_mode, HandlerMode::Auto { .. })),
             helpers_cv: Condvar::new(),
+            helpers_active: AtomicBool::new(handlers > 1 && !matches!(handler_mode, HandlerMode::Auto { .. })),
+            idle_helpers: AtomicU32::new(0),
+            helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
         });
         {
