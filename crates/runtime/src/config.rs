@@ -73,6 +73,10 @@ pub struct Config {
     /// faults of different pages are served at once (default: see [`default_handlers`]; at most
     /// [`MAX_HANDLERS`]).
     pub handlers: usize,
+    /// `RACKMEM_HANDLERS` was set: the handlers beyond the first serve whatever the links (by
+    /// default they serve only where a segment is reached over a link: see
+    /// `docs/architecture.md`, "Faults in flight").
+    pub handlers_explicit: bool,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
     /// `RACKMEM_TIMEOUT_MS`: longest wait for a brick's answer before it is declared lost.
@@ -232,6 +236,7 @@ impl Config {
             handler: var("RACKMEM_HANDLER").map_or(Ok(default_handler(crate::sys::allowed_cpus())), |v| v.parse())?,
             handlers: (num("RACKMEM_HANDLERS", default_handlers(crate::sys::allowed_cpus()) as u64)? as usize)
                 .clamp(1, MAX_HANDLERS),
+            handlers_explicit: var("RACKMEM_HANDLERS").is_some(),
             prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
             timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),

@@ -212,14 +212,31 @@ fn call_helper_if_queued(inner: &Inner) {
     inner.helpers_cv.notify_one();
 }
 
+/// True if helper handlers may serve: `RACKMEM_HANDLERS` was set, or some segment is reached
+/// over a link. A fault from a mapped segment is a memory copy with no wait in it, so on this
+/// 2-vCPU machine a second handler only added wake-ups, gate waits and TLB shootdowns (two
+/// threads at 25% local: 2.51 s with two handlers against 1.92 s with one, medians of
+/// interleaved rounds, `docs/benchmarks.md`); over a link a handler waits on its brick, and
+/// another can serve meanwhile.
+fn helpers_useful(inner: &Inner) -> bool {
+    inner.handlers() > 1 && (inner.cfg.handlers_explicit || inner.table.all().iter().any(|s| s.shared.is_none()))
+}
+
+/// At start: helpers serve from the start in the explicit handler modes (no placement), where
+/// they are useful.
+pub(crate) fn init_helpers(inner: &Inner) {
+    if !matches!(inner.cfg.handler, HandlerMode::Auto { .. }) {
+        set_helpers(inner, true);
+    }
+}
+
 /// Turns the helper handlers on or off (the first handler's placement decided).
 fn set_helpers(inner: &Inner, want: bool) {
+    let want = want && helpers_useful(inner);
     let mut on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
     if *on != want {
         *on = want;
-        inner
-            .helpers_active
-            .store(want && inner.handlers() > 1, Ordering::Relaxed);
+        inner.helpers_active.store(want, Ordering::Relaxed);
         inner.helpers_cv.notify_all();
     }
 }

@@ -1,7 +1,7 @@
 //! Starting the runtime: links to the bricks (or the node agent), the window and staging area
 //! registered with their userfaultfds, and the handler, write-back and watchdog threads.
 
-use crate::config::{Config, HandlerMode};
+use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::inner::{EventGate, Inner};
 use crate::process::{RUNTIME_THREAD, SPAWNING};
@@ -135,7 +135,6 @@ impl Runtime {
             .window_bytes_allocated
             .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
         let handlers = cfg.handlers.max(1);
-        let handler_mode = cfg.handler;
         let inner = Arc::new(Inner {
             cfg,
             window,
@@ -160,9 +159,9 @@ impl Runtime {
             gate: EventGate::default(),
             // Helpers serve from the start unless the first handler places itself: under
             // `Auto` they wait until it sees several threads fault.
-            helpers_on: Mutex::new(!matches!(handler_mode, HandlerMode::Auto { .. })),
+            helpers_on: Mutex::new(false),
             helpers_cv: Condvar::new(),
-            helpers_active: AtomicBool::new(handlers > 1 && !matches!(handler_mode, HandlerMode::Auto { .. })),
+            helpers_active: AtomicBool::new(false),
             idle_helpers: AtomicU32::new(0),
             helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
@@ -214,6 +213,7 @@ impl Runtime {
             }
             started
         };
+        handler::init_helpers(&inner);
         for index in 0..handlers {
             let name = if index == 0 {
                 "rackmem-fault".to_string()
