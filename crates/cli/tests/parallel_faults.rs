@@ -49,6 +49,12 @@ fn two_and_four_threads_fault_on_their_own_and_the_same_pages() {
 }
 
 #[test]
+fn two_and_four_threads_fault_on_shared_memory_with_two_handlers_forced() {
+    require_root();
+    threads_fault_at_once(&["--handlers", "2"]);
+}
+
+#[test]
 fn two_and_four_threads_fault_at_once_over_a_unix_socket_brick() {
     require_root();
     threads_fault_at_once(&["--no-shared-memory"]);
@@ -63,7 +69,7 @@ fn a_fork_while_threads_fault_gives_the_child_the_parents_pages() {
     let args = ["32", "4", "shared", "400000", "3"];
     let n = native(&prog, &args);
     assert!(n.status.success(), "native: {}", show(&n));
-    for extra in [&[][..], &["--no-shared-memory"][..]] {
+    for extra in [&["--handlers", "2"][..], &["--no-shared-memory"][..]] {
         let (r, stats) = remote(&prog, &args, "25%", extra);
         assert!(r.status.success(), "parallel_faults {args:?} {extra:?}: {}", show(&r));
         assert!(
