@@ -551,9 +551,11 @@ impl Sim {
             .jobs
             .iter()
             .chain(&self.writing)
-            .flat_map(|(_, vs)| vs.iter())
-            .filter(|v| v.moved)
-            .map(|v| (v.page as u64, v.slot))
+            // Only the job that owns the page now: an older job may still hold a stale copy of a
+            // page released (and evicted again) since.
+            .flat_map(|(id, vs)| vs.iter().map(move |v| (*id, v)))
+            .filter(|(id, v)| v.moved && c.is_evicting_for(*id, v.page))
+            .map(|(_, v)| (v.page as u64, v.slot))
             .collect();
         for p in 0..self.shape.window {
             let want = self.expect(p);
