@@ -34,7 +34,10 @@ Defaults (each can be overridden):
     faults stop for a second, the program starts a thread, or it forks. While several threads fault, the handler runs on
     any of the program's CPUs and spins 200 µs after each fault. On one CPU (--cpus N, taskset)
     it sleeps between faults. --handler MODE (auto, blocking, busy-poll, hybrid[:µs]) sets the
-    mode; --cpus confines the whole program.
+    mode; --cpus confines the whole program. Faults in flight: one handler per CPU (at most 4)
+    reads the userfaultfd; while several threads fault on memory reached over a link, the others
+    serve faults queued behind the first, so faults of different pages are served at once.
+    --handlers N (RACKMEM_HANDLERS) sets how many, on any link.
   Eviction: refault. When the local buffer is full, pages seen once leave first in, first out;
     a page that faults back soon after its eviction is protected, and leaves only for pages
     that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
@@ -84,6 +87,10 @@ pub struct RunArgs {
     /// blocking, busy-poll, or hybrid[:MICROSECONDS].
     #[arg(long, value_name = "MODE")]
     handler: Option<String>,
+    /// Fault handler threads (1 to 4), serving faults at once on any link (default: one per
+    /// CPU, serving at once only over links).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
+    handlers: Option<u32>,
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
@@ -264,6 +271,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(h) = &args.handler {
         cmd.env("RACKMEM_HANDLER", h);
     }
+    if let Some(n) = args.handlers {
+        cmd.env("RACKMEM_HANDLERS", n.to_string());
+    }
     if let Some(p) = args.prefetch {
         cmd.env("RACKMEM_PREFETCH", p.to_string());
     }
@@ -382,6 +392,7 @@ fn print_stats(path: &Path) {
         "peak RssAnon",
         "fault p50",
         "p99",
+        "in flight",
     ]);
     for line in text.lines() {
         let Ok(s) = serde_json::from_str::<StatsSnapshot>(line) else {
@@ -401,12 +412,14 @@ fn print_stats(path: &Path) {
             format_size(s.peak_rss_anon_bytes),
             format!("{:.1} µs", s.fault_p50_ns as f64 / 1000.0),
             format!("{:.1} µs", s.fault_p99_ns as f64 / 1000.0),
+            format!("{:.2} (max {})", s.faults_in_flight_mean, s.faults_in_flight_max),
         ]);
     }
     eprintln!(
         "rackmem statistics (peak local: window pages resident at once; budget: the local buffer, of the peak \
          footprint in the window; peak RssAnon: all anonymous memory the process held, sampled; fault latency: \
-         the handler's service time):\n{table}"
+         the handler's service time; in flight: faults served at once, mean over the time any was, and most at \
+         once):\n{table}"
     );
 }
 

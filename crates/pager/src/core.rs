@@ -76,6 +76,18 @@ pub struct Core {
     pub blocks: BTreeSet<u64>,
     /// Scratch for the policy's victims (kept: an eviction batch per fault must not allocate).
     victim_pages: Vec<u32>,
+    /// Pages claimed by a fault in flight and not installed yet, with the claim's id. They are
+    /// resident (counted in the local buffer) but not the policy's: a page on its way in is no
+    /// victim, and only its own claim may install it (a page released and claimed again by
+    /// another fault must not receive the first fault's older contents).
+    claims: HashMap<u32, u64>,
+    next_claim: u64,
+    /// Pages that faults in flight made room for and have not claimed yet: counted against the
+    /// budget with the resident pages, so that faults making room at once do not all find the
+    /// same free room.
+    reserved: u64,
+    /// Test-only planted bug: room made for a fault is not reserved (see `plant_unreserved_room`).
+    unreserved_room: bool,
 }
 
 impl Core {
@@ -97,7 +109,64 @@ impl Core {
             alloc: RegionAllocator::new(window_pages),
             blocks: BTreeSet::new(),
             victim_pages: Vec::new(),
+            claims: HashMap::new(),
+            next_claim: 1,
+            reserved: 0,
+            unreserved_room: false,
         }
+    }
+
+    /// Plants a concurrency bug for the simulation to catch: room made for a fault is not
+    /// reserved, so faults in flight at once each find the same room and overrun the budget.
+    #[doc(hidden)]
+    pub fn plant_unreserved_room(&mut self) {
+        self.unreserved_room = true;
+    }
+
+    /// Pages claimed by faults in flight and not installed yet.
+    pub fn in_flight_pages(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// True if `page` is claimed by a fault in flight and not installed yet.
+    pub fn is_in_flight(&self, page: u64) -> bool {
+        !self.claims.is_empty() && self.claims.contains_key(&(page as u32))
+    }
+
+    /// True if `page` is still claimed by claim `id` (not installed, not released since).
+    pub fn is_claimed_by(&self, id: u64, page: u64) -> bool {
+        self.claims.get(&(page as u32)) == Some(&id)
+    }
+
+    /// Pages reserved for faults that made room and have not claimed yet.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Reserves room for `n` pages a fault is about to claim (see [`Core::claim`]).
+    pub fn reserve(&mut self, n: u64) {
+        if !self.unreserved_room {
+            self.reserved += n;
+        }
+    }
+
+    /// Gives back a reservation of `n` pages (the fault claimed, or found nothing to claim).
+    pub fn unreserve(&mut self, n: u64) {
+        if !self.unreserved_room {
+            assert!(
+                self.reserved >= n,
+                "unreserving {n} pages of {} reserved",
+                self.reserved
+            );
+            self.reserved -= n;
+        }
+    }
+
+    /// A new claim id, for the pages of one fault's run.
+    pub fn new_claim(&mut self) -> u64 {
+        let id = self.next_claim;
+        self.next_claim += 1;
+        id
     }
 
     /// The state of `page`.
@@ -201,7 +270,7 @@ impl Core {
                 (true, false) => self.uncommitted -= 1,
                 _ => {}
             }
-            if self.location(p) == Location::Resident {
+            if self.location(p) == Location::Resident && !self.is_in_flight(p) {
                 if b == 0 {
                     self.policy.inserted(p as u32);
                 } else if old == 0 {
@@ -222,24 +291,47 @@ impl Core {
         !self.evicting.is_empty() && (first..end).any(|p| self.location(p) == Location::Evicting)
     }
 
-    /// A fault claims `page` for install: it becomes resident (and, if it can move, the policy's)
-    /// before its contents arrive, so a release read meanwhile turns it back to empty and the
-    /// install skips it. Returns where its contents come from.
+    /// A fault claims `page` for install and installs it at once (no other fault in flight):
+    /// [`Core::claim_for`] then [`Core::installed`].
     pub fn claim(&mut self, page: u64) -> Source {
+        let id = self.new_claim();
+        let k = self.claim_for(id, page);
+        self.installed(id, page);
+        k
+    }
+
+    /// A fault claims `page` for install under claim `id`: it becomes resident before its
+    /// contents arrive, so a release read meanwhile turns it back to empty and the install skips
+    /// it; it joins the eviction policy (if it can move) when [`Core::installed`]. Returns where
+    /// its contents come from.
+    pub fn claim_for(&mut self, id: u64, page: u64) -> Source {
         let fill = match self.location(page) {
             Location::Remote if !self.fills.is_empty() => self.fills.remove(&(page as u32)),
             _ => None,
         };
         let old = self.pages.claim(page, fill.is_some());
         self.resident += 1;
-        if self.movable(page) {
-            self.policy.inserted(page as u32);
-        }
+        let prev = self.claims.insert(page as u32, id);
+        assert!(prev.is_none(), "page {page} claimed by claims {prev:?} and {id}");
         match (fill, old.location()) {
             (Some(w), _) => Source::Fill(w),
             (None, Location::Remote) => Source::Brick,
             _ => Source::Zeros,
         }
+    }
+
+    /// Claim `id` installed `page` (or gave it up): it leaves the pages in flight and, if it can
+    /// move, joins the eviction policy. A page released since (no longer this claim's) is left
+    /// alone. Returns true if the page was still the claim's.
+    pub fn installed(&mut self, id: u64, page: u64) -> bool {
+        if self.claims.get(&(page as u32)) != Some(&id) {
+            return false;
+        }
+        self.claims.remove(&(page as u32));
+        if self.movable(page) {
+            self.policy.inserted(page as u32);
+        }
+        true
     }
 
     /// Records the checksums of freshly installed pages (those still resident).
@@ -329,7 +421,9 @@ impl Core {
             let old = self.pages.release(p);
             match old.location() {
                 Location::Resident => {
-                    self.policy.removed(p as u32);
+                    if self.claims.remove(&(p as u32)).is_none() {
+                        self.policy.removed(p as u32);
+                    }
                     self.hashes.remove(&(p as u32));
                     self.resident -= 1;
                     dropped += 1;
@@ -354,6 +448,12 @@ impl Core {
     /// nothing resident or staged, every slot free, same regions, blocks, protections and
     /// same-filled pages.
     pub fn forked(&self, policy: Box<dyn EvictionPolicy>) -> Core {
+        assert!(
+            self.claims.is_empty() && self.reserved == 0,
+            "fork with faults in flight ({} pages claimed, {} reserved)",
+            self.claims.len(),
+            self.reserved
+        );
         let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
         c.pages = self.pages.forked();
         c.fills = self.fills.clone();
@@ -374,7 +474,7 @@ impl Core {
             match s.location() {
                 Location::Resident => {
                     resident += 1;
-                    if self.movable(p as u64) {
+                    if self.movable(p as u64) && !self.is_in_flight(p as u64) {
                         movable += 1;
                     }
                 }
@@ -396,9 +496,19 @@ impl Core {
                 self.evicting.len()
             ));
         }
+        if let Some(p) = self
+            .claims
+            .keys()
+            .find(|&&p| self.location(p as u64) != Location::Resident)
+        {
+            return Err(format!(
+                "page {p} is claimed in flight but is {:?}",
+                self.state(*p as u64)
+            ));
+        }
         if self.policy.len() != movable {
             return Err(format!(
-                "the policy tracks {} pages, {movable} are resident and movable",
+                "the policy tracks {} pages, {movable} are resident, installed and movable",
                 self.policy.len()
             ));
         }
@@ -465,6 +575,31 @@ mod tests {
         assert_eq!(c.location(3), Location::Empty, "a clean zero page");
         assert_eq!(c.claim(0), Source::Brick);
         assert_eq!(c.claim(1), Source::Fill(5));
+        c.check().expect("consistent");
+    }
+
+    #[test]
+    fn a_page_in_flight_is_no_victim_and_only_its_claim_installs_it() {
+        let mut c = core(8);
+        c.claim(0);
+        let a = c.new_claim();
+        assert_eq!(c.claim_for(a, 1), Source::Zeros);
+        assert!(c.is_in_flight(1) && c.is_claimed_by(a, 1));
+        c.check().expect("consistent with a page in flight");
+        let mut v = Vec::new();
+        c.choose_victims(8, 8, 0, &mut v);
+        assert_eq!(
+            v.iter().map(|v| v.page).collect::<Vec<_>>(),
+            [0],
+            "page 1 is on its way in"
+        );
+        // Released and claimed again by another fault: the first claim may not install it.
+        c.release(1, 1);
+        let b = c.new_claim();
+        c.claim_for(b, 1);
+        assert!(!c.installed(a, 1));
+        assert!(c.installed(b, 1));
+        assert!(!c.is_in_flight(1));
         c.check().expect("consistent");
     }
 

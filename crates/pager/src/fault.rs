@@ -86,6 +86,8 @@ pub struct Run<A> {
     pub kinds: Vec<Source>,
     /// The core's epoch at the claim (a read-ahead sent before a release since cannot serve it).
     pub epoch: u64,
+    /// The claim's id: only pages still claimed under it are installed ([`Core::is_claimed_by`]).
+    pub claim: u64,
     /// The backend's read-ahead that holds the run's contents, if one does.
     pub ahead: Option<A>,
     /// Spent staging slots the run is received into (their pages then move into the window).
@@ -148,6 +150,10 @@ pub trait Backend {
     fn already_installed(&mut self, page: u64) {
         self.wake(page);
     }
+    /// The fault's page is claimed by another fault in flight, whose install (or, if the page is
+    /// released first, whose wake of the pages it gave up) wakes its threads: nothing to do, and
+    /// no wake now (the thread would fault again at once, and again, until the install).
+    fn claimed_elsewhere(&mut self, _page: u64) {}
     /// Moves the victims of job `id` out of the window into their slots (setting `moved` on
     /// those that were there), then writes them back or hands them to the write-back thread.
     fn move_out(&mut self, lock: &Mutex<Core>, id: u64, victims: Vec<Victim>);
@@ -156,6 +162,10 @@ pub trait Backend {
     /// Applies the non-fault events queued in the window's event queue (they made an install
     /// say EAGAIN); faults stay queued.
     fn pump_events(&mut self);
+    /// An install (its check that the pages are still claimed, then [`Backend::install`])
+    /// begins (`true`) or ends: no event may be read and applied by another handler in between
+    /// (the runtime's event gate). Never held across [`Backend::pump_events`].
+    fn install_gate(&mut self, _enter: bool) {}
     /// Gives the memory of staging slots `start..start+count` back (they become free).
     fn discard_slots(&mut self, start: u32, count: u32);
 
@@ -231,6 +241,11 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
     let mut c = self::lock(lock);
     loop {
         match c.location(fault) {
+            Location::Resident if c.is_in_flight(fault) => {
+                drop(c);
+                b.claimed_elsewhere(fault);
+                return None;
+            }
             Location::Resident => {
                 drop(c);
                 b.already_installed(fault);
@@ -284,7 +299,8 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
 }
 
 /// Step 2: picks victims so that `need` more pages fit in the budget, marks them evicting and
-/// gives each a staging slot. Returns the lock (it may have waited for slots) and the job.
+/// gives each a staging slot, and reserves the room for the claim (other faults in flight count
+/// it as taken). Returns the lock (it may have waited for slots) and the job.
 pub fn make_room<'a, B: Backend>(
     lock: &'a Mutex<Core>,
     mut c: MutexGuard<'a, Core>,
@@ -292,16 +308,24 @@ pub fn make_room<'a, B: Backend>(
     need: u64,
 ) -> (MutexGuard<'a, Core>, Option<(u64, Vec<Victim>)>) {
     let budget = b.budget(&c);
-    if c.resident() + need <= budget {
-        return (c, None);
-    }
-    // Evict a little more than needed so the next faults of a stream find room; at most half
-    // the staging area per batch, so the next batch finds slots while this one is written.
-    let slack = (budget / 16).clamp(1, 32);
-    let want = ((c.resident() + need - budget + slack) as usize)
-        .min(c.slots.total() as usize / 2)
-        .min(c.resident() as usize);
-    while c.slots.free_count() < want {
+    let want = loop {
+        // Room taken: resident pages (installed or on their way in) and room other faults in
+        // flight made and have not claimed yet.
+        let taken = c.resident() + c.reserved();
+        if taken + need <= budget {
+            c.reserve(need);
+            return (c, None);
+        }
+        // Evict a little more than needed so the next faults of a stream find room; at most
+        // half the staging area per batch, so the next batch finds slots while this one is
+        // written.
+        let slack = (budget / 16).clamp(1, 32);
+        let want = ((taken + need - budget + slack) as usize)
+            .min(c.slots.total() as usize / 2)
+            .min(c.resident() as usize);
+        if c.slots.free_count() >= want {
+            break want;
+        }
         if c.slots.spent_is_empty() {
             // Read-aheads may hold the slots victims need: they go first.
             if b.release_slots_held(&mut c) {
@@ -315,9 +339,10 @@ pub fn make_room<'a, B: Backend>(
             b.discard_slots(start, len);
             c.slots.put_free((start..start + len).rev());
         }
-    }
+    };
     let mut out = Vec::with_capacity(want);
     let id = c.choose_victims(want, budget, b.zero_hash(), &mut out);
+    c.reserve(need);
     (c, id.map(|id| (id, out)))
 }
 
@@ -325,6 +350,8 @@ pub fn make_room<'a, B: Backend>(
 /// outward. `None` if the faulting page itself no longer is.
 pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<Run<B::Ahead>> {
     let mut c = self::lock(lock);
+    // The room made for the run is the claim's now (or nobody's, if nothing is claimable).
+    c.unreserve(plan.n);
     let fault = plan.fault;
     // A run stays within one protection: read-ahead must not fill a reservation (PROT_NONE)
     // next to committed memory, nor pages lent to a file mapping (no longer registered with
@@ -360,12 +387,20 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // pages back to empty and the install skips them. A page of a range that is not read-write
     // stays out of the eviction policy (it cannot move to the staging area) until the program
     // makes it read-write again or frees it.
+    let id = c.new_claim();
     let kinds: Vec<Source> = (page..page + n)
-        .map(|p| if claimable(&c, p) { c.claim(p) } else { Source::Held })
+        .map(|p| {
+            if claimable(&c, p) {
+                c.claim_for(id, p)
+            } else {
+                Source::Held
+            }
+        })
         .collect();
     let mut run = Run {
         page,
         kinds,
+        claim: id,
         epoch: c.epoch(),
         ahead: None,
         spent: None,
@@ -395,45 +430,68 @@ pub fn install<B: Backend>(lock: &Mutex<Core>, b: &mut B, run: &mut Run<B::Ahead
         run.moved.resize(n, false);
     }
     let mut i = 0usize;
-    while i < n {
-        // The next stretch still claimed: pages released while we fetched (or while an earlier
-        // stretch was installed) are skipped, wherever they lie in the run. Checked at every
-        // stretch, not only when the epoch moved: a stretch that ended at a released page must
-        // not install that page next (it would map stale contents over a page that reads zeros).
+    // Pages placed by the last install call, to mark installed at the next lock.
+    let mut placed = 0..0;
+    // Claimed pages given up (released meanwhile, perhaps claimed again by another fault):
+    // their threads may wait in the kernel, woken by nobody else.
+    let mut gave_up: Vec<u64> = Vec::new();
+    loop {
+        // The next stretch still claimed by this run: pages released while we fetched (or while
+        // an earlier stretch was installed) are skipped, wherever they lie in the run. Checked at
+        // every stretch, not only when the epoch moved: a stretch that ended at a released page
+        // must not install that page next (it would map stale contents over a page that reads
+        // zeros), nor a page released and claimed again by another fault in flight.
+        b.install_gate(true);
         let j = {
-            let c = self::lock(lock);
+            let mut c = self::lock(lock);
+            for k in placed.clone() {
+                c.installed(run.claim, run.page + k as u64);
+            }
             let claimed =
-                |i: usize| run.kinds[i] != Source::Held && c.location(run.page + i as u64) == Location::Resident;
-            while i < n && !claimed(i) {
+                |c: &Core, i: usize| run.kinds[i] != Source::Held && c.is_claimed_by(run.claim, run.page + i as u64);
+            while i < n && !claimed(&c, i) {
+                if run.kinds[i] != Source::Held {
+                    gave_up.push(run.page + i as u64);
+                }
                 i += 1;
             }
             if i >= n {
+                drop(c);
+                b.install_gate(false);
                 break;
             }
             let mut j = i + 1;
-            while j < n && claimed(j) {
+            while j < n && claimed(&c, j) {
                 j += 1;
             }
             j
         };
-        match b.install(run, i, j) {
+        let r = b.install(run, i, j);
+        b.install_gate(false);
+        match r {
             Install::Placed(k) => {
                 assert!(
                     k > 0,
                     "the install of pages {i}..{j} of the run at {} placed none",
                     run.page
                 );
+                placed = i..i + k;
                 i += k;
             }
             Install::Exists(k) => {
                 b.wake(run.page + (i + k) as u64);
+                placed = i..i + k + 1;
                 i += k + 1;
             }
             Install::Again(k) => {
                 b.pump_events();
+                placed = i..i + k;
                 i += k;
             }
         }
+    }
+    for p in gave_up {
+        b.wake(p);
     }
     if let Some(spent) = run.spent.take() {
         // Slots whose page moved are empty again: free for victims. The others still hold a

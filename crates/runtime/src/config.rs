@@ -69,6 +69,14 @@ pub struct Config {
     /// `RACKMEM_HANDLER`: `auto`, `blocking`, `busy-poll`, `hybrid[:US]` (default auto, or
     /// blocking when the program may run on one CPU only: see [`default_handler`]).
     pub handler: HandlerMode,
+    /// `RACKMEM_HANDLERS`: fault handler threads reading the window's userfaultfd, so that
+    /// faults of different pages are served at once (default: see [`default_handlers`]; at most
+    /// [`MAX_HANDLERS`]).
+    pub handlers: usize,
+    /// `RACKMEM_HANDLERS` was set: the handlers beyond the first serve whatever the links (by
+    /// default they serve only where a segment is reached over a link: see
+    /// `docs/architecture.md`, "Faults in flight").
+    pub handlers_explicit: bool,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
     /// `RACKMEM_TIMEOUT_MS`: longest wait for a brick's answer before it is declared lost.
@@ -151,6 +159,18 @@ pub fn default_handler(cpus: usize) -> HandlerMode {
     }
 }
 
+/// Most fault handler threads: faults in flight per program are at most this many.
+pub const MAX_HANDLERS: usize = 4;
+
+/// The handler threads when `RACKMEM_HANDLERS` is not set, for a program allowed on `cpus` CPUs:
+/// one per CPU, at most [`MAX_HANDLERS`]. A second handler serves a fault while the first waits
+/// on its brick or copies (docs/architecture.md, "Faults in flight"); more handlers than CPUs
+/// would only take turns. Under [`HandlerMode::Auto`] the handlers beyond the first sleep while
+/// one thread does all the faulting.
+pub fn default_handlers(cpus: usize) -> usize {
+    cpus.clamp(1, MAX_HANDLERS)
+}
+
 /// A configuration variable that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -214,6 +234,9 @@ impl Config {
                 .map(|v| parse_size(&v).map_err(|e| ConfigError::Size("RACKMEM_WINDOW", e)))
                 .transpose()?,
             handler: var("RACKMEM_HANDLER").map_or(Ok(default_handler(crate::sys::allowed_cpus())), |v| v.parse())?,
+            handlers: (num("RACKMEM_HANDLERS", default_handlers(crate::sys::allowed_cpus()) as u64)? as usize)
+                .clamp(1, MAX_HANDLERS),
+            handlers_explicit: var("RACKMEM_HANDLERS").is_some(),
             prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
             timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),

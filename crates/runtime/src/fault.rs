@@ -19,7 +19,7 @@
 //! staging slot, a page still being written back), which never waits for the handler.
 
 use crate::handler::Handler;
-use crate::readahead::Ahead;
+use crate::readahead::{self, Ahead, ReadAheads};
 use crate::recycle;
 use crate::{writeback, Inner, Job, Victim, PAGE, PAGE_SIZE};
 use rackmem_pager::fault::{Backend, Install, Plan, Run, Step};
@@ -80,8 +80,9 @@ impl Handler {
     pub(crate) fn fault(&mut self, addr: usize) {
         let inner = self.inner.clone();
         let t0 = inner.now_ns();
-        inner.fault_started_ns.store(t0.max(1), Ordering::Release);
-        inner.fault_addr.store(addr as u64, Ordering::Relaxed);
+        let me = self.index;
+        inner.fault_started_ns[me].store(t0.max(1), Ordering::Release);
+        inner.fault_addr[me].store(addr as u64, Ordering::Relaxed);
         inner.stats.faults.fetch_add(1, Ordering::Relaxed);
         let base = inner.window.addr();
         if addr < base || addr >= base + inner.window.len() {
@@ -89,7 +90,7 @@ impl Handler {
             if let Err(e) = inner.uffd.poison(addr & !(PAGE_SIZE - 1), PAGE_SIZE, false) {
                 inner.internal_error(&format!("cannot poison {addr:#x}: {e}"));
             }
-            inner.fault_started_ns.store(0, Ordering::Release);
+            inner.fault_started_ns[me].store(0, Ordering::Release);
             return;
         }
         let page = ((addr - base) / PAGE_SIZE) as u64;
@@ -97,7 +98,7 @@ impl Handler {
         rackmem_pager::fault::serve(&inner.core, self, page);
         let t1 = inner.now_ns();
         inner.stats.fault_latency.record(t1 - t0);
-        inner.fault_started_ns.store(0, Ordering::Release);
+        inner.fault_started_ns[me].store(0, Ordering::Release);
     }
 
     /// Moves each victim out of the window into its staging slot and hands the batch to the
@@ -262,8 +263,23 @@ impl Backend for Handler {
         self.wake(page);
     }
 
+    fn claimed_elsewhere(&mut self, _page: u64) {
+        self.inner.stats.faults_duplicate.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn install_gate(&mut self, enter: bool) {
+        if enter {
+            self.inner.gate.enter_install();
+        } else {
+            self.inner.gate.leave_install();
+        }
+    }
+
     fn move_out(&mut self, _lock: &Mutex<Core>, id: u64, victims: Vec<Victim>) {
-        self.inner.stats.sub_resident(victims.len() as u64);
+        // The core's count, not a difference: with several handlers, claims by others land
+        // between this batch's choice and here.
+        let resident = self.inner.lock().resident();
+        self.inner.stats.set_resident(resident);
         self.stage(id, victims);
     }
 
@@ -324,7 +340,7 @@ impl Backend for Handler {
     fn read(&mut self, run: &mut Run<Ahead>) {
         let inner = self.inner.clone();
         if let Some(a) = run.ahead.take() {
-            self.ahead.collect(run.page, a, &mut run.spent, &mut self.buf);
+            ReadAheads::collect(&inner, run.page, a, &mut run.spent, &mut self.buf);
             return;
         }
         match run.spent.as_mut() {
@@ -365,25 +381,30 @@ impl Backend for Handler {
             // The program released memory: pages it touches now are not bound for eviction.
             self.filled = false;
         }
-        self.ahead.drop_stale(c, fault);
-        self.ahead.length_at(fault)
+        let inner = &self.inner;
+        let mut aheads = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
+        aheads.drop_stale(inner, c, fault);
+        aheads.length_at(fault)
     }
 
     fn release_slots_held(&mut self, c: &mut Core) -> bool {
-        self.ahead.drop_holding_slots(c)
+        let inner = &self.inner;
+        let mut aheads = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
+        aheads.drop_holding_slots(inner, c)
     }
 
     fn claimed(&mut self, c: &mut Core, run: &mut Run<Ahead>) {
-        let claimed = run.kinds.iter().filter(|&&k| k != Source::Held).count() as u64;
-        self.inner.stats.add_resident(claimed);
-        run.ahead = self.ahead.take_for(c, run);
+        self.inner.stats.set_resident(c.resident());
+        let inner = &self.inner;
+        let mut aheads = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
+        run.ahead = aheads.take_for(inner, c, run);
         // A read-ahead of any page claimed now would go stale: the page may be written and
         // written back before that read-ahead's fault comes.
-        self.ahead.drop_overlapping(c, run.page, run.len() as u64);
+        aheads.drop_overlapping(inner, c, run.page, run.len() as u64);
     }
 
     fn read_ahead(&mut self, _lock: &Mutex<Core>, stream: usize, next: u64, run: usize) {
-        self.ahead.keep_stream_ahead(stream, next, run);
+        readahead::keep_stream_ahead(&self.inner, stream, next, run);
     }
 
     /// Mapped bricks populate memory for the next write-backs, and the fault's steps are timed.

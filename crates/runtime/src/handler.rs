@@ -1,12 +1,17 @@
-//! The fault handler thread: one per process, reading the window's userfaultfd and acting on
-//! its messages in the order the kernel reports them. A page fault goes down the fault path
-//! (`fault.rs`, [`Handler::fault`]); REMOVE, UNMAP and REMAP release pages in the core, so that
-//! released memory reads as zeros afterwards, as it would without rackmem. The thread also
-//! places itself beside the faulting thread (`placement.rs`) and parks for a fork.
+//! The fault handler threads: up to one per CPU (`RACKMEM_HANDLERS`), all reading the window's
+//! userfaultfd, so that faults of different pages are in flight at once (while one handler waits
+//! on its brick or copies, another fetches, installs and wakes). A page fault goes down the
+//! fault path (`fault.rs`, [`Handler::fault`]); REMOVE, UNMAP and REMAP release pages in the
+//! core, so that released memory reads as zeros afterwards, as it would without rackmem. Events
+//! are applied by whichever handler reads them, before it releases the event gate
+//! ([`crate::inner::EventGate`]): no install slips between their reading and their effect.
+//!
+//! The first handler places itself beside the faulting thread (`placement.rs`) when one thread
+//! does all the faulting; the others (helpers) then sleep, since one faulting thread has one
+//! fault at a time, and wake when several threads fault. Every handler parks for a fork.
 
 use crate::config::HandlerMode;
 use crate::placement::{self, Decision, Placement, Waiting};
-use crate::readahead::ReadAheads;
 use crate::{writeback, Inner, PAGE_SIZE};
 use rackmem_uffd::Event;
 use std::collections::VecDeque;
@@ -19,14 +24,15 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Messages read per `read(2)` on the uffd.
 const READ_BATCH: usize = 64;
 
-/// The handler thread's state: its userfaultfd reading, and the fault path's buffers and
-/// read-aheads.
+/// A handler thread's state: its userfaultfd reading and the fault path's buffers (the
+/// read-aheads are shared: `Inner::aheads`).
 pub(crate) struct Handler {
     pub(crate) inner: Arc<Inner>,
+    /// This handler's number (0: the one that places itself).
+    pub(crate) index: usize,
     pub(crate) pending: VecDeque<Event>,
     pub(crate) events: Vec<Event>,
     pub(crate) buf: Vec<u8>,
-    pub(crate) ahead: ReadAheads,
     pub(crate) zero_hash: u64,
     /// Scratch: which pages of the run being installed lie in mapped segments.
     pub(crate) mapped: Vec<bool>,
@@ -42,11 +48,11 @@ pub(crate) struct Handler {
     pub(crate) marks: [u64; 7],
 }
 
-pub(crate) fn run(inner: Arc<Inner>) {
+pub(crate) fn run(inner: Arc<Inner>, index: usize) {
     let zero_hash = xxh3_64(&[0u8; PAGE_SIZE]);
     let mut h = Handler {
-        ahead: ReadAheads::new(inner.clone()),
         inner,
+        index,
         pending: VecDeque::new(),
         events: Vec::with_capacity(READ_BATCH),
         buf: Vec::new(),
@@ -58,15 +64,20 @@ pub(crate) fn run(inner: Arc<Inner>) {
         marks: [0; 7],
     };
     let mode = h.inner.cfg.handler;
-    if let HandlerMode::Auto { spin_us } = mode {
+    if let (HandlerMode::Auto { spin_us }, 0) = (mode, index) {
         h.placement = Placement::new(crate::sys::thread_cpus(0), spin_us);
     }
     let mut last_activity = Instant::now();
     loop {
         if h.inner.pause.load(Ordering::Acquire) {
             // A fork is coming: the child must not inherit a mask confined by the placement.
-            placement::unfollow();
+            if index == 0 {
+                placement::unfollow();
+            }
             park(&h.inner);
+        }
+        if index > 0 && h.pending.is_empty() && !helpers_wanted(&h.inner) {
+            continue;
         }
         if h.pending.is_empty() {
             let n = h.read_some();
@@ -75,17 +86,30 @@ pub(crate) fn run(inner: Arc<Inner>) {
                     HandlerMode::BusyPoll => false,
                     HandlerMode::Blocking => true,
                     HandlerMode::Hybrid { spin_us } => last_activity.elapsed() > Duration::from_micros(spin_us),
+                    // A helper runs only while several threads fault, as the first handler
+                    // floats: it waits the same way.
+                    HandlerMode::Auto { spin_us } if index > 0 => {
+                        last_activity.elapsed() > Duration::from_micros(spin_us)
+                    }
                     // One CPU (no placement) or beside the faulting thread: sleep at once.
                     HandlerMode::Auto { .. } => match h.placement.as_ref().map(Placement::waiting) {
                         None | Some(Waiting::Block) => true,
                         Some(Waiting::Spin { spin_us }) => last_activity.elapsed() > Duration::from_micros(spin_us),
                     },
                 };
-                if idle {
+                if idle && index > 0 && matches!(mode, HandlerMode::Auto { .. }) {
+                    // A helper sleeps until a handler finds faults queued behind the one it
+                    // serves, rather than on the userfaultfd, which wakes every sleeper at every
+                    // fault.
+                    wait_for_call(&h.inner);
+                    last_activity = Instant::now();
+                } else if idle {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
                     // idle handler costs its CPU nothing.
                     match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
-                        Ok(w) if w.rung => h.inner.bell.clear(),
+                        // The bell rings for a fork: every handler must see it, so it stays rung
+                        // until `resume`.
+                        Ok(w) if w.rung && !h.inner.pause.load(Ordering::Acquire) => h.inner.bell.clear(),
                         Ok(_) => {}
                         Err(e) => h.inner.internal_error(&format!("poll on the userfaultfd failed: {e}")),
                     }
@@ -102,21 +126,30 @@ pub(crate) fn run(inner: Arc<Inner>) {
     }
 }
 
-/// Asks the handler to park between faults and waits until it has.
+/// Asks every handler to park between faults and waits until all have (no fault in flight).
 pub(crate) fn pause(inner: &Inner) {
     inner.pause.store(true, Ordering::Release);
     inner.bell.ring();
+    // Helpers asleep while one thread faults wake to park.
+    drop(inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner()));
+    inner.helpers_cv.notify_all();
     let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
-    while !*parked {
+    while *parked < inner.handlers() {
         parked = inner.paused_cv.wait(parked).unwrap_or_else(|e| e.into_inner());
     }
+    assert_eq!(lock_core_in_flight(inner), 0, "handlers parked with faults in flight");
 }
 
-/// Lets a parked handler go on. `paused` stays set until the handler itself leaves `park`: a
-/// second fork's `pause` that came before the handler woke up must find it parked (clearing it
-/// here left that `pause` waiting for a park the handler, still inside `park`, never announced
+fn lock_core_in_flight(inner: &Inner) -> usize {
+    inner.lock().in_flight_pages()
+}
+
+/// Lets the parked handlers go on. The parked count is the handlers' own to lower, as they leave
+/// `park`: a second fork's `pause` that came before they woke must find them parked (clearing it
+/// here left that `pause` waiting for a park a handler, still inside `park`, never announced
 /// again: PostgreSQL's postmaster, forking its children back to back, hung there).
 pub(crate) fn resume(inner: &Inner) {
+    inner.bell.clear();
     inner.pause.store(false, Ordering::Release);
     let _parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
     inner.paused_cv.notify_all();
@@ -124,50 +157,149 @@ pub(crate) fn resume(inner: &Inner) {
 
 fn park(inner: &Inner) {
     let mut parked = inner.paused.lock().unwrap_or_else(|e| e.into_inner());
-    *parked = true;
+    *parked += 1;
     inner.paused_cv.notify_all();
     while inner.pause.load(Ordering::Acquire) {
         parked = inner.paused_cv.wait(parked).unwrap_or_else(|e| e.into_inner());
     }
-    *parked = false;
+    *parked -= 1;
+}
+
+/// For a helper handler: true if helpers serve faults now; else sleeps until they do (or a
+/// fork asks every handler to park) and returns false.
+fn helpers_wanted(inner: &Inner) -> bool {
+    let mut on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
+    if *on {
+        return true;
+    }
+    while !*on && !inner.pause.load(Ordering::Acquire) {
+        on = inner.helpers_cv.wait(on).unwrap_or_else(|e| e.into_inner());
+    }
+    false
+}
+
+/// For a helper under `HandlerMode::Auto`: sleeps until a handler calls it (faults are queued
+/// behind the ones being served) or a fork asks every handler to park.
+fn wait_for_call(inner: &Inner) {
+    let mut on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
+    inner.idle_helpers.fetch_add(1, Ordering::SeqCst);
+    loop {
+        if inner.pause.load(Ordering::Acquire) {
+            break;
+        }
+        if *on
+            && inner
+                .helper_calls
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+                .is_ok()
+        {
+            break;
+        }
+        on = inner.helpers_cv.wait(on).unwrap_or_else(|e| e.into_inner());
+    }
+    inner.idle_helpers.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Calls a sleeping helper if faults are queued on the userfaultfd behind the one just read
+/// (several threads fault at once): a poll per fault read, a wake-up only when one is useful.
+fn call_helper_if_queued(inner: &Inner) {
+    if inner.idle_helpers.load(Ordering::SeqCst) == 0 || inner.helper_calls.load(Ordering::SeqCst) > 0 {
+        return;
+    }
+    match rackmem_sys::wait_readable(inner.uffd.as_fd(), &inner.bell, Some(Duration::ZERO)) {
+        Ok(w) if w.readable => {}
+        _ => return,
+    }
+    let _on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
+    inner.helper_calls.fetch_add(1, Ordering::SeqCst);
+    inner.helpers_cv.notify_one();
+}
+
+/// True if helper handlers may serve: `RACKMEM_HANDLERS` was set, or some segment is reached
+/// over a link. A fault from a mapped segment is a memory copy with no wait in it, so on this
+/// 2-vCPU machine a second handler only added wake-ups, gate waits and TLB shootdowns (two
+/// threads at 25% local: 2.51 s with two handlers against 1.92 s with one, medians of
+/// interleaved rounds, `docs/benchmarks.md`); over a link a handler waits on its brick, and
+/// another can serve meanwhile.
+fn helpers_useful(inner: &Inner) -> bool {
+    inner.handlers() > 1 && (inner.cfg.handlers_explicit || inner.table.all().iter().any(|s| s.shared.is_none()))
+}
+
+/// At start: helpers serve from the start in the explicit handler modes (no placement), where
+/// they are useful.
+pub(crate) fn init_helpers(inner: &Inner) {
+    if !matches!(inner.cfg.handler, HandlerMode::Auto { .. }) {
+        set_helpers(inner, true);
+    }
+}
+
+/// Turns the helper handlers on or off (the first handler's placement decided).
+fn set_helpers(inner: &Inner, want: bool) {
+    let want = want && helpers_useful(inner);
+    let mut on = inner.helpers_on.lock().unwrap_or_else(|e| e.into_inner());
+    if *on != want {
+        *on = want;
+        inner.helpers_active.store(want, Ordering::Relaxed);
+        inner.helpers_cv.notify_all();
+    }
 }
 
 impl Handler {
+    /// Reads what is queued on the userfaultfd: one message when several handlers share it
+    /// (each takes the next fault, so faults spread over handlers), a batch otherwise. Events
+    /// are applied before the event gate opens; faults are kept for later, in order.
     fn read_some(&mut self) -> usize {
-        self.events.clear();
-        match self.inner.uffd.read_events(&mut self.events, READ_BATCH) {
-            Ok(n) => {
-                self.pending.extend(self.events.drain(..));
-                n
-            }
-            Err(e) => self
-                .inner
-                .internal_error(&format!("reading the userfaultfd failed: {e}")),
+        if !self.inner.helpers_active.load(Ordering::Relaxed) {
+            // One handler serves (the others sleep, or there are none): as before them.
+            return self.read_and_apply(READ_BATCH);
+        }
+        // A spinning handler reads an empty queue again and again: a poll that finds nothing
+        // keeps it from holding the event gate (and holding off other handlers' installs) each
+        // time, which perf showed as the second handler's largest cost.
+        match rackmem_sys::wait_readable(self.inner.uffd.as_fd(), &self.inner.bell, Some(Duration::ZERO)) {
+            Ok(w) if !w.readable => 0,
+            _ => self.read_and_apply(1),
         }
     }
 
     /// Reads whatever is queued and applies non-fault events at once (they are what makes a
     /// COPY return EAGAIN); faults are kept for later, in order.
     pub(crate) fn apply_queued_events(&mut self) {
+        self.read_and_apply(READ_BATCH);
+    }
+
+    fn read_and_apply(&mut self, batch: usize) -> usize {
+        let inner = self.inner.clone();
+        inner.gate.enter_read();
         self.events.clear();
-        if let Err(e) = self.inner.uffd.read_events(&mut self.events, READ_BATCH) {
-            self.inner
-                .internal_error(&format!("reading the userfaultfd failed: {e}"));
-        }
+        let n = match inner.uffd.read_events(&mut self.events, batch) {
+            Ok(n) => n,
+            Err(e) => inner.internal_error(&format!("reading the userfaultfd failed: {e}")),
+        };
         let evs: Vec<Event> = self.events.drain(..).collect();
         for ev in evs {
             match ev {
-                Event::Pagefault { .. } => self.pending.push_back(ev),
+                Event::Pagefault { .. } => {
+                    inner.stats.in_flight.begin(inner.now_ns());
+                    self.pending.push_back(ev);
+                    if batch == 1 && matches!(inner.cfg.handler, HandlerMode::Auto { .. }) && inner.handlers() > 1 {
+                        call_helper_if_queued(&inner);
+                    }
+                }
                 other => self.handle(other),
             }
         }
+        inner.gate.leave_read();
+        n
     }
 
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::Pagefault { addr, thread_id, .. } => {
                 self.place(thread_id);
-                self.fault(addr)
+                self.fault(addr);
+                let inner = &self.inner;
+                inner.stats.in_flight.end(inner.now_ns());
             }
             Event::Remove { start, end } | Event::Unmap { start, end } => {
                 self.inner.stats.events.fetch_add(1, Ordering::Relaxed);
@@ -195,7 +327,13 @@ impl Handler {
             return;
         };
         let inner = &self.inner;
-        let moved = match p.fault(thread_id, inner.now_ns()) {
+        let decision = p.fault(thread_id, inner.now_ns());
+        if let Some(d) = decision {
+            // One faulting thread has one fault at a time: the helpers would only take turns
+            // with the handler that follows it.
+            set_helpers(inner, d == Decision::Float);
+        }
+        let moved = match decision {
             None => return,
             Some(Decision::Follow(tid)) if placement::followed() == Some(tid) => return,
             Some(Decision::Follow(tid)) => placement::follow(tid, p.allowed()).map(|cpu| (tid, cpu)),

@@ -2,6 +2,7 @@
 //! segment table, the core under its lock, the write-back queue and the statistics.
 
 use crate::config::Config;
+use crate::readahead::ReadAheads;
 use crate::segment::{self, SegmentTable};
 use crate::stats::Stats;
 use crate::{agent, sys, MIN_BUDGET_PAGES, PAGE, PAGE_SIZE};
@@ -9,7 +10,7 @@ use rackmem_pager::Core;
 use rackmem_sys::Mapping;
 use rackmem_uffd::Uffd;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -43,19 +44,132 @@ pub(crate) struct Inner {
     /// Jobs queued or running.
     pub jobs_busy: AtomicUsize,
     pub stats: Stats,
-    /// Fork protocol: the handler parks when asked (and is woken by `bell` to notice).
+    /// Fork protocol: the handlers park when asked (and are woken by `bell` to notice).
     pub pause: AtomicBool,
-    /// Rung to wake a handler blocked on an idle userfaultfd.
+    /// Rung to wake handlers blocked on an idle userfaultfd.
     pub bell: rackmem_sys::Doorbell,
-    pub paused: Mutex<bool>,
+    /// Handlers parked for a fork.
+    pub paused: Mutex<usize>,
     pub paused_cv: Condvar,
-    /// When the handler started serving its current fault (ns since `epoch`), 0 when idle.
-    pub fault_started_ns: AtomicU64,
-    pub fault_addr: AtomicU64,
+    /// Per handler: when it started serving its current fault (ns since `clock`), 0 when idle,
+    /// and that fault's address (for the watchdog).
+    pub fault_started_ns: Box<[AtomicU64]>,
+    pub fault_addr: Box<[AtomicU64]>,
+    /// The read-aheads in flight, shared by the handlers (any handler may serve a stream's
+    /// next fault). Lock order: the core, then this.
+    pub aheads: Mutex<ReadAheads>,
+    /// Orders installs against the reading of userfaultfd events (see [`EventGate`]).
+    pub gate: EventGate,
+    /// Handlers beyond the first serve faults (`HandlerMode::Auto` turns them off while one
+    /// thread does all the faulting: the first handler follows it, see `placement`).
+    pub helpers_on: Mutex<bool>,
+    pub helpers_cv: Condvar,
+    /// Mirrors `helpers_on` (with more than one handler) for the reading path, which then takes
+    /// one message at a time and peeks before taking the event gate.
+    pub helpers_active: AtomicBool,
+    /// Helpers asleep until called, and calls not yet taken (`HandlerMode::Auto`).
+    pub idle_helpers: AtomicU32,
+    pub helper_calls: AtomicU32,
     pub clock: Instant,
 }
 
+/// Installs against the reading of userfaultfd events, for several handlers on one
+/// userfaultfd.
+///
+/// A handler checks that the pages it installs are still claimed, then installs them with an
+/// ioctl. A program's `MADV_DONTNEED` queues a REMOVE event and zaps the pages once the event is
+/// read; until then an install in the range fails with EAGAIN. With one handler, the reader of
+/// the event applied it before its next check. With several, another handler could read the
+/// event (so the zap goes ahead) between one handler's check and its install, which would then
+/// map old contents over a page the program released. So an install (check and ioctl) holds the
+/// gate shared, and reading the userfaultfd and applying what was read holds it exclusive.
+/// Readers go first (an install waits while one waits), so a stream of installs cannot keep
+/// events unread.
+/// Hold times are a read syscall or an install ioctl (microseconds): waiters spin, yielding the
+/// CPU after this many turns (the holder may have been preempted). A gate that slept on a
+/// condition variable cost two context switches per wait: perf showed them as the largest
+/// cost of two handlers on two CPUs.
+const GATE_SPINS: u32 = 64;
+
+#[derive(Default)]
+pub struct EventGate {
+    /// Installs in progress.
+    installing: AtomicU32,
+    /// A handler reads (and applies) the userfaultfd's messages.
+    reading: AtomicBool,
+    /// Handlers waiting to read: new installs wait for them.
+    readers_waiting: AtomicU32,
+}
+
+fn gate_pause(turn: &mut u32) {
+    *turn += 1;
+    if *turn % GATE_SPINS == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+impl EventGate {
+    /// An install begins (its check of the claim and its ioctl).
+    pub fn enter_install(&self) {
+        let mut turn = 0;
+        loop {
+            while self.reading.load(Ordering::SeqCst) || self.readers_waiting.load(Ordering::SeqCst) > 0 {
+                gate_pause(&mut turn);
+            }
+            self.installing.fetch_add(1, Ordering::SeqCst);
+            // A reader that set `reading` before our increment did not see it: back off.
+            if !self.reading.load(Ordering::SeqCst) {
+                return;
+            }
+            self.installing.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The install ended.
+    pub fn leave_install(&self) {
+        let before = self.installing.fetch_sub(1, Ordering::SeqCst);
+        assert!(before > 0, "an install left the event gate it had not entered");
+    }
+
+    /// A handler is about to read the userfaultfd (and apply the events it reads).
+    pub fn enter_read(&self) {
+        self.readers_waiting.fetch_add(1, Ordering::SeqCst);
+        let mut turn = 0;
+        loop {
+            while self.installing.load(Ordering::SeqCst) > 0 || self.reading.load(Ordering::SeqCst) {
+                gate_pause(&mut turn);
+            }
+            if self
+                .reading
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                continue;
+            }
+            // An install that incremented before our flag was set is still in progress.
+            if self.installing.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            self.reading.store(false, Ordering::SeqCst);
+        }
+        self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// What was read is applied (faults may still be served later).
+    pub fn leave_read(&self) {
+        let was = self.reading.swap(false, Ordering::SeqCst);
+        assert!(was, "a reader left the event gate it had not entered");
+    }
+}
+
 impl Inner {
+    /// Handler threads.
+    pub fn handlers(&self) -> usize {
+        self.fault_started_ns.len()
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -6,7 +6,7 @@
 //! Driven by the watchdog's ticks (no timer of its own; nothing runs while the program is idle).
 //! Each tick compares the counters with the previous tick's: the share of the wall time the
 //! program spent waiting rather than computing (from its user-mode CPU time), the share the fault
-//! handler spent serving faults (it serves them one at a time: how busy the path to the bricks
+//! handlers spent serving faults (summed over them: how busy the path to the bricks
 //! is), and the share of faults that fetched a page from a brick. When the program waits more
 //! than half of the time, the handler is busy at least a quarter of it, and most faults are
 //! re-fetches, for [`SUSTAIN_NS`], the runtime prints one notice on standard error, once per `rackmem run` (a

@@ -8,7 +8,7 @@ use rackmem_pager::fault::{self, Run};
 use rackmem_pager::Core;
 use rackmem_pager::SpentRun;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::MutexGuard;
 
 /// A read of the next run of a sequential stream, sent when the current run was installed so
 /// that the brick works while the program consumes this one (seed 000's prefetcher keeps the
@@ -37,9 +37,12 @@ const AHEAD_DEPTH: usize = 2;
 /// Read-aheads in flight over all streams.
 const AHEAD_MAX: usize = 8;
 
-/// The read-aheads in flight, and the buffers of those that found no spent slots.
+/// The read-aheads in flight, and the buffers of those that found no spent slots. Shared by the
+/// handlers (`Inner::aheads`, locked after the core): whichever handler serves a stream's next
+/// fault finds the read-ahead sent at its previous one, and a claim by any handler drops the
+/// read-aheads it makes stale.
+#[derive(Default)]
 pub(crate) struct ReadAheads {
-    inner: Arc<Inner>,
     list: Vec<Ahead>,
     /// Sending order.
     seq: u64,
@@ -47,15 +50,6 @@ pub(crate) struct ReadAheads {
 }
 
 impl ReadAheads {
-    pub(crate) fn new(inner: Arc<Inner>) -> ReadAheads {
-        ReadAheads {
-            inner,
-            list: Vec::new(),
-            seq: 0,
-            spare_bufs: Vec::new(),
-        }
-    }
-
     /// The length of the read-ahead that starts at `page`, if one does.
     pub(crate) fn length_at(&self, page: u64) -> Option<usize> {
         self.list.iter().find(|a| a.page == page).map(|a| a.n)
@@ -63,40 +57,39 @@ impl ReadAheads {
 
     /// Takes the read-ahead of the run just claimed, if it holds exactly that run
     /// ([`fault::ahead_serves`]). One at the run's page that does not is dropped.
-    pub(crate) fn take_for(&mut self, c: &mut Core, run: &Run<Ahead>) -> Option<Ahead> {
+    pub(crate) fn take_for(&mut self, inner: &Inner, c: &mut Core, run: &Run<Ahead>) -> Option<Ahead> {
         let i = self.list.iter().position(|a| a.page == run.page)?;
         let a = self.list.swap_remove(i);
         if fault::ahead_serves(a.page, a.n, a.epoch, run) {
             Some(a)
         } else {
-            self.drop_ahead(c, a);
+            self.drop_ahead(inner, c, a);
             None
         }
     }
 
     /// Drops every read-ahead that holds spent slots; true if there was one (victims need the
     /// slots more).
-    pub(crate) fn drop_holding_slots(&mut self, c: &mut Core) -> bool {
+    pub(crate) fn drop_holding_slots(&mut self, inner: &Inner, c: &mut Core) -> bool {
         if !self.list.iter().any(|a| a.spent.is_some()) {
             return false;
         }
         while let Some(a) = self.list.pop() {
-            self.drop_ahead(c, a);
+            self.drop_ahead(inner, c, a);
         }
         true
     }
 
     /// Waits for the read-ahead `a` (of the run at `page`) into its buffer: its spent slots
-    /// become `spent`, or its own buffer becomes `buf`.
-    pub(crate) fn collect(&mut self, page: u64, mut a: Ahead, spent: &mut Option<SpentRun>, buf: &mut Vec<u8>) {
-        let inner = self.inner.clone();
+    /// become `spent`, or its own buffer becomes `buf`. Takes no lock while it waits.
+    pub(crate) fn collect(inner: &Inner, page: u64, mut a: Ahead, spent: &mut Option<SpentRun>, buf: &mut Vec<u8>) {
         let seg = inner.segment(a.seg);
         let r = match (a.spent.as_mut(), a.own.take()) {
-            (Some(run), _) => seg.fault.wait_detached(a.ticket, recycle::bytes(&inner, run)),
+            (Some(run), _) => seg.fault.wait_detached(a.ticket, recycle::bytes(inner, run)),
             (None, own) => {
                 // The read-ahead's buffer becomes the install buffer; ours is kept for later.
                 let old = std::mem::replace(buf, own.unwrap_or_default());
-                self.spare_bufs.push(old);
+                inner.aheads.lock().unwrap_or_else(|e| e.into_inner()).keep_buf(old);
                 seg.fault.wait_detached(a.ticket, buf)
             }
         };
@@ -116,51 +109,52 @@ impl ReadAheads {
 
     /// Drops the read-aheads that can no longer be used at the fault at `page`
     /// ([`fault::ahead_stale`]).
-    pub(crate) fn drop_stale(&mut self, c: &mut Core, page: u64) {
+    pub(crate) fn drop_stale(&mut self, inner: &Inner, c: &mut Core, page: u64) {
         let mut i = 0;
         while i < self.list.len() {
             let a = &self.list[i];
             if fault::ahead_stale(a.page, a.n, a.epoch, page, c.epoch()) {
                 let a = self.list.swap_remove(i);
-                self.drop_ahead(c, a);
+                self.drop_ahead(inner, c, a);
             } else {
                 i += 1;
             }
         }
     }
 
-    /// Drops a read-ahead nobody will use: its response is discarded on arrival (nothing is
-    /// written to its buffer), its spent slots are spent again.
-    fn drop_ahead(&mut self, c: &mut Core, a: Ahead) {
-        if let Some(v) = a.own {
+    /// Keeps a buffer for a later read-ahead (a few at most).
+    fn keep_buf(&mut self, v: Vec<u8>) {
+        if self.spare_bufs.len() < AHEAD_MAX {
             self.spare_bufs.push(v);
-        }
-        if let Some(seg) = self.inner.table.get(a.seg) {
-            seg.fault.abandon_detached(a.ticket);
-        }
-        if let Some(run) = a.spent {
-            self.drop_ahead_slots(c, run);
         }
     }
 
-    /// Spent slots of a dropped read-ahead: spent again, or freed past the cap.
-    fn drop_ahead_slots(&mut self, c: &mut Core, run: SpentRun) {
-        if !c.slots.give_spent(run.start(), run.count()) {
-            // Past the cap: free them (under the core lock; rare).
-            let addr = self.inner.slot_addr(run.start());
-            if let Err(e) = rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
-                self.inner.internal_error(&format!("freeing staging slots: {e}"));
-            }
-            c.slots.put_free((run.start()..run.start() + run.count()).rev());
+    /// Drops a read-ahead nobody will use: its response is discarded on arrival (nothing is
+    /// written to its buffer), its spent slots are spent again.
+    fn drop_ahead(&mut self, inner: &Inner, c: &mut Core, a: Ahead) {
+        if let Some(v) = a.own {
+            self.keep_buf(v);
+        }
+        if let Some(seg) = inner.table.get(a.seg) {
+            seg.fault.abandon_detached(a.ticket);
+        }
+        if let Some(run) = a.spent {
+            drop_ahead_slots(inner, c, run);
         }
     }
 
     /// Sends the read of the `want` pages from `page` if they are all remote on one segment (a
     /// shorter read if the remote stretch ends sooner), to be collected at a later fault.
-    /// Returns whether it sent one.
-    fn send_ahead(&mut self, stream: usize, page: u64, want: usize) -> bool {
-        let inner = self.inner.clone();
-        let mut c = inner.lock();
+    /// Returns whether it sent one. Called with the core locked (`c`), which it unlocks before
+    /// sending (the read-aheads stay locked, so no claim can miss the new one).
+    fn send_ahead(
+        &mut self,
+        inner: &Inner,
+        mut c: MutexGuard<'_, Core>,
+        stream: usize,
+        page: u64,
+        want: usize,
+    ) -> bool {
         let region_end = c.alloc.region_containing(page).map_or(page, |(s, l)| s + l);
         let budget = inner.budget_pages(&c);
         let limit = (want as u64)
@@ -237,41 +231,54 @@ impl ReadAheads {
     }
 
     /// Drops the read-aheads that overlap `[page, page + n)`, just claimed.
-    pub(crate) fn drop_overlapping(&mut self, c: &mut Core, page: u64, n: u64) {
+    pub(crate) fn drop_overlapping(&mut self, inner: &Inner, c: &mut Core, page: u64, n: u64) {
         let mut i = 0;
         while i < self.list.len() {
             let a = &self.list[i];
             if fault::overlaps(a.page, a.n as u64, page, n) {
                 let a = self.list.swap_remove(i);
-                self.drop_ahead(c, a);
+                self.drop_ahead(inner, c, a);
             } else {
                 i += 1;
             }
         }
     }
+}
 
-    /// Keeps the next runs of sequential stream `stream` on their way, from page `next`: up to
-    /// `AHEAD_DEPTH` read-aheads per stream and `AHEAD_MAX` in all, each twice the stream's run.
-    pub(crate) fn keep_stream_ahead(&mut self, stream: usize, next: u64, run: usize) {
-        let want = (run * 2).min(self.inner.cfg.prefetch_pages.max(1));
-        loop {
-            let mine = self.list.iter().filter(|a| a.stream == stream);
-            let (count, next) = mine.fold((0, next), |(k, e), a| (k + 1, e.max(a.page + a.n as u64)));
-            if count >= AHEAD_DEPTH {
-                break;
+/// Spent slots of a dropped read-ahead: spent again, or freed past the cap.
+fn drop_ahead_slots(inner: &Inner, c: &mut Core, run: SpentRun) {
+    if !c.slots.give_spent(run.start(), run.count()) {
+        // Past the cap: free them (under the core lock; rare).
+        let addr = inner.slot_addr(run.start());
+        if let Err(e) = rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+            inner.internal_error(&format!("freeing staging slots: {e}"));
+        }
+        c.slots.put_free((run.start()..run.start() + run.count()).rev());
+    }
+}
+
+/// Keeps the next runs of sequential stream `stream` on their way, from page `next`: up to
+/// `AHEAD_DEPTH` read-aheads per stream and `AHEAD_MAX` in all, each twice the stream's run.
+/// Locks the core, then the read-aheads, for each one sent.
+pub(crate) fn keep_stream_ahead(inner: &Inner, stream: usize, next: u64, run: usize) {
+    let want = (run * 2).min(inner.cfg.prefetch_pages.max(1));
+    loop {
+        let mut c = inner.lock();
+        let mut list = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = list.list.iter().filter(|a| a.stream == stream);
+        let (count, next) = mine.fold((0, next), |(k, e), a| (k + 1, e.max(a.page + a.n as u64)));
+        if count >= AHEAD_DEPTH {
+            break;
+        }
+        if list.list.len() >= AHEAD_MAX {
+            // A stream that went quiet (or whose slot was reused) holds the oldest.
+            if let Some(i) = (0..list.list.len()).min_by_key(|&i| list.list[i].seq) {
+                let a = list.list.swap_remove(i);
+                list.drop_ahead(inner, &mut c, a);
             }
-            if self.list.len() >= AHEAD_MAX {
-                // A stream that went quiet (or whose slot was reused) holds the oldest.
-                if let Some(i) = (0..self.list.len()).min_by_key(|&i| self.list[i].seq) {
-                    let a = self.list.swap_remove(i);
-                    let inner = self.inner.clone();
-                    let mut c = inner.lock();
-                    self.drop_ahead(&mut c, a);
-                }
-            }
-            if !self.send_ahead(stream, next, want) {
-                break;
-            }
+        }
+        if !list.send_ahead(inner, c, stream, next, want) {
+            break;
         }
     }
 }

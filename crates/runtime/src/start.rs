@@ -3,8 +3,9 @@
 
 use crate::config::Config;
 use crate::error::RuntimeError;
-use crate::inner::Inner;
+use crate::inner::{EventGate, Inner};
 use crate::process::{RUNTIME_THREAD, SPAWNING};
+use crate::readahead::ReadAheads;
 use crate::segment::{self, Segment, SegmentTable};
 use crate::stats::Stats;
 use crate::{
@@ -16,7 +17,7 @@ use rackmem_sys::Mapping;
 use rackmem_transport::{BrickAddr, Link};
 use rackmem_uffd::{Features, OpenOptions, RegisterMode, Uffd};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -137,6 +138,7 @@ impl Runtime {
         stats
             .peak_committed_pages
             .store(core.committed_pages(), Ordering::Relaxed);
+        let handlers = cfg.handlers.max(1);
         let inner = Arc::new(Inner {
             cfg,
             window,
@@ -153,17 +155,26 @@ impl Runtime {
             stats,
             pause: AtomicBool::new(false),
             bell: rackmem_sys::Doorbell::new().map_err(RuntimeError::Doorbell)?,
-            paused: Mutex::new(false),
+            paused: Mutex::new(0),
             paused_cv: Condvar::new(),
-            fault_started_ns: AtomicU64::new(0),
-            fault_addr: AtomicU64::new(0),
+            fault_started_ns: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
+            fault_addr: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
+            aheads: Mutex::new(ReadAheads::default()),
+            gate: EventGate::default(),
+            // Helpers serve from the start unless the first handler places itself: under
+            // `Auto` they wait until it sees several threads fault.
+            helpers_on: Mutex::new(false),
+            helpers_cv: Condvar::new(),
+            helpers_active: AtomicBool::new(false),
+            idle_helpers: AtomicU32::new(0),
+            helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
         });
         {
             let c = inner.lock();
             inner.budget_pages(&c);
         }
-        let spawn = |name: &str, f: fn(Arc<Inner>)| {
+        let spawn = |name: &str, f: Box<dyn FnOnce(Arc<Inner>) + Send>| {
             let i = inner.clone();
             // While SPAWNING is up, every thread's C allocations go to the runtime's own table
             // (see `spawning_runtime_thread`), the program's too: wait here until the new thread
@@ -206,9 +217,18 @@ impl Runtime {
             }
             started
         };
-        spawn("rackmem-fault", handler::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
-        spawn("rackmem-wb", writeback::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
-        spawn("rackmem-watchdog", watchdog::run).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        handler::init_helpers(&inner);
+        for index in 0..handlers {
+            let name = if index == 0 {
+                "rackmem-fault".to_string()
+            } else {
+                format!("rackmem-fault{index}")
+            };
+            spawn(&name, Box::new(move |i| handler::run(i, index)))
+                .map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        }
+        spawn("rackmem-wb", Box::new(writeback::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-watchdog", Box::new(watchdog::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
         if inner.cfg.verbose {
             eprintln!(
                 "rackmem[{}]: window {:#x}+{} on {} segment(s){}, local buffer {}, handler {:?}",

@@ -249,6 +249,68 @@ pub struct Stats {
     pub refetched: DistinctPages,
     /// The same time split into steps.
     pub breakdown: Breakdown,
+    /// Faults in flight (miss concurrency).
+    pub in_flight: InFlight,
+}
+
+/// Faults in flight at once: one is in flight from when a handler reads its message to when its
+/// page is installed and its thread woken. Kept as a time integral (the miss concurrency of
+/// seed 002's C-AMAT: the mean number of faults outstanding over the time at least one is).
+#[derive(Default)]
+pub struct InFlight {
+    state: std::sync::Mutex<InFlightState>,
+}
+
+#[derive(Default)]
+struct InFlightState {
+    now: u32,
+    max: u32,
+    /// When `now` last changed, ns.
+    since_ns: u64,
+    /// Integral of `now` over time, fault-ns.
+    area_ns: u128,
+    /// Time with at least one fault in flight, ns.
+    busy_ns: u64,
+}
+
+impl InFlight {
+    fn change(&self, at_ns: u64, up: bool) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let dt = at_ns.saturating_sub(s.since_ns);
+        s.area_ns += u128::from(s.now) * u128::from(dt);
+        if s.now > 0 {
+            s.busy_ns += dt;
+        }
+        s.since_ns = at_ns;
+        if up {
+            s.now += 1;
+            s.max = s.max.max(s.now);
+        } else {
+            s.now = s.now.saturating_sub(1);
+        }
+    }
+
+    /// A handler read a fault at `at_ns` (on the runtime's clock).
+    pub fn begin(&self, at_ns: u64) {
+        self.change(at_ns, true);
+    }
+
+    /// A fault read earlier is served (installed and woken) at `at_ns`.
+    pub fn end(&self, at_ns: u64) {
+        self.change(at_ns, false);
+    }
+
+    /// Time-weighted mean of faults in flight over the time at least one was (0 if none ever
+    /// was), and the most at once.
+    pub fn mean_and_max(&self) -> (f64, u32) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mean = if s.busy_ns == 0 {
+            0.0
+        } else {
+            s.area_ns as f64 / s.busy_ns as f64
+        };
+        (mean, s.max)
+    }
 }
 
 /// A plain snapshot of [`Stats`], as written to the stats file and returned by the C API.
@@ -345,6 +407,15 @@ pub struct StatsSnapshot {
     /// The handler's whole service time of a remote fault.
     #[serde(default)]
     pub remote_fault_handler: StepSnapshot,
+    /// Faults in flight, time-weighted mean over the time at least one was (miss concurrency).
+    #[serde(default)]
+    pub faults_in_flight_mean: f64,
+    /// Most faults in flight at once.
+    #[serde(default)]
+    pub faults_in_flight_max: u32,
+    /// Fault handler threads.
+    #[serde(default)]
+    pub fault_handlers: u32,
 }
 
 impl Stats {
@@ -354,9 +425,18 @@ impl Stats {
         self.peak_resident_pages.fetch_max(now, Relaxed);
     }
 
-    /// Records that `pages` stopped being resident.
+    /// Records the core's count of resident pages, tracking the peak.
+    pub fn set_resident(&self, pages: u64) {
+        self.resident_pages.store(pages, Relaxed);
+        self.peak_resident_pages.fetch_max(pages, Relaxed);
+    }
+
+    /// Records that `pages` stopped being resident (never below zero: a count set by another
+    /// handler may already leave them out).
     pub fn sub_resident(&self, pages: u64) {
-        self.resident_pages.fetch_sub(pages, Relaxed);
+        let _ = self
+            .resident_pages
+            .fetch_update(Relaxed, Relaxed, |r| Some(r.saturating_sub(pages)));
     }
 
     /// Reads the process's `RssAnon` now and keeps the peak; returns the peak (0 if
@@ -371,7 +451,11 @@ impl Stats {
     /// A snapshot for reporting.
     pub fn snapshot(&self, page_size: u64) -> StatsSnapshot {
         let g = |a: &AtomicU64| a.load(Relaxed);
+        let (faults_in_flight_mean, faults_in_flight_max) = self.in_flight.mean_and_max();
         StatsSnapshot {
+            faults_in_flight_mean,
+            faults_in_flight_max,
+            fault_handlers: 0,
             pid: std::process::id(),
             program: std::env::args().next().unwrap_or_default(),
             faults: g(&self.faults),
@@ -471,6 +555,22 @@ mod tests {
             );
         }
         assert_eq!(d.take(), 0, "take starts afresh");
+    }
+
+    #[test]
+    fn faults_in_flight_are_weighted_by_time() {
+        let f = InFlight::default();
+        // One fault alone for 100 ns, then two for 100 ns, then none for 1000 ns, then one for
+        // 200 ns: (100 + 200 + 200) / 400 busy ns.
+        f.begin(0);
+        f.begin(100);
+        f.end(200);
+        f.end(200);
+        f.begin(1200);
+        f.end(1400);
+        let (mean, max) = f.mean_and_max();
+        assert!((mean - 1.25).abs() < 1e-9, "mean {mean}");
+        assert_eq!(max, 2);
     }
 
     #[test]

@@ -44,10 +44,17 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 }
             }
         }
-        let started = inner.fault_started_ns.load(Ordering::Acquire);
-        if started == 0 {
+        // The longest-waiting fault of any handler.
+        let Some((started, addr)) = inner
+            .fault_started_ns
+            .iter()
+            .zip(inner.fault_addr.iter())
+            .map(|(s, a)| (s.load(Ordering::Acquire), a.load(Ordering::Relaxed)))
+            .filter(|&(s, _)| s != 0)
+            .min()
+        else {
             continue;
-        }
+        };
         let waited = inner.now_ns().saturating_sub(started);
         if waited > limit && started != reported {
             reported = started;
@@ -56,7 +63,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             bricks.dedup();
             eprintln!(
                 "rackmem: watchdog: the fault at {:#x} has waited {:.1} s (limit {:.1} s); bricks: {}",
-                inner.fault_addr.load(Ordering::Relaxed),
+                addr,
                 waited as f64 / 1e9,
                 limit as f64 / 1e9,
                 bricks.join(", ")

@@ -437,7 +437,9 @@ impl Runtime {
         let c = self.inner.lock();
         self.inner.budget_pages(&c);
         drop(c);
-        self.inner.stats.snapshot(PAGE)
+        let mut s = self.inner.stats.snapshot(PAGE);
+        s.fault_handlers = self.inner.handlers() as u32;
+        s
     }
 
     /// Appends this process's statistics as one JSON line to the configured stats file.
