@@ -34,10 +34,9 @@ Defaults (each can be overridden):
     faults stop for a second, the program starts a thread, or it forks. While several threads fault, the handler runs on
     any of the program's CPUs and spins 200 µs after each fault. On one CPU (--cpus N, taskset)
     it sleeps between faults. --handler MODE (auto, blocking, busy-poll, hybrid[:µs]) sets the
-    mode; --cpus confines the whole program. Faults in flight: one handler per CPU (at most 4)
-    reads the userfaultfd; while several threads fault on memory reached over a link, the others
-    serve faults queued behind the first, so faults of different pages are served at once.
-    --handlers N (RACKMEM_HANDLERS) sets how many, on any link.
+    mode; --cpus confines the whole program. Faults in flight: one handler by default (on two
+    CPUs a second one measured slower); --handlers N (RACKMEM_HANDLERS) starts N, which serve
+    faults of different pages at once, for bricks across a network where a fault waits on it.
   Eviction: refault. When the local buffer is full, pages seen once leave first in, first out;
     a page that faults back soon after its eviction is protected, and leaves only for pages
     that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
@@ -87,8 +86,8 @@ pub struct RunArgs {
     /// blocking, busy-poll, or hybrid[:MICROSECONDS].
     #[arg(long, value_name = "MODE")]
     handler: Option<String>,
-    /// Fault handler threads (1 to 4), serving faults at once on any link (default: one per
-    /// CPU, serving at once only over links).
+    /// Fault handler threads (1 to 4, at most the program's CPUs), serving faults of different
+    /// pages at once (default 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
     handlers: Option<u32>,
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).

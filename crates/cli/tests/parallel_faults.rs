@@ -1,5 +1,5 @@
-//! Several threads of one program faulting at once, served by several fault handlers (faults in
-//! flight at once, the default on more than one CPU): threads faulting on their own pages and on
+//! Several threads of one program faulting at once: with the default single handler, and with
+//! several handlers forced (`--handlers 2`: faults in flight at once): threads faulting on their own pages and on
 //! the same pages, over shared memory and over a Unix socket, a fork while they fault, and a brick
 //! dying while several faults wait on it. Results are checked against native runs.
 
@@ -57,7 +57,7 @@ fn two_and_four_threads_fault_on_shared_memory_with_two_handlers_forced() {
 #[test]
 fn two_and_four_threads_fault_at_once_over_a_unix_socket_brick() {
     require_root();
-    threads_fault_at_once(&["--no-shared-memory"]);
+    threads_fault_at_once(&["--no-shared-memory", "--handlers", "2"]);
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn a_fork_while_threads_fault_gives_the_child_the_parents_pages() {
     let args = ["32", "4", "shared", "400000", "3"];
     let n = native(&prog, &args);
     assert!(n.status.success(), "native: {}", show(&n));
-    for extra in [&["--handlers", "2"][..], &["--no-shared-memory"][..]] {
+    for extra in [&["--handlers", "2"][..], &["--no-shared-memory", "--handlers", "2"][..]] {
         let (r, stats) = remote(&prog, &args, "25%", extra);
         assert!(r.status.success(), "parallel_faults {args:?} {extra:?}: {}", show(&r));
         assert!(
@@ -96,7 +96,7 @@ fn a_brick_dying_with_several_faults_in_flight_stops_the_program() {
     // Over the link (a mapped segment outlives its brick's process); four threads keep several
     // faults waiting on the brick when it dies.
     cmd.args(["run", "--brick", &addr, "--secret", "s3cret", "--local", "10%"])
-        .args(["--no-shared-memory", "--"])
+        .args(["--no-shared-memory", "--handlers", "2", "--"])
         .arg(&prog)
         .args(["64", "4", "shared", "1000000000"])
         .stdin(Stdio::null())
