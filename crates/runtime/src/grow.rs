@@ -99,6 +99,7 @@ impl Runtime {
                         allocation: Some(a.allocation),
                         limiter: ratelimit::RateLimiter::new(rate),
                         shared,
+                        cloned: Default::default(),
                     });
                 }
                 if inner.cfg.verbose {
