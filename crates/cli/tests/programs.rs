@@ -598,3 +598,20 @@ fn shared_memory_stays_local_and_the_user_is_told() {
         "the statistics count the shared memory: {parent:?}"
     );
 }
+
+/// Read-only and `PROT_NONE` window pages are evicted like read-write ones (through a staging
+/// slot given their protection) and come back intact, read-only and after being made
+/// read-write again; the local buffer holds its budget; the statistics count them.
+#[test]
+fn read_only_and_prot_none_pages_are_evicted_and_come_back() {
+    require_root();
+    for extra in [&[][..], SOCKET] {
+        let s = same_as_native_with("protected_evict", &["32"], extra);
+        let p = busiest(&s);
+        assert_used_remote_memory(p);
+        assert!(
+            p.extra("evictions_protected") > 0,
+            "no page that was not read-write was evicted ({extra:?}): {p:?}"
+        );
+    }
+}

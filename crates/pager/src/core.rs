@@ -27,6 +27,9 @@ pub struct Victim {
     pub backed: bool,
     /// Checksum of its contents when installed (the zero page's for a first touch).
     pub hash: u64,
+    /// Its protection byte ([`crate::prot`]; 0: read-write): `UFFDIO_MOVE` needs its staging
+    /// slot to have the same protection while it moves.
+    pub prot: u8,
     /// The page was really moved into its slot (set by the caller; false: nothing to send).
     pub moved: bool,
 }
@@ -242,10 +245,11 @@ impl Core {
         self.prot.get(page as usize).copied().unwrap_or(0)
     }
 
-    /// True if a resident page may be chosen as a victim: it can only move to the read-write
-    /// staging area if it is read-write itself.
+    /// True if a resident page may be chosen as a victim: any protection of the window's own
+    /// (read-only and `PROT_NONE` pages too: the runtime gives the staging slot the page's
+    /// protection while it moves), never a page lent to a file mapping.
     pub fn movable(&self, page: u64) -> bool {
-        self.prot_of(page) == 0
+        prot::evictable(self.prot_of(page))
     }
 
     /// Records `b` as the protection of `[first, first+count)`: keeps the uncommitted count, and
@@ -271,10 +275,10 @@ impl Core {
                 _ => {}
             }
             if self.location(p) == Location::Resident && !self.is_in_flight(p) {
-                if b == 0 {
-                    self.policy.inserted(p as u32);
-                } else if old == 0 {
-                    self.policy.removed(p as u32);
+                match (prot::evictable(old), prot::evictable(b)) {
+                    (false, true) => self.policy.inserted(p as u32),
+                    (true, false) => self.policy.removed(p as u32),
+                    _ => {}
                 }
             }
         }
@@ -376,6 +380,7 @@ impl Core {
                 brick_valid: old.brick_valid(),
                 backed: false,
                 hash,
+                prot: self.prot_of(p as u64),
                 moved: false,
             });
         }
@@ -604,16 +609,19 @@ mod tests {
     }
 
     #[test]
-    fn pages_that_cannot_move_leave_the_policy() {
+    fn lent_pages_leave_the_policy_and_other_protections_stay() {
         let mut c = core(8);
         c.claim(0);
         c.claim(1);
-        c.set_prot(0, 1, prot::SET | 1, false);
+        c.claim(2);
+        c.set_prot(0, 1, prot::FOREIGN, true);
+        c.set_prot(1, 1, prot::SET | 1, false); // read-only: still evictable
         c.check().expect("consistent");
         let mut v = Vec::new();
         c.choose_victims(8, 8, 0, &mut v);
-        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [1]);
-        c.set_prot(0, 1, 0, false);
+        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(v.iter().map(|v| v.prot).collect::<Vec<_>>(), [prot::SET | 1, 0]);
+        c.set_prot(0, 1, 0, true);
         c.check().expect("consistent");
     }
 }

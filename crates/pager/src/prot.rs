@@ -20,6 +20,21 @@ pub fn encode(p: i32) -> u8 {
     }
 }
 
+/// The `PROT_*` value of a byte (read-write for 0).
+pub fn decode(b: u8) -> i32 {
+    if b & SET == 0 {
+        READ_WRITE
+    } else {
+        i32::from(b & MASK)
+    }
+}
+
+/// True if a resident page with this byte may be evicted: any protection of the window's own
+/// (the runtime moves it into a staging slot given the same protection), not a lent page.
+pub fn evictable(b: u8) -> bool {
+    b & FOREIGN == 0
+}
+
 /// True if the page is neither readable nor writable, or lent: it holds no committed memory.
 pub fn uncommitted(b: u8) -> bool {
     b & FOREIGN != 0 || (b & SET != 0 && b & MASK == 0)

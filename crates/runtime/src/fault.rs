@@ -68,6 +68,29 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
     }
 }
 
+/// Moves a window page that is not read-write into its staging slot. `UFFDIO_MOVE` moves only
+/// between writable mappings with equal protections (`validate_move_areas` in the kernel's
+/// `mm/userfaultfd.c`), and removing the page any other way (`MADV_DONTNEED`) would raise a
+/// REMOVE event this handler itself must read. So the page is made read-write for the move and
+/// its protection restored at once: the window page is then missing, and any access the
+/// protection forbids faults as before. For those few microseconds an access the protection
+/// forbids would succeed; the program's own `mprotect` of the page waits for its eviction.
+/// False if the page was not there (released meanwhile).
+fn move_protected(inner: &Inner, page: u32, slot: u32, prot_byte: u8) -> bool {
+    let src = inner.page_addr(page as u64);
+    let prot = rackmem_pager::prot::decode(prot_byte);
+    if let Err(e) = rackmem_sys::mprotect(src, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE) {
+        inner.internal_error(&format!("cannot open window page {src:#x} for its eviction: {e}"));
+    }
+    let moved = move_one(inner, page, slot);
+    if let Err(e) = rackmem_sys::mprotect(src, PAGE_SIZE, prot) {
+        inner.internal_error(&format!(
+            "cannot restore the protection {prot:#x} of window page {src:#x}: {e}"
+        ));
+    }
+    moved
+}
+
 /// The remote pages of a run that one brick holds: extents, and where each starts in the run.
 struct BrickReads {
     brick: usize,
@@ -110,10 +133,20 @@ impl Handler {
         // to single pages when a run stops part-way.
         let mut i = 0;
         while i < victims.len() {
+            if victims[i].prot != 0 {
+                let v = &mut victims[i];
+                v.moved = move_protected(&inner, v.page, v.slot, v.prot);
+                if v.moved {
+                    inner.stats.evictions_protected.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 1;
+                continue;
+            }
             let mut j = i + 1;
             while j < victims.len()
                 && victims[j].page == victims[j - 1].page + 1
                 && victims[j].slot == victims[j - 1].slot + 1
+                && victims[j].prot == 0
             {
                 j += 1;
             }

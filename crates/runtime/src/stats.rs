@@ -201,6 +201,9 @@ pub struct Stats {
     /// Evicted pages whose contents were one word repeated: kept as that word, neither compared
     /// with the brick's copy nor written back; their next fetch is a fill.
     pub evictions_same_filled: AtomicU64,
+    /// Evicted pages that were not read-write (read-only, `PROT_NONE`, executable): moved out
+    /// through a staging slot given their protection.
+    pub evictions_protected: AtomicU64,
     /// Fetched pages received into spent staging slots and moved into the window (no page
     /// allocated or copied by the kernel; see the runtime's `recycle` module).
     pub pages_recycled: AtomicU64,
@@ -341,6 +344,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::evictions_same_filled`].
     #[serde(default)]
     pub evictions_same_filled: u64,
+    /// See [`Stats::evictions_protected`].
+    #[serde(default)]
+    pub evictions_protected: u64,
     /// See [`Stats::pages_recycled`].
     #[serde(default)]
     pub pages_recycled: u64,
@@ -468,6 +474,7 @@ impl Stats {
             evictions: g(&self.evictions),
             evictions_clean: g(&self.evictions_clean),
             evictions_same_filled: g(&self.evictions_same_filled),
+            evictions_protected: g(&self.evictions_protected),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
             resident_bytes: g(&self.resident_pages) * page_size,

@@ -91,10 +91,9 @@ impl Runtime {
         self.inner.stats.window_allocations.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// `mprotect(2)` on window pages: applies `prot` and records it. Pages that are not
-    /// read-write leave the eviction policy (they cannot be moved to the read-write staging
-    /// area) and `PROT_NONE` pages stop counting as committed. Pages being evicted are waited
-    /// for first, so no move is refused half-way. Err(errno): ENOMEM if part of the range is
+    /// `mprotect(2)` on window pages: applies `prot` and records it. Pages of any protection
+    /// stay evictable (see `fault::move_protected`); `PROT_NONE` pages stop counting as
+    /// committed. Pages being evicted are waited for first, so no move is refused half-way. Err(errno): ENOMEM if part of the range is
     /// not allocated (as mmap(2) says of unmapped pages).
     pub fn protect(&self, addr: usize, len: usize, prot: i32) -> Result<(), i32> {
         let first = self.page_of(addr).ok_or(libc::ENOMEM)?;
@@ -124,16 +123,13 @@ impl Runtime {
             rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot)
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
         };
-        if b != 0 {
-            // Out of the policy before the protection changes: the handler never picks them.
-            c.set_prot(first, pages, b, false);
-            drop(c);
-            syscall()?;
-        } else {
-            drop(c);
-            syscall()?;
-            self.inner.lock().set_prot(first, pages, 0, false);
-        }
+        // Under the core's lock, so the core's record and the pages' protection change
+        // together: a victim moves into a staging slot given the protection the core records
+        // for it, and `UFFDIO_MOVE` refuses pages whose protections differ. (mprotect raises no
+        // userfaultfd event, so no handler is needed for it to complete.)
+        syscall()?;
+        c.set_prot(first, pages, b, false);
+        drop(c);
         self.inner.budget_pages(&self.inner.lock());
         Ok(())
     }
