@@ -175,7 +175,12 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
                     false,
                 );
             };
-            store.clone_into(mem, a.offset, a.size, id, off);
+            match &mem.shared {
+                // Shared memory has no copy-on-write chunks: the clone gets a copy now, without
+                // the pages that are all zeros (the pool reads those as zeros anyway).
+                Some(m) => store.copy_into_pool(m, off, a.size),
+                None => store.pool.share(a.offset, off, a.size),
+            }
             ok(shared.grant(id, off, a.size).encode())
         }
         _ => err(Status::BadRequest, "unexpected request", true),

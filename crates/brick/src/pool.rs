@@ -9,7 +9,7 @@
 use rackmem_proto::PAGE_SIZE;
 use rackmem_sys::SharedMemory;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// Allocation granule of the pool and of segments: 1 MiB.
@@ -131,13 +131,6 @@ pub(crate) struct GateState {
     /// Set once a node on this host asked to map the segment: from then on its bytes live in
     /// this memory file, not in the pool.
     pub shared: Option<Arc<SharedMemory>>,
-    /// The copy-on-write clones of this segment's memory file (CLONE of a segment in shared
-    /// memory): before the brick changes a page of the file, each clone that still reads that
-    /// page from the file gets the page's old contents.
-    pub clones: Clones,
-    /// Set on a clone of a segment in shared memory: pages it has not written (nor had
-    /// preserved) are read from its parent's memory file.
-    pub cow: Option<Arc<CowClone>>,
 }
 
 impl GateState {
@@ -145,210 +138,8 @@ impl GateState {
         GateState {
             alive: true,
             shared: None,
-            clones: Clones::default(),
-            cow: None,
         }
     }
-}
-
-/// The clones that read pages from a memory file; a clone that ended is pruned when next seen.
-pub(crate) type Clones = Arc<Mutex<Vec<Weak<CowClone>>>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A clone of a segment whose bytes live in a memory file (the default for a brick on the
-/// node's host): shared memory has no copy-on-write chunks, and the parent's process writes to
-/// its mapping of the file, not through the brick. So the clone keeps the parent's file as its
-/// base and owns a page only once it is written, discarded, or preserved: every change to the
-/// parent's file goes through the brick while clones exist (the parent's runtime knows it has
-/// been cloned and sends its write-back over its link, see `docs/architecture.md`, "fork"),
-/// and the brick first copies the page's old contents into each clone that does not own it
-/// yet. The clone's own pages live in its pool range, allocated chunk by chunk on first write.
-///
-/// The base is reference-counted: a parent that exits first leaves its file to its clones,
-/// which go on reading it (nobody writes it any more).
-pub(crate) struct CowClone {
-    base: Arc<SharedMemory>,
-    /// The parent's clone list, which further clones of this clone join (same base).
-    registry: Clones,
-    /// The clone's range of the pool.
-    offset: u64,
-    size: u64,
-    state: Mutex<CowState>,
-}
-
-impl std::fmt::Debug for CowClone {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CowClone")
-            .field("offset", &self.offset)
-            .field("size", &self.size)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Under the clone's lock: whether it is alive (its pool range is its own), and which pages
-/// it owns (one bit per page).
-struct CowState {
-    alive: bool,
-    own: Vec<u64>,
-}
-
-impl CowState {
-    fn owns(&self, page: usize) -> bool {
-        self.own[page / 64] & (1 << (page % 64)) != 0
-    }
-    fn set(&mut self, page: usize) {
-        self.own[page / 64] |= 1 << (page % 64);
-    }
-}
-
-const PAGE: u64 = PAGE_SIZE as u64;
-
-/// Pages `[first, end)` touched by `[off, off + len)`.
-fn pages_of(off: u64, len: u64) -> std::ops::Range<usize> {
-    (off / PAGE) as usize..(off + len).div_ceil(PAGE) as usize
-}
-
-impl CowClone {
-    /// A clone at pool range `[offset, offset + size)` of the segment whose memory file is
-    /// `base`, owning the pages of `own` (none if empty), added to `list`, the file's clones
-    /// (`registry`, locked by the caller: no change to the file can slip between).
-    fn new(
-        base: Arc<SharedMemory>,
-        registry: &Clones,
-        list: &mut Vec<Weak<CowClone>>,
-        offset: u64,
-        size: u64,
-        own: Vec<u64>,
-    ) -> Arc<CowClone> {
-        let pages = (size / PAGE) as usize;
-        let mut own = own;
-        own.resize(pages.div_ceil(64), 0);
-        let c = Arc::new(CowClone {
-            base,
-            registry: registry.clone(),
-            offset,
-            size,
-            state: Mutex::new(CowState { alive: true, own }),
-        });
-        list.retain(|w| w.strong_count() > 0);
-        list.push(Arc::downgrade(&c));
-        c
-    }
-
-    /// Copies base page `page` into the pool if it holds anything but zeros (the pool reads a
-    /// page never written as zeros), and owns it. The caller holds the state lock.
-    fn take_page(&self, pool: &Pool, st: &mut CowState, page: usize) {
-        if st.owns(page) {
-            return;
-        }
-        let at = page as u64 * PAGE;
-        if at + PAGE <= self.base.len() as u64 {
-            let mut buf = [0u8; PAGE_SIZE as usize];
-            // Through the file: a hole reads as zeros without allocating memory for it.
-            self.base.read_file(at as usize, &mut buf);
-            if buf.iter().any(|&b| b != 0) {
-                pool.write(self.offset + at, &buf);
-            }
-        }
-        st.set(page);
-    }
-
-    /// Reads `out.len()` bytes at `off` of the clone.
-    fn read(&self, pool: &Pool, off: u64, out: &mut [u8]) {
-        let st = lock(&self.state);
-        let end = off + out.len() as u64;
-        let mut at = off;
-        while at < end {
-            let page = (at / PAGE) as usize;
-            let own = st.owns(page);
-            // The run of pages with the same owner, in one copy.
-            let mut stop = (page as u64 + 1) * PAGE;
-            while stop < end && st.owns((stop / PAGE) as usize) == own {
-                stop += PAGE;
-            }
-            let stop = stop.min(end);
-            let dst = &mut out[(at - off) as usize..(stop - off) as usize];
-            if own {
-                pool.read(self.offset + at, dst);
-            } else {
-                self.base.read_file(at as usize, dst);
-            }
-            at = stop;
-        }
-    }
-
-    /// Writes `data` at `off` of the clone: pages written in part are first taken from the base.
-    fn write(&self, pool: &Pool, off: u64, data: &[u8]) {
-        let mut st = lock(&self.state);
-        let len = data.len() as u64;
-        for page in pages_of(off, len) {
-            let (ps, pe) = (page as u64 * PAGE, (page as u64 + 1) * PAGE);
-            if off <= ps && off + len >= pe {
-                st.set(page);
-            } else {
-                self.take_page(pool, &mut st, page);
-            }
-        }
-        pool.write(self.offset + off, data);
-    }
-
-    /// Zeroes `[off, off + len)` (whole pages) of the clone.
-    fn discard(&self, pool: &Pool, off: u64, len: u64) {
-        let mut st = lock(&self.state);
-        for page in pages_of(off, len) {
-            st.set(page);
-        }
-        pool.discard(self.offset + off, len);
-    }
-
-    /// Gives the clone the base's current contents of `[off, off + len)` for the pages it does
-    /// not own yet: called before the base changes there. Nothing for a clone that ended.
-    fn preserve(&self, pool: &Pool, off: u64, len: u64) {
-        let mut st = lock(&self.state);
-        if !st.alive {
-            return;
-        }
-        for page in pages_of(off, len).take_while(|&p| (p as u64) < self.size / PAGE) {
-            self.take_page(pool, &mut st, page);
-        }
-    }
-
-    /// Takes every page it does not own from the base (what SHARE of a clone and a clone of a
-    /// clone need: a memory file of its own, or chunks to share). Only the base's data ranges
-    /// are read.
-    fn take_all(&self, pool: &Pool) {
-        let mut st = lock(&self.state);
-        for (start, end) in self.base.data_ranges() {
-            let end = (end as u64).min(self.size);
-            for page in pages_of(start as u64, end.saturating_sub(start as u64)) {
-                self.take_page(pool, &mut st, page);
-            }
-        }
-        let pages = (self.size / PAGE) as usize;
-        for page in 0..pages {
-            st.set(page);
-        }
-    }
-
-    /// Marks the clone ended: preserving stops writing to its pool range, which is freed next.
-    fn end(&self) {
-        lock(&self.state).alive = false;
-    }
-}
-
-/// Changes `[off, off + len)` of a memory file with `change`, after giving each live clone that
-/// still reads those pages from it their current contents. The file's clone list stays locked
-/// throughout, so a clone made meanwhile sees the file either before or after the change.
-fn preserve_then<R>(pool: &Pool, clones: &Clones, off: u64, len: u64, change: impl FnOnce() -> R) -> R {
-    let mut list = lock(clones);
-    list.retain(|w| w.strong_count() > 0);
-    for c in list.iter().filter_map(Weak::upgrade) {
-        c.preserve(pool, off, len);
-    }
-    change()
 }
 
 /// Who decides when a segment ends.
@@ -560,12 +351,8 @@ impl Store {
         {
             let mut g = lock_w(&seg.gate);
             g.alive = false;
-            // Our mapping goes now; the memory goes when the last node that mapped it lets go
-            // (and the last clone that still reads it, which keeps its own reference).
+            // Our mapping goes now; the memory goes when the last node that mapped it lets go.
             g.shared = None;
-            if let Some(c) = g.cow.take() {
-                c.end();
-            }
         }
         self.pool.discard(seg.offset, seg.size);
         self.segs().give_back(seg.offset, seg.size);
@@ -683,36 +470,26 @@ impl Store {
     /// Reads `out.len()` bytes at `off` of the segment at pool offset `base` (bounds checked by
     /// the caller), from wherever its bytes are.
     pub fn read(&self, mem: &GateState, base: u64, off: u64, out: &mut [u8]) {
-        match (&mem.shared, &mem.cow) {
-            (Some(m), _) => m.read(off as usize, out),
-            (None, Some(c)) => c.read(&self.pool, off, out),
-            (None, None) => self.pool.read(base + off, out),
+        match &mem.shared {
+            Some(m) => m.read(off as usize, out),
+            None => self.pool.read(base + off, out),
         }
     }
 
     /// Writes `data` at `off` of the segment at pool offset `base` (bounds checked by the caller).
     pub fn write(&self, mem: &GateState, base: u64, off: u64, data: &[u8]) {
-        match (&mem.shared, &mem.cow) {
-            (Some(m), _) => preserve_then(&self.pool, &mem.clones, off, data.len() as u64, || {
-                m.write(off as usize, data)
-            }),
-            (None, Some(c)) => c.write(&self.pool, off, data),
-            (None, None) => self.pool.write(base + off, data),
+        match &mem.shared {
+            Some(m) => m.write(off as usize, data),
+            None => self.pool.write(base + off, data),
         }
     }
 
     /// Zeroes `[off, off + len)` of the segment at pool offset `base` and frees its memory
     /// (page-aligned, bounds checked by the caller).
     pub fn discard(&self, mem: &GateState, base: u64, off: u64, len: u64) -> Result<(), rackmem_sys::SysError> {
-        match (&mem.shared, &mem.cow) {
-            (Some(m), _) => preserve_then(&self.pool, &mem.clones, off, len, || {
-                m.discard(off as usize, len as usize)
-            }),
-            (None, Some(c)) => {
-                c.discard(&self.pool, off, len);
-                Ok(())
-            }
-            (None, None) => {
+        match &mem.shared {
+            Some(m) => m.discard(off as usize, len as usize),
+            None => {
                 self.pool.discard(base + off, len);
                 Ok(())
             }
@@ -732,17 +509,11 @@ impl Store {
     /// Bytes of memory the pool and the segments moved into shared memory hold.
     pub fn resident_bytes(&self) -> u64 {
         let gates: Vec<Gate> = self.segs().live.values().map(|s| s.gate.clone()).collect();
-        // A memory file counts once, also when only clones still hold it (its parent ended).
-        let mut files = HashMap::new();
-        for g in &gates {
-            let g = lock_r(g);
-            for m in g.shared.iter().chain(g.cow.as_ref().map(|c| &c.base)) {
-                files
-                    .entry(Arc::as_ptr(m) as usize)
-                    .or_insert_with(|| m.resident_bytes());
-            }
-        }
-        self.pool.resident_bytes() + files.values().sum::<u64>()
+        let shared: u64 = gates
+            .iter()
+            .filter_map(|g| lock_r(g).shared.as_ref().map(|m| m.resident_bytes()))
+            .sum();
+        self.pool.resident_bytes() + shared
     }
 
     /// Moves segment `id` (`[offset, offset + size)` of the pool, guarded by `gate`) into a
@@ -755,11 +526,6 @@ impl Store {
         }
         if let Some(m) = &g.shared {
             return Ok(m.clone());
-        }
-        if let Some(c) = g.cow.take() {
-            // A memory file of its own: the pages it still reads from its parent's come over.
-            c.take_all(&self.pool);
-            c.end();
         }
         let m = SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?;
         // Pages of zeros stay holes: a chunk is allocated whole, a page of it is written.
@@ -776,36 +542,21 @@ impl Store {
 }
 
 impl Store {
-    /// Makes the segment at pool range `[offset, offset + size)`, whose memory is `mem`, the
-    /// contents of the new segment `id` at pool offset `dst` (a CLONE), copy-on-write: pool
-    /// chunks are shared; a segment in a memory file becomes the clone's base ([`CowClone`]);
-    /// a clone's clone shares its chunks and its base.
-    pub fn clone_into(&self, mem: &GateState, offset: u64, size: u64, id: u64, dst: u64) {
-        let cow = match (&mem.shared, &mem.cow) {
-            (Some(m), _) => {
-                let mut list = lock(&mem.clones);
-                Some(CowClone::new(m.clone(), &mem.clones, &mut list, dst, size, Vec::new()))
-            }
-            (None, Some(c)) => {
-                // The clone's own pages and which they are, consistently: its parent's changes
-                // (which would preserve pages into it) wait for the list, its own for its state.
-                let mut list = lock(&c.registry);
-                let st = lock(&c.state);
-                self.pool.share(offset, dst, size);
-                let own = st.own.clone();
-                drop(st);
-                Some(CowClone::new(c.base.clone(), &c.registry, &mut list, dst, size, own))
-            }
-            (None, None) => {
-                self.pool.share(offset, dst, size);
-                None
-            }
-        };
-        if let Some(c) = cow {
-            let gate = self.segs().live.get(&id).map(|s| s.gate.clone());
-            match gate {
-                Some(g) => lock_w(&g).cow = Some(c),
-                None => c.end(),
+    /// Copies a shared segment of `size` bytes into the pool at `off` (a CLONE of it: shared
+    /// memory has no copy-on-write chunks). Only the file's data ranges are read, and only pages
+    /// that are not all zeros are written (the pool reads missing pages as zeros).
+    pub fn copy_into_pool(&self, m: &SharedMemory, off: u64, size: u64) {
+        let mut buf = vec![0u8; CHUNK as usize];
+        for (start, end) in m.data_ranges() {
+            let end = end.min(size as usize);
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(CHUNK as usize);
+                m.read_file(at, &mut buf[..n]);
+                for (i, p) in nonzero_pages(&buf[..n]) {
+                    self.pool.write(off + (at + i) as u64, p);
+                }
+                at += n;
             }
         }
     }
@@ -960,158 +711,5 @@ mod tests {
         assert_eq!(st.pool.resident_bytes(), 0);
         assert_eq!(st.segs().free_bytes(), 8 * CHUNK);
         assert_eq!(st.segs().free.len(), 1, "the range coalesces back");
-    }
-
-    /// A segment moved into a memory file, as SHARE leaves it; returns its id and gate.
-    fn shared_segment(st: &Store, size: u64, fill: &[(u64, u8)]) -> (u64, Gate) {
-        let (id, off, _) = st.segs().carve(size, 1, None).unwrap();
-        for &(at, b) in fill {
-            st.pool.write(off + at, &[b; PAGE_SIZE as usize]);
-        }
-        let gate = st.segs().live[&id].gate.clone();
-        st.share(id, &gate, off, size).unwrap();
-        (id, gate)
-    }
-
-    /// A new attached segment of `size` bytes: its id and gate.
-    fn carved(st: &Store, size: u64) -> (u64, Gate) {
-        let (id, _, _) = st.segs().carve(size, 1, None).unwrap();
-        let gate = st.segs().live[&id].gate.clone();
-        (id, gate)
-    }
-
-    /// CLONE of segment `id`: the clone's id and gate.
-    fn clone_of(st: &Store, id: u64) -> (u64, Gate) {
-        let (offset, size, gate) = {
-            let segs = st.segs();
-            let s = &segs.live[&id];
-            (s.offset, s.size, s.gate.clone())
-        };
-        let (cid, coff, _) = st.segs().carve(size, 1, None).unwrap();
-        st.clone_into(&lock_r(&gate), offset, size, cid, coff);
-        let cg = st.segs().live[&cid].gate.clone();
-        (cid, cg)
-    }
-
-    fn page_of(st: &Store, id: u64, gate: &Gate, at: u64) -> u8 {
-        let base = st.segs().live[&id].offset;
-        let mut b = vec![0u8; PAGE_SIZE as usize];
-        st.read(&lock_r(gate), base, at, &mut b);
-        assert!(b.iter().all(|&x| x == b[0]), "page at {at:#x} is torn");
-        b[0]
-    }
-
-    fn write_page(st: &Store, id: u64, gate: &Gate, at: u64, v: u8) {
-        let base = st.segs().live[&id].offset;
-        st.write(&lock_r(gate), base, at, &[v; PAGE_SIZE as usize]);
-    }
-
-    #[test]
-    fn a_clone_of_shared_memory_copies_nothing_until_either_side_writes() {
-        let st = Store::new(8 * CHUNK, 1);
-        let (p, pg) = shared_segment(&st, 2 * CHUNK, &[(0, 1), (PAGE, 2), (CHUNK, 3)]);
-        let before = st.resident_bytes();
-        let (c, cg) = clone_of(&st, p);
-        assert_eq!(st.pool.resident_bytes(), 0, "the clone copied pages at CLONE");
-        assert_eq!(st.resident_bytes(), before, "the parent's file counts once");
-        assert_eq!(
-            [0, PAGE, CHUNK, 2 * PAGE].map(|a| page_of(&st, c, &cg, a)),
-            [1, 2, 3, 0]
-        );
-        // The parent and the child write the same page, and neighbours, in turn.
-        write_page(&st, p, &pg, 0, 10);
-        write_page(&st, c, &cg, 0, 20);
-        write_page(&st, c, &cg, PAGE, 21);
-        write_page(&st, p, &pg, PAGE, 11);
-        write_page(&st, p, &pg, CHUNK, 12);
-        let half = PAGE_SIZE as usize / 2;
-        st.write(&lock_r(&cg), 0, 2 * PAGE + half as u64, &[7u8; 16]);
-        assert_eq!([0, PAGE, CHUNK].map(|a| page_of(&st, p, &pg, a)), [10, 11, 12]);
-        assert_eq!([0, PAGE, CHUNK].map(|a| page_of(&st, c, &cg, a)), [20, 21, 3]);
-        let mut b = vec![1u8; PAGE_SIZE as usize];
-        st.read(&lock_r(&cg), 0, 2 * PAGE, &mut b);
-        assert!(b[..half].iter().all(|&x| x == 0) && b[half..half + 16].iter().all(|&x| x == 7));
-        // A discard by either side is that side's alone.
-        st.discard(&lock_r(&pg), 0, 0, PAGE).unwrap();
-        assert_eq!(page_of(&st, c, &cg, 0), 20);
-        st.discard(&lock_r(&cg), 0, CHUNK, PAGE).unwrap();
-        assert_eq!((page_of(&st, c, &cg, CHUNK), page_of(&st, p, &pg, CHUNK)), (0, 12));
-    }
-
-    #[test]
-    fn a_clone_outlives_its_parent_and_the_parent_its_clone() {
-        let st = Store::new(8 * CHUNK, 1);
-        let (p, pg) = shared_segment(&st, CHUNK, &[(0, 1), (PAGE, 2)]);
-        let (c, cg) = clone_of(&st, p);
-        write_page(&st, p, &pg, 0, 9);
-        // The parent ends first: the clone still reads what it has not written from the file.
-        st.detach(p, &pg);
-        assert!(!lock_r(&pg).alive);
-        assert_eq!([0, PAGE].map(|a| page_of(&st, c, &cg, a)), [1, 2]);
-        assert!(st.resident_bytes() >= 2 * PAGE, "the parent's file still counts");
-        // A new segment over the parent's old range is unaffected by the clone.
-        let (n, ng) = carved(&st, CHUNK);
-        write_page(&st, c, &cg, PAGE, 5);
-        assert_eq!(page_of(&st, n, &ng, PAGE), 0);
-        st.detach(c, &cg);
-        st.detach(n, &ng);
-        assert_eq!(st.resident_bytes(), 0);
-        assert_eq!(st.segs().free_bytes(), 8 * CHUNK);
-
-        // The clone ends first: the parent's later writes do not reach its freed range, which a
-        // new segment took.
-        let (p, pg) = shared_segment(&st, CHUNK, &[(0, 1)]);
-        let (c, cg) = clone_of(&st, p);
-        st.detach(c, &cg);
-        let (n, ng) = carved(&st, CHUNK);
-        write_page(&st, p, &pg, 0, 4);
-        assert_eq!(
-            page_of(&st, n, &ng, 0),
-            0,
-            "a parent's write preserved into a freed clone"
-        );
-        assert_eq!(page_of(&st, p, &pg, 0), 4);
-        assert!(lock(&lock_r(&pg).clones).iter().all(|w| w.strong_count() == 0));
-    }
-
-    #[test]
-    fn clones_of_clones_and_unattached_clones() {
-        let st = Store::new(16 * CHUNK, 1);
-        let (p, pg) = shared_segment(&st, CHUNK, &[(0, 1), (PAGE, 2), (2 * PAGE, 3)]);
-        let (c, cg) = clone_of(&st, p);
-        write_page(&st, c, &cg, 0, 20);
-        let (g, gg) = clone_of(&st, c);
-        write_page(&st, p, &pg, PAGE, 11);
-        write_page(&st, c, &cg, 2 * PAGE, 23);
-        assert_eq!([0, PAGE, 2 * PAGE].map(|a| page_of(&st, g, &gg, a)), [20, 2, 3]);
-        assert_eq!([0, PAGE, 2 * PAGE].map(|a| page_of(&st, c, &cg, a)), [20, 2, 23]);
-        // SHARE of a clone gives it a file of its own with the same contents.
-        let (goff, gsize) = {
-            let segs = st.segs();
-            (segs.live[&g].offset, segs.live[&g].size)
-        };
-        st.share(g, &gg, goff, gsize).unwrap();
-        write_page(&st, p, &pg, 2 * PAGE, 13);
-        assert_eq!([0, PAGE, 2 * PAGE].map(|a| page_of(&st, g, &gg, a)), [20, 2, 3]);
-        // A clone nobody attaches within its grace period is freed, and the parent's writes
-        // stop reaching it.
-        let now = Instant::now();
-        let (offset, size) = {
-            let segs = st.segs();
-            (segs.live[&p].offset, segs.live[&p].size)
-        };
-        let (u, uoff, _) = st.segs().carve(size, 0, Some(now)).unwrap();
-        st.clone_into(&lock_r(&pg), offset, size, u, uoff);
-        let ug = st.segs().live[&u].gate.clone();
-        st.sweep(now + std::time::Duration::from_millis(1));
-        assert!(!st.segs().live.contains_key(&u) && !lock_r(&ug).alive);
-        assert!(lock_r(&ug).cow.is_none());
-        write_page(&st, p, &pg, 3 * PAGE, 14);
-        let mut z = vec![1u8; PAGE_SIZE as usize];
-        st.pool.read(uoff + 3 * PAGE, &mut z);
-        assert!(
-            z.iter().all(|&x| x == 0),
-            "a parent's write preserved into a swept clone"
-        );
     }
 }

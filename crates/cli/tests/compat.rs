@@ -965,16 +965,11 @@ fn chown_to(path: &Path, user: &str) {
 }
 
 /// Lets user postgres open /dev/userfaultfd while it lives (the access `rackmem run` asks an
-/// administrator to grant a user other than root), and takes the access back when the last
-/// one is dropped (tests of the same user run at the same time).
+/// administrator to grant a user other than root), and takes the access back on drop.
 struct UffdAccess(&'static str);
-
-/// Live [`UffdAccess`]es per user.
-static UFFD_ACCESS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
 
 impl UffdAccess {
     fn grant(user: &'static str) -> UffdAccess {
-        let mut live = UFFD_ACCESS.lock().unwrap_or_else(|e| e.into_inner());
         let setfacl = need("setfacl", "acl");
         let o = Command::new(setfacl)
             .args(["-m", &format!("u:{user}:rw"), "/dev/userfaultfd"])
@@ -985,22 +980,15 @@ impl UffdAccess {
             "cannot let {user} open /dev/userfaultfd: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        live.push(user);
         UffdAccess(user)
     }
 }
 
 impl Drop for UffdAccess {
     fn drop(&mut self) {
-        let mut live = UFFD_ACCESS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = live.iter().position(|u| *u == self.0) {
-            live.swap_remove(i);
-        }
-        if !live.contains(&self.0) {
-            let _ = Command::new("setfacl")
-                .args(["-x", &format!("u:{}", self.0), "/dev/userfaultfd"])
-                .status();
-        }
+        let _ = Command::new("setfacl")
+            .args(["-x", &format!("u:{}", self.0), "/dev/userfaultfd"])
+            .status();
     }
 }
 
@@ -1027,19 +1015,11 @@ fn psql(socket_dir: &Path, port: u16, sql: &str) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
-/// A PostgreSQL server of a workload: stopped (fast shutdown) by [`Postgres::stop`].
-struct Postgres {
-    server: Server,
-    sock: PathBuf,
-    port: u16,
-    data: PathBuf,
-    _access: Option<UffdAccess>,
-}
-
-/// PostgreSQL, as user postgres: initdb and the server under the same `rackmem run` setup.
-fn start_postgres(run: &mut Run) -> Postgres {
+/// PostgreSQL, as user postgres: initdb and the server under the same `rackmem run` setup;
+/// pgbench's tables, then sorts, a hash join and aggregates with a large work_mem.
+fn postgres(run: &mut Run) -> String {
     need(&format!("{PG_BIN}/postgres"), "postgresql");
-    let access = matches!(run.mode, Mode::Rackmem(_)).then(|| UffdAccess::grant("postgres"));
+    let _access = matches!(run.mode, Mode::Rackmem(_)).then(|| UffdAccess::grant("postgres"));
     chown_to(run.dir.path(), "postgres");
     let data = run.path("data");
     let mut initdb = Command::new(format!("{PG_BIN}/initdb"));
@@ -1078,53 +1058,23 @@ fn start_postgres(run: &mut Run) -> Postgres {
             .status()
             .is_ok_and(|s| s.success())
     });
-    Postgres {
-        server,
-        sock,
-        port,
-        data,
-        _access: access,
-    }
-}
-
-impl Postgres {
-    fn pgbench(&self, args: &[&str]) -> String {
-        let o = Command::new(need("pgbench", "postgresql-client"))
-            .arg("-h")
-            .arg(&self.sock)
-            .args(["-p", &self.port.to_string(), "-U", "postgres"])
-            .args(args)
-            .arg("postgres")
-            .output()
-            .expect("run pgbench");
-        assert!(
-            o.status.success(),
-            "pgbench {args:?}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    fn stop(self) {
-        // Fast shutdown: SIGINT to the postmaster, whose pid is the first line of postmaster.pid.
-        let pid = std::fs::read_to_string(self.data.join("postmaster.pid")).expect("read postmaster.pid");
-        signal_pid(
-            pid.lines()
-                .next()
-                .and_then(|l| l.trim().parse().ok())
-                .expect("postmaster pid"),
-            "INT",
-        );
-        self.server.wait_stopped();
-    }
-}
-
-/// PostgreSQL: pgbench's tables, then sorts, a hash join and aggregates with a large work_mem.
-fn postgres(run: &mut Run) -> String {
-    let pg = start_postgres(run);
-    let (sock, port) = (pg.sock.clone(), pg.port);
-    pg.pgbench(&["-i", "-q", "-s", "1"]);
+    let o = Command::new(need("pgbench", "postgresql-client"))
+        .arg("-h")
+        .arg(&sock)
+        .args([
+            "-p",
+            &port.to_string(),
+            "-U",
+            "postgres",
+            "-i",
+            "-q",
+            "-s",
+            "1",
+            "postgres",
+        ])
+        .output()
+        .expect("run pgbench");
+    assert!(o.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&o.stderr));
     let queries = [
         "select count(*), sum(abalance), sum(bid) from pgbench_accounts",
         "select md5(string_agg(aid::text, ',' order by md5(aid::text))) from pgbench_accounts",
@@ -1133,40 +1083,16 @@ fn postgres(run: &mut Run) -> String {
         "select bid, count(distinct md5(aid::text)) from pgbench_accounts group by bid order by bid",
     ];
     let out: Vec<String> = queries.iter().map(|q| psql(&sock, port, q)).collect();
-    pg.stop();
-    out.join("\n")
-}
-
-/// PostgreSQL under pgbench after `pgbench -i -s 4`: select-only with 4 clients, select-only
-/// with a new connection (a forked backend) per transaction, and TPC-B-like with 4 clients.
-/// The output is what does not depend on timing: the transactions processed and TPC-B's
-/// invariants (every account, teller and branch balance sums to the same; one history row per
-/// transaction).
-fn pgbench(run: &mut Run) -> String {
-    let pg = start_postgres(run);
-    pg.pgbench(&["-i", "-q", "-s", "4"]);
-    let mut out = Vec::new();
-    for args in [
-        &["-S", "-c", "4", "-j", "2", "-t", "5000"][..],
-        &["-S", "-C", "-c", "4", "-j", "2", "-t", "150"][..],
-        &["-c", "4", "-j", "2", "-t", "1000"][..],
-    ] {
-        let o = pg.pgbench(args);
-        let done = o
-            .lines()
-            .find(|l| l.starts_with("number of transactions actually processed"))
-            .unwrap_or("no transaction count")
-            .to_string();
-        out.push(format!("{args:?}: {done}"));
-    }
-    out.push(psql(
-        &pg.sock,
-        pg.port,
-        "select (select sum(abalance) from pgbench_accounts) = (select sum(tbalance) from pgbench_tellers) \
-         and (select sum(tbalance) from pgbench_tellers) = (select sum(bbalance) from pgbench_branches), \
-         (select count(*) from pgbench_history)",
-    ));
-    pg.stop();
+    // Fast shutdown: SIGINT to the postmaster, whose pid is the first line of postmaster.pid.
+    let pid = std::fs::read_to_string(data.join("postmaster.pid")).expect("read postmaster.pid");
+    signal_pid(
+        pid.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("postmaster pid"),
+        "INT",
+    );
+    server.wait_stopped();
     out.join("\n")
 }
 
@@ -1564,11 +1490,6 @@ fn sqlite_large_cache() {
 }
 
 #[test]
-fn postgresql_pgbench_clients_and_connections() {
-    compat("postgres (pgbench clients)", pgbench, Expect::Works);
-}
-
-#[test]
 fn postgresql_pgbench_and_large_sorts() {
     compat("postgres", postgres, Expect::Works);
 }
@@ -1662,11 +1583,6 @@ const PROGRAMS: &[(&str, Workload, &[&str])] = &[
     (
         "PostgreSQL (pgbench -i, sorts)",
         postgres,
-        &["/usr/lib/postgresql/15/bin/postgres", "--version"],
-    ),
-    (
-        "PostgreSQL pgbench (select-only, per-connection, TPC-B-like; 4 clients)",
-        pgbench,
         &["/usr/lib/postgresql/15/bin/postgres", "--version"],
     ),
     ("memcached -m 2048", memcached, &["memcached", "-V"]),

@@ -185,19 +185,6 @@ fn forked_child_and_parent_each_see_their_own_copy() {
 }
 
 #[test]
-fn a_loop_of_forks_gives_each_child_the_memory_as_of_its_fork() {
-    require_root();
-    for touch in ["0", "16"] {
-        let s = same_as_native_with("fork_many", &["32", "12", touch], SOCKET);
-        assert!(
-            s.len() >= 13,
-            "expected the parent's and 12 children's statistics: {s:?}"
-        );
-        assert_used_remote_memory(busiest(&s));
-    }
-}
-
-#[test]
 fn daemonized_child_keeps_using_remote_memory() {
     require_root();
     let prog = program("daemonize");

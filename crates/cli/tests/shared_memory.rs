@@ -59,27 +59,9 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
     require_root();
     let s = same_as_native("fork_rw", &["32", "3"]);
     assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
-    s.iter().for_each(assert_used_remote_memory);
-    // The parent reads its mapped segment; the child reads its copy-on-write clone through the
-    // brick (the clone is not mapped: see docs/architecture.md, "fork").
-    assert!(
-        s.iter().any(|p| p.extra("bytes_fetched_shared") > 0),
-        "the parent never read its mapped segment: {s:?}"
-    );
-}
-
-#[test]
-fn a_loop_of_forks_over_shared_memory_gives_each_child_the_memory_as_of_its_fork() {
-    require_root();
-    // Children that exit at once, then children that read and write 16 pages each: the
-    // parent changes a page before every fork and checks its whole buffer at the end.
-    for touch in ["0", "16"] {
-        let s = same_as_native("fork_many", &["32", "12", touch]);
-        assert!(
-            s.len() >= 13,
-            "expected the parent's and 12 children's statistics: {s:?}"
-        );
-        assert_used_remote_memory(busiest(&s));
+    for p in &s {
+        assert_used_remote_memory(p);
+        assert!(p.extra("bytes_fetched_shared") > 0, "{p:?}");
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::error::RuntimeError;
 use crate::process::{clear_global, global, set_global, ACTIVE_CALLS, FORKING};
-use crate::segment::{Segment, SegmentTable};
+use crate::segment::{self, Segment, SegmentTable};
 use crate::{handler, ratelimit, sys, writeback, Inner, Runtime, PAGE, PAGE_SIZE};
 use rackmem_pager::prot;
 use rackmem_sys::Mapping;
@@ -40,11 +40,6 @@ pub fn fork_prepare() {
     let mut grants = Vec::new();
     let mut failure = None;
     for b in inner.table.all() {
-        // From the clone on, this process's write-back to a mapped segment goes through the
-        // brick (`Segment::cloned`). Set first: nothing writes while the handler is parked.
-        if b.shared.is_some() {
-            b.cloned.store(true, Ordering::Release);
-        }
         match sys::without_sigpipe(|| b.fault.clone_segment()) {
             Ok(g) => grants.push(g),
             Err(e) => {
@@ -177,10 +172,7 @@ pub fn fork_child() {
             fault.set_receive_spin(parent.cfg.link_spin);
             let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
             writeback.attach(&seg.grant, &seg.session_key)?;
-            // The clone is not mapped: a clone of a mapped segment reads the pages neither side
-            // has changed from the parent's memory file, through the brick, and mapping it would
-            // copy them all into a file of its own now, the cost a lazy fork avoids.
-            let shared = None;
+            let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
             table.push(b.pages, |first_page| Segment {
                 first_page,
                 pages: b.pages,
@@ -191,7 +183,6 @@ pub fn fork_child() {
                 allocation: None,
                 limiter: ratelimit::RateLimiter::new(0),
                 shared,
-                cloned: Default::default(),
             });
         }
         let c = parent.lock();

@@ -99,7 +99,6 @@ impl Runtime {
                         allocation: Some(a.allocation),
                         limiter: ratelimit::RateLimiter::new(rate),
                         shared,
-                        cloned: Default::default(),
                     });
                 }
                 if inner.cfg.verbose {

@@ -15,7 +15,7 @@ use crate::ratelimit::RateLimiter;
 use rackmem_proto::{Extent, Grant};
 use rackmem_sys::SharedMemory;
 use rackmem_transport::{BrickAddr, Link, LinkError};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Most segments one process can attach.
@@ -43,19 +43,9 @@ pub struct Segment {
     /// The segment mapped into this process, for a brick on this host (`RACKMEM_SHARED_MEMORY`):
     /// reads and writes are memory copies, and the links only carry discards and clones.
     pub shared: Option<SharedMemory>,
-    /// The brick holds a copy-on-write clone of this mapped segment (this process forked): the
-    /// clone reads the pages it has not written from this segment's memory file, so every
-    /// change to the file must go through the brick, which first gives the clone the old
-    /// contents. Write-back then takes the link; faults still read the mapping.
-    pub cloned: AtomicBool,
 }
 
 impl Segment {
-    /// Whether write-back may copy into the mapping (see [`Segment::cloned`]).
-    pub fn writes_mapped(&self) -> bool {
-        self.shared.is_some() && !self.cloned.load(Ordering::Acquire)
-    }
-
     /// Reads `extents` (offsets within the segment) into `out`, their bytes concatenated.
     pub fn read(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
         let Some(m) = &self.shared else {
@@ -79,11 +69,7 @@ impl Segment {
     /// memory cgroup of whoever touches it first, and a program confined to its local budget by
     /// a cgroup must not be charged for the brick's memory.
     pub fn write(&self, extents: &[Extent], data: &[u8], fresh: bool) -> Result<(), LinkError> {
-        let Some(m) = self
-            .shared
-            .as_ref()
-            .filter(|_| !fresh && !self.cloned.load(Ordering::Acquire))
-        else {
+        let Some(m) = self.shared.as_ref().filter(|_| !fresh) else {
             return self.writeback.write_pages(extents, data);
         };
         let mut at = 0;

@@ -77,7 +77,6 @@ impl Runtime {
                 allocation: None,
                 limiter: ratelimit::RateLimiter::new(0),
                 shared,
-                cloned: Default::default(),
             });
         }
         let window_pages = table.total_pages();

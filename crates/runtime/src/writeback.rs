@@ -187,7 +187,7 @@ impl Writer for Writes<'_> {
         }
         let w = &mut self.per_brick[brick];
         let (ext, data) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
-            Some((seg, m)) if v.backed && seg.writes_mapped() => {
+            Some((seg, m)) if v.backed => {
                 seg.limiter.acquire(PAGE);
                 m.write(off as usize, page);
                 self.written_mapped += PAGE;
