@@ -250,7 +250,10 @@ fn drop_ahead_slots(inner: &Inner, c: &mut Core, run: SpentRun) {
     if !c.slots.give_spent(run.start(), run.count()) {
         // Past the cap: free them (under the core lock; rare).
         let addr = inner.slot_addr(run.start());
-        if let Err(e) = rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+        // SAFETY: the dropped run's slots of the staging area (set aside by this runtime, reached
+        // only through raw addresses or `recycle`'s slices); the run is being dropped, so no
+        // slice of it is alive, and the slots go to the free list only after this call.
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) } {
             inner.internal_error(&format!("freeing staging slots: {e}"));
         }
         c.slots.put_free((run.start()..run.start() + run.count()).rev());

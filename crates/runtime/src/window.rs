@@ -121,7 +121,9 @@ impl Runtime {
                 .0;
         }
         let syscall = || {
-            rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot)
+            // SAFETY: window pages (checked above: allocated, page-aligned, inside the window),
+            // reached only through raw addresses, given the protection the program asked for.
+            unsafe { rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot) }
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
         };
         if b != 0 {
@@ -225,7 +227,9 @@ impl Runtime {
         let runs = self.prot_runs(first, pages, |b| b & prot::FOREIGN != 0);
         for (s, n) in runs {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            let back = rackmem_sys::remap_anonymous(addr, len)
+            // SAFETY: window pages lent to a program's file mapping (only raw addresses reach
+            // them), taken back for the window.
+            let back = unsafe { rackmem_sys::remap_anonymous(addr, len) }
                 .and_then(|_| rackmem_sys::madvise_dontfork(addr, len))
                 .map_err(crate::RuntimeError::from)
                 .and_then(|_| {
@@ -274,7 +278,9 @@ impl Runtime {
         self.give_back_lent(first, pages);
         for (s, n) in self.prot_runs(first, pages, |b| b != 0) {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            if let Err(e) = rackmem_sys::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
+            // SAFETY: window pages being freed (only raw addresses reach them), made read-write
+            // as the window's free pages are.
+            if let Err(e) = unsafe { rackmem_sys::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) } {
                 self.inner.internal_error(&format!(
                     "making freed window pages {addr:#x}+{len} read-write again: {e}"
                 ));
@@ -401,7 +407,9 @@ impl Runtime {
         // does); the state change here covers pages that are remote or staged.
         let addr = self.inner.page_addr(first);
         let len = (pages * PAGE) as usize;
-        if let Err(e) = rackmem_sys::madvise_dontneed(addr, len) {
+        // SAFETY: window pages the program discards (only raw addresses reach the window); the
+        // program gave up their contents.
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(addr, len) } {
             eprintln!("rackmem: madvise(DONTNEED) on window {addr:#x}+{len}: {e}");
         }
         let mut c = self.inner.lock();
