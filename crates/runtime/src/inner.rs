@@ -195,7 +195,7 @@ impl Inner {
     /// Records the window's footprint as `core` has it now (bytes allocated, their peak, the
     /// peak of committed pages); returns that peak, in pages.
     pub fn note_footprint(&self, core: &Core) -> u64 {
-        let allocated = core.alloc.allocated_pages() * PAGE;
+        let allocated = core.regions().allocated_pages() * PAGE;
         let s = &self.stats;
         s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
         s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);

@@ -31,8 +31,8 @@ impl Runtime {
         let pages = (size.max(1) as u64).div_ceil(PAGE);
         let align_pages = (align as u64).div_ceil(PAGE).max(1);
         let mut c = self.inner.lock();
-        let Some(first) = c.alloc.alloc(pages, align_pages) else {
-            let (allocated, total) = (c.alloc.allocated_pages() * PAGE, c.alloc.total_pages() * PAGE);
+        let Some(first) = c.alloc_region(pages, align_pages) else {
+            let (allocated, total) = (c.regions().allocated_pages() * PAGE, c.regions().total_pages() * PAGE);
             drop(c);
             static WARNED: AtomicBool = AtomicBool::new(false);
             if !WARNED.swap(true, Ordering::Relaxed) {
@@ -49,7 +49,7 @@ impl Runtime {
         drop(c);
         if !self.ensure_backed(first + pages) {
             let mut c = self.inner.lock();
-            c.alloc.free_range(first, pages);
+            c.free_region_range(first, pages);
             return None;
         }
         self.account_allocation();
@@ -64,10 +64,10 @@ impl Runtime {
         let at = self
             .page_of(hint)
             .filter(|&h| hint % PAGE_SIZE == 0 && h + pages <= self.window_pages());
-        let addr = match at.filter(|&h| self.inner.lock().alloc.alloc_at(h, pages)) {
+        let addr = match at.filter(|&h| self.inner.lock().alloc_region_at(h, pages)) {
             Some(h) => {
                 if !self.ensure_backed(h + pages) {
-                    self.inner.lock().alloc.free_range(h, pages);
+                    self.inner.lock().free_region_range(h, pages);
                     return None;
                 }
                 self.account_allocation();
@@ -107,7 +107,7 @@ impl Runtime {
         let mut c = self.inner.lock();
         let mut p = first;
         while p < end {
-            match c.alloc.region_containing(p) {
+            match c.regions().region_containing(p) {
                 Some((s, l)) => p = s + l,
                 None => return Err(libc::ENOMEM),
             }
@@ -155,7 +155,7 @@ impl Runtime {
             let mut p = first;
             let mut holes = Vec::new();
             while p < end {
-                match c.alloc.region_containing(p) {
+                match c.regions().region_containing(p) {
                     Some((s, l)) if noreplace => {
                         let _ = (s, l);
                         return Err(libc::EEXIST);
@@ -163,7 +163,7 @@ impl Runtime {
                     Some((s, l)) => p = (s + l).min(end),
                     None => {
                         let mut q = p + 1;
-                        while q < end && c.alloc.region_containing(q).is_none() {
+                        while q < end && c.regions().region_containing(q).is_none() {
                             q += 1;
                         }
                         holes.push((p, q - p));
@@ -172,7 +172,7 @@ impl Runtime {
                 }
             }
             for (s, n) in holes {
-                if !c.alloc.alloc_at(s, n) {
+                if !c.alloc_region_at(s, n) {
                     return Err(libc::ENOMEM);
                 }
             }
@@ -202,7 +202,7 @@ impl Runtime {
         {
             let mut c = self.inner.lock();
             for p in first..end {
-                if c.alloc.region_containing(p).is_none() && !c.alloc.alloc_at(p, 1) {
+                if c.regions().region_containing(p).is_none() && !c.alloc_region_at(p, 1) {
                     return Err(libc::ENOMEM);
                 }
             }
@@ -294,7 +294,7 @@ impl Runtime {
     pub fn alloc_block(&self, size: usize, align: usize) -> Option<usize> {
         let a = self.alloc(size, align)?;
         let page = self.page_of(a)?;
-        self.inner.lock().blocks.insert(page);
+        self.inner.lock().mark_block(page);
         Some(a)
     }
 
@@ -307,14 +307,14 @@ impl Runtime {
         let Some(page) = self.page_of(addr) else {
             return false;
         };
-        self.inner.lock().blocks.contains(&page)
+        self.inner.lock().is_block(page)
     }
 
     /// The usable size of the window allocation starting at `addr`, if it is one.
     pub fn usable_size(&self, addr: usize) -> Option<usize> {
         let page = self.page_of(addr)?;
         let c = self.inner.lock();
-        let (start, pages) = c.alloc.region_containing(page)?;
+        let (start, pages) = c.regions().region_containing(page)?;
         let region_end = self.inner.page_addr(start + pages);
         Some(region_end - addr)
     }
@@ -323,7 +323,7 @@ impl Runtime {
     pub fn region_of(&self, addr: usize) -> Option<(usize, usize)> {
         let page = self.page_of(addr)?;
         let c = self.inner.lock();
-        let (start, pages) = c.alloc.region_containing(page)?;
+        let (start, pages) = c.regions().region_containing(page)?;
         Some((self.inner.page_addr(start), pages as usize * PAGE_SIZE))
     }
 
@@ -335,7 +335,7 @@ impl Runtime {
         let new_pages = (new_size.max(1) as u64).div_ceil(PAGE);
         let old = {
             let c = self.inner.lock();
-            match c.alloc.region_at(page) {
+            match c.regions().region_at(page) {
                 Some(p) => p,
                 None => return false,
             }
@@ -349,12 +349,12 @@ impl Runtime {
             return true;
         }
         let mut c = self.inner.lock();
-        let mut ok = c.alloc.resize_in_place(page, new_pages);
+        let mut ok = c.resize_region_in_place(page, new_pages);
         drop(c);
         if ok && !self.ensure_backed(page + new_pages) {
             // No memory behind the grown part: undo the growth; the caller moves the data.
             let mut c = self.inner.lock();
-            c.alloc.resize_in_place(page, old);
+            c.resize_region_in_place(page, old);
             ok = false;
         }
         self.inner.note_footprint(&self.inner.lock());
@@ -377,12 +377,8 @@ impl Runtime {
         self.restore_window(first, pages);
         self.discard_contents(first, pages);
         let mut c = self.inner.lock();
-        let gone: Vec<u64> = c.blocks.range(first..first + pages).copied().collect();
-        for b in gone {
-            c.blocks.remove(&b);
-        }
-        let freed = c.alloc.free_range(first, pages);
-        let allocated = c.alloc.allocated_pages() * PAGE;
+        let freed = c.free_region_range(first, pages);
+        let allocated = c.regions().allocated_pages() * PAGE;
         drop(c);
         self.inner
             .stats
