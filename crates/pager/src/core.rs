@@ -9,7 +9,7 @@ use crate::policy::EvictionPolicy;
 use crate::prefetch::Streams;
 use crate::prot;
 use crate::regions::RegionAllocator;
-use crate::slots::Slots;
+use crate::slots::{Slots, SpentRun};
 use crate::state::{Evicted, Location, PageState, PageTable};
 use std::collections::{BTreeSet, HashMap};
 
@@ -68,15 +68,16 @@ pub struct Core {
     prot: Vec<u8>,
     /// Allocated pages that hold no committed memory (`PROT_NONE`, or lent to a file mapping).
     uncommitted: u64,
-    /// The staging slots.
-    pub slots: Slots,
+    /// The staging slots (the runtime reaches them through the `*_slots` methods).
+    pub(crate) slots: Slots,
     /// Sequential streams, for prefetch.
-    pub streams: Streams,
-    /// The window's address-space allocator.
-    pub alloc: RegionAllocator,
+    pub(crate) streams: Streams,
+    /// The window's address-space allocator (read through [`Core::regions`], changed through
+    /// the `*_region*` methods).
+    alloc: RegionAllocator,
     /// First pages of the regions handed out as malloc-family blocks; other regions are
     /// mappings, inside which the program's own allocator places its blocks.
-    pub blocks: BTreeSet<u64>,
+    blocks: BTreeSet<u64>,
     /// Scratch for the policy's victims (kept: an eviction batch per fault must not allocate).
     victim_pages: Vec<u32>,
     /// Pages claimed by a fault in flight and not installed yet, with the claim's id. They are
@@ -238,6 +239,66 @@ impl Core {
     /// Allocated pages holding committed memory: the local buffer's percentage is of these.
     pub fn committed_pages(&self) -> u64 {
         self.alloc.allocated_pages().saturating_sub(self.uncommitted)
+    }
+
+    /// The window's address-space allocator, to read (which regions exist, how much is
+    /// allocated).
+    pub fn regions(&self) -> &RegionAllocator {
+        &self.alloc
+    }
+
+    /// Allocates a region of `pages` pages aligned to `align_pages` (see
+    /// [`RegionAllocator::alloc`]); returns its first page.
+    pub fn alloc_region(&mut self, pages: u64, align_pages: u64) -> Option<u64> {
+        self.alloc.alloc(pages, align_pages)
+    }
+
+    /// Allocates the region `[start, start + pages)` if it is free (see
+    /// [`RegionAllocator::alloc_at`]).
+    pub fn alloc_region_at(&mut self, start: u64, pages: u64) -> bool {
+        self.alloc.alloc_at(start, pages)
+    }
+
+    /// Grows or shrinks the region starting at `start` where it lies (see
+    /// [`RegionAllocator::resize_in_place`]).
+    pub fn resize_region_in_place(&mut self, start: u64, new_pages: u64) -> bool {
+        self.alloc.resize_in_place(start, new_pages)
+    }
+
+    /// Frees `[start, start + pages)` of the regions (see [`RegionAllocator::free_range`]) and
+    /// forgets the blocks that started there; returns the freed runs.
+    pub fn free_region_range(&mut self, start: u64, pages: u64) -> Vec<(u64, u64)> {
+        let gone: Vec<u64> = self.blocks.range(start..start + pages).copied().collect();
+        for b in gone {
+            self.blocks.remove(&b);
+        }
+        self.alloc.free_range(start, pages)
+    }
+
+    /// Records that the region starting at `page` is a malloc-family block.
+    pub fn mark_block(&mut self, page: u64) {
+        self.blocks.insert(page);
+    }
+
+    /// True if a malloc-family block starts at `page`.
+    pub fn is_block(&self, page: u64) -> bool {
+        self.blocks.contains(&page)
+    }
+
+    /// Takes a run of `n` spent staging slots for a read-ahead (see [`Slots::take_spent`]).
+    pub fn take_spent_slots(&mut self, n: usize) -> Option<SpentRun> {
+        self.slots.take_spent(n)
+    }
+
+    /// Gives slots back as spent; false past the spent cap, when the caller frees their pages
+    /// and returns them with [`Core::put_free_slots`] (see [`Slots::give_spent`]).
+    pub fn give_spent_slots(&mut self, start: u32, count: u32) -> bool {
+        self.slots.give_spent(start, count)
+    }
+
+    /// Returns slots whose pages are freed to the free list (see [`Slots::put_free`]).
+    pub fn put_free_slots(&mut self, slots: impl IntoIterator<Item = u32>) {
+        self.slots.put_free(slots)
     }
 
     /// The protection byte of `page` (0: read-write).

@@ -257,7 +257,7 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
     }
     let p = c.streams.plan(fault, b.prefetch_pages().max(1));
     let (region_start, region_end) = c
-        .alloc
+        .regions()
         .region_containing(fault)
         .map_or((fault, fault + 1), |(s, l)| (s, s + l));
     let budget = b.budget(&c);

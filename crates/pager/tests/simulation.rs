@@ -218,7 +218,7 @@ impl Sim {
             core.plant_unreserved_room();
         }
         // One region covers the window, as one large allocation would.
-        assert_eq!(core.alloc.alloc(shape.window, 1), Some(0));
+        assert_eq!(core.alloc_region(shape.window, 1), Some(0));
         Sim {
             rng,
             shape,

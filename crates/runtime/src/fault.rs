@@ -45,7 +45,9 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
     };
     let mut tries = 0;
     loop {
-        match inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) {
+        // SAFETY: a window page (only raw addresses reach the window) into a free staging slot
+        // of this eviction, which no slice points into until the move is recorded.
+        match unsafe { inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) } {
             Ok(_) => return true,
             Err(UffdError::Busy { .. }) if tries < 3 => {
                 // Shared with another process (should not happen: the window is not inherited
@@ -159,7 +161,9 @@ impl Handler {
                     allow_src_holes: false,
                 };
                 // Whatever the error, the pages before `done` are in their slots.
-                let done = match inner.stage_uffd.move_pages(dst, src, n * PAGE_SIZE, mode) {
+                // SAFETY: window pages (only raw addresses reach the window) into free staging
+                // slots of this eviction, which no slice points into until the moves are recorded.
+                let done = match unsafe { inner.stage_uffd.move_pages(dst, src, n * PAGE_SIZE, mode) } {
                     Ok(_) => n,
                     Err(e) => e.done() / PAGE_SIZE,
                 };
@@ -330,7 +334,9 @@ impl Backend for Handler {
             allow_src_holes: false,
         };
         let src = inner.slot_addr(spent.start() + i as u32);
-        let r = inner.uffd.move_pages(dst, src, (j - i) * PAGE_SIZE, mode);
+        // SAFETY: the run's spent slots (this handler holds the run; no `recycle` slice of them
+        // is alive here) into missing window pages, which only raw addresses reach.
+        let r = unsafe { inner.uffd.move_pages(dst, src, (j - i) * PAGE_SIZE, mode) };
         let done = r.as_ref().map_or_else(UffdError::done, |d| *d) / PAGE_SIZE;
         run.moved[i..i + done].fill(true);
         inner.stats.pages_recycled.fetch_add(done as u64, Ordering::Relaxed);
@@ -365,7 +371,10 @@ impl Backend for Handler {
 
     fn discard_slots(&mut self, start: u32, count: u32) {
         let at = self.inner.slot_addr(start);
-        if let Err(e) = rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) {
+        // SAFETY: slots of the staging area, which this runtime set aside and reaches only
+        // through raw addresses or `recycle`'s slices; these slots are past the spent cap and
+        // belong to no run or job, so no slice points into them.
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) } {
             self.inner.internal_error(&format!("freeing staging slots: {e}"));
         }
     }

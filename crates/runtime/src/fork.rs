@@ -158,7 +158,11 @@ pub fn fork_child() {
             }
             for &(a, l) in &lent {
                 let (placeholder, _) = Mapping::reserve(l, PAGE_SIZE)?.leak();
-                rackmem_sys::move_mapping(a, l, placeholder)?;
+                // SAFETY: `a` is a program's file mapping lent window pages (no Rust reference
+                // points into it), the placeholder was just reserved and leaked here, and the
+                // mapping moves back below before the child's program runs (single-threaded
+                // atfork hook).
+                unsafe { rackmem_sys::move_mapping(a, l, placeholder)? };
                 aside.push((placeholder, a, l));
             }
             drop(gaps);
@@ -206,11 +210,16 @@ pub fn fork_child() {
         };
         let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
         for (placeholder, addr, len) in aside {
-            rackmem_sys::move_mapping(placeholder, len, addr)?;
+            // SAFETY: the program's mapping comes back from the placeholder it was set aside to
+            // above, over the child's window range it was lent (only raw addresses reach it),
+            // before the child's program runs.
+            unsafe { rackmem_sys::move_mapping(placeholder, len, addr)? };
         }
         for (s, n, b) in prot_runs {
             let addr = child.inner.page_addr(s);
-            rackmem_sys::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))?;
+            // SAFETY: pages of the child's window (reached only through raw addresses), given the
+            // protection the program had set on them in the parent.
+            unsafe { rackmem_sys::mprotect(addr, (n * PAGE) as usize, i32::from(b & prot::MASK))? };
         }
         Ok(child)
     });

@@ -128,7 +128,7 @@ impl Runtime {
             return;
         };
         let slack = inner.cfg.grow_bytes / PAGE;
-        let high = inner.lock().alloc.high_water();
+        let high = inner.lock().regions().high_water();
         let Some(last) = inner.table.get(inner.table.len().wrapping_sub(1)) else {
             return;
         };
@@ -151,7 +151,7 @@ impl Runtime {
                 k -= 1;
             }
             let first = inner.table.bounds(k).map_or(0, |b| b.0);
-            let high = inner.lock().alloc.high_water();
+            let high = inner.lock().regions().high_water();
             if first < high + slack {
                 return;
             }

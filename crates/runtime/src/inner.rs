@@ -174,11 +174,25 @@ impl Inner {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The address of window page `page`; `page` may be the window's page count (the end of a
+    /// range that reaches the window's end).
     pub fn page_addr(&self, page: u64) -> usize {
+        // The address goes to raw memory calls and ioctls, which would act on whatever lies
+        // past the window.
+        assert!(
+            (page as usize) <= self.window.len() / PAGE_SIZE,
+            "window page {page} past the window's {} pages",
+            self.window.len() / PAGE_SIZE
+        );
         self.window.addr() + (page as usize) * PAGE_SIZE
     }
 
     pub fn slot_addr(&self, slot: u32) -> usize {
+        assert!(
+            (slot as usize) < self.staging.len() / PAGE_SIZE,
+            "staging slot {slot} past the staging area's {} slots",
+            self.staging.len() / PAGE_SIZE
+        );
         self.staging.addr() + slot as usize * PAGE_SIZE
     }
 
@@ -195,7 +209,7 @@ impl Inner {
     /// Records the window's footprint as `core` has it now (bytes allocated, their peak, the
     /// peak of committed pages); returns that peak, in pages.
     pub fn note_footprint(&self, core: &Core) -> u64 {
-        let allocated = core.alloc.allocated_pages() * PAGE;
+        let allocated = core.regions().allocated_pages() * PAGE;
         let s = &self.stats;
         s.window_bytes_allocated.store(allocated, Ordering::Relaxed);
         s.peak_window_bytes.fetch_max(allocated, Ordering::Relaxed);

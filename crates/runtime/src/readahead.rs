@@ -155,7 +155,7 @@ impl ReadAheads {
         page: u64,
         want: usize,
     ) -> bool {
-        let region_end = c.alloc.region_containing(page).map_or(page, |(s, l)| s + l);
+        let region_end = c.regions().region_containing(page).map_or(page, |(s, l)| s + l);
         let budget = inner.budget_pages(&c);
         let limit = (want as u64)
             .min((budget / 4).max(1))
@@ -187,7 +187,7 @@ impl ReadAheads {
             .map(|r| r.count() as usize)
             .sum();
         let spent = if held + n <= crate::STAGING_SLOTS / 4 {
-            c.slots.take_spent(n)
+            c.take_spent_slots(n)
         } else {
             None
         };
@@ -247,13 +247,16 @@ impl ReadAheads {
 
 /// Spent slots of a dropped read-ahead: spent again, or freed past the cap.
 fn drop_ahead_slots(inner: &Inner, c: &mut Core, run: SpentRun) {
-    if !c.slots.give_spent(run.start(), run.count()) {
+    if !c.give_spent_slots(run.start(), run.count()) {
         // Past the cap: free them (under the core lock; rare).
         let addr = inner.slot_addr(run.start());
-        if let Err(e) = rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) {
+        // SAFETY: the dropped run's slots of the staging area (set aside by this runtime, reached
+        // only through raw addresses or `recycle`'s slices); the run is being dropped, so no
+        // slice of it is alive, and the slots go to the free list only after this call.
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) } {
             inner.internal_error(&format!("freeing staging slots: {e}"));
         }
-        c.slots.put_free((run.start()..run.start() + run.count()).rev());
+        c.put_free_slots((run.start()..run.start() + run.count()).rev());
     }
 }
 

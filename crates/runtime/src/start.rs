@@ -133,7 +133,7 @@ impl Runtime {
         let stats = Stats::default();
         stats
             .window_bytes_allocated
-            .store(core.alloc.allocated_pages() * PAGE, Ordering::Relaxed);
+            .store(core.regions().allocated_pages() * PAGE, Ordering::Relaxed);
         // A forked child's peak footprint starts at what it inherits.
         stats
             .peak_committed_pages

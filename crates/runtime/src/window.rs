@@ -31,8 +31,8 @@ impl Runtime {
         let pages = (size.max(1) as u64).div_ceil(PAGE);
         let align_pages = (align as u64).div_ceil(PAGE).max(1);
         let mut c = self.inner.lock();
-        let Some(first) = c.alloc.alloc(pages, align_pages) else {
-            let (allocated, total) = (c.alloc.allocated_pages() * PAGE, c.alloc.total_pages() * PAGE);
+        let Some(first) = c.alloc_region(pages, align_pages) else {
+            let (allocated, total) = (c.regions().allocated_pages() * PAGE, c.regions().total_pages() * PAGE);
             drop(c);
             static WARNED: AtomicBool = AtomicBool::new(false);
             if !WARNED.swap(true, Ordering::Relaxed) {
@@ -49,7 +49,7 @@ impl Runtime {
         drop(c);
         if !self.ensure_backed(first + pages) {
             let mut c = self.inner.lock();
-            c.alloc.free_range(first, pages);
+            c.free_region_range(first, pages);
             return None;
         }
         self.account_allocation();
@@ -64,10 +64,10 @@ impl Runtime {
         let at = self
             .page_of(hint)
             .filter(|&h| hint % PAGE_SIZE == 0 && h + pages <= self.window_pages());
-        let addr = match at.filter(|&h| self.inner.lock().alloc.alloc_at(h, pages)) {
+        let addr = match at.filter(|&h| self.inner.lock().alloc_region_at(h, pages)) {
             Some(h) => {
                 if !self.ensure_backed(h + pages) {
-                    self.inner.lock().alloc.free_range(h, pages);
+                    self.inner.lock().free_region_range(h, pages);
                     return None;
                 }
                 self.account_allocation();
@@ -106,7 +106,7 @@ impl Runtime {
         let mut c = self.inner.lock();
         let mut p = first;
         while p < end {
-            match c.alloc.region_containing(p) {
+            match c.regions().region_containing(p) {
                 Some((s, l)) => p = s + l,
                 None => return Err(libc::ENOMEM),
             }
@@ -120,7 +120,9 @@ impl Runtime {
                 .0;
         }
         let syscall = || {
-            rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot)
+            // SAFETY: window pages (checked above: allocated, page-aligned, inside the window),
+            // reached only through raw addresses, given the protection the program asked for.
+            unsafe { rackmem_sys::mprotect(addr, (pages * PAGE) as usize, prot) }
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
         };
         // Under the core's lock, so the core's record and the pages' protection change
@@ -149,7 +151,7 @@ impl Runtime {
             let mut p = first;
             let mut holes = Vec::new();
             while p < end {
-                match c.alloc.region_containing(p) {
+                match c.regions().region_containing(p) {
                     Some((s, l)) if noreplace => {
                         let _ = (s, l);
                         return Err(libc::EEXIST);
@@ -157,7 +159,7 @@ impl Runtime {
                     Some((s, l)) => p = (s + l).min(end),
                     None => {
                         let mut q = p + 1;
-                        while q < end && c.alloc.region_containing(q).is_none() {
+                        while q < end && c.regions().region_containing(q).is_none() {
                             q += 1;
                         }
                         holes.push((p, q - p));
@@ -166,7 +168,7 @@ impl Runtime {
                 }
             }
             for (s, n) in holes {
-                if !c.alloc.alloc_at(s, n) {
+                if !c.alloc_region_at(s, n) {
                     return Err(libc::ENOMEM);
                 }
             }
@@ -196,7 +198,7 @@ impl Runtime {
         {
             let mut c = self.inner.lock();
             for p in first..end {
-                if c.alloc.region_containing(p).is_none() && !c.alloc.alloc_at(p, 1) {
+                if c.regions().region_containing(p).is_none() && !c.alloc_region_at(p, 1) {
                     return Err(libc::ENOMEM);
                 }
             }
@@ -221,7 +223,9 @@ impl Runtime {
         let runs = self.prot_runs(first, pages, |b| b & prot::FOREIGN != 0);
         for (s, n) in runs {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            let back = rackmem_sys::remap_anonymous(addr, len)
+            // SAFETY: window pages lent to a program's file mapping (only raw addresses reach
+            // them), taken back for the window.
+            let back = unsafe { rackmem_sys::remap_anonymous(addr, len) }
                 .and_then(|_| rackmem_sys::madvise_dontfork(addr, len))
                 .map_err(crate::RuntimeError::from)
                 .and_then(|_| {
@@ -270,7 +274,9 @@ impl Runtime {
         self.give_back_lent(first, pages);
         for (s, n) in self.prot_runs(first, pages, |b| b != 0) {
             let (addr, len) = (self.inner.page_addr(s), (n * PAGE) as usize);
-            if let Err(e) = rackmem_sys::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) {
+            // SAFETY: window pages being freed (only raw addresses reach them), made read-write
+            // as the window's free pages are.
+            if let Err(e) = unsafe { rackmem_sys::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) } {
                 self.inner.internal_error(&format!(
                     "making freed window pages {addr:#x}+{len} read-write again: {e}"
                 ));
@@ -284,7 +290,7 @@ impl Runtime {
     pub fn alloc_block(&self, size: usize, align: usize) -> Option<usize> {
         let a = self.alloc(size, align)?;
         let page = self.page_of(a)?;
-        self.inner.lock().blocks.insert(page);
+        self.inner.lock().mark_block(page);
         Some(a)
     }
 
@@ -297,14 +303,14 @@ impl Runtime {
         let Some(page) = self.page_of(addr) else {
             return false;
         };
-        self.inner.lock().blocks.contains(&page)
+        self.inner.lock().is_block(page)
     }
 
     /// The usable size of the window allocation starting at `addr`, if it is one.
     pub fn usable_size(&self, addr: usize) -> Option<usize> {
         let page = self.page_of(addr)?;
         let c = self.inner.lock();
-        let (start, pages) = c.alloc.region_containing(page)?;
+        let (start, pages) = c.regions().region_containing(page)?;
         let region_end = self.inner.page_addr(start + pages);
         Some(region_end - addr)
     }
@@ -313,7 +319,7 @@ impl Runtime {
     pub fn region_of(&self, addr: usize) -> Option<(usize, usize)> {
         let page = self.page_of(addr)?;
         let c = self.inner.lock();
-        let (start, pages) = c.alloc.region_containing(page)?;
+        let (start, pages) = c.regions().region_containing(page)?;
         Some((self.inner.page_addr(start), pages as usize * PAGE_SIZE))
     }
 
@@ -325,7 +331,7 @@ impl Runtime {
         let new_pages = (new_size.max(1) as u64).div_ceil(PAGE);
         let old = {
             let c = self.inner.lock();
-            match c.alloc.region_at(page) {
+            match c.regions().region_at(page) {
                 Some(p) => p,
                 None => return false,
             }
@@ -339,12 +345,12 @@ impl Runtime {
             return true;
         }
         let mut c = self.inner.lock();
-        let mut ok = c.alloc.resize_in_place(page, new_pages);
+        let mut ok = c.resize_region_in_place(page, new_pages);
         drop(c);
         if ok && !self.ensure_backed(page + new_pages) {
             // No memory behind the grown part: undo the growth; the caller moves the data.
             let mut c = self.inner.lock();
-            c.alloc.resize_in_place(page, old);
+            c.resize_region_in_place(page, old);
             ok = false;
         }
         self.inner.note_footprint(&self.inner.lock());
@@ -367,12 +373,8 @@ impl Runtime {
         self.restore_window(first, pages);
         self.discard_contents(first, pages);
         let mut c = self.inner.lock();
-        let gone: Vec<u64> = c.blocks.range(first..first + pages).copied().collect();
-        for b in gone {
-            c.blocks.remove(&b);
-        }
-        let freed = c.alloc.free_range(first, pages);
-        let allocated = c.alloc.allocated_pages() * PAGE;
+        let freed = c.free_region_range(first, pages);
+        let allocated = c.regions().allocated_pages() * PAGE;
         drop(c);
         self.inner
             .stats
@@ -397,7 +399,9 @@ impl Runtime {
         // does); the state change here covers pages that are remote or staged.
         let addr = self.inner.page_addr(first);
         let len = (pages * PAGE) as usize;
-        if let Err(e) = rackmem_sys::madvise_dontneed(addr, len) {
+        // SAFETY: window pages the program discards (only raw addresses reach the window); the
+        // program gave up their contents.
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(addr, len) } {
             eprintln!("rackmem: madvise(DONTNEED) on window {addr:#x}+{len}: {e}");
         }
         let mut c = self.inner.lock();

@@ -228,7 +228,10 @@ impl Writer for Writes<'_> {
     /// none).
     fn discard_slots(&mut self, start: u32, count: u32) {
         let at = self.inner.slot_addr(start);
-        if let Err(e) = rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) {
+        // SAFETY: slots of the staging area, which this runtime set aside and reaches only
+        // through raw addresses or `recycle`'s slices; these slots are past the spent cap and
+        // belong to no run or job, so no slice points into them.
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) } {
             self.inner.internal_error(&format!("freeing staging slots: {e}"));
         }
     }

@@ -29,8 +29,9 @@
 //! # What "safe" means here
 //! The memory calls that take raw addresses ([`madvise_dontneed`], [`mprotect`],
 //! [`move_mapping`], [`remap_anonymous`]) never create Rust references to the memory they
-//! touch, but they do change it. Use them only on ranges this process set aside (a [`Mapping`],
-//! a window) that no Rust reference points into; pointing them at the heap or a stack would
+//! touch, but they do change it, so they are `unsafe fn`s: the caller promises (their
+//! `# Safety` sections) to use them only on ranges this process set aside (a [`Mapping`], a
+//! window) that no Rust reference points into; pointing them at the heap or a stack would
 //! break the aliasing guarantees of the code that owns that memory.
 //!
 //! Memory calls go through the raw system calls, never the C library's wrappers: this crate runs

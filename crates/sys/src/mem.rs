@@ -224,7 +224,10 @@ impl Mapping {
     /// If the range is outside the mapping (a caller bug, not an input error).
     pub fn dontneed(&self, offset: usize, len: usize) -> Result<(), SysError> {
         self.check_range(offset, len, "madvise(DONTNEED)");
-        madvise_dontneed(self.addr + offset, len)
+        // SAFETY: the range lies inside this mapping (checked above), which this module set
+        // aside; Rust references into it exist only as the slices of `bytes`/`bytes_mut`, whose
+        // callers promise no ioctl or call zaps the range meanwhile.
+        unsafe { madvise_dontneed(self.addr + offset, len) }
     }
 
     /// Breaks copy-on-write sharing of the page at `offset` (see [`try_break_cow`]).
@@ -260,9 +263,12 @@ fn madvise(addr: usize, len: usize, advice: libc::c_int, op: &'static str) -> Re
 /// until some thread reads the `REMOVE` event message, and while it is pending `COPY`/`MOVE` on
 /// that userfaultfd fail with `EAGAIN`: never call it from the only thread that reads it.
 ///
-/// Only for ranges this process set aside (see the crate docs): pointed at memory Rust code
-/// references, it would change that memory under the references.
-pub fn madvise_dontneed(addr: usize, len: usize) -> Result<(), SysError> {
+/// # Safety
+/// `[addr, addr + len)` is a range this process set aside for memory reached only through raw
+/// addresses (a [`Mapping`], a window, a staging area; see the crate docs), and no Rust
+/// reference points into it while the call runs or afterwards: the call replaces its contents
+/// (zeros, or a missing-page fault) under any such reference.
+pub unsafe fn madvise_dontneed(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_DONTNEED, "madvise(DONTNEED)")
 }
 
@@ -301,10 +307,14 @@ pub fn break_cow(addr: usize) {
 
 /// `mprotect(2)` on `[addr, addr + len)` of the window: the program asked for this protection
 /// (a reserve-then-commit allocator); the VMA split keeps its userfaultfd registration.
-pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), SysError> {
-    // SAFETY: mprotect touches no memory through a pointer; the caller applies to its window
-    // the protection the program asked for its own range, so accesses the program makes
-    // afterwards are the ones it allowed.
+///
+/// # Safety
+/// `[addr, addr + len)` is a range this process set aside (a window) that no Rust reference
+/// points into, and `prot` is the protection the program that uses the range asked for it:
+/// accesses made afterwards are then only the program's, which it allowed.
+pub unsafe fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), SysError> {
+    // SAFETY: mprotect touches no memory through a pointer; which range and protection is the
+    // caller's promise (see # Safety).
     let r = unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) };
     check("mprotect", addr, len, r).map(|_| ())
 }
@@ -313,10 +323,15 @@ pub fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> Result<(), SysErr
 /// replacing what was mapped there, with `mremap(MREMAP_MAYMOVE | MREMAP_FIXED)`. A forked
 /// child moves the file mappings its parent lent window pages to out of the way while it maps
 /// its own window, then back.
-pub fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), SysError> {
-    // SAFETY: mremap touches no memory through a pointer. The caller moves a mapping of the
-    // program's within its own address space and back before the program runs again (a
-    // forked child's atfork hook, single-threaded), onto a placeholder it owns.
+///
+/// # Safety
+/// `[from, from + len)` is a mapping of the program's (not memory Rust code references), `to`
+/// is a placeholder of `len` bytes the caller owns and nothing references, and the mapping is
+/// back at `from` before any code that uses it runs again (a forked child's atfork hook,
+/// single-threaded).
+pub unsafe fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), SysError> {
+    // SAFETY: mremap touches no memory through a pointer; that both ranges are free of Rust
+    // references and the move is undone in time is the caller's promise (see # Safety).
     let r = unsafe {
         libc::syscall(
             libc::SYS_mremap,
@@ -333,6 +348,10 @@ pub fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), SysError> 
 /// Puts fresh private anonymous read-write memory at `[addr, addr + len)`, replacing whatever
 /// mapping the program had put there (MAP_FIXED): a range of the window that a file mapping
 /// borrowed comes back to the window (the caller registers it with its userfaultfd again).
-pub fn remap_anonymous(addr: usize, len: usize) -> Result<(), SysError> {
+///
+/// # Safety
+/// `[addr, addr + len)` is part of a range this process set aside (a window) that no Rust
+/// reference points into: the mapping there, and its contents, are replaced.
+pub unsafe fn remap_anonymous(addr: usize, len: usize) -> Result<(), SysError> {
     check("mmap(MAP_FIXED)", addr, len, sys_mmap(addr, len, libc::MAP_FIXED)).map(|_| ())
 }

@@ -350,7 +350,12 @@ impl Uffd {
     /// The destination must be registered with *this* uffd; both ranges private anonymous with
     /// equal protections. [`UffdError::Busy`]: a source page is shared (copy-on-write with a
     /// forked child) or pinned. A source hole fails with ENOENT unless `allow_src_holes`.
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize, mode: MoveMode) -> Result<usize, UffdError> {
+    ///
+    /// # Safety
+    /// Both ranges are memory this process set aside for raw-address use (a window registered
+    /// here, a staging area) that no Rust reference points into while the call runs: the
+    /// source's contents vanish from under any such reference and the destination's appear.
+    pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize, mode: MoveMode) -> Result<usize, UffdError> {
         let mut m = 0u64;
         if mode.dontwake {
             m |= u64::from(UFFDIO_MOVE_MODE_DONTWAKE);
@@ -370,7 +375,10 @@ impl Uffd {
         let r = Self::progress("UFFDIO_MOVE", src, len, rc, mv.move_);
         // MOVE says EINVAL when either range crosses VMAs.
         if Self::crosses_vmas(&r, len, libc::EINVAL) {
-            return Self::by_page(len, |off| self.move_pages(dst + off, src + off, PAGE_SIZE, mode));
+            // SAFETY: pages of the same two ranges, which the caller promised (see # Safety).
+            return Self::by_page(len, |off| unsafe {
+                self.move_pages(dst + off, src + off, PAGE_SIZE, mode)
+            });
         }
         r
     }

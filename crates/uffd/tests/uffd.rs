@@ -25,6 +25,13 @@ const WP_INSTALL: CopyMode = CopyMode {
     dontwake: false,
 };
 
+/// `UFFDIO_MOVE` between the test's own mappings.
+fn move_pages(u: &Uffd, dst: usize, src: usize, len: usize, mode: MoveMode) -> Result<usize, UffdError> {
+    // SAFETY: every caller here moves between mappings the test reserved and reaches only through
+    // raw addresses and `Mapping::read`/`write`, never a Rust reference.
+    unsafe { u.move_pages(dst, src, len, mode) }
+}
+
 fn open(features: Features) -> Uffd {
     Uffd::open(&OpenOptions {
         features,
@@ -297,9 +304,7 @@ fn move_takes_a_page_out_and_leaves_the_source_missing() {
         .expect("copy");
     assert_eq!(present(&win), vec![1]);
 
-    let moved = u
-        .move_pages(stage.addr(), win.addr() + PAGE_SIZE, PAGE_SIZE, MoveMode::default())
-        .expect("move");
+    let moved = move_pages(&u, stage.addr(), win.addr() + PAGE_SIZE, PAGE_SIZE, MoveMode::default()).expect("move");
     assert_eq!(moved, PAGE_SIZE);
     let mut b = vec![0u8; PAGE_SIZE];
     stage.read(0, &mut b);
@@ -311,11 +316,12 @@ fn move_takes_a_page_out_and_leaves_the_source_missing() {
     // Moving onto a present page: Exists.
     u.copy(win.addr(), &pattern(0), CopyMode::default()).expect("copy");
     assert!(matches!(
-        u.move_pages(stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default()),
+        move_pages(&u, stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default()),
         Err(UffdError::Exists { done: 0 })
     ));
     // Moving a hole fails with ENOENT unless holes are allowed.
-    let hole = u.move_pages(
+    let hole = move_pages(
+        &u,
         stage.addr() + PAGE_SIZE,
         win.addr() + 2 * PAGE_SIZE,
         PAGE_SIZE,
@@ -327,8 +333,14 @@ fn move_takes_a_page_out_and_leaves_the_source_missing() {
         allow_src_holes: true,
     };
     assert_eq!(
-        u.move_pages(stage.addr() + PAGE_SIZE, win.addr() + 2 * PAGE_SIZE, PAGE_SIZE, allowed)
-            .expect("hole allowed"),
+        move_pages(
+            &u,
+            stage.addr() + PAGE_SIZE,
+            win.addr() + 2 * PAGE_SIZE,
+            PAGE_SIZE,
+            allowed
+        )
+        .expect("hole allowed"),
         PAGE_SIZE
     );
     assert_eq!(present(&stage), vec![0]);
@@ -366,10 +378,10 @@ fn requests_across_two_vmas_are_done_page_by_page() {
     assert!(b == src, "pages copied across the VMAs differ");
 
     // Out of the window across its VMAs, then back in.
-    let out = u.move_pages(stage.addr(), win.addr(), 4 * PAGE_SIZE, MoveMode::default());
+    let out = move_pages(&u, stage.addr(), win.addr(), 4 * PAGE_SIZE, MoveMode::default());
     assert_eq!(out.expect("move out"), 4 * PAGE_SIZE);
     assert!(present(&win).is_empty());
-    let back = u.move_pages(win.addr(), stage.addr(), 4 * PAGE_SIZE, MoveMode::default());
+    let back = move_pages(&u, win.addr(), stage.addr(), 4 * PAGE_SIZE, MoveMode::default());
     assert_eq!(back.expect("move in"), 4 * PAGE_SIZE);
     win.read(0, &mut b);
     assert!(b == src, "pages moved across the VMAs differ");
@@ -406,12 +418,11 @@ fn move_of_a_page_shared_with_a_forked_child_is_busy_until_cow_is_broken() {
     });
     close(r);
 
-    let res = u.move_pages(stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default());
+    let res = move_pages(&u, stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default());
     assert!(matches!(res, Err(UffdError::Busy { done: 0 })), "{res:?}");
     win.break_cow(0).expect("break cow");
     assert_eq!(
-        u.move_pages(stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default())
-            .expect("move after break_cow"),
+        move_pages(&u, stage.addr(), win.addr(), PAGE_SIZE, MoveMode::default()).expect("move after break_cow"),
         PAGE_SIZE
     );
     let mut b = vec![0u8; PAGE_SIZE];
@@ -439,7 +450,10 @@ fn madvise_dontneed_raises_a_remove_event_and_copy_waits_for_it() {
     let addr = m.addr();
 
     // madvise blocks until the event is read, so it runs on another thread.
-    let advisor = std::thread::spawn(move || rackmem_sys::madvise_dontneed(addr + 2 * PAGE_SIZE, 3 * PAGE_SIZE));
+    let advisor = std::thread::spawn(move || {
+        // SAFETY: pages of the test's own mapping, reached only through raw addresses.
+        unsafe { rackmem_sys::madvise_dontneed(addr + 2 * PAGE_SIZE, 3 * PAGE_SIZE) }
+    });
     assert!(u.poll_readable(10_000).expect("poll"), "no REMOVE event");
     // While the event is pending, COPY anywhere on this uffd is refused with EAGAIN.
     match u.copy(addr + 7 * PAGE_SIZE, &pattern(7), CopyMode::default()) {
