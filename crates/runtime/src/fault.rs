@@ -81,11 +81,14 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
 fn move_protected(inner: &Inner, page: u32, slot: u32, prot_byte: u8) -> bool {
     let src = inner.page_addr(page as u64);
     let prot = rackmem_pager::prot::decode(prot_byte);
-    if let Err(e) = rackmem_sys::mprotect(src, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE) {
+    // SAFETY: a window page being evicted (only raw addresses reach it); the program's own
+    // mprotect of it waits until its eviction is over, and the next call restores what it asked.
+    if let Err(e) = unsafe { rackmem_sys::mprotect(src, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE) } {
         inner.internal_error(&format!("cannot open window page {src:#x} for its eviction: {e}"));
     }
     let moved = move_one(inner, page, slot);
-    if let Err(e) = rackmem_sys::mprotect(src, PAGE_SIZE, prot) {
+    // SAFETY: the same window page, given back the protection the program asked for it.
+    if let Err(e) = unsafe { rackmem_sys::mprotect(src, PAGE_SIZE, prot) } {
         inner.internal_error(&format!(
             "cannot restore the protection {prot:#x} of window page {src:#x}: {e}"
         ));
