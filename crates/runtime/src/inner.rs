@@ -200,7 +200,14 @@ impl Inner {
     /// peak committed footprint so far (never of the footprint now: a program that frees memory
     /// keeps its local buffer, as it keeps a memory cgroup's limit).
     pub fn budget_pages(&self, core: &Core) -> u64 {
-        let peak = self.note_footprint(core);
+        // Called at every fault: only the peak is kept here (allocation sites record the rest
+        // in `note_footprint`).
+        let committed = core.committed_pages();
+        let peak = self
+            .stats
+            .peak_committed_pages
+            .fetch_max(committed, Ordering::Relaxed)
+            .max(committed);
         let b = self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES);
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
