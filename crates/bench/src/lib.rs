@@ -36,6 +36,7 @@ pub mod floors;
 pub mod kvload;
 pub mod latency;
 pub mod loopback;
+pub mod model;
 pub mod oom;
 pub mod output;
 pub mod programs;

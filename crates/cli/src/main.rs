@@ -10,6 +10,7 @@ mod brick_cmd;
 mod client_args;
 mod control_cmd;
 mod ctl_cmd;
+mod model_cmd;
 mod reach;
 mod run_cmd;
 mod sys;
@@ -69,6 +70,8 @@ enum Command {
     Ctl(ctl_cmd::CtlArgs),
     /// Run the node agent: hands memory from the control plane to this machine's programs.
     Agent(agent_cmd::AgentArgs),
+    /// Explain and predict: remote faults and streams over other networks (the link model).
+    Model(model_cmd::ModelArgs),
 }
 
 fn main() {
@@ -88,6 +91,7 @@ fn main() {
         Command::Control(args) => control_cmd::run(args),
         Command::Ctl(args) => ctl_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
+        Command::Model(args) => model_cmd::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
