@@ -1,0 +1,82 @@
+//! `rackmem model link`: predictions from floors read from a bench JSON or measured in the run,
+//! ordered as the links are, and clear errors for bad specifications and files.
+
+mod common;
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+
+fn rackmem_cmd(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(rackmem());
+    c.args(args);
+    run_with_deadline(c, Duration::from_secs(120))
+}
+
+fn json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("json written")).expect("well-formed JSON")
+}
+
+#[test]
+fn model_link_reads_floors_from_a_bench_json_and_orders_links() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let floors = dir.path().join("floors.json");
+    let o = rackmem_cmd(&["bench", "floors", "--samples", "400", "--json", floors.to_str().expect("path")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = json(&floors);
+    let p50 = |needle: &str| {
+        f["floors"]
+            .as_array()
+            .expect("floors")
+            .iter()
+            .filter(|s| s["name"].as_str().is_some_and(|n| n.contains(needle)))
+            .map(|s| s["p50_us"].as_f64().expect("p50"))
+            .fold(f64::INFINITY, f64::min)
+    };
+    let out = dir.path().join("model.json");
+    let o = rackmem_cmd(&[
+        "model",
+        "link",
+        "--calibrate",
+        floors.to_str().expect("path"),
+        "--link",
+        "latency=20us,bandwidth=1Gbit",
+        "--link",
+        "100g-rdma",
+        "--json",
+        out.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("100g-rdma") && text.contains("latency=20us,bandwidth=1Gbit"), "{text}");
+    let m = json(&out);
+    let cal = &m["calibration"];
+    assert_eq!(cal["uffd_floor_us"].as_f64(), Some(p50("uffd floor")));
+    assert_eq!(cal["link_4k_us"].as_f64(), Some(p50("link floor, unix, 4 KiB")));
+    let links = m["links"].as_array().expect("links");
+    assert_eq!(links.len(), 2);
+    let fault = |i: usize| links[i]["fault_4k_us"].as_f64().expect("fault");
+    // The slow link's fault costs at least its extra wire time more (40 µs of latency, and
+    // 4 KiB at 1 Gbit/s is 33 µs).
+    assert!(fault(0) > fault(1) + 70.0, "{} vs {}", fault(0), fault(1));
+    // Software floors are in every prediction: no fault is predicted below the userfaultfd floor.
+    assert!(fault(1) > cal["uffd_floor_us"].as_f64().expect("floor"));
+    assert_eq!(m["packetization"].as_array().map(Vec::len), Some(5));
+}
+
+#[test]
+fn model_link_refuses_bad_specifications_and_files_with_reasons() {
+    let o = rackmem_cmd(&["model", "link", "--link", "latency=5us,bandwidth=25Gbit,colour=red"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown key \"colour\""));
+    let o = rackmem_cmd(&["model", "link", "--link", "token-ring"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("presets: 25gbe"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"rows\": []}").expect("write");
+    let o = rackmem_cmd(&["model", "link", "--calibrate", bad.to_str().expect("path")]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no userfaultfd floor") && err.contains("rackmem bench floors"), "{err}");
+}
