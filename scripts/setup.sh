@@ -11,6 +11,8 @@ need_pkgs=()
 command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v make >/dev/null || need_pkgs+=(make)
 command -v python3 >/dev/null || need_pkgs+=(python3)
+# ip and tc: `rackmem bench emulate --veth` and its test shape a veth pair between namespaces.
+{ command -v ip >/dev/null && command -v tc >/dev/null; } || need_pkgs+=(iproute2)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   say "installing ${need_pkgs[*]}"
   apt-get update -qq

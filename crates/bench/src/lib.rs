@@ -32,6 +32,7 @@ pub mod apps;
 pub mod baseline;
 pub mod chart;
 pub mod control;
+pub mod emulate;
 pub mod floors;
 pub mod kvload;
 pub mod latency;

@@ -60,6 +60,31 @@ enum Which {
         #[arg(long, value_delimiter = ',', value_parser = ["tcp", "tls"], value_name = "tcp,tls")]
         links: Vec<String>,
     },
+    /// Checks the link emulator (`rackmem run --emulate`): the remote 4 KiB fault emulated at
+    /// each setting against the link model's prediction (the plain link's fault plus what the
+    /// wire adds), rounds interleaved; with --veth RATE (root), a scan over a brick in another
+    /// network namespace behind a veth pair shaped by tbf against the emulator at that rate.
+    Emulate {
+        /// Networks to emulate (`latency=5us,bandwidth=25Gbit` or a preset); default: three
+        /// settings from latency-bound to bandwidth-bound.
+        #[arg(long = "setting", value_name = "SPEC")]
+        settings: Vec<rackmem_model::link::LinkSpec>,
+        /// Random touches of the fault program per run.
+        #[arg(long, default_value_t = 4000)]
+        samples: usize,
+        /// Footprint of the fault program.
+        #[arg(long, default_value_t = 128)]
+        mib: usize,
+        /// Interleaved rounds (figures are medians over them).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=25))]
+        repeat: u32,
+        /// Also compare with a veth pair shaped by tbf to this rate (`1Gbit`, `500Mbit`).
+        #[arg(long, value_name = "RATE")]
+        veth: Option<String>,
+        /// Footprint of the scan of the veth comparison.
+        #[arg(long, default_value_t = 256)]
+        scan_mib: usize,
+    },
     /// Unmodified workloads (STREAM, GUPS, scan, pointer chase) natively, under rackmem with
     /// several local buffers and transports, and under Linux swap to zram and to a swap file
     /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
@@ -236,6 +261,31 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
     let (bench_dir, tmp) = (bench_dir.to_path_buf(), tmp.to_path_buf());
     Ok(match which {
         Which::Floors { samples } => floors::run(samples)?,
+        Which::Emulate {
+            settings,
+            samples,
+            mib,
+            repeat,
+            veth,
+            scan_mib,
+        } => rackmem_bench::emulate::run(&rackmem_bench::emulate::EmulateConfig {
+            settings: if settings.is_empty() {
+                rackmem_bench::emulate::DEFAULT_SETTINGS
+                    .iter()
+                    .map(|s| s.parse::<rackmem_model::link::LinkSpec>().map(|l| l.0))
+                    .collect::<Result<_, _>>()?
+            } else {
+                settings.into_iter().map(|l| l.0).collect()
+            },
+            samples,
+            mib,
+            repeat,
+            veth,
+            scan_mib,
+            rackmem: current()?,
+            bench_dir,
+            tmp,
+        })?,
         Which::Latency { samples, mib, links: l } => latency::run(&latency::LatencyConfig {
             samples,
             mib,

@@ -111,6 +111,14 @@ pub struct RunArgs {
     /// their links.
     #[arg(long)]
     no_shared_memory: bool,
+    /// Pretend the bricks are across a given network: every link delays its responses as that
+    /// network would (latency each way, line rate shared by the requests in flight, packet
+    /// overhead), on top of what the real link costs. SPEC is `latency=5us,bandwidth=25Gbit`
+    /// (optional `,lanes=N`, `,mtu=BYTES`, `,packet-overhead=BYTES`) or a preset: 25gbe,
+    /// ib-seed002, 100g-rdma, cxl-switch (with overrides: `100g-rdma,latency=3us`). Implies
+    /// --no-shared-memory. `rackmem model link` predicts the same networks; docs/model.md.
+    #[arg(long, value_name = "SPEC", conflicts_with = "shared_memory")]
+    emulate: Option<rackmem_model::link::LinkSpec>,
     /// Run the program on these CPUs only (a list as `taskset -c` takes it: 0, 0,2, 0-3). On
     /// one CPU, a single-threaded program and its fault handler take turns there: a fault is a
     /// context switch instead of a wake-up across CPUs (the handler then blocks rather than
@@ -279,7 +287,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(e) = args.eviction {
         cmd.env("RACKMEM_EVICTION", e.name());
     }
-    if args.shared_memory {
+    if let Some(spec) = &args.emulate {
+        cmd.env(rackmem_transport::EMULATE_ENV, &spec.0.name);
+        cmd.env("RACKMEM_SHARED_MEMORY", "0");
+    } else if args.shared_memory {
         cmd.env("RACKMEM_SHARED_MEMORY", "1");
     } else if args.no_shared_memory {
         cmd.env("RACKMEM_SHARED_MEMORY", "0");

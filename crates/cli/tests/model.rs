@@ -21,7 +21,14 @@ fn model_link_reads_floors_from_a_bench_json_and_orders_links() {
     require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let floors = dir.path().join("floors.json");
-    let o = rackmem_cmd(&["bench", "floors", "--samples", "400", "--json", floors.to_str().expect("path")]);
+    let o = rackmem_cmd(&[
+        "bench",
+        "floors",
+        "--samples",
+        "400",
+        "--json",
+        floors.to_str().expect("path"),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let f = json(&floors);
     let p50 = |needle: &str| {
@@ -48,7 +55,10 @@ fn model_link_reads_floors_from_a_bench_json_and_orders_links() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("100g-rdma") && text.contains("latency=20us,bandwidth=1Gbit"), "{text}");
+    assert!(
+        text.contains("100g-rdma") && text.contains("latency=20us,bandwidth=1Gbit"),
+        "{text}"
+    );
     let m = json(&out);
     let cal = &m["calibration"];
     assert_eq!(cal["uffd_floor_us"].as_f64(), Some(p50("uffd floor")));
@@ -78,5 +88,82 @@ fn model_link_refuses_bad_specifications_and_files_with_reasons() {
     let o = rackmem_cmd(&["model", "link", "--calibrate", bad.to_str().expect("path")]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("no userfaultfd floor") && err.contains("rackmem bench floors"), "{err}");
+    assert!(
+        err.contains("no userfaultfd floor") && err.contains("rackmem bench floors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_program_on_an_emulated_link_gets_its_own_data_over_the_link() {
+    require_root();
+    let stats = same_as_native_with("reread", &["16", "2"], &["--emulate", "latency=20us,bandwidth=10Gbit"]);
+    let s = busiest(&stats);
+    assert_used_remote_memory(s);
+    // Emulation is on the link: the segment must not have been mapped past it.
+    assert!(
+        s.extra("bytes_fetched") > 0,
+        "nothing fetched over the link: {:?}",
+        s.raw
+    );
+    assert_eq!(
+        s.extra("bytes_fetched_shared"),
+        0,
+        "shared memory bypassed the emulated link"
+    );
+    let o = rackmem_cmd(&["run", "--emulate", "latency=5us", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bandwidth missing"));
+    let o = rackmem_cmd(&["run", "--emulate", "25gbe", "--shared-memory", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "--emulate and --shared-memory must conflict");
+}
+
+#[test]
+fn bench_emulate_compares_model_emulator_and_a_shaped_veth_and_cleans_up() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("emulate.json");
+    let mut c = Command::new(rackmem());
+    c.args([
+        "bench",
+        "emulate",
+        "--repeat",
+        "1",
+        "--samples",
+        "300",
+        "--mib",
+        "16",
+        "--setting",
+        "latency=50us,bandwidth=1Gbit",
+        "--veth",
+        "200Mbit",
+        "--scan-mib",
+        "16",
+        "--json",
+        j.to_str().expect("path"),
+    ])
+    .arg("--bench-dir")
+    .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"));
+    let o = run_with_deadline(c, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", show(&o));
+    let v = json(&j);
+    let s = &v["settings"][0];
+    assert_eq!(s["setting"], "latency=50us,bandwidth=1Gbit");
+    // The model's wire for 4 KiB at 125 MB/s, 100 µs of latency: about 136 µs; the ratio is a
+    // measurement and only has to exist.
+    let extra = s["wire_extra_us"].as_f64().expect("wire");
+    assert!((130.0..145.0).contains(&extra), "{extra}");
+    assert!(s["ratio"].as_f64().is_some_and(|r| r > 0.0));
+    assert!(v["veth"]["veth_mb_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    assert!(v["veth"]["emulated_mb_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    let netns = Command::new("ip").args(["netns", "list"]).output().expect("ip netns");
+    assert!(
+        !String::from_utf8_lossy(&netns.stdout).contains("rackmem-emu-"),
+        "a namespace was left behind"
+    );
+    let links = Command::new("ip").args(["-o", "link"]).output().expect("ip link");
+    assert!(
+        !String::from_utf8_lossy(&links.stdout).contains("rme"),
+        "a veth was left behind"
+    );
 }

@@ -250,6 +250,8 @@ impl Config {
             grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),
             link_spin: Duration::from_micros(num("RACKMEM_LINK_SPIN_US", 50)?),
             shared_memory: match var("RACKMEM_SHARED_MEMORY").as_deref().map(str::trim) {
+                // An emulated network is emulated on the link: mapping the segment would skip it.
+                _ if var(rackmem_transport::EMULATE_ENV).is_some_and(|v| !v.trim().is_empty()) => ShareChoice::Never,
                 None | Some("auto") => ShareChoice::Auto,
                 Some("0") | Some("off") | Some("no") => ShareChoice::Never,
                 Some("1") | Some("on") | Some("yes") => ShareChoice::Always,

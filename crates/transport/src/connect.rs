@@ -48,6 +48,10 @@ impl Link {
             cause,
         };
         let started = Instant::now();
+        let emulator = crate::emulate::Emulator::from_env().map_err(|reason| LinkError::Emulation {
+            addr: text.clone(),
+            reason,
+        })?;
         let client = match (addr, tls) {
             (BrickAddr::Tls(_), None) => {
                 return Err(LinkError::TlsSetup {
@@ -126,6 +130,7 @@ impl Link {
             share_lock: Mutex::new(()),
             born: Instant::now(),
             last_sent_ms: AtomicU64::new(0),
+            emulator: None,
         };
         let r = link
             .call(&Request::Hello)
@@ -139,6 +144,7 @@ impl Link {
                 unreachable(format!("bad HELLO answer: {e}"))
             }
         })?;
+        link.emulator = emulator;
         Ok(link)
     }
 }

@@ -16,6 +16,14 @@ pub enum LinkError {
         /// What is missing or wrong, and what to do.
         reason: String,
     },
+    /// The link emulation asked for (`RACKMEM_LINK_EMULATE`) does not parse.
+    #[error("cannot emulate the link to brick {addr}: {reason}")]
+    Emulation {
+        /// Brick.
+        addr: String,
+        /// What is wrong, and the form expected.
+        reason: String,
+    },
     /// Connecting failed.
     #[error("cannot reach brick {addr}: {cause}")]
     Unreachable {

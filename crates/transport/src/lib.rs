@@ -22,12 +22,16 @@
 //! [`LinkError::BrickLost`] naming the brick and the cause. Nothing ever returns zeros in place
 //! of data.
 //!
+//! A link may be *emulated* (module `emulate`, [`EMULATE_ENV`]): its responses reach their
+//! waiters as late as a given network would deliver them.
+//!
 //! A `tls://` link keeps this design: one TLS connection state is shared by the reader and the
 //! senders under a lock never held across blocking I/O (module `tls`, and `docs/architecture.md`,
 //! "TLS links").
 
 mod addr;
 mod connect;
+mod emulate;
 mod error;
 mod limits;
 mod link;
@@ -41,6 +45,7 @@ mod ticket;
 mod tls;
 
 pub use addr::BrickAddr;
+pub use emulate::EMULATE_ENV;
 pub use error::LinkError;
 pub use limits::{DEFAULT_TIMEOUT, KEEPALIVE_INTERVAL, MAX_BATCH_BYTES, MAX_BATCH_EXTENTS, MAX_IN_FLIGHT, READ_WINDOW};
 pub use link::Link;

@@ -21,6 +21,8 @@ pub(crate) struct Frame {
     pub(crate) payload: Vec<u8>,
     /// The payload went straight into the waiter's buffer (`payload` is empty).
     pub(crate) delivered: bool,
+    /// On an emulated link, when the waiter may have it.
+    pub(crate) deliver_at: Option<Instant>,
 }
 
 /// Who reads the socket, and the responses read for others.
@@ -71,6 +73,8 @@ pub struct Link {
     pub(crate) born: Instant,
     /// Milliseconds after `born` at which the last request was sent.
     pub(crate) last_sent_ms: AtomicU64,
+    /// The network this link pretends to cross, if any.
+    pub(crate) emulator: Option<crate::emulate::Emulator>,
 }
 
 impl fmt::Debug for Link {
@@ -106,6 +110,12 @@ impl Link {
     /// [`Link::attach`] proofs are bound to).
     pub fn info(&self) -> &BrickInfo {
         &self.info
+    }
+
+    /// True if this link's responses are delayed as an emulated network would (see
+    /// [`EMULATE_ENV`](crate::EMULATE_ENV)).
+    pub fn is_emulated(&self) -> bool {
+        self.emulator.is_some()
     }
 
     /// The timeout of every wait on this link.

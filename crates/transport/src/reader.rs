@@ -15,6 +15,15 @@ impl Link {
     /// successful response to `dest`'s tag of exactly its length is read straight into it,
     /// sparing a buffer and a copy of every page fetched.
     fn read_frame(&self, dest: Option<(u32, &mut [u8])>, deadline: Instant) -> Result<Frame, LinkError> {
+        let mut f = self.read_frame_now(dest, deadline)?;
+        if let Some(e) = &self.emulator {
+            let bytes = (HEADER_LEN + f.header.payload_len as usize) as u64;
+            f.deliver_at = Some(e.deliver_at(f.header.tag, bytes, Instant::now()));
+        }
+        Ok(f)
+    }
+
+    fn read_frame_now(&self, dest: Option<(u32, &mut [u8])>, deadline: Instant) -> Result<Frame, LinkError> {
         let mut sock = lock(&self.rx_sock);
         sock.get_mut().deadline = Some(deadline);
         let mut hdr = [0u8; HEADER_LEN];
@@ -52,6 +61,7 @@ impl Link {
                     header,
                     payload: Vec::new(),
                     delivered: true,
+                    deliver_at: None,
                 });
             }
         }
@@ -62,6 +72,7 @@ impl Link {
             header,
             payload,
             delivered: false,
+            deliver_at: None,
         })
     }
 
@@ -191,6 +202,9 @@ impl Link {
             out.map(|b| (tag, b)),
             |st| st.parked.remove(&tag),
         )?;
+        if let Some(t) = f.deliver_at {
+            crate::emulate::wait_until(t);
+        }
         let status = Status::from_u32(f.header.status);
         if status != Status::Ok {
             return Err(LinkError::Refused {

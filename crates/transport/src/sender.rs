@@ -37,6 +37,11 @@ impl Link {
         };
         let head = head(tag);
         let mut guard = lock(&self.tx);
+        if let Some(e) = &self.emulator {
+            // Under the send lock, so requests take the emulated wire in the order they take
+            // the socket.
+            e.sent(tag, (head.len() + data.len()) as u64);
+        }
         let tx = &mut *guard;
         match &self.tls {
             None => self.write_out(
