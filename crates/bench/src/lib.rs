@@ -44,6 +44,7 @@ pub mod programs;
 pub mod progress;
 pub mod rackmem;
 pub mod scan;
+pub mod seeds;
 pub mod setups;
 pub mod suite;
 pub mod summary;

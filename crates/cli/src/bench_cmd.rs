@@ -85,6 +85,25 @@ enum Which {
         #[arg(long, default_value_t = 256)]
         scan_mib: usize,
     },
+    /// Two published experiments rerun with the link emulated as the paper's network: seed 002's
+    /// Fig. 4 (CG on MiniFE's operator, DGEMM, Graph500 BFS, GUPS-style updates at all-local,
+    /// 75% and 25% local, 1 thread and every CPU, over its ~3 µs 12 GB/s InfiniBand) and seed
+    /// 004's STREAM against a 10 Gbit/s link's ceiling; our slowdowns beside the papers', and the
+    /// slowdown C-AMAT predicts from each run's own fault counters.
+    Seeds {
+        /// Size factor (1: footprints of about 100 to 200 MiB).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Thread counts (0: every CPU).
+        #[arg(long, value_delimiter = ',', default_value = "1,0")]
+        threads: Vec<usize>,
+        /// The network of the seed 002 runs.
+        #[arg(long, value_name = "SPEC", default_value = "ib-seed002")]
+        link: rackmem_model::link::LinkSpec,
+        /// The network of the STREAM runs.
+        #[arg(long, value_name = "SPEC", default_value = "latency=1us,bandwidth=10Gbit")]
+        stream_link: rackmem_model::link::LinkSpec,
+    },
     /// Unmodified workloads (STREAM, GUPS, scan, pointer chase) natively, under rackmem with
     /// several local buffers and transports, and under Linux swap to zram and to a swap file
     /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
@@ -282,6 +301,20 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
             repeat,
             veth,
             scan_mib,
+            rackmem: current()?,
+            bench_dir,
+            tmp,
+        })?,
+        Which::Seeds {
+            scale,
+            threads,
+            link,
+            stream_link,
+        } => rackmem_bench::seeds::run(&rackmem_bench::seeds::SeedsConfig {
+            scale,
+            threads,
+            link: link.0,
+            stream_link: stream_link.0,
             rackmem: current()?,
             bench_dir,
             tmp,

@@ -167,3 +167,42 @@ fn bench_emulate_compares_model_emulator_and_a_shaped_veth_and_cleans_up() {
         "a veth was left behind"
     );
 }
+
+#[test]
+fn bench_seeds_reruns_both_experiments_with_checksums_and_counters() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("seeds.json");
+    let mut c = Command::new(rackmem());
+    c.args([
+        "bench",
+        "seeds",
+        "--scale",
+        "0.02",
+        "--threads",
+        "2",
+        "--json",
+        j.to_str().expect("path"),
+    ])
+    .arg("--bench-dir")
+    .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"));
+    let o = run_with_deadline(c, Duration::from_secs(600));
+    assert!(o.status.success(), "{}", show(&o));
+    let v = json(&j);
+    let fig4 = v["fig4"].as_array().expect("fig4 rows");
+    // cg, dgemm and updates on 2 threads, bfs on 1.
+    assert_eq!(fig4.len(), 4, "{fig4:?}");
+    for r in fig4 {
+        // The bench refuses a run whose checksum differs from the native one; here the runs
+        // must also have gone remote at 25% (faults counted) and been compared with the seed.
+        assert!(r["xmem25"]["faults"].as_u64().is_some_and(|f| f > 0), "{r}");
+        assert!(r["slowdown25"].as_f64().is_some_and(|s| s > 0.0), "{r}");
+        assert!(
+            r["camat_predicted_slowdown25"].as_f64().is_some_and(|s| s >= 1.0),
+            "{r}"
+        );
+        assert!(r["seed002_slowdown25"].is_array(), "{r}");
+    }
+    assert_eq!(v["stream"].as_array().map(Vec::len), Some(4));
+    assert_eq!(v["link"]["name"], "ib-seed002");
+}
