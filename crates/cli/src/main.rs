@@ -7,6 +7,7 @@
 mod agent_cmd;
 mod bench_cmd;
 mod brick_cmd;
+mod camat;
 mod client_args;
 mod control_cmd;
 mod ctl_cmd;

@@ -132,6 +132,14 @@ pub struct RunArgs {
     /// Write the statistics as JSON lines (one per process) to FILE.
     #[arg(long, value_name = "FILE")]
     stats_json: Option<PathBuf>,
+    /// Print C-AMAT at exit (seed 002; docs/model.md): the program's page accesses (sampled:
+    /// pages touched, counted once per 50 ms, from the kernel's accessed bits, a lower bound),
+    /// faults and miss ratio at the local buffer, the bricks' C-AMAT (mean fault time over miss
+    /// concurrency), and the share of the run a fault was outstanding. With --stats-json, the
+    /// program's line gains a "camat" object. Samples the program's own process, not its
+    /// children.
+    #[arg(long)]
+    camat: bool,
     /// Explain what the runtime does at start, fork and exit.
     #[arg(long, short)]
     verbose: bool,
@@ -239,7 +247,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         (args.bricks.clone(), String::from_utf8_lossy(&secret).into_owned())
     };
 
-    let stats_file = match (&args.stats_json, args.stats) {
+    let stats_file = match (&args.stats_json, args.stats || args.camat) {
         (Some(p), _) => {
             let _ = std::fs::remove_file(p);
             Some(p.clone())
@@ -335,6 +343,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
             return Ok(crate::exit::CANNOT_EXEC);
         }
     };
+    let started = Instant::now();
+    let sampler = args.camat.then(|| crate::camat::Sampler::start(child.id()));
     let status = loop {
         // Before blocking: a SIGCHLD that came before this point is still pending in `signals`.
         if let Some(s) = child.try_wait().context("waiting for the program")? {
@@ -347,6 +357,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
         }
     };
     drop(signals);
+    let wall = started.elapsed();
+    let page_accesses = sampler.map(crate::camat::Sampler::finish);
     let code = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
         (Some(c), _) => c,
         (None, Some(sig)) => 128 + sig,
@@ -376,6 +388,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(f) = &stats_file {
         if args.stats {
             print_stats(f);
+        }
+        if let Some(accesses) = page_accesses {
+            crate::camat::report(f, child.id(), accesses, wall, args.stats_json.is_some());
         }
     }
     Ok(code)

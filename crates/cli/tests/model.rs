@@ -206,3 +206,36 @@ fn bench_seeds_reruns_both_experiments_with_checksums_and_counters() {
     assert_eq!(v["stream"].as_array().map(Vec::len), Some(4));
     assert_eq!(v["link"]["name"], "ib-seed002");
 }
+
+/// Runs `hot_updates 64 HOT 1` under `--camat --stats-json` at 25% local; returns its "camat".
+fn camat_of_hot_updates(hot_percent: &str) -> serde_json::Value {
+    let prog = program("hot_updates");
+    let (o, stats) = remote(&prog, &["64", hot_percent, "1"], "25%", &["--camat"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("C-AMAT₂"), "{}", show(&o));
+    let s = stats.into_iter().max_by_key(|s| s.faults).expect("statistics");
+    let c = s.raw["camat"].clone();
+    assert!(c.is_object(), "no camat object in {:?}", s.raw);
+    assert!(c["page_accesses"].as_u64().is_some_and(|a| a > 0), "{c}");
+    assert!(
+        c["stall_share"].as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)),
+        "{c}"
+    );
+    let expect = s.faults as f64 / c["page_accesses"].as_u64().expect("accesses") as f64;
+    assert!((c["miss_ratio"].as_f64().expect("ratio") - expect).abs() < 1e-9, "{c}");
+    c
+}
+
+#[test]
+fn camat_sees_a_hot_set_that_fits_as_fewer_misses_per_access() {
+    require_root();
+    // A tenth of 64 MiB fits the 16 MiB local buffer: after the fill, its pages are touched
+    // interval after interval without faulting. Updates over the whole buffer fault most times.
+    let hot = camat_of_hot_updates("10");
+    let all = camat_of_hot_updates("100");
+    let (h, a) = (
+        hot["miss_ratio"].as_f64().expect("h"),
+        all["miss_ratio"].as_f64().expect("a"),
+    );
+    assert!(h < a, "hot set miss ratio {h} not below whole-buffer {a}: {hot} {all}");
+}

@@ -288,6 +288,65 @@ impl Trace {
     }
 }
 
+/// C-AMAT of rackmem's two levels from one run's counters, without a trace: what the runtime
+/// counts (faults, their mean service time, faults in flight) and a sampled count of page
+/// accesses.
+///
+/// Hits cannot be timed without hardware counters, so the first level's `H / C_H` is not
+/// given; its miss term `MR₁ × κ₁ × C-AMAT₂` is, with κ₁ taken as 1 (no hit overlaps a miss:
+/// an upper bound, exact for one thread, which stops while its fault is served).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct FromCounters {
+    /// Page accesses (a lower bound: pages touched, counted once per sampling interval).
+    pub page_accesses: u64,
+    /// Faults (misses of the local buffer).
+    pub faults: u64,
+    /// Mean time a fault took to serve, seconds.
+    pub fault_mean_s: f64,
+    /// Faults outstanding at once, time-weighted over the time any was (C_M).
+    pub miss_concurrency: f64,
+    /// The run's wall-clock time, seconds.
+    pub wall_s: f64,
+}
+
+impl FromCounters {
+    /// MR₁: faults per page access (at most 1 when accesses are counted fully; above 1 says the
+    /// sampling missed accesses, for example of pages evicted within an interval).
+    pub fn miss_ratio(&self) -> f64 {
+        if self.page_accesses == 0 {
+            0.0
+        } else {
+            self.faults as f64 / self.page_accesses as f64
+        }
+    }
+
+    /// C-AMAT₂, the bricks' level: time any fault is outstanding per fault, the mean fault
+    /// time divided by the miss concurrency.
+    pub fn bricks_camat_s(&self) -> f64 {
+        self.fault_mean_s / self.miss_concurrency.max(1.0)
+    }
+
+    /// MC₁: time at least one fault was outstanding (faults × C-AMAT₂).
+    pub fn miss_time_s(&self) -> f64 {
+        self.faults as f64 * self.bricks_camat_s()
+    }
+
+    /// The first level's miss term per access, `MR₁ × C-AMAT₂` (κ₁ = 1).
+    pub fn local_miss_term_s(&self) -> f64 {
+        self.miss_ratio() * self.bricks_camat_s()
+    }
+
+    /// Share of the run during which a fault was outstanding: with κ₁ = 1, the share of the
+    /// run stalled on remote memory (Eq. 7 with no overlap).
+    pub fn stall_share(&self) -> f64 {
+        if self.wall_s > 0.0 {
+            (self.miss_time_s() / self.wall_s).min(1.0)
+        } else {
+            0.0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +397,22 @@ mod tests {
         assert!(Trace::measure(&[hit(0.0, 0.0)]).is_err());
         assert!(Trace::measure(&[miss(0.0, 1.0, -1.0)]).is_err());
         assert!(Trace::measure(&[hit(f64::NAN, 1.0)]).is_err());
+    }
+
+    #[test]
+    fn counters_give_the_bricks_level_and_the_miss_term() {
+        let c = FromCounters {
+            page_accesses: 1000,
+            faults: 100,
+            fault_mean_s: 20e-6,
+            miss_concurrency: 2.0,
+            wall_s: 0.01,
+        };
+        assert_eq!(c.miss_ratio(), 0.1);
+        assert!((c.bricks_camat_s() - 10e-6).abs() < 1e-18);
+        assert!((c.miss_time_s() - 1e-3).abs() < 1e-15);
+        assert!((c.local_miss_term_s() - 1e-6).abs() < 1e-18);
+        assert!((c.stall_share() - 0.1).abs() < 1e-12);
     }
 
     #[test]

@@ -141,3 +141,32 @@ pub fn effective_ids() -> (u32, u32) {
     // SAFETY: geteuid and getegid take nothing and cannot fail.
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
+
+/// Bytes of process `pid`'s anonymous memory (mappings without a file, the heap included) whose
+/// pages were accessed since the last [`clear_referenced`] (the `Referenced:` lines of
+/// `/proc/PID/smaps`): pages touched at least once, counted once however often.
+pub fn referenced_anon_bytes(pid: u32) -> std::io::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    let mut total_kib = 0u64;
+    let mut anonymous = false;
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if first.contains('-') && first.chars().next().is_some_and(|c| c.is_ascii_hexdigit()) {
+            // A mapping's header: address perms offset dev inode [path]; anonymous when the path
+            // is absent or [heap].
+            let path = line.split_whitespace().nth(5);
+            anonymous = matches!(path, None | Some("[heap]"));
+        } else if first == "Referenced:" && anonymous {
+            total_kib += fields.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    Ok(total_kib * 1024)
+}
+
+/// Clears the accessed bits of every page of process `pid` (`/proc/PID/clear_refs`, 1), so that
+/// [`referenced_anon_bytes`] counts from now. The kernel's reclaim uses the same bits: clearing
+/// them makes pages look cold to it until touched again.
+pub fn clear_referenced(pid: u32) -> std::io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), b"1")
+}
