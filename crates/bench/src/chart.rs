@@ -1,5 +1,10 @@
-//! A dependency-free SVG bar chart: one group of bars per workload, one bar per setup, the bar's
-//! length the setup's performance as a fraction of the native run on a log scale.
+//! The charts of `rackmem bench`, drawn with `plotters` into SVG: bars of performance as a
+//! fraction of the native run (log scale, one group per workload), and latency bars (median,
+//! with a whisker to the 99th percentile). Text is left to the viewer's fonts: no font file is
+//! read, so charts are drawn the same on any machine.
+
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
 
 /// One bar.
 pub struct Bar {
@@ -9,75 +14,6 @@ pub struct Bar {
     pub label: String,
     /// Fraction of native (higher is better).
     pub fraction: f64,
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
-/// Renders the bars as an SVG document.
-pub fn svg(title: &str, bars: &[Bar]) -> String {
-    let row = 16.0;
-    let left = 260.0;
-    let width = 900.0;
-    let plot = width - left - 80.0;
-    // Log scale from 1e-4 to 2 (fractions of native).
-    let (lo, hi) = (1e-4f64.log10(), 2f64.log10());
-    let x = |f: f64| left + (f.max(1e-4).log10() - lo) / (hi - lo) * plot;
-    let mut groups: Vec<&str> = Vec::new();
-    for b in bars {
-        if !groups.contains(&b.group.as_str()) {
-            groups.push(&b.group);
-        }
-    }
-    let height = 60.0 + bars.len() as f64 * row + groups.len() as f64 * 24.0 + 40.0;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n",
-        esc(title)
-    );
-    for t in [1e-4, 1e-3, 1e-2, 1e-1, 1.0] {
-        let xt = x(t);
-        out += &format!(
-            "<line x1=\"{xt:.1}\" y1=\"35\" x2=\"{xt:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{xt:.1}\" y=\"32\" text-anchor=\"middle\">{t}×</text>\n",
-            height - 30.0
-        );
-    }
-    let mut y = 50.0;
-    let colors = [
-        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-    ];
-    for g in &groups {
-        out += &format!(
-            "<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">{}</text>\n",
-            y + 10.0,
-            esc(g)
-        );
-        y += 16.0;
-        for (i, b) in bars.iter().filter(|b| b.group == *g).enumerate() {
-            let w = (x(b.fraction) - left).max(1.0);
-            out += &format!(
-                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><rect x=\"{left}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{}\"/>\
-                 <text x=\"{:.1}\" y=\"{:.1}\">{:.4}</text>\n",
-                left - 6.0,
-                y + 11.0,
-                esc(&b.label),
-                y + 2.0,
-                row - 4.0,
-                colors[i % colors.len()],
-                left + w + 4.0,
-                y + 11.0,
-                b.fraction
-            );
-            y += row;
-        }
-        y += 8.0;
-    }
-    out += &format!(
-        "<text x=\"{left}\" y=\"{:.1}\">performance as a fraction of the native (all-local) run, log scale; higher is better</text>\n</svg>\n",
-        height - 10.0
-    );
-    out
 }
 
 /// One latency series: its median and 99th percentile.
@@ -90,70 +26,173 @@ pub struct LatencyBar {
     pub p99_us: f64,
 }
 
-/// Renders latencies as horizontal bars on a linear scale: a solid bar to the median and a thin
-/// whisker on to the 99th percentile, so floors and the remote fault read side by side.
+const WIDTH: u32 = 1000;
+const ROW: u32 = 20;
+/// The lowest fraction of native the log scale shows (a bar below it is drawn at it).
+const FLOOR: f64 = 1e-4;
+
+type Drawn = Result<(), Box<dyn std::error::Error>>;
+
+/// Draws with `draw` into an SVG document of `height`; a drawing error is written into the
+/// document as its only text, so a chart never takes a benchmark's figures down with it.
+fn render(height: u32, draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, plotters::coord::Shift>) -> Drawn) -> String {
+    let mut out = String::new();
+    let failed = {
+        let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
+        let r = root.fill(&WHITE).map_err(Into::into).and_then(|()| draw(&root));
+        let r = r.and_then(|()| root.present().map_err(Into::into));
+        r.err().map(|e| e.to_string())
+    };
+    match failed {
+        None => out,
+        Some(e) => {
+            let mut fallback = String::new();
+            {
+                let root = SVGBackend::with_string(&mut fallback, (WIDTH, 40)).into_drawing_area();
+                let _ = root.fill(&WHITE);
+                let _ = root.draw(&Text::new(
+                    format!("chart not drawn: {e}"),
+                    (10, 12),
+                    ("sans-serif", 14),
+                ));
+                let _ = root.present();
+            }
+            fallback
+        }
+    }
+}
+
+/// The groups in the order they first appear, and the bars group by group (each group's in
+/// their own order).
+fn grouped(bars: &[Bar]) -> (Vec<&str>, Vec<&Bar>) {
+    let mut groups: Vec<&str> = Vec::new();
+    for b in bars {
+        if !groups.contains(&b.group.as_str()) {
+            groups.push(&b.group);
+        }
+    }
+    let rows = groups
+        .iter()
+        .flat_map(|g| bars.iter().filter(move |b| b.group == *g))
+        .collect();
+    (groups, rows)
+}
+
+/// Renders the bars as an SVG document: one row per bar, grouped by workload, the bar's length
+/// its fraction of native on a log scale from 10⁻⁴ to 2.
+pub fn svg(title: &str, bars: &[Bar]) -> String {
+    let (groups, rows) = grouped(bars);
+    let labels: Vec<String> = rows.iter().map(|b| format!("{} · {}", b.group, b.label)).collect();
+    let n = rows.len().max(1);
+    let height = 110 + ROW * n as u32;
+    render(height, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(45)
+            .y_label_area_size(330)
+            .build_cartesian_2d((FLOOR..2.0f64).log_scale(), (0..n).into_segmented())?;
+        // Row i is drawn at segment n - 1 - i, so the first row is at the top.
+        let at = |i: usize| n - 1 - i;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(k) => labels.get(n - 1 - *k).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
+            .x_desc("performance as a fraction of the native (all-local) run, log scale; higher is better")
+            .x_label_formatter(&|x| format!("{x}×"))
+            .draw()?;
+        chart.draw_series(rows.iter().enumerate().map(|(i, b)| {
+            let colour = Palette99::pick(groups.iter().position(|g| *g == b.group).unwrap_or(0)).filled();
+            let f = if b.fraction.is_finite() {
+                b.fraction.clamp(FLOOR, 2.0)
+            } else {
+                FLOOR
+            };
+            Rectangle::new(
+                [(FLOOR, SegmentValue::Exact(at(i))), (f, SegmentValue::Exact(at(i) + 1))],
+                colour,
+            )
+        }))?;
+        chart.draw_series(rows.iter().enumerate().map(|(i, b)| {
+            let f = if b.fraction.is_finite() {
+                b.fraction.clamp(FLOOR, 2.0)
+            } else {
+                FLOOR
+            };
+            Text::new(
+                format!("{:.4}", b.fraction),
+                (f, SegmentValue::CenterOf(at(i))),
+                ("sans-serif", 11),
+            )
+        }))?;
+        Ok(())
+    })
+}
+
+/// Renders latencies as horizontal bars on a linear scale: a bar to the median and a whisker
+/// on to the 99th percentile, so floors and the remote fault read side by side.
 pub fn latency_svg(title: &str, rows: &[LatencyBar]) -> String {
-    let row = 22.0;
-    let left = 420.0;
-    let width = 1000.0;
-    let plot = width - left - 90.0;
-    let max = rows
+    let n = rows.len().max(1);
+    let end = rows
         .iter()
         .map(|r| r.p99_us.max(r.p50_us))
         .filter(|v| v.is_finite())
-        .fold(1.0f64, f64::max);
-    // A round scale end so the grid lines land on readable values.
-    let step = [
-        1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
-    ]
-    .into_iter()
-    .find(|s| max / s <= 8.0)
-    .unwrap_or(10000.0);
-    let end = (max / step).ceil() * step;
-    let x = |v: f64| left + (v.clamp(0.0, end) / end) * plot;
-    let height = 70.0 + rows.len() as f64 * row + 30.0;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n",
-        esc(title)
-    );
-    let mut t = 0.0;
-    while t <= end + 1e-9 {
-        let xt = x(t);
-        out += &format!(
-            "<line x1=\"{xt:.1}\" y1=\"40\" x2=\"{xt:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{xt:.1}\" y=\"36\" text-anchor=\"middle\">{t} µs</text>\n",
-            height - 30.0
-        );
-        t += step;
-    }
-    let mut y = 48.0;
-    for r in rows {
-        let (p50, p99) = (r.p50_us.max(0.0), r.p99_us.max(r.p50_us).max(0.0));
-        out += &format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\
-             <rect x=\"{left}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#1f77b4\"/>\
-             <line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#333\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\">{p50:.1} / {p99:.1}</text>\n",
-            left - 6.0,
-            y + 13.0,
-            esc(&r.label),
-            y + 3.0,
-            (x(p50) - left).max(1.0),
-            row - 6.0,
-            x(p50),
-            y + row / 2.0,
-            x(p99),
-            y + row / 2.0,
-            x(p99) + 4.0,
-            y + 13.0,
-        );
-        y += row;
-    }
-    out += &format!(
-        "<text x=\"{left}\" y=\"{:.1}\">bar: median; whisker: 99th percentile (µs); labels: median / p99</text>\n</svg>\n",
-        height - 10.0
-    );
-    out
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let height = 110 + (ROW + 4) * n as u32;
+    render(height, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(45)
+            .y_label_area_size(420)
+            .build_cartesian_2d(0.0..end, (0..n).into_segmented())?;
+        // Row i is drawn at segment n - 1 - i, so the first row is at the top.
+        let at = |i: usize| n - 1 - i;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(k) => rows.get(n - 1 - *k).map(|r| r.label.clone()).unwrap_or_default(),
+                _ => String::new(),
+            })
+            .x_desc("µs; bar: median, whisker: 99th percentile; labels: median / p99")
+            .draw()?;
+        let clean = |v: f64| if v.is_finite() { v.clamp(0.0, end) } else { 0.0 };
+        chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+            Rectangle::new(
+                [
+                    (0.0, SegmentValue::Exact(at(i))),
+                    (clean(r.p50_us), SegmentValue::Exact(at(i) + 1)),
+                ],
+                BLUE.mix(0.7).filled(),
+            )
+        }))?;
+        chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+            let (p50, p99) = (clean(r.p50_us), clean(r.p99_us.max(r.p50_us)));
+            PathElement::new(
+                vec![
+                    (p50, SegmentValue::CenterOf(at(i))),
+                    (p99, SegmentValue::CenterOf(at(i))),
+                ],
+                BLACK.stroke_width(1),
+            )
+        }))?;
+        chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+            let p99 = clean(r.p99_us.max(r.p50_us));
+            Text::new(
+                format!("{:.1} / {:.1}", r.p50_us, r.p99_us),
+                (p99, SegmentValue::CenterOf(at(i))),
+                ("sans-serif", 11),
+            )
+        }))?;
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -175,14 +214,14 @@ mod tests {
             },
         ];
         let s = latency_svg("t", &rows);
-        assert_eq!(s.matches("<rect x=").count(), 2);
-        assert!(s.contains("uffd &lt;floor&gt;"));
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{s}");
+        assert!(s.contains("uffd &lt;floor&gt;"), "labels must be escaped: {s}");
         assert!(!s.contains("NaN\""), "no NaN coordinates: {s}");
-        assert!(s.trim_end().ends_with("</svg>"));
+        assert!(s.contains("15.0 / 40.0") && s.contains("remote"), "{s}");
     }
 
     #[test]
-    fn fraction_chart_groups_bars() {
+    fn fraction_chart_labels_every_bar_with_its_group() {
         let bars = [
             Bar {
                 group: "scan".into(),
@@ -190,13 +229,26 @@ mod tests {
                 fraction: 0.5,
             },
             Bar {
-                group: "scan".into(),
+                group: "gups".into(),
                 label: "b".into(),
                 fraction: 0.0,
             },
+            Bar {
+                group: "scan".into(),
+                label: "c".into(),
+                fraction: f64::INFINITY,
+            },
         ];
-        let s = svg("t", &bars);
-        assert_eq!(s.matches("font-weight=\"bold\">scan<").count(), 1);
-        assert_eq!(s.matches("<rect x=").count(), 2);
+        let s = svg("t & u", &bars);
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{s}");
+        for l in ["scan · a", "scan · c", "gups · b", "t &amp; u", "0.5000"] {
+            assert!(s.contains(l), "{l} missing: {s}");
+        }
+        // Groups stay together, in the order they first appear.
+        let (groups, rows) = grouped(&bars);
+        assert_eq!(groups, ["scan", "gups"]);
+        let labels: Vec<&str> = rows.iter().map(|b| b.label.as_str()).collect();
+        assert_eq!(labels, ["a", "c", "b"]);
+        assert!(!s.contains("NaN") && !s.contains("inf\""), "{s}");
     }
 }
