@@ -243,6 +243,154 @@ pub fn predict(links: &[Link], cal: &Calibration) -> Output {
     }
 }
 
+/// One prediction of `rackmem model check`: a rackmem run's slowdown over the native run,
+/// measured and predicted from its counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Checked {
+    /// Workload or application.
+    pub name: String,
+    /// The setup (and threads, for seed runs).
+    pub setup: String,
+    /// Local buffer, percent.
+    pub local_pct: u32,
+    /// Measured slowdown (time ÷ native time).
+    pub measured: f64,
+    /// Predicted: (native time + faults × C-AMAT₂) ÷ native time.
+    pub predicted: f64,
+}
+
+impl Checked {
+    /// Predicted ÷ measured.
+    pub fn ratio(&self) -> f64 {
+        self.predicted / self.measured
+    }
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// The slowdown C-AMAT predicts: the native time plus the time any fault was outstanding.
+fn predict_slowdown(native_s: f64, faults: f64, fault_mean_s: f64, concurrency: f64) -> f64 {
+    (native_s + faults * fault_mean_s / concurrency.max(1.0)) / native_s
+}
+
+/// Every prediction a bench document allows: `bench workloads` rows with counters (whole
+/// process wall time), and `bench seeds` runs.
+pub fn predictions(doc: &serde_json::Value) -> Vec<Checked> {
+    let mut out = Vec::new();
+    if let Some(rows) = doc["workloads"].as_array() {
+        for r in rows {
+            let (Some(counters), Some(walls)) = (r["counters"].as_array(), r["wall_s"].as_array()) else {
+                continue;
+            };
+            let name = r["workload"].as_str().unwrap_or_default();
+            let Some(native) = rows
+                .iter()
+                .find(|n| n["workload"] == r["workload"] && n["setup"] == "native")
+                .and_then(|n| median(n["wall_s"].as_array()?.iter().filter_map(|x| x.as_f64()).collect()))
+            else {
+                continue;
+            };
+            let measured = median(walls.iter().filter_map(|x| x.as_f64()).collect());
+            let predicted = median(
+                counters
+                    .iter()
+                    .map(|c| {
+                        predict_slowdown(
+                            native,
+                            c["faults"].as_f64().unwrap_or(0.0),
+                            c["fault_mean_ns"].as_f64().unwrap_or(0.0) * 1e-9,
+                            c["miss_concurrency"].as_f64().unwrap_or(1.0),
+                        )
+                    })
+                    .collect(),
+            );
+            if let (Some(m), Some(p)) = (measured, predicted) {
+                out.push(Checked {
+                    name: name.to_string(),
+                    setup: r["setup"].as_str().unwrap_or_default().to_string(),
+                    local_pct: r["local_pct"].as_u64().unwrap_or(0) as u32,
+                    measured: m / native,
+                    predicted: p,
+                });
+            }
+        }
+    }
+    if let Some(rows) = doc["fig4"].as_array() {
+        for r in rows {
+            // Whole-process wall time where recorded (the counters cover setup too).
+            let time = |x: &serde_json::Value| x["wall_s"].as_f64().or_else(|| x["seconds"].as_f64());
+            let native = time(&r["lmem"]).unwrap_or(f64::NAN);
+            for (key, pct) in [("xmem75", 75), ("xmem25", 25)] {
+                let x = &r[key];
+                let (Some(s), Some(f), Some(m), Some(c)) = (
+                    time(x),
+                    x["faults"].as_f64(),
+                    x["fault_mean_us"].as_f64(),
+                    x["miss_concurrency"].as_f64(),
+                ) else {
+                    continue;
+                };
+                if native > 0.0 {
+                    out.push(Checked {
+                        name: r["app"].as_str().unwrap_or_default().to_string(),
+                        setup: format!("{} thread(s)", r["threads"]),
+                        local_pct: pct,
+                        measured: s / native,
+                        predicted: predict_slowdown(native, f, m * 1e-6, c),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `rackmem model check FILE`: predicted against measured slowdowns for a bench document.
+pub fn check(doc: &serde_json::Value, source: &str) -> Result<Output, BenchError> {
+    let checked = predictions(doc);
+    if checked.is_empty() {
+        return Err(BenchError::Config(format!(
+            "{source}: no run with counters (give the JSON of `rackmem bench workloads` or `rackmem bench seeds` from \
+             this version)"
+        )));
+    }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "workload",
+        "setup",
+        "local",
+        "measured slowdown",
+        "C-AMAT predicts",
+        "predicted ÷ measured",
+    ]);
+    for c in &checked {
+        t.add_row(vec![
+            c.name.clone(),
+            c.setup.clone(),
+            format!("{}%", c.local_pct),
+            format!("{:.2} ×", c.measured),
+            format!("{:.2} ×", c.predicted),
+            format!("{:.3}", c.ratio()),
+        ]);
+    }
+    let within = checked.iter().filter(|c| (c.ratio() - 1.0).abs() <= 0.15).count();
+    let text = format!(
+        "C-AMAT from each run's counters against its measured slowdown ({source}; docs/model.md): predicted = (native \
+         time + faults × mean fault time ÷ miss concurrency) ÷ native time\n{t}\n{within} of {} within 15%\n",
+        checked.len()
+    );
+    Ok(Output {
+        text,
+        svg: String::new(),
+        json: serde_json::json!({ "checked": checked, "within_15_percent": within }),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +420,31 @@ mod tests {
         assert_eq!(c.runtime_overhead_us, Some(3.0));
         assert!((c.software.request_s - 28e-6).abs() < 1e-12);
         assert!(calibrate(&rows, "tcp", "test").is_err());
+    }
+
+    #[test]
+    fn check_predicts_workload_and_seed_runs_from_their_counters() {
+        let doc = serde_json::json!({
+            "workloads": [
+                {"workload": "gups", "setup": "native", "local_pct": 100, "wall_s": [1.0, 1.2, 0.8]},
+                {"workload": "gups", "setup": "rackmem defaults", "local_pct": 25, "wall_s": [3.0],
+                 "counters": [{"faults": 100000, "fault_mean_ns": 20000, "miss_concurrency": 1.0}]},
+                {"workload": "gups", "setup": "zram", "local_pct": 25, "wall_s": [9.0]},
+            ],
+            "fig4": [
+                {"app": "cg", "threads": 2, "lmem": {"seconds": 2.0},
+                 "xmem25": {"seconds": 4.0, "faults": 50000.0, "fault_mean_us": 40.0, "miss_concurrency": 2.0}},
+            ],
+        });
+        let p = predictions(&doc);
+        assert_eq!(p.len(), 2, "{p:?}");
+        // 1 s native + 100,000 × 20 µs = 3 s: exactly the measured 3 s.
+        assert!((p[0].predicted - 3.0).abs() < 1e-9 && (p[0].measured - 3.0).abs() < 1e-9);
+        // 2 s + 50,000 × 40 µs ÷ 2 = 3 s against 4 s measured: 1.5 × against 2 ×.
+        assert!((p[1].predicted - 1.5).abs() < 1e-9 && (p[1].measured - 2.0).abs() < 1e-9);
+        let out = check(&doc, "test").unwrap();
+        assert!(out.text.contains("1 of 2 within 15%"), "{}", out.text);
+        assert!(check(&serde_json::json!({"rows": []}), "x").is_err());
     }
 
     #[test]

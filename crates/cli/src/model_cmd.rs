@@ -1,7 +1,7 @@
 //! `rackmem model`: the models of `rackmem-model` applied to this machine (`rackmem-bench`
 //! measures and tabulates; this module parses the options and prints).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use rackmem_model::link::{presets, LinkSpec};
 use std::path::PathBuf;
@@ -17,6 +17,15 @@ pub struct ModelArgs {
 
 #[derive(Subcommand)]
 enum Which {
+    /// Predicted against measured: each rackmem run's slowdown over the native run, and the
+    /// one C-AMAT predicts from the run's own fault counters (native time plus faults × mean
+    /// fault time ÷ miss concurrency), for the JSON of `rackmem bench workloads` or `rackmem
+    /// bench seeds`.
+    Check {
+        /// The bench JSON.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Predict a remote fault's latency and a stream's throughput over other networks: this
     /// machine's software (its floors, measured now or read from a bench JSON) over each link's
     /// wire, and how a read is cut into packets on it (seed 000's Table I, one level up).
@@ -47,6 +56,12 @@ enum Which {
 
 pub fn run(args: ModelArgs) -> Result<i32> {
     let out = match args.which {
+        Which::Check { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let doc: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+            rackmem_bench::model::check(&doc, &file.display().to_string())?
+        }
         Which::Link {
             links,
             calibrate,

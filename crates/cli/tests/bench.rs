@@ -212,6 +212,21 @@ fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
     }
     // Per workload: native, 2 locals × 2 setups, 2 peers × 1 local.
     assert_eq!(rows.len(), 2 * (1 + 4 + 2), "{v}");
+    // rackmem rows carry each run's counters and wall time, so that `rackmem model check`
+    // predicts their slowdowns from C-AMAT.
+    for r in rows
+        .iter()
+        .filter(|r| r["setup"].as_str().is_some_and(|s| s.starts_with("rackmem")))
+    {
+        assert_eq!(r["counters"].as_array().map(Vec::len), Some(2), "{r}");
+        assert_eq!(r["wall_s"].as_array().map(Vec::len), Some(2), "{r}");
+    }
+    let mut c = Command::new(rackmem());
+    c.args(["model", "check"]).arg(&j);
+    let check = run_with_deadline(c, Duration::from_secs(60));
+    assert!(check.status.success(), "{}", show(&check));
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(text.contains("C-AMAT predicts") && text.contains("gups"), "{text}");
     assert!(rows.iter().all(|r| r["value"].as_f64().is_some_and(|x| x > 0.0)));
     assert_eq!(v["repeat"], 2);
     for r in rows {

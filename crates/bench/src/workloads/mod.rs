@@ -60,18 +60,41 @@ pub struct WorkloadsConfig {
     pub stop: Arc<AtomicBool>,
 }
 
-/// One run of a workload: its `result` key/value pairs and when it started.
+/// One run of a workload: its `result` key/value pairs, when it started, how long the whole
+/// process took, and (under rackmem) the runtime's counters.
 #[derive(Clone)]
 struct Timed {
     started_s: f64,
+    wall_s: f64,
     kv: BTreeMap<String, String>,
+    counters: Option<report::Counters>,
 }
 
 impl Timed {
     fn run(t0: Instant, f: impl FnOnce() -> Result<BTreeMap<String, String>, BenchError>) -> Result<Timed, BenchError> {
+        let started = Instant::now();
         let started_s = t0.elapsed().as_secs_f64();
-        Ok(Timed { started_s, kv: f()? })
+        let kv = f()?;
+        Ok(Timed {
+            started_s,
+            wall_s: started.elapsed().as_secs_f64(),
+            kv,
+            counters: None,
+        })
     }
+}
+
+/// The counters of the busiest process in a `--stats-json` file.
+fn counters_of(path: &std::path::Path) -> Option<report::Counters> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<rackmem_runtime::stats::StatsSnapshot>(l).ok())
+        .max_by_key(|s| s.faults)
+        .map(|s| report::Counters {
+            faults: s.faults,
+            fault_mean_ns: s.fault_mean_ns,
+            miss_concurrency: s.faults_in_flight_mean,
+        })
 }
 
 /// One rackmem setup at one local buffer with one build: what a round runs after native.
@@ -193,9 +216,13 @@ fn measure(
                 interrupted(cfg, "interrupted")?;
                 pb.set_message(format!("{} {} at {}%", w.name, v.setup, v.local));
                 let local = format!("{}%", v.local);
-                kvs.push(Timed::run(t0, || {
-                    run_parsed(v.rackmem.run(&local, v.args, &prog, &w.args), w.parse)
-                })?);
+                let stats = cfg.tmp.join("workload-stats.jsonl");
+                let _ = std::fs::remove_file(&stats);
+                let mut args = v.args.to_vec();
+                args.extend(["--stats-json".to_string(), stats.display().to_string()]);
+                let mut run = Timed::run(t0, || run_parsed(v.rackmem.run(&local, &args, &prog, &w.args), w.parse))?;
+                run.counters = counters_of(&stats);
+                kvs.push(run);
                 pb.inc(1);
             }
         }
@@ -224,6 +251,8 @@ fn measure(
                 speedup_vs_swap_file: None,
                 vs_baseline: None,
                 error: None,
+                wall_s: runs.iter().map(|r| r.wall_s).collect(),
+                counters: runs.iter().filter_map(|r| r.counters).collect(),
             })
         };
         rows.push(row_of("native".into(), 100, &natives)?);
@@ -252,7 +281,9 @@ fn measure(
                     }
                     kvs.push(Timed {
                         started_s,
+                        wall_s: t0.elapsed().as_secs_f64() - started_s,
                         kv: (w.parse)(&out.stdout)?,
+                        counters: None,
                     });
                 }
                 if let Some(out) = failed {
@@ -276,6 +307,8 @@ fn measure(
                         speedup_vs_swap_file: None,
                         vs_baseline: None,
                         error: Some(why),
+                        wall_s: Vec::new(),
+                        counters: Vec::new(),
                     });
                     continue;
                 }

@@ -35,6 +35,24 @@ pub struct Row {
     pub vs_baseline: Option<f64>,
     /// Why the run produced no figure (a peer killed by its cgroup's OOM killer).
     pub error: Option<String>,
+    /// Wall-clock seconds of each run, whole process (native and rackmem rows).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub wall_s: Vec<f64>,
+    /// The runtime's counters of each run (rackmem rows), what `rackmem model check` predicts
+    /// the slowdown from.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<Counters>,
+}
+
+/// A rackmem run's fault counters (its busiest process's).
+#[derive(Debug, serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq)]
+pub struct Counters {
+    /// Faults.
+    pub faults: u64,
+    /// Mean fault service time, ns.
+    pub fault_mean_ns: u64,
+    /// Faults in flight, time-weighted mean (miss concurrency).
+    pub miss_concurrency: f64,
 }
 
 /// The row name of setup `name` run with `build`.
@@ -136,6 +154,8 @@ mod tests {
             speedup_vs_swap_file: None,
             vs_baseline: None,
             error: None,
+            wall_s: Vec::new(),
+            counters: Vec::new(),
         }
     }
 
