@@ -873,3 +873,115 @@ fn a_cluster_runs_on_role_tokens_only() {
     drop(conn);
     wait_for("the release", || live_allocations(&url).is_empty());
 }
+
+/// Chromium's headless `--dump-dom` (the DOM after the page's script ran) or `--screenshot` of
+/// `url`, with a throwaway profile.
+fn chromium(dir: &Path, url: &str, extra: &[&str]) -> std::process::Output {
+    let found = ["chromium", "chromium-browser"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(exe) = found else {
+        panic!("this test needs Chromium (Debian's package chromium; scripts/setup.sh installs it)");
+    };
+    let profile = dir.join(format!("chromium-profile-{}", unique()));
+    let mut c = Command::new(exe);
+    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--virtual-time-budget=6000")
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null());
+    run_with_deadline(c, Duration::from_secs(90))
+}
+
+#[test]
+fn the_dashboard_shows_what_the_api_says() {
+    require_root();
+    let c = cluster();
+    let stats = c.dir.path().join("stats.jsonl");
+    // A program holding memory through the agent, slowly, so the page sees it.
+    let (mut g, lines) = run_grow(&c, &["6", "16", "1500"], &stats);
+    wait_line(&lines, "step 3");
+    let before = live_allocations(&c.url);
+    let page = format!("{}/ui/#token={}", c.url, admin_token());
+    let o = chromium(c.dir.path(), &page, &["--dump-dom"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let after = live_allocations(&c.url);
+    let dom = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        dom.contains("data-loaded=\"true\""),
+        "the page never loaded its data: {dom}"
+    );
+    assert!(dom.contains(">signed in<"), "{dom}");
+    // Bricks: every brick the API lists, with its capacity and state.
+    for b in ctl_json(&c.url, &["bricks"]).as_array().expect("bricks") {
+        let name = b["name"].as_str().expect("name");
+        assert!(
+            dom.contains(&format!("data-value=\"{name}\"")),
+            "brick {name} missing: {dom}"
+        );
+        assert!(
+            dom.contains(&format!("data-value=\"{}\"", b["capacity_bytes"])),
+            "{b} {dom}"
+        );
+    }
+    assert!(dom.contains("<b id=\"t-bricks\">2 / 2</b>"), "{dom}");
+    // The node and its allocations: each shown allocation is one the API listed just before or
+    // just after the page loaded (the program grows meanwhile), with the same size.
+    assert!(dom.contains("data-value=\"n1\""), "node n1 missing: {dom}");
+    let tbody = dom
+        .split("<table id=\"allocations\">")
+        .nth(1)
+        .and_then(|t| t.split("<tbody>").nth(1))
+        .and_then(|t| t.split("</tbody>").next())
+        .expect("allocations table");
+    let shown: Vec<&str> = tbody.split("<tr>").skip(1).collect();
+    assert!(
+        !shown.is_empty(),
+        "no allocation shown while the program holds some: {tbody}"
+    );
+    for row in shown {
+        let id = row
+            .split("data-value=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("allocation id cell");
+        let listed = before.iter().chain(&after).find(|a| a["id"].as_u64() == Some(id));
+        let a = listed.unwrap_or_else(|| panic!("allocation {id} shown but never listed: {row}"));
+        assert!(
+            row.contains(&format!("data-value=\"{}\"", a["size_bytes"])),
+            "{a} vs {row}"
+        );
+    }
+    // A screenshot, for people (docs/img/dashboard.png is one).
+    let shot = c.dir.path().join("dashboard.png");
+    let o = chromium(
+        c.dir.path(),
+        &page,
+        &["--window-size=1280,900", &format!("--screenshot={}", shot.display())],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    if let Ok(dir) = std::env::var("RACKMEM_SCREENSHOT_DIR") {
+        let _ = std::fs::copy(&shot, Path::new(&dir).join("dashboard.png"));
+    }
+    // A refused token: the page says so and shows no data.
+    let o = chromium(
+        c.dir.path(),
+        &format!("{}/ui/#token=rmk_1_bogus", c.url),
+        &["--dump-dom"],
+    );
+    let dom = String::from_utf8_lossy(&o.stdout);
+    assert!(dom.contains("the token was refused"), "{dom}");
+    assert!(!dom.contains("data-value=\"b0\""), "{dom}");
+    assert_eq!(
+        vec![checksum_of(&lines)],
+        checksums(&native(&program("grow"), &["6", "16", "1500"]))
+    );
+    assert!(g.wait_until(LIMIT).expect("finished").success());
+}

@@ -7,7 +7,7 @@ use super::config::PublicRoutes;
 use super::error::ApiError;
 use super::error::{method_not_allowed, not_found};
 use super::metrics::Metrics;
-use super::routes::{allocations, bricks, graph, meta, nodes, tokens};
+use super::routes::{allocations, bricks, graph, meta, nodes, tokens, ui};
 use super::state::AppState;
 use crate::api::{BrickState, Endpoint, ErrorBody, ErrorDetail, LeaderInfo, LiveSegment, Port, PortSpec, Segment};
 use crate::auth::TokenTable;
@@ -98,7 +98,12 @@ pub(crate) fn build(mut plane: ControlPlane, s: Settings) -> (axum::Router, Arc<
         conns: s.conns,
         request_timeout: s.request_timeout,
     };
+    // The dashboard: static files, outside the OpenAPI document (a client of it).
     let router = router
+        .route("/ui", axum::routing::get(ui::redirect))
+        .route("/ui/", axum::routing::get(ui::index))
+        .route("/ui/app.js", axum::routing::get(ui::script))
+        .route("/ui/app.css", axum::routing::get(ui::style))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), count_requests))

@@ -7,3 +7,4 @@ pub(crate) mod graph;
 pub(crate) mod meta;
 pub(crate) mod nodes;
 pub(crate) mod tokens;
+pub(crate) mod ui;
