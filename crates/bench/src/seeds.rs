@@ -193,6 +193,7 @@ fn measure(
         "miss concurrency (25%)",
     ]);
     let mut rows = Vec::new();
+    let mut bars = Vec::new();
     for app in apps {
         let prog = build(&cfg.bench_dir, app.prog, &cfg.tmp)?;
         let ts: Vec<usize> = if app.threaded { threads.to_vec() } else { vec![1] };
@@ -234,6 +235,13 @@ fn measure(
                 format!("{predicted:.1} × (measured {:.1} ×)", x25.wall_s / lmem.wall_s),
                 format!("{:.2}", x25.miss_concurrency),
             ]);
+            for (label, r) in [("Xmem(75%)", x75), ("Xmem(25%)", x25)] {
+                bars.push(crate::chart::Bar {
+                    group: format!("{} on {th} thread(s)", app.name),
+                    label: label.to_string(),
+                    fraction: lmem.seconds / r.seconds,
+                });
+            }
             rows.push(serde_json::json!({
                 "app": app.name, "threads": th, "args": args, "lmem": lmem, "xmem75": x75, "xmem25": x25,
                 "slowdown75": x75.seconds / lmem.seconds, "slowdown25": x25.seconds / lmem.seconds,
@@ -304,7 +312,13 @@ fn measure(
     );
     Ok(Output {
         text,
-        svg: String::new(),
+        svg: crate::chart::svg(
+            &format!(
+                "Seed 002 Fig. 4 on rackmem over {}: performance against Lmem",
+                cfg.link.name
+            ),
+            &bars,
+        ),
         json: serde_json::json!({
             "link": cfg.link, "stream_link": cfg.stream_link, "fig4": rows, "stream": stream_rows,
         }),
