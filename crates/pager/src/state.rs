@@ -98,27 +98,34 @@ pub enum Evicted {
 }
 
 /// One state per window page. The transitions are the only mutators.
+///
+/// Only the pages up to the highest one ever changed are stored (the rest are empty): the
+/// window is sized for the largest program (16 GiB, 4 M pages) and a program's blocks are
+/// placed first-fit from its start, so a table of the window's length would cost every process
+/// and every forked child megabytes of writes for pages it never uses.
 #[derive(Debug, Clone, Default)]
 pub struct PageTable {
     states: Vec<PageState>,
+    pages: u64,
 }
 
 impl PageTable {
     /// `pages` pages, all empty.
     pub fn new(pages: u64) -> PageTable {
         PageTable {
-            states: vec![PageState::EMPTY; pages as usize],
+            states: Vec::new(),
+            pages,
         }
     }
 
     /// Pages in the table.
     pub fn len(&self) -> u64 {
-        self.states.len() as u64
+        self.pages
     }
 
     /// True for a table of no pages.
     pub fn is_empty(&self) -> bool {
-        self.states.is_empty()
+        self.pages == 0
     }
 
     /// The state of `page` (pages past the end read as empty).
@@ -131,17 +138,23 @@ impl PageTable {
         self.get(page).location()
     }
 
-    /// Every page's state, in page order.
+    /// Every page's state, in page order, up to the highest page ever changed (the pages past
+    /// it are empty).
     pub fn iter(&self) -> impl Iterator<Item = PageState> + '_ {
         self.states.iter().copied()
     }
 
     fn slot(&mut self, page: u64) -> &mut PageState {
-        let len = self.states.len();
-        match self.states.get_mut(page as usize) {
-            Some(s) => s,
-            None => panic!("window page {page} is outside the page table ({len} pages)"),
+        if page >= self.pages {
+            panic!("window page {page} is outside the page table ({} pages)", self.pages);
         }
+        let at = page as usize;
+        if at >= self.states.len() {
+            // Doubling: a program that grows page by page pays amortized O(1) per page.
+            let len = (at + 1).max(self.states.len() * 2).min(self.pages as usize);
+            self.states.resize(len, PageState::EMPTY);
+        }
+        &mut self.states[at]
     }
 
     /// A fault claims `page` for install: Empty or Remote → Resident. `stale_brick`: the brick's
@@ -210,6 +223,7 @@ impl PageTable {
     /// The table a forked child starts from, after the parent wrote back every dirty page: what
     /// the brick holds (brick-valid pages) is remote, a resident page the brick holds nothing
     /// for is still a zero page, and the rest is as in the parent.
+    /// O(pages stored): the child's table stops where the parent's does.
     pub fn forked(&self) -> PageTable {
         let states = self
             .states
@@ -220,7 +234,10 @@ impl PageTable {
                 _ => s,
             })
             .collect();
-        PageTable { states }
+        PageTable {
+            states,
+            pages: self.pages,
+        }
     }
 }
 
@@ -245,6 +262,34 @@ mod tests {
         t.begin_eviction(1);
         assert_eq!(t.finish_eviction(1, Evicted::Filled(0)), Location::Empty);
         assert_eq!(t.release(1), PageState::EMPTY);
+    }
+
+    #[test]
+    fn the_table_stores_pages_up_to_the_highest_changed_and_a_fork_copies_only_those() {
+        let window = 4 << 20; // 16 GiB of pages
+        let mut t = PageTable::new(window);
+        assert_eq!((t.len(), t.iter().count()), (window, 0));
+        t.claim(3, false);
+        t.claim(1000, false);
+        t.begin_eviction(1000);
+        t.finish_eviction(1000, Evicted::Written);
+        let stored = t.iter().count();
+        assert!((1001..=2002).contains(&stored), "{stored} states stored for page 1000");
+        assert_eq!(t.location(window - 1), Location::Empty);
+        let f = t.forked();
+        assert_eq!((f.len(), f.iter().count()), (window, stored));
+        assert_eq!(f.location(3), Location::Empty, "a zero page the brick never held");
+        assert_eq!(f.location(1000), Location::Remote);
+        assert!(f.get(1000).brick_valid());
+        let mut f = f;
+        f.claim(window - 1, false);
+        assert_eq!(f.location(window - 1), Location::Resident);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the page table")]
+    fn a_page_past_the_window_is_refused() {
+        PageTable::new(8).claim(8, false);
     }
 
     #[test]
