@@ -184,6 +184,22 @@ fn forked_child_and_parent_each_see_their_own_copy() {
     s.iter().for_each(assert_used_remote_memory);
 }
 
+/// Signals sent to the process all the time, blocked by the program's threads (they may reach
+/// only the runtime's) and then taken by the program's thread while it frees window blocks,
+/// in a parent and in its forked child: no signal
+/// may pass for a brick that stopped answering (PostgreSQL's backends stopped with "no
+/// response within 10s" that way), and the data must be the native run's. On the defaults and
+/// over the socket.
+#[test]
+fn signals_sent_to_the_program_never_pass_for_a_lost_brick() {
+    require_root();
+    for extra in [&[][..], SOCKET] {
+        let s = same_as_native_with("signal_storm", &["48", "2", "fork"], extra);
+        assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
+        assert_used_remote_memory(busiest(&s));
+    }
+}
+
 #[test]
 fn daemonized_child_keeps_using_remote_memory() {
     require_root();

@@ -184,25 +184,29 @@ impl Runtime {
             let marked = Arc::new((Mutex::new(false), Condvar::new()));
             let tell = marked.clone();
             SPAWNING.fetch_add(1, Ordering::AcqRel);
-            let started = std::thread::Builder::new()
-                .name(name.into())
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    RUNTIME_THREAD.with(|t| t.set(true));
-                    SPAWNING.fetch_sub(1, Ordering::AcqRel);
-                    let (done, cv) = &*tell;
-                    *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
-                    cv.notify_all();
-                    drop(tell);
-                    sys::block_sigpipe();
-                    // A runtime thread that dies would leave the program waiting on a fault
-                    // forever: stop the program instead, saying why.
-                    let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
-                        eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
-                        sys::exit_immediately(sys::EXIT_BRICK_LOST);
-                    }
-                });
+            // Started with the program's signals blocked (it inherits this mask): see
+            // `with_async_signals_blocked`.
+            let started = sys::with_async_signals_blocked(|| {
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .stack_size(256 << 10)
+                    .spawn(move || {
+                        RUNTIME_THREAD.with(|t| t.set(true));
+                        SPAWNING.fetch_sub(1, Ordering::AcqRel);
+                        let (done, cv) = &*tell;
+                        *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                        cv.notify_all();
+                        drop(tell);
+                        sys::block_sigpipe();
+                        // A runtime thread that dies would leave the program waiting on a fault
+                        // forever: stop the program instead, saying why.
+                        let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
+                        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+                            eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
+                            sys::exit_immediately(sys::EXIT_BRICK_LOST);
+                        }
+                    })
+            });
             if started.is_err() {
                 SPAWNING.fetch_sub(1, Ordering::AcqRel);
             } else {

@@ -52,6 +52,42 @@ pub fn without_sigpipe<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Runs `f` with every asynchronous signal blocked in the calling thread, restoring its mask
+/// afterwards: threads `f` creates start with them blocked. The runtime's threads are made so:
+/// the kernel delivers a signal sent to the process to any thread that does not block it, and
+/// the program's handler must run on one of the program's threads (natively, where else?), not
+/// on a runtime thread, where a handler touching window memory would wait for itself and a
+/// program that blocks a signal to take it from a signalfd (PostgreSQL with SIGURG) would never
+/// see it. Signals the hardware raises (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay
+/// unblocked: blocked, they would kill the process instead of reaching its handler.
+pub fn with_async_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data initialised by sigfillset/sigemptyset; pthread_sigmask only
+    // changes this thread's mask, and the old one is saved and restored on this same thread.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    let r = f();
+    // SAFETY: restores the mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    r
+}
+
 /// How many CPUs the calling thread may run on (its affinity mask; 0 if it cannot be read).
 pub fn allowed_cpus() -> usize {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_COUNT reads it.
