@@ -7,6 +7,7 @@
 
 use crate::policy::EvictionPolicy;
 use crate::prefetch::Streams;
+use crate::probe::{ProbeCounts, Probes};
 use crate::prot;
 use crate::regions::RegionAllocator;
 use crate::slots::{Slots, SpentRun};
@@ -43,8 +44,9 @@ pub enum Source {
     Brick,
     /// One 8-byte word repeated (a same-filled page kept in the core).
     Fill(u64),
-    /// Nothing: the page was already resident, and the run passes over it (a run is not cut by
-    /// the hot pages the eviction policy keeps among cold ones). Never returned by `claim`.
+    /// Nothing: the run passes over the page, which is not its to install: already resident
+    /// (a run is not cut by the hot pages the eviction policy keeps among cold ones), or a
+    /// read-ahead probe left remote ([`crate::probe`]). Never returned by `claim`.
     Held,
 }
 
@@ -92,6 +94,8 @@ pub struct Core {
     reserved: u64,
     /// Test-only planted bug: room made for a fault is not reserved (see `plant_unreserved_room`).
     unreserved_room: bool,
+    /// The sample of read-ahead pages left remote to measure read-ahead accuracy.
+    probes: Probes,
 }
 
 impl Core {
@@ -117,7 +121,45 @@ impl Core {
             next_claim: 1,
             reserved: 0,
             unreserved_room: false,
+            probes: Probes::new(0),
         }
+    }
+
+    /// Samples read-ahead accuracy with one read-ahead page in `one_in` left remote as a probe
+    /// (0: off, the default). See [`crate::probe`].
+    pub fn set_probe_rate(&mut self, one_in: u32) {
+        self.probes = Probes::new(one_in);
+    }
+
+    /// What the read-ahead sample found so far.
+    pub fn probe_counts(&self) -> ProbeCounts {
+        self.probes.counts()
+    }
+
+    /// True if `page` is a pending read-ahead probe.
+    pub fn is_probe(&self, page: u64) -> bool {
+        self.probes.contains(page)
+    }
+
+    /// Draws whether the read-ahead page `page` of the run that faults at `fault` becomes a
+    /// probe (it must be remote and read from its brick); if so, records it. The caller's run
+    /// then passes over it.
+    pub fn take_probe(&mut self, page: u64, fault: u64) -> bool {
+        // A probe of an earlier run is claimed by this one instead (its outcome is unknowable).
+        if self.location(page) != Location::Remote
+            || self.is_filled(page)
+            || self.probes.contains(page)
+            || !self.probes.draw()
+        {
+            return false;
+        }
+        self.probes.take(page, fault);
+        true
+    }
+
+    /// The program faulted on `page`: true if it was a probe (now counted as used).
+    pub fn probe_touched(&mut self, page: u64) -> bool {
+        !self.probes.is_empty() && self.probes.touched(page)
     }
 
     /// Plants a concurrency bug for the simulation to catch: room made for a fault is not
@@ -376,6 +418,10 @@ impl Core {
         };
         let old = self.pages.claim(page, fill.is_some());
         self.resident += 1;
+        if !self.probes.is_empty() {
+            // Claimed by a run without a fault on it: the probe's outcome is unknowable.
+            self.probes.claimed(page);
+        }
         let prev = self.claims.insert(page as u32, id);
         assert!(prev.is_none(), "page {page} claimed by claims {prev:?} and {id}");
         match (fill, old.location()) {
@@ -432,6 +478,7 @@ impl Core {
                 continue;
             };
             let old = self.pages.begin_eviction(p as u64);
+            self.probes.partner_left(p as u64);
             self.evicting.insert(p, id);
             self.resident -= 1;
             let hash = self.hashes.remove(&p).unwrap_or(zero_hash);
@@ -493,12 +540,16 @@ impl Core {
                     self.hashes.remove(&(p as u32));
                     self.resident -= 1;
                     dropped += 1;
+                    self.probes.partner_left(p);
                 }
                 Location::Evicting => {
                     self.evicting.remove(&(p as u32));
                 }
                 Location::Remote => {
                     self.fills.remove(&(p as u32));
+                    if !self.probes.is_empty() {
+                        self.probes.released(p);
+                    }
                 }
                 Location::Empty => {}
             }
@@ -527,6 +578,8 @@ impl Core {
         c.blocks = self.blocks.clone();
         c.prot = self.prot.clone();
         c.uncommitted = self.uncommitted;
+        // The child measures its own read-ahead; the parent's probes stay the parent's.
+        c.probes = Probes::new(self.probes.one_in());
         c
     }
 
@@ -594,6 +647,21 @@ impl Core {
             .find(|&&p| self.location(p as u64) != Location::Remote)
         {
             return Err(format!("page {p} has a fill word but is {:?}", self.state(*p as u64)));
+        }
+        self.probes.check()?;
+        for (p, partner) in self.probes.pending_pairs() {
+            if self.location(p) != Location::Remote || self.is_filled(p) {
+                return Err(format!(
+                    "read-ahead probe {p} is {:?} (a probe is a remote page read from its brick)",
+                    self.state(p)
+                ));
+            }
+            if self.location(partner) != Location::Resident {
+                return Err(format!(
+                    "read-ahead probe {p}'s partner {partner} is {:?}, not resident",
+                    self.state(partner)
+                ));
+            }
         }
         if self.slots.out() < evicting as u32 {
             return Err(format!(
