@@ -63,6 +63,11 @@ pub struct Core {
     resident: u64,
     /// Evicting pages, with the id of the eviction job that owns them.
     evicting: HashMap<u32, u64>,
+    /// Victims chosen and not moved out of the window yet, with their job's id, until
+    /// [`Core::moved_out`]. A page released meanwhile stays here: until its job's move is done,
+    /// no fault may claim and install it (the move would take the new page out of the window,
+    /// leaving it missing while the core calls it resident).
+    unmoved: HashMap<u32, u64>,
     next_job: u64,
     /// Bumped whenever pages are released behind the fault handler's back.
     epoch: u64,
@@ -108,6 +113,7 @@ impl Core {
             policy,
             resident: 0,
             evicting: HashMap::new(),
+            unmoved: HashMap::new(),
             next_job: 1,
             epoch: 0,
             prot: Vec::new(),
@@ -123,6 +129,14 @@ impl Core {
             unreserved_room: false,
             probes: Probes::new(0),
         }
+    }
+
+    /// Plans a fault's run with the sequential-stream detector (see [`Streams::plan`]).
+    pub fn plan_stream(&mut self, fault: u64, max: usize) -> crate::prefetch::Plan {
+        let pages = &self.pages;
+        self.streams.plan(fault, max, |a, b| {
+            (a..b).all(|p| pages.location(p) == Location::Resident)
+        })
     }
 
     /// Samples read-ahead accuracy with one read-ahead page in `one_in` left remote as a probe
@@ -271,6 +285,18 @@ impl Core {
         self.fills.get(&(page as u32)).copied()
     }
 
+    /// True if `page` was chosen as a victim and its job has not moved it out yet: a fault on it
+    /// waits, even if it was released meanwhile.
+    pub fn is_moving_out(&self, page: u64) -> bool {
+        !self.unmoved.is_empty() && self.unmoved.contains_key(&(page as u32))
+    }
+
+    /// Job `id`'s victims are out of the window (or were found gone): faults may claim those
+    /// that were released meanwhile.
+    pub fn moved_out(&mut self, id: u64) {
+        self.unmoved.retain(|_, j| *j != id);
+    }
+
     /// True if `page` is still being evicted by job `id`: not released since it was chosen. The
     /// write-back sends only such pages, so a stale staged copy never overwrites newer contents
     /// a later eviction wrote, whatever order the write-backs complete in.
@@ -416,6 +442,11 @@ impl Core {
             Location::Remote if !self.fills.is_empty() => self.fills.remove(&(page as u32)),
             _ => None,
         };
+        assert!(
+            !self.is_moving_out(page),
+            "claim of window page {page} while eviction job {:?} has not moved it out",
+            self.unmoved.get(&(page as u32))
+        );
         let old = self.pages.claim(page, fill.is_some());
         self.resident += 1;
         if !self.probes.is_empty() {
@@ -480,6 +511,7 @@ impl Core {
             let old = self.pages.begin_eviction(p as u64);
             self.probes.partner_left(p as u64);
             self.evicting.insert(p, id);
+            self.unmoved.insert(p, id);
             self.resident -= 1;
             let hash = self.hashes.remove(&p).unwrap_or(zero_hash);
             out.push(Victim {
@@ -571,6 +603,7 @@ impl Core {
             self.claims.len(),
             self.reserved
         );
+        assert!(self.unmoved.is_empty(), "fork with victims not moved out");
         let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
         c.pages = self.pages.forked();
         c.fills = self.fills.clone();
@@ -648,6 +681,13 @@ impl Core {
         {
             return Err(format!("page {p} has a fill word but is {:?}", self.state(*p as u64)));
         }
+        if let Some(p) = self
+            .unmoved
+            .keys()
+            .find(|&&p| self.location(u64::from(p)) == Location::Resident)
+        {
+            return Err(format!("page {p} is resident while its eviction has not moved it out"));
+        }
         self.probes.check()?;
         for (p, partner) in self.probes.pending_pairs() {
             if self.location(p) != Location::Remote || self.is_filled(p) {
@@ -699,6 +739,9 @@ mod tests {
         assert_eq!(c.resident(), 2);
         c.check().expect("consistent while evicting");
         c.release(2, 1);
+        assert!(c.is_moving_out(2), "released, but its job has not moved it out");
+        c.moved_out(id);
+        assert!(!c.is_moving_out(2));
         assert!(c.finish_eviction(id, 0, Evicted::Written));
         assert!(c.finish_eviction(id, 1, Evicted::Filled(5)));
         assert!(!c.finish_eviction(id, 2, Evicted::Written), "released meanwhile");

@@ -211,6 +211,9 @@ pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
         let full = staged.is_some();
         if let Some((id, victims)) = staged {
             b.move_out(lock, id, victims);
+            // Victims released meanwhile may be claimed now; faults on them waited.
+            self::lock(lock).moved_out(id);
+            b.notify();
         }
         b.mark(Step::Staged);
         // 3. Claim what is still claimable: the write-back may have finished pages while we
@@ -252,6 +255,8 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
                 return None;
             }
             Location::Evicting => c = b.wait(lock, c),
+            // Released while a victim, and its job has not moved it out yet.
+            Location::Empty | Location::Remote if c.is_moving_out(fault) => c = b.wait(lock, c),
             Location::Empty | Location::Remote => break,
         }
     }
@@ -268,7 +273,7 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
         };
         return Some((c, plan));
     }
-    let p = c.streams.plan(fault, b.prefetch_pages().max(1));
+    let p = c.plan_stream(fault, b.prefetch_pages().max(1));
     let (region_start, region_end) = c
         .regions()
         .region_containing(fault)
@@ -370,7 +375,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // next to committed memory, nor pages lent to a file mapping (no longer registered with
     // the userfaultfd).
     let fault_prot = c.prot_of(fault);
-    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot;
+    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot && !c.is_moving_out(p);
     if !claimable(&c, fault) {
         return None;
     }
