@@ -131,14 +131,6 @@ impl Core {
         }
     }
 
-    /// Plans a fault's run with the sequential-stream detector (see [`Streams::plan`]).
-    pub fn plan_stream(&mut self, fault: u64, max: usize) -> crate::prefetch::Plan {
-        let pages = &self.pages;
-        self.streams.plan(fault, max, |a, b| {
-            (a..b).all(|p| pages.location(p) == Location::Resident)
-        })
-    }
-
     /// Samples read-ahead accuracy with one read-ahead page in `one_in` left remote as a probe
     /// (0: off, the default). See [`crate::probe`].
     pub fn set_probe_rate(&mut self, one_in: u32) {

@@ -273,7 +273,7 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
         };
         return Some((c, plan));
     }
-    let p = c.plan_stream(fault, b.prefetch_pages().max(1));
+    let p = c.streams.plan(fault, b.prefetch_pages().max(1));
     let (region_start, region_end) = c
         .regions()
         .region_containing(fault)

@@ -1,8 +1,8 @@
 //! Sequential-stream detection for prefetch.
 //!
 //! A fault on the page right after the previous run of a stream extends that stream, and the
-//! next run doubles (up to the configured maximum); so does a fault a few pages further on when
-//! the pages between are resident; any other fault starts a new stream of one page. Several streams are tracked at once, because STREAM-like loops and multi-threaded
+//! next run doubles (up to the configured maximum); any other fault starts a new stream of one
+//! page. Several streams are tracked at once, because STREAM-like loops and multi-threaded
 //! programs walk several arrays in step: a single "last fault" detector sees their interleaved
 //! faults as random.
 
@@ -55,22 +55,16 @@ pub struct Plan {
 }
 
 impl Streams {
-    /// Plans the run for a fault at `page`: `max` pages at most. `resident(a, b)`: every page
-    /// of `[a, b)` is resident.
-    pub fn plan(&mut self, page: u64, max: usize, resident: impl Fn(u64, u64) -> bool) -> Plan {
+    /// Plans the run for a fault at `page`: `max` pages at most.
+    pub fn plan(&mut self, page: u64, max: usize) -> Plan {
         self.clock += 1;
-        // A stream also goes on a little past where its last run ended when the pages between
-        // are resident (a run stops at a resident page, and a hot page kept by the eviction
-        // policy sits in the middle of cold ones): the stream's next fault is past them. Not
-        // when they are not: the program skipped them, and a run would fetch pages it skips.
-        // (Strided reads did exactly that: OpenBLAS packing a column panel of a row-major
-        // matrix reads 2 KiB of every 32 KiB row, a fault every 8 pages; taken as a stream,
-        // each run fetched the 7 pages between, and NumPy's multiply and solve at 25% local
-        // used 40% of the 8.3 GB its faults fetched ahead.)
+        // A stream also goes on a little past where its last run ended: pages there may be
+        // resident (a run stops at a resident page, and a hot page kept by the eviction policy
+        // sits in the middle of cold ones), and the stream's next fault is past them.
         let up = self.slots.iter().position(|s| s.next_page == page).or_else(|| {
             self.slots
                 .iter()
-                .position(|s| s.next_page < page && page - s.next_page <= SKIP && resident(s.next_page, page))
+                .position(|s| s.next_page < page && page - s.next_page <= SKIP)
         });
         let down = || {
             self.slots
@@ -120,10 +114,10 @@ mod tests {
         let (mut a, mut b) = (0u64, 1000u64);
         let mut runs = Vec::new();
         for _ in 0..5 {
-            let p = d.plan(a, 16, |_, _| true);
+            let p = d.plan(a, 16);
             d.advance(p.slot, a, a + p.run as u64);
             a += p.run as u64;
-            let q = d.plan(b, 16, |_, _| true);
+            let q = d.plan(b, 16);
             d.advance(q.slot, b, b + q.run as u64);
             b += q.run as u64;
             runs.push((p.run, q.run, p.down || q.down));
@@ -138,36 +132,20 @@ mod tests {
                 (16, 16, false)
             ]
         );
-        assert_eq!(
-            d.plan(5000, 16, |_, _| true).run,
-            1,
-            "a random fault starts a stream of one page"
-        );
+        assert_eq!(d.plan(5000, 16).run, 1, "a random fault starts a stream of one page");
         // A stream whose next pages are resident goes on past them.
         let mut d = Streams::default();
-        let p = d.plan(100, 16, |_, _| true);
+        let p = d.plan(100, 16);
         d.advance(p.slot, 100, 101);
-        let q = d.plan(101, 16, |_, _| true);
+        let q = d.plan(101, 16);
         d.advance(q.slot, 101, 103);
-        assert_eq!(d.plan(105, 16, |_, _| true).run, 4, "two resident pages skipped");
-        assert_eq!(d.plan(500, 16, |_, _| true).run, 1, "too far: a new stream");
-        // Strided reads skip pages that are not resident: no stream, nothing fetched ahead.
-        let mut d = Streams::default();
-        let mut page = 0;
-        for _ in 0..6 {
-            let p = d.plan(page, 16, |_, _| false);
-            assert_eq!(
-                p.run, 1,
-                "a fault 8 pages past the last, the pages between not resident"
-            );
-            d.advance(p.slot, page, page + 1);
-            page += 8;
-        }
+        assert_eq!(d.plan(105, 16).run, 4, "two resident pages skipped");
+        assert_eq!(d.plan(500, 16).run, 1, "too far: a new stream");
         // Prefetch off: runs stay one page long even on a stream.
         let mut d = Streams::default();
-        let p = d.plan(0, 1, |_, _| true);
+        let p = d.plan(0, 1);
         d.advance(p.slot, 0, p.run as u64);
-        assert_eq!(d.plan(1, 1, |_, _| true).run, 1);
+        assert_eq!(d.plan(1, 1).run, 1);
     }
 
     #[test]
@@ -177,11 +155,11 @@ mod tests {
         let (mut a, mut b) = (10_000u64, 50_000u64);
         let mut runs = Vec::new();
         for _ in 0..5 {
-            let p = d.plan(a, 16, |_, _| true);
+            let p = d.plan(a, 16);
             let first = a + 1 - p.run as u64;
             d.advance(p.slot, first, a + 1);
             a = first - 1;
-            let q = d.plan(b, 16, |_, _| true);
+            let q = d.plan(b, 16);
             let first_b = b + 1 - q.run as u64;
             d.advance(q.slot, first_b, b + 1);
             b = first_b - 1;
@@ -197,6 +175,6 @@ mod tests {
                 (16, true, 16, true)
             ]
         );
-        assert!(!d.plan(0, 16, |_, _| true).down, "page 0 has no stream below it");
+        assert!(!d.plan(0, 16).down, "page 0 has no stream below it");
     }
 }
