@@ -408,6 +408,7 @@ fn print_stats(path: &Path) {
         "faults",
         "fetched",
         "prefetched",
+        "read-ahead used",
         "written back",
         "evictions",
         "same-filled",
@@ -428,6 +429,15 @@ fn print_stats(path: &Path) {
             s.faults.to_string(),
             format_size(s.bytes_fetched),
             format_size(s.bytes_prefetched),
+            match s.readahead_accuracy {
+                Some(a) => format!(
+                    "{:.0}% ({} of {})",
+                    a * 100.0,
+                    s.readahead_sample_used,
+                    s.readahead_sample_used + s.readahead_sample_wasted
+                ),
+                None => "-".into(),
+            },
             format_size(s.bytes_written_back),
             s.evictions.to_string(),
             s.evictions_same_filled.to_string(),
@@ -442,7 +452,8 @@ fn print_stats(path: &Path) {
     }
     eprintln!(
         "rackmem statistics (peak local: window pages resident at once; budget: the local buffer, of the peak \
-         footprint in the window; peak RssAnon: all anonymous memory the process held, sampled; fault latency: \
+         footprint in the window; read-ahead used: the share of the pages fetched beyond the \
+         faulting page that the program used, estimated on a sample (used of sampled); peak RssAnon: all anonymous memory the process held, sampled; fault latency: \
          the handler's service time; in flight: faults served at once, mean over the time any was, and most at \
          once):\n{table}"
     );

@@ -7,6 +7,7 @@
 
 use crate::policy::EvictionPolicy;
 use crate::prefetch::Streams;
+use crate::probe::{ProbeCounts, Probes};
 use crate::prot;
 use crate::regions::RegionAllocator;
 use crate::slots::{Slots, SpentRun};
@@ -43,8 +44,9 @@ pub enum Source {
     Brick,
     /// One 8-byte word repeated (a same-filled page kept in the core).
     Fill(u64),
-    /// Nothing: the page was already resident, and the run passes over it (a run is not cut by
-    /// the hot pages the eviction policy keeps among cold ones). Never returned by `claim`.
+    /// Nothing: the run passes over the page, which is not its to install: already resident
+    /// (a run is not cut by the hot pages the eviction policy keeps among cold ones), or a
+    /// read-ahead probe left remote ([`crate::probe`]). Never returned by `claim`.
     Held,
 }
 
@@ -61,6 +63,11 @@ pub struct Core {
     resident: u64,
     /// Evicting pages, with the id of the eviction job that owns them.
     evicting: HashMap<u32, u64>,
+    /// Victims chosen and not moved out of the window yet, with their job's id, until
+    /// [`Core::moved_out`]. A page released meanwhile stays here: until its job's move is done,
+    /// no fault may claim and install it (the move would take the new page out of the window,
+    /// leaving it missing while the core calls it resident).
+    unmoved: HashMap<u32, u64>,
     next_job: u64,
     /// Bumped whenever pages are released behind the fault handler's back.
     epoch: u64,
@@ -92,6 +99,8 @@ pub struct Core {
     reserved: u64,
     /// Test-only planted bug: room made for a fault is not reserved (see `plant_unreserved_room`).
     unreserved_room: bool,
+    /// The sample of read-ahead pages left remote to measure read-ahead accuracy.
+    probes: Probes,
 }
 
 impl Core {
@@ -104,6 +113,7 @@ impl Core {
             policy,
             resident: 0,
             evicting: HashMap::new(),
+            unmoved: HashMap::new(),
             next_job: 1,
             epoch: 0,
             prot: Vec::new(),
@@ -117,7 +127,45 @@ impl Core {
             next_claim: 1,
             reserved: 0,
             unreserved_room: false,
+            probes: Probes::new(0),
         }
+    }
+
+    /// Samples read-ahead accuracy with one read-ahead page in `one_in` left remote as a probe
+    /// (0: off, the default). See [`crate::probe`].
+    pub fn set_probe_rate(&mut self, one_in: u32) {
+        self.probes = Probes::new(one_in);
+    }
+
+    /// What the read-ahead sample found so far.
+    pub fn probe_counts(&self) -> ProbeCounts {
+        self.probes.counts()
+    }
+
+    /// True if `page` is a pending read-ahead probe.
+    pub fn is_probe(&self, page: u64) -> bool {
+        self.probes.contains(page)
+    }
+
+    /// Draws whether the read-ahead page `page` of the run that faults at `fault` becomes a
+    /// probe (it must be remote and read from its brick); if so, records it. The caller's run
+    /// then passes over it.
+    pub fn take_probe(&mut self, page: u64, fault: u64) -> bool {
+        // A probe of an earlier run is claimed by this one instead (its outcome is unknowable).
+        if self.location(page) != Location::Remote
+            || self.is_filled(page)
+            || self.probes.contains(page)
+            || !self.probes.draw()
+        {
+            return false;
+        }
+        self.probes.take(page, fault);
+        true
+    }
+
+    /// The program faulted on `page`: true if it was a probe (now counted as used).
+    pub fn probe_touched(&mut self, page: u64) -> bool {
+        !self.probes.is_empty() && self.probes.touched(page)
     }
 
     /// Plants a concurrency bug for the simulation to catch: room made for a fault is not
@@ -227,6 +275,18 @@ impl Core {
     /// The word a same-filled remote page consists of.
     pub fn fill_of(&self, page: u64) -> Option<u64> {
         self.fills.get(&(page as u32)).copied()
+    }
+
+    /// True if `page` was chosen as a victim and its job has not moved it out yet: a fault on it
+    /// waits, even if it was released meanwhile.
+    pub fn is_moving_out(&self, page: u64) -> bool {
+        !self.unmoved.is_empty() && self.unmoved.contains_key(&(page as u32))
+    }
+
+    /// Job `id`'s victims are out of the window (or were found gone): faults may claim those
+    /// that were released meanwhile.
+    pub fn moved_out(&mut self, id: u64) {
+        self.unmoved.retain(|_, j| *j != id);
     }
 
     /// True if `page` is still being evicted by job `id`: not released since it was chosen. The
@@ -374,8 +434,17 @@ impl Core {
             Location::Remote if !self.fills.is_empty() => self.fills.remove(&(page as u32)),
             _ => None,
         };
+        assert!(
+            !self.is_moving_out(page),
+            "claim of window page {page} while eviction job {:?} has not moved it out",
+            self.unmoved.get(&(page as u32))
+        );
         let old = self.pages.claim(page, fill.is_some());
         self.resident += 1;
+        if !self.probes.is_empty() {
+            // Claimed by a run without a fault on it: the probe's outcome is unknowable.
+            self.probes.claimed(page);
+        }
         let prev = self.claims.insert(page as u32, id);
         assert!(prev.is_none(), "page {page} claimed by claims {prev:?} and {id}");
         match (fill, old.location()) {
@@ -432,7 +501,9 @@ impl Core {
                 continue;
             };
             let old = self.pages.begin_eviction(p as u64);
+            self.probes.partner_left(p as u64);
             self.evicting.insert(p, id);
+            self.unmoved.insert(p, id);
             self.resident -= 1;
             let hash = self.hashes.remove(&p).unwrap_or(zero_hash);
             out.push(Victim {
@@ -493,12 +564,16 @@ impl Core {
                     self.hashes.remove(&(p as u32));
                     self.resident -= 1;
                     dropped += 1;
+                    self.probes.partner_left(p);
                 }
                 Location::Evicting => {
                     self.evicting.remove(&(p as u32));
                 }
                 Location::Remote => {
                     self.fills.remove(&(p as u32));
+                    if !self.probes.is_empty() {
+                        self.probes.released(p);
+                    }
                 }
                 Location::Empty => {}
             }
@@ -520,6 +595,7 @@ impl Core {
             self.claims.len(),
             self.reserved
         );
+        assert!(self.unmoved.is_empty(), "fork with victims not moved out");
         let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
         c.pages = self.pages.forked();
         c.fills = self.fills.clone();
@@ -527,6 +603,8 @@ impl Core {
         c.blocks = self.blocks.clone();
         c.prot = self.prot.clone();
         c.uncommitted = self.uncommitted;
+        // The child measures its own read-ahead; the parent's probes stay the parent's.
+        c.probes = Probes::new(self.probes.one_in());
         c
     }
 
@@ -595,6 +673,28 @@ impl Core {
         {
             return Err(format!("page {p} has a fill word but is {:?}", self.state(*p as u64)));
         }
+        if let Some(p) = self
+            .unmoved
+            .keys()
+            .find(|&&p| self.location(u64::from(p)) == Location::Resident)
+        {
+            return Err(format!("page {p} is resident while its eviction has not moved it out"));
+        }
+        self.probes.check()?;
+        for (p, partner) in self.probes.pending_pairs() {
+            if self.location(p) != Location::Remote || self.is_filled(p) {
+                return Err(format!(
+                    "read-ahead probe {p} is {:?} (a probe is a remote page read from its brick)",
+                    self.state(p)
+                ));
+            }
+            if self.location(partner) != Location::Resident {
+                return Err(format!(
+                    "read-ahead probe {p}'s partner {partner} is {:?}, not resident",
+                    self.state(partner)
+                ));
+            }
+        }
         if self.slots.out() < evicting as u32 {
             return Err(format!(
                 "{evicting} pages evicting but only {} slots out",
@@ -631,6 +731,9 @@ mod tests {
         assert_eq!(c.resident(), 2);
         c.check().expect("consistent while evicting");
         c.release(2, 1);
+        assert!(c.is_moving_out(2), "released, but its job has not moved it out");
+        c.moved_out(id);
+        assert!(!c.is_moving_out(2));
         assert!(c.finish_eviction(id, 0, Evicted::Written));
         assert!(c.finish_eviction(id, 1, Evicted::Filled(5)));
         assert!(!c.finish_eviction(id, 2, Evicted::Written), "released meanwhile");

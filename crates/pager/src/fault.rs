@@ -211,6 +211,9 @@ pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
         let full = staged.is_some();
         if let Some((id, victims)) = staged {
             b.move_out(lock, id, victims);
+            // Victims released meanwhile may be claimed now; faults on them waited.
+            self::lock(lock).moved_out(id);
+            b.notify();
         }
         b.mark(Step::Staged);
         // 3. Claim what is still claimable: the write-back may have finished pages while we
@@ -252,8 +255,23 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
                 return None;
             }
             Location::Evicting => c = b.wait(lock, c),
+            // Released while a victim, and its job has not moved it out yet.
+            Location::Empty | Location::Remote if c.is_moving_out(fault) => c = b.wait(lock, c),
             Location::Empty | Location::Remote => break,
         }
+    }
+    if c.probe_touched(fault) {
+        // A read-ahead probe the program used (see `crate::probe`): that page alone, and no
+        // step of any stream (the stream it came from went on past it).
+        let plan = Plan {
+            fault,
+            start: fault,
+            n: 1,
+            run: 1,
+            stream: usize::MAX,
+            down: false,
+        };
+        return Some((c, plan));
     }
     let p = c.streams.plan(fault, b.prefetch_pages().max(1));
     let (region_start, region_end) = c
@@ -357,7 +375,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // next to committed memory, nor pages lent to a file mapping (no longer registered with
     // the userfaultfd).
     let fault_prot = c.prot_of(fault);
-    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot;
+    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot && !c.is_moving_out(p);
     if !claimable(&c, fault) {
         return None;
     }
@@ -383,6 +401,15 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
         }
         (plan.start, end)
     };
+    // A sample of the pages read ahead stays remote, to measure how many the program uses
+    // (`crate::probe`); the run passes over them.
+    let probes: Vec<u64> = if n > 1 {
+        (page..page + n)
+            .filter(|&p| p != fault && claimable(&c, p) && c.take_probe(p, fault))
+            .collect()
+    } else {
+        Vec::new()
+    };
     // Resident before the copy, so a REMOVE event read while copying (EAGAIN) turns the claimed
     // pages back to empty and the install skips them. A page of a range that is not read-write
     // stays out of the eviction policy (it cannot move to the staging area) until the program
@@ -390,7 +417,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     let id = c.new_claim();
     let kinds: Vec<Source> = (page..page + n)
         .map(|p| {
-            if claimable(&c, p) {
+            if claimable(&c, p) && (probes.is_empty() || !probes.contains(&p)) {
                 c.claim_for(id, p)
             } else {
                 Source::Held
@@ -512,9 +539,14 @@ pub fn install<B: Backend>(lock: &Mutex<Core>, b: &mut B, run: &mut Run<B::Ahead
 }
 
 /// True if a read-ahead of `n` pages at `page`, sent at `epoch`, holds exactly the run just
-/// claimed: as long, sent since the last release, and every page from the brick.
+/// claimed: as long, sent since the last release, and every page from the brick or passed over
+/// (a read-ahead probe left remote: its part of the read is not installed).
 pub fn ahead_serves<A>(page: u64, n: usize, epoch: u64, run: &Run<A>) -> bool {
-    page == run.page && n == run.len() && epoch == run.epoch && run.kinds.iter().all(|&k| k == Source::Brick)
+    page == run.page
+        && n == run.len()
+        && epoch == run.epoch
+        && run.kinds[0] == Source::Brick
+        && run.kinds.iter().all(|&k| k == Source::Brick || k == Source::Held)
 }
 
 /// True if a read-ahead of `n` pages at `page`, sent at `epoch`, can no longer be used by the

@@ -20,7 +20,7 @@
 //! (`tests/simulation.rs`).
 //!
 //! Adding an eviction policy means implementing [`policy::EvictionPolicy`]; prefetch lives in
-//! [`prefetch`].
+//! [`prefetch`], and the sample that measures how much of what it fetches is used in [`probe`].
 //!
 //! What this crate is not: it knows no userfaultfd, no link, no brick and no C ABI.
 
@@ -28,6 +28,7 @@ pub mod core;
 pub mod fault;
 pub mod policy;
 pub mod prefetch;
+pub mod probe;
 pub mod prot;
 pub mod regions;
 pub mod slots;

@@ -214,6 +214,9 @@ impl Sim {
         let mut rng = Rng(seed);
         let shape = Shape::draw(&mut rng);
         let mut core = Core::new(shape.window, shape.slots, policy(shape.policy));
+        // Read-ahead probes often, so that faults on them, their partners' evictions and their
+        // releases race with everything else (the runtime takes one in 256).
+        core.set_probe_rate(4);
         if planted {
             core.plant_unreserved_room();
         }
@@ -910,7 +913,18 @@ fn run_seed_planted(seed: u64, planted: bool) -> Result<Sim, String> {
     let mut sim = Sim::new(seed, planted);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.run()));
     match outcome {
-        Ok(Ok(())) => Ok(sim),
+        Ok(Ok(())) => {
+            let p = fault::lock(&sim.core).probe_counts();
+            for (k, v) in [
+                ("read-ahead probes taken", p.taken),
+                ("read-ahead probes used", p.used),
+                ("read-ahead probes wasted", p.wasted),
+                ("read-ahead probes dropped", p.dropped),
+            ] {
+                *sim.seen.entry(k).or_default() += v;
+            }
+            Ok(sim)
+        }
         Ok(Err(why)) => Err(sim.report(seed, &why)),
         Err(panic) if panic.is::<BrickLost>() => {
             sim.lost = true;
@@ -983,6 +997,8 @@ fn campaign(first: u64, seeds: u64) {
         "faults finding their page claimed by another in flight",
         "nested faults backing off",
         "threads woken to fault again",
+        "read-ahead probes used",
+        "read-ahead probes wasted",
     ] {
         assert!(
             seen.get(must).copied().unwrap_or(0) > 0,

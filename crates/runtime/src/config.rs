@@ -79,6 +79,9 @@ pub struct Config {
     pub handlers_explicit: bool,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
+    /// `RACKMEM_READAHEAD_SAMPLE`: one page read ahead in this many is left remote to measure
+    /// read-ahead accuracy (`rackmem_pager::probe`; default 256; 0 = off).
+    pub readahead_sample: u32,
     /// `RACKMEM_TIMEOUT_MS`: longest wait for a brick's answer before it is declared lost.
     pub timeout: Duration,
     /// `RACKMEM_WATCHDOG_MS`: a fault waiting longer than this is reported on stderr.
@@ -239,6 +242,7 @@ impl Config {
             handlers: (num("RACKMEM_HANDLERS", default_handlers() as u64)? as usize).clamp(1, MAX_HANDLERS),
             handlers_explicit: var("RACKMEM_HANDLERS").is_some(),
             prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
+            readahead_sample: num("RACKMEM_READAHEAD_SAMPLE", 256)?.min(u64::from(u32::MAX)) as u32,
             timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
             watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),
             keepalive: Duration::from_millis(num(

@@ -329,7 +329,19 @@ impl Backend for Handler {
         let inner = self.inner.clone();
         let dst = inner.page_addr(run.page + i as u64);
         let Some(spent) = run.spent.as_mut() else {
-            let r = inner.uffd.copy(dst, &self.buf[i * PAGE_SIZE..j * PAGE_SIZE], INSTALL);
+            let r = match &self.direct {
+                Some((seg, off)) => {
+                    let Some(m) = seg.shared.as_ref() else {
+                        inner.internal_error("a direct install from a segment that is not mapped");
+                    };
+                    let len = (j - i) * PAGE_SIZE;
+                    let src = m.addr_of(off + i * PAGE_SIZE, len);
+                    // SAFETY: `src` lies in the mapped segment (checked by `addr_of`), which
+                    // `self.direct` keeps mapped until the install is over.
+                    unsafe { inner.uffd.copy_from(dst, src, len, INSTALL) }
+                }
+                None => inner.uffd.copy(dst, &self.buf[i * PAGE_SIZE..j * PAGE_SIZE], INSTALL),
+            };
             return self.installed_pages(dst, r);
         };
         let mode = MoveMode {
@@ -384,6 +396,7 @@ impl Backend for Handler {
 
     fn read(&mut self, run: &mut Run<Ahead>) {
         let inner = self.inner.clone();
+        self.direct = None;
         if let Some(a) = run.ahead.take() {
             ReadAheads::collect(&inner, run.page, a, &mut run.spent, &mut self.buf);
             return;
@@ -391,6 +404,10 @@ impl Backend for Handler {
         match run.spent.as_mut() {
             Some(slots) => fetch_into(&inner, run.page, &run.kinds, recycle::bytes(&inner, slots)),
             None => {
+                if let Some(d) = direct_source(&inner, run.page, &run.kinds) {
+                    self.direct = Some(d);
+                    return;
+                }
                 self.buf.clear();
                 self.buf.resize(run.kinds.len() * PAGE_SIZE, 0);
                 fetch_into(&inner, run.page, &run.kinds, &mut self.buf);
@@ -454,6 +471,7 @@ impl Backend for Handler {
 
     /// Mapped bricks populate memory for the next write-backs, and the fault's steps are timed.
     fn installed(&mut self, _plan: &Plan, run: &Run<Ahead>, full: bool) {
+        self.direct = None;
         if full {
             if !self.filled {
                 self.filled = true;
@@ -473,6 +491,40 @@ impl Backend for Handler {
             b.total.record(at(Step::Installed) - m[0]);
         }
     }
+}
+
+/// The segment and byte offset to install the run straight from, when every page of it is read
+/// from one mapped segment: `UFFDIO_COPY` from the mapping then does the one copy that a copy
+/// into the install buffer followed by `UFFDIO_COPY` from it did in two (a random fault on
+/// shared memory spent 0.5 of its 8 µs in that first copy: `docs/benchmarks.md`). Not for runs
+/// received into spent slots, which move in without a copy. Counts the fetch as `fetch_into`
+/// does.
+fn direct_source(
+    inner: &Inner,
+    page: u64,
+    kinds: &[Source],
+) -> Option<(std::sync::Arc<crate::segment::Segment>, usize)> {
+    if kinds.iter().any(|&k| k != Source::Brick) {
+        return None;
+    }
+    let n = kinds.len() as u64;
+    let (index, off) = inner.table.lookup(page)?;
+    let (_, seg_end) = inner.table.bounds(index)?;
+    let seg = inner
+        .table
+        .get(index)
+        .filter(|s| s.shared.is_some() && page + n <= seg_end)?;
+    let total = n * PAGE;
+    seg.limiter.acquire(total);
+    let s = &inner.stats;
+    for p in page..page + n {
+        s.refetched.insert(p);
+    }
+    s.faults_remote.fetch_add(1, Ordering::Relaxed);
+    s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
+    s.bytes_prefetched.fetch_add((n - 1) * PAGE, Ordering::Relaxed);
+    s.bytes_fetched_shared.fetch_add(total, Ordering::Relaxed);
+    Some((seg, off as usize))
 }
 
 /// Reads the run's pages into `out` (one page per entry of `kinds`): brick pages from their

@@ -36,6 +36,10 @@ pub(crate) struct Handler {
     pub(crate) zero_hash: u64,
     /// Scratch: which pages of the run being installed lie in mapped segments.
     pub(crate) mapped: Vec<bool>,
+    /// The run being installed lies in one mapped segment, at this byte offset: installed
+    /// straight from it (see `fault.rs`, `direct_source`). Holding the segment keeps its
+    /// mapping alive until the install is done.
+    pub(crate) direct: Option<(Arc<crate::segment::Segment>, usize)>,
     /// Buffers for the evictions done here (see `stage`).
     pub(crate) writes: Vec<writeback::BrickWrites>,
     /// The local buffer has filled since it was last less than half full (see
@@ -58,6 +62,7 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
         buf: Vec::new(),
         zero_hash,
         mapped: Vec::new(),
+        direct: None,
         writes: Vec::new(),
         filled: false,
         placement: None,

@@ -129,7 +129,11 @@ impl Runtime {
         )?;
         // A forked child's core comes from the parent with nothing staged: the staging area is
         // not inherited (MADV_DONTFORK), so every slot is free.
-        let core = inherited.unwrap_or_else(|| Core::new(window_pages, STAGING_SLOTS as u32, cfg.eviction.build()));
+        let core = inherited.unwrap_or_else(|| {
+            let mut c = Core::new(window_pages, STAGING_SLOTS as u32, cfg.eviction.build());
+            c.set_probe_rate(cfg.readahead_sample);
+            c
+        });
         let stats = Stats::default();
         stats
             .window_bytes_allocated

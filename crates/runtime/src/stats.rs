@@ -353,6 +353,24 @@ pub struct StatsSnapshot {
     /// See [`Stats::pages_read_ahead`].
     #[serde(default)]
     pub pages_read_ahead: u64,
+    /// Read-ahead accuracy: of the pages fetched beyond the faulting page (prefetch and
+    /// read-ahead), the share the program then used, estimated on a sample left remote
+    /// (`rackmem_pager::probe`); `None` until a sampled page has an outcome.
+    #[serde(default)]
+    pub readahead_accuracy: Option<f64>,
+    /// Sampled read-ahead pages the program used.
+    #[serde(default)]
+    pub readahead_sample_used: u64,
+    /// Sampled read-ahead pages that left (or were released) unused.
+    #[serde(default)]
+    pub readahead_sample_wasted: u64,
+    /// Pages fetched beyond the faulting page (`bytes_prefetched` in pages) estimated used:
+    /// the accuracy times those pages.
+    #[serde(default)]
+    pub readahead_pages_used: u64,
+    /// Pages fetched beyond the faulting page estimated wasted (evicted or released unused).
+    #[serde(default)]
+    pub readahead_pages_wasted: u64,
     /// Resident bytes at snapshot time.
     pub resident_bytes: u64,
     /// Largest resident bytes seen.
@@ -477,6 +495,11 @@ impl Stats {
             evictions_protected: g(&self.evictions_protected),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
+            readahead_accuracy: None,
+            readahead_sample_used: 0,
+            readahead_sample_wasted: 0,
+            readahead_pages_used: 0,
+            readahead_pages_wasted: 0,
             resident_bytes: g(&self.resident_pages) * page_size,
             peak_resident_bytes: g(&self.peak_resident_pages) * page_size,
             budget_bytes: g(&self.budget_pages) * page_size,

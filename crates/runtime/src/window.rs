@@ -436,9 +436,18 @@ impl Runtime {
     pub fn stats(&self) -> StatsSnapshot {
         let c = self.inner.lock();
         self.inner.budget_pages(&c);
+        let probes = c.probe_counts();
         drop(c);
         let mut s = self.inner.stats.snapshot(PAGE);
         s.fault_handlers = self.inner.handlers() as u32;
+        s.readahead_accuracy = probes.accuracy();
+        s.readahead_sample_used = probes.used;
+        s.readahead_sample_wasted = probes.wasted;
+        if let Some(a) = s.readahead_accuracy {
+            let pages = s.bytes_prefetched / PAGE;
+            s.readahead_pages_used = (pages as f64 * a).round() as u64;
+            s.readahead_pages_wasted = pages - s.readahead_pages_used.min(pages);
+        }
         s
     }
 

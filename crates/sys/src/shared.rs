@@ -159,6 +159,17 @@ impl SharedMemory {
         unsafe { atomic_store_bytes(self.addr + offset, data) }
     }
 
+    /// The address of `offset` in this process's mapping, for a system call that reads `len`
+    /// bytes there (`UFFDIO_COPY` straight from the segment). The address is valid while `self`
+    /// lives.
+    ///
+    /// # Panics
+    /// If the range is outside the mapping (a caller bug, not an input error).
+    pub fn addr_of(&self, offset: usize, len: usize) -> usize {
+        self.check_range(offset, len, "addr_of");
+        self.addr + offset
+    }
+
     /// Whether the bytes at `offset` equal `data`, read as [`read`](Self::read) does, a chunk
     /// at a time: it stops at the first chunk that differs.
     ///

@@ -252,6 +252,43 @@ impl Uffd {
         len > PAGE_SIZE && matches!(r, Err(e @ UffdError::Os { .. }) if e.raw_os_error() == Some(errno))
     }
 
+    /// [`copy`](Self::copy) from `len` bytes at the address `src` rather than from a slice: for a
+    /// source no slice may point into, such as memory another process writes (a brick's mapped
+    /// segment).
+    ///
+    /// # Safety
+    /// `src..src + len` must stay mapped and readable in this process for the whole call. Its
+    /// bytes may change meanwhile (the kernel copies whatever they are); a range that is not
+    /// readable fails with `EFAULT`, it does not fault.
+    pub unsafe fn copy_from(&self, dst: usize, src: usize, len: usize, mode: CopyMode) -> Result<usize, UffdError> {
+        let mut m = 0u64;
+        if mode.write_protect {
+            m |= u64::from(sys::UFFDIO_COPY_MODE_WP);
+        }
+        if mode.dontwake {
+            m |= u64::from(sys::UFFDIO_COPY_MODE_DONTWAKE);
+        }
+        let mut c = sys::uffdio_copy {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: m,
+            copy: 0,
+        };
+        // SAFETY: UFFDIO_COPY reads and writes one uffdio_copy; the kernel only reads from `src`,
+        // which the caller keeps mapped for the call, and only writes pages that are missing in a
+        // range registered with this uffd.
+        let rc = unsafe { ioctl_ptr(self.as_raw_fd(), UFFDIO_COPY, &mut c) };
+        let r = Self::progress("UFFDIO_COPY", dst, len, rc, c.copy);
+        if Self::crosses_vmas(&r, len, libc::ENOENT) {
+            // SAFETY: pages of the same source range, which the caller keeps mapped.
+            return Self::by_page(len, |off| unsafe {
+                self.copy_from(dst + off, src + off, PAGE_SIZE.min(len - off), mode)
+            });
+        }
+        r
+    }
+
     /// `UFFDIO_COPY`: atomically fills the missing pages at `dst` (page-aligned, registered with
     /// this uffd) with `src` (whole pages) and, unless `mode.dontwake`, wakes the threads waiting
     /// there. Returns the bytes installed (`src.len()`).
