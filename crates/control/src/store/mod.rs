@@ -43,6 +43,19 @@ pub enum StoreError {
         /// The leader's advertised URL, when known.
         leader: Option<String>,
     },
+    /// A file or directory of the store is open to other users (it holds every brick's grant
+    /// key in clear), or is not owned by this user: refused, as ssh refuses a readable key.
+    #[error("store {store}: {path} {problem}; it holds every brick's grant key in clear. Fix: {fix}")]
+    Exposed {
+        /// Which store.
+        store: String,
+        /// The file or directory.
+        path: String,
+        /// What is wrong (its mode or owner).
+        problem: String,
+        /// The command that fixes it.
+        fix: String,
+    },
     /// A stored record cannot be read back.
     #[error("store {store}: record {key} is corrupt: {message}")]
     Corrupt {
