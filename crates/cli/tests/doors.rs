@@ -62,3 +62,214 @@ fn the_store_is_private_and_an_exposed_one_is_refused() {
         "the refusal names the file, its mode and the fix: {err}"
     );
 }
+
+// --- Floods from many loopback addresses -------------------------------------------------
+
+/// A TCP connection to `to` from the local address `from` (127.0.0.0/8 is all loopback).
+fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.bind(&std::net::SocketAddr::new(from.into(), 0).into())?;
+    s.connect(&to.into())?;
+    Ok(s.into())
+}
+
+/// The `host:port` of a `tcp://` brick address.
+fn socket_addr(addr: &str) -> std::net::SocketAddr {
+    addr.trim_start_matches("tcp://")
+        .parse()
+        .unwrap_or_else(|e| panic!("{addr}: {e}"))
+}
+
+/// Raises this process's open-files limit to its hard limit and fails, saying what the test
+/// needs, if that is below `need`.
+fn need_open_files(need: u64) {
+    let got = rackmem_sys::raise_open_files_limit().expect("raise the open-files limit");
+    assert!(
+        got >= need,
+        "this test needs an open-files limit of {need} (it holds that many connections); the hard \
+         limit is {got}: raise it (ulimit -Hn, or LimitNOFILE= of the service running the tests)"
+    );
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    kib << 10
+}
+
+/// True while the brick has neither answered nor closed `s` (a silent connection it holds).
+fn still_held(s: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut b = [0u8; 64];
+    matches!(s.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// The open connections a brick reports (STATS, on a connection that authenticates first).
+fn brick_connections(addr: &str) -> u64 {
+    let a: rackmem_transport::BrickAddr = addr.parse().expect("brick address");
+    let l = rackmem_transport::Link::connect(&a, LIMIT).expect("connect");
+    l.alloc_segment(b"s3cret", 1 << 20).expect("authenticate");
+    l.stats().expect("stats").connections - 1
+}
+
+#[test]
+fn ten_thousand_silent_connections_hold_no_thread_and_programs_are_still_served() {
+    const SILENT: usize = 10_000;
+    need_open_files(SILENT as u64 + 2_000);
+    // Authenticated connections are held apart: the flood cannot take their places.
+    let (brick, addr) = start_brick_with(
+        "tcp://127.0.0.1:0",
+        "1GiB",
+        "s3cret",
+        &["--max-connections", "1024", "--handshake-timeout-ms", "600000"],
+    );
+    let pid = brick.id();
+    let before = rss_bytes(pid);
+    let to = socket_addr(&addr);
+    // 10,000 connections from 10,000 addresses in 50 networks, each saying nothing: each used
+    // to cost the brick a thread and about 265 KiB.
+    let mut silent = Vec::with_capacity(SILENT);
+    for i in 0..SILENT {
+        let from = std::net::Ipv4Addr::new(127, 0, 1 + (i / 200) as u8, 1 + (i % 200) as u8);
+        silent.push(connect_from(from, to).unwrap_or_else(|e| panic!("connection {i} from {from}: {e}")));
+    }
+    let deadline = std::time::Instant::now() + LIMIT;
+    while brick_connections(&addr) < SILENT as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the brick did not take all {SILENT} connections"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let held = rss_bytes(pid);
+    eprintln!(
+        "brick RSS: {} KiB before, {} KiB with {SILENT} silent connections ({} bytes each)",
+        before >> 10,
+        held >> 10,
+        held.saturating_sub(before) / SILENT as u64
+    );
+    assert!(
+        held < 200 << 20,
+        "{SILENT} silent connections took the brick to {} MiB (target: under 200 MiB)",
+        held >> 20
+    );
+    // A real program, its results checked against a native run, is served meanwhile.
+    let stats = same_as_native_with(
+        "passes",
+        &["48", "1", "3"],
+        &["--brick", &addr, "--secret", "s3cret", "--no-shared-memory"],
+    );
+    assert_used_remote_memory(busiest(&stats));
+    // And none of the silent connections was dropped to make room for it.
+    let dropped = silent.iter_mut().map(still_held).filter(|held| !held).count();
+    assert_eq!(dropped, 0, "silent connections dropped while the program ran");
+}
+
+#[test]
+fn a_network_rotating_addresses_is_capped_and_throttled_as_one() {
+    need_open_files(4_000);
+    let (_brick, addr) = start_brick_with("tcp://127.0.0.1:0", "1GiB", "s3cret", &[]);
+    let to = socket_addr(&addr);
+    // The probe's attack: 17 addresses of one /24 with 80 connections each (1,360), against a
+    // cap of 256 per address that used to be the only one. Past 1,024 from the network, the
+    // brick says why and closes.
+    let mut undecided = Vec::new();
+    for a in 1..=17u8 {
+        for _ in 0..80 {
+            let s = connect_from(std::net::Ipv4Addr::new(127, 0, 9, a), to).expect("connect");
+            s.set_nonblocking(true).expect("nonblocking");
+            undecided.push(s);
+        }
+    }
+    // The brick answers a refused connection (`Busy`, then closes) as soon as it accepts it;
+    // a held one hears nothing. Wait until the brick holds what it will hold.
+    let mut refused = Vec::new();
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let mut still = Vec::new();
+        for mut s in undecided {
+            use std::io::Read;
+            let mut b = [0u8; 1];
+            match s.read(&mut b) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => still.push(s),
+                _ => {
+                    s.set_nonblocking(false).expect("blocking");
+                    s.set_read_timeout(Some(LIMIT)).expect("timeout");
+                    let mut rest = Vec::new();
+                    let _ = s.read_to_end(&mut rest);
+                    refused.push(String::from_utf8_lossy(&rest).to_string());
+                }
+            }
+        }
+        undecided = still;
+        if undecided.len() <= 1024 && brick_connections(&addr) >= 1024 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the brick did not settle: {} undecided",
+            undecided.len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let held = undecided;
+    assert_eq!(held.len(), 1024, "held from one /24 (refused: {})", refused.len());
+    assert!(
+        refused
+            .iter()
+            .all(|m| m.contains("127.0.9.0/24") && m.contains("--max-connections-per-prefix")),
+        "every refusal names the network and the option: {:?}",
+        &refused[..refused.len().min(3)]
+    );
+    // Secret guesses from 200 addresses of another /24, one each (each address under its own
+    // free failures): the network's failures slow them down together, so most are refused
+    // unchecked rather than checked.
+    let guessers: Vec<_> = (1..=200u8)
+        .map(|a| {
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut s = connect_from(std::net::Ipv4Addr::new(127, 0, 10, a), to).expect("connect");
+                s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+                    .expect("timeout");
+                let mut frames = rackmem_proto::Request::Hello.encode(1);
+                frames.extend(
+                    rackmem_proto::Request::Alloc {
+                        size_bytes: 1 << 20,
+                        secret: format!("guess{a}").into_bytes(),
+                    }
+                    .encode(2),
+                );
+                s.write_all(&frames).expect("send");
+                let mut all = Vec::new();
+                let _ = s.read_to_end(&mut all);
+                // The second answer's status.
+                let hello_len = 32 + u32::from_le_bytes([all[28], all[29], all[30], all[31]]) as usize;
+                let f = &all[hello_len..];
+                rackmem_proto::Status::from_u32(u32::from_le_bytes([f[12], f[13], f[14], f[15]]))
+            })
+        })
+        .collect();
+    let statuses: Vec<_> = guessers.into_iter().map(|g| g.join().expect("guesser")).collect();
+    let checked = statuses.iter().filter(|s| **s == rackmem_proto::Status::Denied).count();
+    let unchecked = statuses.iter().filter(|s| **s == rackmem_proto::Status::Busy).count();
+    eprintln!("secret guesses from 200 addresses of one /24: {checked} checked, {unchecked} refused unchecked");
+    assert_eq!(checked + unchecked, 200, "{statuses:?}");
+    assert!(
+        checked <= 40,
+        "{checked} of 200 guesses were checked: the network was not slowed down"
+    );
+    // A program from another network is served all along.
+    let stats = same_as_native_with(
+        "passes",
+        &["32", "1", "2"],
+        &["--brick", &addr, "--secret", "s3cret", "--no-shared-memory"],
+    );
+    assert_used_remote_memory(busiest(&stats));
+    drop(held);
+}
