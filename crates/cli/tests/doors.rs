@@ -273,3 +273,197 @@ fn a_network_rotating_addresses_is_capped_and_throttled_as_one() {
     assert_used_remote_memory(busiest(&stats));
     drop(held);
 }
+
+// --- The control plane --------------------------------------------------------------------
+
+use rackmem_control::api::{AllocationRequest, BrickRegistration, NodeRegistration, PortSpec};
+use rackmem_control::client::{Client, ClientError};
+
+/// A client of `url` with `token` (each request on a fresh connection is up to the client).
+fn client(url: &str, token: &str) -> Client {
+    Client::new(&[url]).expect("client").with_token(Some(token.to_string()))
+}
+
+/// A token of `role` for `name`, made by the admin.
+fn token(url: &str, role: &str, name: &str) -> String {
+    let o = ctl(url, &["token", "create", "--role", role, "--name", name]);
+    assert!(o.status.success(), "{}", show(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn server_err<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, String, String) {
+    match r {
+        Err(ClientError::Server {
+            status, code, message, ..
+        }) => (status, code, message),
+        other => panic!("expected a server error, got {other:?}"),
+    }
+}
+
+/// `GET /metrics` with `token`: the status code.
+fn metrics_status(url: &str, token: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).expect("connect");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn a_network_of_idle_connections_cannot_take_the_control_planes_slots() {
+    need_open_files(2_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let to: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("addr");
+    // The probe's attack: 16 addresses of one /24 with 40 idle connections each (640), against
+    // 512 slots and a cap of 64 per address; 22 of 24 legitimate requests used to fail.
+    let mut idle = Vec::new();
+    for a in 1..=16u8 {
+        for _ in 0..40 {
+            if let Ok(s) = connect_from(std::net::Ipv4Addr::new(127, 0, 20, a), to) {
+                idle.push(s);
+            }
+        }
+    }
+    // Refused connections are closed at accept: count the ones the control plane holds.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let held = idle.iter_mut().map(still_held).filter(|h| *h).count();
+    assert_eq!(
+        held, 128,
+        "the control plane holds at most --max-connections-per-prefix from one /24"
+    );
+    // Legitimate requests from another network are all served meanwhile.
+    let mut failed = Vec::new();
+    for _ in 0..24 {
+        let o = ctl(&url, &["nodes"]);
+        if !o.status.success() {
+            failed.push(show(&o));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 24 requests failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    drop(idle);
+}
+
+#[test]
+fn metrics_are_for_admins_and_scrape_tokens_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let node = token(&url, "node", "n1");
+    let brick = token(&url, "brick", "b1");
+    let scrape = token(&url, "metrics", "prometheus");
+    assert_eq!(metrics_status(&url, None), 401);
+    assert_eq!(
+        metrics_status(&url, Some(&node)),
+        403,
+        "a node token reads the rack's metrics"
+    );
+    assert_eq!(
+        metrics_status(&url, Some(&brick)),
+        403,
+        "a brick token reads the rack's metrics"
+    );
+    assert_eq!(metrics_status(&url, Some(&scrape)), 200);
+    assert_eq!(metrics_status(&url, Some(&admin_token())), 200);
+    // A scrape token is good for nothing else.
+    let (status, _, _) = server_err(client(&url, &scrape).nodes());
+    assert_eq!(status, 403);
+}
+
+#[test]
+fn a_node_cannot_take_all_memory_nor_learn_another_nodes_allocation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    const MIB: u64 = 1 << 20;
+    let admin = client(&url, &admin_token());
+    for b in ["b1", "b2"] {
+        admin
+            .register_brick(&BrickRegistration {
+                name: b.into(),
+                address: format!("tcp://{b}.example:7070"),
+                capacity_bytes: 512 * MIB,
+                ports: vec![PortSpec {
+                    name: "p0".into(),
+                    bandwidth_bps: 10_000_000_000,
+                    switch: None,
+                }],
+                key_hex: hex_key(b),
+            })
+            .expect("register brick");
+    }
+    let nodes: Vec<(Client, u64)> = ["n1", "n2"]
+        .iter()
+        .map(|n| {
+            let c = client(&url, &token(&url, "node", n));
+            let id = c
+                .register_node(&NodeRegistration {
+                    name: n.to_string(),
+                    ports: vec![PortSpec {
+                        name: "eth0".into(),
+                        bandwidth_bps: 10_000_000_000,
+                        switch: None,
+                    }],
+                })
+                .expect("register node")
+                .id;
+            (c, id)
+        })
+        .collect();
+    let (n1, id1) = &nodes[0];
+    let (n2, id2) = &nodes[1];
+    let req = |node: u64, size: u64, key: &str| AllocationRequest {
+        node,
+        size_bytes: size,
+        idempotency_key: Some(key.to_string()),
+        ..Default::default()
+    };
+    // The attack: node n1's token asks for all free memory. The default quota is half the rack.
+    let grab_all = AllocationRequest {
+        stripe: Some(2),
+        ..req(*id1, 1024 * MIB, "grab-all")
+    };
+    let (status, code, msg) = server_err(n1.allocate(&grab_all));
+    assert_eq!((status, code.as_str()), (409, "quota_exceeded"), "{msg}");
+    assert!(
+        msg.contains("--node-quota") && msg.contains("rackmem ctl node-quota n1"),
+        "{msg}"
+    );
+    let mine = n1
+        .allocate(&req(*id1, 512 * MIB, "n1-secret-key"))
+        .expect("within the quota");
+    let (status, code, _) = server_err(n1.allocate(&req(*id1, MIB, "one-more")));
+    assert_eq!((status, code.as_str()), (409, "quota_exceeded"));
+    // The other node still gets its share.
+    n2.allocate(&req(*id2, 256 * MIB, "n2-key"))
+        .expect("another node is served");
+    // An admin may give a node its own quota.
+    let o = ctl(&url, &["node-quota", "n1", "768MiB"]);
+    assert!(o.status.success(), "{}", show(&o));
+    n1.allocate(&req(*id1, 128 * MIB, "n1-more"))
+        .expect("under its own quota");
+    // Node n2 reuses n1's idempotency key with another request: it gets an allocation of its
+    // own, and nothing in the answer names n1's.
+    let theirs = n2
+        .allocate(&req(*id2, 2 * MIB, "n1-secret-key"))
+        .expect("a key is scoped to its node");
+    assert_ne!(theirs.id, mine.id);
+    assert_eq!(theirs.node, *id2);
+    let replay = n1.allocate(&req(*id1, 512 * MIB, "n1-secret-key")).expect("n1's retry");
+    assert_eq!(replay.id, mine.id, "the key still replays for its own node");
+}
+
+/// A brick's grant key, hex.
+fn hex_key(name: &str) -> String {
+    format!("key-of-{name}-0123456789abcdef")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -94,6 +94,10 @@ pub struct NodeRecord {
     pub name: String,
     /// Its ports, cabled.
     pub ports: Vec<Port>,
+    /// The most bytes its allocations may hold, set for this node by an admin (`None`: the
+    /// control plane's default, `rackmem control --node-quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_bytes: Option<u64>,
 }
 
 /// A switch created on demand by a registration (the topology file's switches are read anew).

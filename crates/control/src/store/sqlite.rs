@@ -298,6 +298,7 @@ mod tests {
                     id: 1,
                     name: "n1".into(),
                     ports: vec![],
+                    quota_bytes: None,
                 })),
                 Op::Put(Record::Counters(Counters {
                     next_node: 2,
