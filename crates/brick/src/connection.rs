@@ -1,4 +1,5 @@
-//! Serving one connection on its own thread: read a frame, validate it (header first, so a
+//! Serving one authenticated connection on its own thread (the handshake stage hands it over
+//! with its session and the answer to its ALLOC or ATTACH): read a frame, validate it (header first, so a
 //! hostile `payload_len` is refused before any allocation), serve it against the connection's
 //! session and queue the response. A response is held back only while a whole further request
 //! is already buffered: a pipelined burst is answered with few system calls, a lone request at
@@ -11,7 +12,6 @@ use crate::state::Shared;
 use crate::stream::{write_all_by, Stream, StreamIo};
 use rackmem_proto::{encode_response, DecodeError, Header, Opcode, Request, Status, FLAG_RESPONSE, HEADER_LEN};
 use std::io::{self, BufReader, Read};
-use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,7 @@ pub(crate) fn read_payload(io: &mut impl Read, buf: &mut Vec<u8>, len: usize) ->
     Ok(())
 }
 
-/// Counts a connection that ended on a read deadline.
+/// Counts a connection that ended on a read deadline (the idle timeout, for an authenticated one).
 pub(crate) fn note_read_end(shared: &Shared, session: &Session, e: &io::Error) {
     if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
         let c = &shared.guard.counters;
@@ -75,8 +75,15 @@ pub(crate) fn note_read_end(shared: &Shared, session: &Session, e: &io::Error) {
     }
 }
 
-/// Reads requests off `stream`, serves them in order, queues and flushes responses.
-pub(crate) fn serve_connection(shared: &Shared, stream: Box<dyn Stream>, peer: Option<IpAddr>, accepted_at: Instant) {
+/// Reads requests off `stream`, serves them in order, queues and flushes responses; `first` is
+/// the answer owed to the request the handshake stage served last (the ALLOC or ATTACH that
+/// authenticated the connection).
+pub(crate) fn serve_connection(
+    shared: &Shared,
+    stream: Box<dyn Stream>,
+    mut session: Session,
+    first: Option<(Opcode, u32, Reply)>,
+) {
     let limits = &shared.guard.limits;
     let mut conn = Connection {
         io: BufReader::with_capacity(
@@ -84,17 +91,21 @@ pub(crate) fn serve_connection(shared: &Shared, stream: Box<dyn Stream>, peer: O
             StreamIo {
                 sock: stream,
                 spin_us: shared.spin_us,
-                deadline: Some(accepted_at + limits.handshake_timeout),
+                deadline: None,
             },
         ),
         queued: Vec::with_capacity(64 << 10),
         send_timeout: limits.send_timeout,
     };
-    let mut session = Session {
-        passes_fds: conn.io.get_ref().sock.passes_fds(),
-        peer,
-        ..Session::default()
-    };
+    if let Some((op, tag, reply)) = first {
+        let sent = conn.send(op, tag, &reply, true);
+        if sent.is_err() || reply.close {
+            if let Some(a) = session.attached {
+                shared.store.detach(a.id, &a.gate);
+            }
+            return;
+        }
+    }
     let mut hdr = [0u8; HEADER_LEN];
     let mut payload = Vec::new();
     let mut scratch = Vec::new();
@@ -158,20 +169,6 @@ pub(crate) fn serve_connection(shared: &Shared, stream: Box<dyn Stream>, peer: O
         };
         if reply.status != Status::Ok {
             shared.counters.errors.fetch_add(1, Relaxed);
-        }
-        if !session.authenticated && session.attached.is_some() {
-            // Authenticated: from now on the connection may be silent for the idle timeout
-            // (its link pings when idle), no longer bound by the handshake deadline.
-            session.authenticated = true;
-            let io = conn.io.get_mut();
-            io.deadline = None;
-            if io
-                .sock
-                .set_read_timeout(limits.idle_timeout.filter(|t| !t.is_zero()))
-                .is_err()
-            {
-                break;
-            }
         }
         let close = reply.close;
         // Hold the response back only if the next request can be served without reading the

@@ -20,7 +20,8 @@
 //! after the header is valid for its opcode and the connection's state, and slows down peers
 //! whose secrets or grants keep failing ([`BrickLimits`]).
 //!
-//! Threads: one acceptor, one per connection. Requests on a connection are processed in order
+//! Threads: one acceptor, which also holds every connection until it authenticates (on epoll,
+//! without a thread each: `handshake`), and one per authenticated connection. Requests on a connection are processed in order
 //! and answered in order; a response is held back only while a whole further request is
 //! already buffered, so a pipelined burst is answered with few system calls and a client is
 //! never left waiting for a response while the brick waits for the client.
@@ -31,6 +32,7 @@ mod connection;
 mod data;
 mod error;
 mod guard;
+mod handshake;
 mod pool;
 mod reply;
 mod server;

@@ -1,10 +1,11 @@
 //! Starting and stopping a brick: binding its listen address, spawning the acceptor, and the
 //! handles that stop it, wait for it and manage its segments from other threads.
 
-use crate::accept::{accept_loop, Listener};
+use crate::accept::Listener;
 use crate::config::{BrickConfig, ListenAddr, DEFAULT_SPIN_US};
 use crate::error::BrickError;
 use crate::guard::{Guard, GuardStats};
+use crate::handshake::{accept_loop, fit_handshakes};
 use crate::pool::{Store, CHUNK};
 use crate::state::{Counters, Shared};
 use crate::sync::lock;
@@ -126,14 +127,17 @@ impl Brick {
             Listener::Tcp(l) => l.as_fd(),
             Listener::Unix(l) => l.as_fd(),
         };
-        let _ = rackmem_sys::set_listen_backlog(fd, cfg.limits.max_connections.min(65_535) as u32);
+        let backlog = cfg.limits.max_connections.max(cfg.limits.max_handshakes);
+        let _ = rackmem_sys::set_listen_backlog(fd, backlog.min(65_535) as u32);
         let spin_us = std::env::var("RACKMEM_BRICK_SPIN_US")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_SPIN_US);
-        // Each connection holds two descriptors (its stream and the handle that shuts it down
-        // at stop): allow what the limits need, as far as the hard limit goes.
-        let _ = rackmem_sys::raise_open_files_limit();
+        // Each authenticated connection holds two descriptors (its stream and the handle that
+        // shuts it down at stop), one still authenticating one: allow what the limits need, as
+        // far as the hard limit goes, and hold fewer handshakes if it does not go that far.
+        let open_files = rackmem_sys::raise_open_files_limit().ok();
+        let max_handshakes = fit_handshakes(&cfg.limits, open_files);
         let shared = Arc::new(Shared {
             spin_us,
             guard: Guard::new(cfg.limits.clone()),
@@ -151,7 +155,7 @@ impl Brick {
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
             .name("brick-accept".into())
-            .spawn(move || accept_loop(s, listener))
+            .spawn(move || accept_loop(s, listener, max_handshakes))
             .map_err(BrickError::Thread)?;
         Ok(BrickHandle {
             shared,

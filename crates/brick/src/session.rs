@@ -31,6 +31,9 @@ pub(crate) struct Session {
     /// An ALLOC or ATTACH succeeded on this connection once: every opcode is allowed, and the
     /// idle timeout replaces the handshake deadline.
     pub(crate) authenticated: bool,
+    /// The next ALLOC or ATTACH has had its turn (see `Guard::before_check`) already: the
+    /// handshake stage waits for it on a timer rather than in a thread.
+    pub(crate) turn_taken: bool,
 }
 
 /// Seconds since the Unix epoch (0 for a clock set before it), for grant expiry.
@@ -115,8 +118,10 @@ fn alloc(shared: &Shared, session: &mut Session, size_bytes: u64, secret: &[u8])
             true,
         );
     }
-    if let Some(busy) = shared.wait_turn(session.peer) {
-        return busy;
+    if !std::mem::take(&mut session.turn_taken) {
+        if let Some(busy) = shared.wait_turn(session.peer) {
+            return busy;
+        }
     }
     let allowed = shared.cfg.secret.as_ref().is_some_and(|s| constant_time_eq(s, secret));
     if allowed {
@@ -172,8 +177,10 @@ fn attach(shared: &Shared, session: &mut Session, g: &Grant, proof: &[u8; KEY_LE
             true,
         );
     };
-    if let Some(busy) = shared.wait_turn(session.peer) {
-        return busy;
+    if !std::mem::take(&mut session.turn_taken) {
+        if let Some(busy) = shared.wait_turn(session.peer) {
+            return busy;
+        }
     }
     let now = now_unix();
     match g.verify(&shared.cfg.key, now) {

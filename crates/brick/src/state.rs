@@ -103,20 +103,34 @@ impl Shared {
                 }
                 None
             }
-            Admission::Refuse(wait) => {
-                let who = peer.map_or_else(|| "local peers".to_string(), |ip| ip.to_string());
-                Some(err(
-                    Status::Busy,
-                    format!(
-                        "too many failed authentications from {who}: not checked; the next check \
-                         can run in {:.1} s (failures are forgotten {} s after the last one)",
-                        wait.as_secs_f64(),
-                        AUTH_FORGET.as_secs()
-                    ),
-                    true,
-                ))
-            }
+            Admission::Refuse(wait) => Some(self.throttled(peer, wait)),
         }
+    }
+
+    /// The `Busy` answer to a check refused unchecked: the next could run in `wait`.
+    pub(crate) fn throttled(&self, peer: Option<IpAddr>, wait: Duration) -> Reply {
+        let who = peer.map_or_else(
+            || "local peers".to_string(),
+            |ip| {
+                format!(
+                    "{ip} (or its network {})",
+                    self.guard
+                        .limits
+                        .peer_prefix
+                        .show(self.guard.limits.peer_prefix.prefix_of(ip))
+                )
+            },
+        );
+        err(
+            Status::Busy,
+            format!(
+                "too many failed authentications from {who}: not checked; the next check \
+                 can run in {:.1} s (failures are forgotten {} s after the last one)",
+                wait.as_secs_f64(),
+                AUTH_FORGET.as_secs()
+            ),
+            true,
+        )
     }
 
     /// A standalone grant (ALLOC, CLONE) and its session key, for the connection that asked.

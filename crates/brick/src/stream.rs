@@ -2,13 +2,19 @@
 //! before they sleep and bounded by the handshake deadline, writes bounded by a deadline however
 //! the peer drains them, and descriptor passing where the socket can carry one.
 
+use crate::state::Conn;
 use crate::tls::TlsStream;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 pub(crate) trait Stream: Read + Write + Send {
+    /// The socket's descriptor (to watch it for readiness).
+    fn raw_fd(&self) -> RawFd;
+    /// A second handle on the socket, to shut it down when the brick stops.
+    fn shutdown_handle(&self) -> io::Result<Conn>;
     fn set_nonblocking(&self, on: bool) -> io::Result<()>;
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
@@ -26,6 +32,12 @@ pub(crate) trait Stream: Read + Write + Send {
 }
 
 impl Stream for TcpStream {
+    fn raw_fd(&self) -> RawFd {
+        self.as_raw_fd()
+    }
+    fn shutdown_handle(&self) -> io::Result<Conn> {
+        Ok(Conn::Tcp(self.try_clone()?))
+    }
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         TcpStream::set_nonblocking(self, on)
     }
@@ -38,6 +50,12 @@ impl Stream for TcpStream {
 }
 
 impl Stream for TlsStream {
+    fn raw_fd(&self) -> RawFd {
+        self.tcp().as_raw_fd()
+    }
+    fn shutdown_handle(&self) -> io::Result<Conn> {
+        Ok(Conn::Tcp(self.tcp().try_clone()?))
+    }
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         self.tcp().set_nonblocking(on)
     }
@@ -50,6 +68,12 @@ impl Stream for TlsStream {
 }
 
 impl Stream for UnixStream {
+    fn raw_fd(&self) -> RawFd {
+        self.as_raw_fd()
+    }
+    fn shutdown_handle(&self) -> io::Result<Conn> {
+        Ok(Conn::Unix(self.try_clone()?))
+    }
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         UnixStream::set_nonblocking(self, on)
     }
@@ -68,10 +92,9 @@ impl Stream for UnixStream {
     }
 }
 
-/// The socket as the connection reads it: polled briefly before a read sleeps, and, until the
-/// connection authenticates, every read bounded by the handshake deadline (so a peer that
-/// trickles bytes cannot stretch it). After that the socket's own read timeout (the idle
-/// timeout) bounds each read.
+/// The socket as an authenticated connection's thread reads it: polled briefly before a read
+/// sleeps, each read bounded by the socket's own read timeout (the idle timeout), or by
+/// `deadline` when one is set.
 pub(crate) struct StreamIo {
     pub(crate) sock: Box<dyn Stream>,
     pub(crate) spin_us: u64,

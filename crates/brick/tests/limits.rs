@@ -199,6 +199,7 @@ fn silent_and_trickling_connections_are_cut_at_the_handshake_deadline() {
         handshake_timeout: Duration::from_secs(4),
         // Every connection here comes from 127.0.0.1.
         max_connections_per_peer: 4096,
+        max_connections_per_prefix: 4096,
         ..BrickLimits::default()
     });
     // 1,024 connections that never say anything: the brick used to serve at most 1,024
@@ -275,7 +276,8 @@ fn connections_over_the_caps_are_refused_with_the_reason() {
         Link::connect(&addr, T).is_ok()
     });
 
-    // Unix-socket peers count towards the total.
+    // Unix-socket peers count towards the total of authenticated connections: a third
+    // connection is held while it authenticates, and told `Busy` when it tries.
     let dir = tempfile::tempdir().expect("tempdir");
     let (_u, ua) = start(
         ListenAddr::Unix(dir.path().join("b.sock")),
@@ -285,12 +287,19 @@ fn connections_over_the_caps_are_refused_with_the_reason() {
         },
     );
     let _a = legitimate_round_trip(&ua, 3);
-    let _b = Link::connect(&ua, T).expect("second");
-    let cause = refusal(Link::connect(&ua, T));
-    assert!(
-        cause.contains("maximum of 2 connections") && cause.contains("--max-connections"),
-        "{cause}"
-    );
+    let _b = legitimate_round_trip(&ua, 4);
+    let c = Link::connect(&ua, T).expect("a third connection says HELLO");
+    match c.alloc_segment(SECRET, 4 << 20) {
+        Err(LinkError::Refused {
+            status: Status::Busy,
+            message,
+            ..
+        }) => assert!(
+            message.contains("maximum of 2 connections") && message.contains("--max-connections"),
+            "{message}"
+        ),
+        other => panic!("expected Busy, got {other:?}"),
+    }
 }
 
 /// One ALLOC with `secret` on a new connection; the answer's status and message.

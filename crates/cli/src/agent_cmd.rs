@@ -74,8 +74,14 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = rackmem_control::agent::DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     max_connections: usize,
-    /// How long a request line may take to arrive once its first byte has (a client that
-    /// trickles bytes is cut off with request_timeout). Idle time between requests is
+    /// Most programs of one user served at once (root's included), so that one admitted user
+    /// cannot hold every connection and lock the others out; over it a connection gets a
+    /// too_many_connections line naming this option and is closed.
+    #[arg(long, value_name = "N", default_value_t = rackmem_control::agent::DEFAULT_MAX_CONNECTIONS_PER_UID,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
+    max_connections_per_uid: usize,
+    /// How long a whole request line may take to arrive once its first byte has, however it
+    /// trickles in (a client that sends a byte now and then is cut off with request_timeout). Idle time between requests is
     /// unlimited: programs hold their connection for life.
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::values::parse_duration)]
     request_timeout: Duration,
@@ -111,6 +117,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     cfg.quota_per_process_bytes = args.quota_per_process;
     cfg.quota_per_uid_bytes = args.quota_per_uid;
     cfg.max_connections = args.max_connections;
+    cfg.max_connections_per_uid = args.max_connections_per_uid;
     cfg.request_timeout = args.request_timeout;
     cfg.reconcile_interval = args.reconcile_interval;
     let agent = Agent::start(client, cfg).context("starting the agent")?;

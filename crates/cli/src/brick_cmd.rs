@@ -67,19 +67,42 @@ pub struct BrickArgs {
     /// this host's name when listening on all interfaces).
     #[arg(long, value_name = "ADDR", requires = "control")]
     advertise: Option<String>,
-    /// Most connections served at once. A program uses two per brick it has memory on; a
-    /// connection beyond the limit is told why (`Busy`) and closed, and the brick goes on
-    /// serving the others. Each connection costs a thread and two descriptors (the brick raises
-    /// its open-files limit as far as the hard limit allows).
+    /// Most authenticated connections served at once. A program uses two per brick it has
+    /// memory on; an ALLOC or ATTACH beyond the limit is told why (`Busy`) and its connection
+    /// closed, and the brick goes on serving the others. Each costs a thread and two
+    /// descriptors (the brick raises its open-files limit as far as the hard limit allows).
+    /// Connections still authenticating are held apart, without a thread (--max-handshakes).
     #[arg(long, value_name = "N", default_value_t = BrickLimits::default().max_connections,
           value_parser = parse_count)]
     max_connections: usize,
-    /// Most connections served at once from one IP address (TCP; Unix-socket peers count
-    /// towards --max-connections only), so that one host cannot take every slot. Raise it for
-    /// nodes that run more than about 100 programs at once.
+    /// Most connections at once from one IP address (TCP; Unix-socket peers count towards the
+    /// totals only), counted apart among authenticating and authenticated connections, so
+    /// that one host cannot take every slot. Raise it for nodes that run more than about 100
+    /// programs at once.
     #[arg(long, value_name = "N", default_value_t = BrickLimits::default().max_connections_per_peer,
           value_parser = parse_count)]
     max_connections_per_peer: usize,
+    /// As --max-connections-per-peer, for all the addresses of one network (--peer-prefix-v4,
+    /// --peer-prefix-v6): rotating source addresses does not lift the cap.
+    #[arg(long, value_name = "N", default_value_t = BrickLimits::default().max_connections_per_prefix,
+          value_parser = parse_count)]
+    max_connections_per_prefix: usize,
+    /// Leading bits of an IPv4 address that name its network, for the per-prefix caps and
+    /// authentication throttles.
+    #[arg(long, value_name = "BITS", default_value_t = BrickLimits::default().peer_prefix.v4,
+          value_parser = clap::value_parser!(u8).range(0..=32))]
+    peer_prefix_v4: u8,
+    /// Leading bits of an IPv6 address that name its network.
+    #[arg(long, value_name = "BITS", default_value_t = BrickLimits::default().peer_prefix.v6,
+          value_parser = clap::value_parser!(u8).range(0..=128))]
+    peer_prefix_v6: u8,
+    /// Most connections held at once while they authenticate (HELLO to a successful ALLOC or
+    /// ATTACH), on one thread with epoll, a descriptor and a few hundred bytes each; when it is
+    /// reached the connection that has waited longest is closed to admit the new one. Lowered
+    /// to fit the open-files limit.
+    #[arg(long, value_name = "N", default_value_t = BrickLimits::default().max_handshakes,
+          value_parser = parse_count)]
+    max_handshakes: usize,
     /// Milliseconds a new connection has to authenticate (ALLOC with the secret, or ATTACH with
     /// a grant) before it is closed, TLS handshake included on tls://: bounds what silent or slow
     /// connections hold.
@@ -103,6 +126,11 @@ pub struct BrickArgs {
     /// forgives the address; so do 10 minutes without failures.
     #[arg(long, value_name = "N", default_value_t = BrickLimits::default().auth_failures_free)]
     auth_failures_free: u32,
+    /// As --auth-failures-free, for all the addresses of one network together: failures spread
+    /// over many addresses of a prefix are slowed down as if they came from one. A success
+    /// forgives its address, not its network.
+    #[arg(long, value_name = "N", default_value_t = BrickLimits::default().auth_failures_free_per_prefix)]
+    auth_failures_free_per_prefix: u32,
     /// The first delay after --auth-failures-free failures, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = BrickLimits::default().auth_delay.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -146,10 +174,17 @@ impl BrickArgs {
         Ok(BrickLimits {
             max_connections: self.max_connections,
             max_connections_per_peer: self.max_connections_per_peer,
+            max_connections_per_prefix: self.max_connections_per_prefix,
+            peer_prefix: rackmem_sys::PrefixLen {
+                v4: self.peer_prefix_v4,
+                v6: self.peer_prefix_v6,
+            },
+            max_handshakes: self.max_handshakes,
             handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
             idle_timeout: (self.idle_timeout_s > 0).then(|| Duration::from_secs(self.idle_timeout_s)),
             send_timeout: Duration::from_millis(self.send_timeout_ms),
             auth_failures_free: self.auth_failures_free,
+            auth_failures_free_per_prefix: self.auth_failures_free_per_prefix,
             auth_delay: Duration::from_millis(self.auth_delay_ms),
             auth_delay_max: Duration::from_millis(self.auth_delay_max_ms),
         })

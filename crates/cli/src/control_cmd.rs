@@ -4,6 +4,7 @@ use crate::values::parse_duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_control::graph::Topology;
+use rackmem_control::plane::NodeQuota;
 use rackmem_control::serve::{HttpLimits, TlsFiles};
 use rackmem_control::server::{spawn, PublicRoutes, ServerConfig};
 use std::path::PathBuf;
@@ -85,6 +86,21 @@ pub struct ControlArgs {
     /// Open connections from one IP address at most.
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_connections_per_peer: usize,
+    /// Open connections from the addresses of one network at most (--peer-prefix-v4,
+    /// --peer-prefix-v6), so that rotating source addresses does not lift the per-address cap.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    max_connections_per_prefix: usize,
+    /// Leading bits of an IPv4 address that name its network, for --max-connections-per-prefix.
+    #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(0..=32))]
+    peer_prefix_v4: u8,
+    /// Leading bits of an IPv6 address that name its network.
+    #[arg(long, value_name = "BITS", default_value_t = 64, value_parser = clap::value_parser!(u8).range(0..=128))]
+    peer_prefix_v6: u8,
+    /// The most memory one node may hold at once, a size (64GiB) or a share of the registered
+    /// bricks' capacity (50%), so that one node's token cannot take all free memory. An admin
+    /// sets a node's own with `rackmem ctl node-quota NODE SIZE`.
+    #[arg(long, value_name = "SIZE|PCT%", default_value = "50%", value_parser = parse_node_quota)]
+    node_quota: NodeQuota,
     /// Time a connection has to send a request's headers (also how long an idle kept-alive
     /// connection stays open).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
@@ -152,8 +168,8 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     }
     let (admin_token, created) = rackmem_control::auth::admin_token_file(&token_file)
         .with_context(|| format!("the admin token file {}", token_file.display()))?;
-    if args.max_connections == 0 || args.max_connections_per_peer == 0 {
-        bail!("--max-connections and --max-connections-per-peer must be at least 1");
+    if args.max_connections == 0 || args.max_connections_per_peer == 0 || args.max_connections_per_prefix == 0 {
+        bail!("--max-connections, --max-connections-per-peer and --max-connections-per-prefix must be at least 1");
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -166,6 +182,7 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.advertise = args.advertise.map(|a| a.trim_end_matches('/').to_string());
     config.admin_token = Some(admin_token);
     config.grant_lifetime = args.grant_lifetime;
+    config.node_quota = args.node_quota;
     config.public = PublicRoutes {
         openapi: args.public_openapi,
         metrics: args.public_metrics,
@@ -173,6 +190,11 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.limits = HttpLimits {
         max_connections: args.max_connections,
         max_connections_per_peer: args.max_connections_per_peer,
+        max_connections_per_prefix: args.max_connections_per_prefix,
+        peer_prefix: rackmem_sys::PrefixLen {
+            v4: args.peer_prefix_v4,
+            v6: args.peer_prefix_v6,
+        },
         header_timeout: args.header_timeout,
         request_timeout: args.request_timeout,
     };
@@ -199,4 +221,15 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     eprintln!("rackmem control: stopping");
     server.stop().context("stopping the control plane")?;
     Ok(0)
+}
+
+/// `--node-quota`: `50%` (of the bricks' capacity) or a size.
+fn parse_node_quota(s: &str) -> Result<NodeQuota, String> {
+    if let Some(p) = s.strip_suffix('%') {
+        return match p.parse::<u8>() {
+            Ok(p) if (1..=100).contains(&p) => Ok(NodeQuota::PercentOfPool(p)),
+            _ => Err(format!("`{s}`: a share is 1% to 100%")),
+        };
+    }
+    crate::values::parse_size_arg(s).map(NodeQuota::Bytes)
 }

@@ -95,6 +95,15 @@ enum CtlCommand {
         #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
         size: u64,
     },
+    /// Set how much memory one node may hold at once (admins only), or put it back to the
+    /// control plane's default (rackmem control --node-quota).
+    NodeQuota {
+        /// Node id or name.
+        node: String,
+        /// The most its allocations may hold, or `default`.
+        #[arg(value_name = "SIZE|default")]
+        size: String,
+    },
     /// Create, list and revoke API tokens (admins only).
     #[command(subcommand)]
     Token(TokenCommand),
@@ -119,8 +128,8 @@ enum TokenCommand {
     /// Make a token and print it (only this once: the control plane keeps its hash).
     Create {
         /// admin (everything), node (an agent: that node's allocations), brick (that brick's
-        /// registration and heartbeats).
-        #[arg(long, value_parser = ["admin", "node", "brick"])]
+        /// registration and heartbeats), metrics (a scraper: GET /metrics only).
+        #[arg(long, value_parser = ["admin", "node", "brick", "metrics"])]
         role: String,
         /// The node or brick it speaks for (for admins, a label).
         #[arg(long)]
@@ -229,13 +238,18 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             t.to_string()
         })?,
         CtlCommand::Nodes => print(json, &c.nodes()?, |nodes| {
-            let mut t = table(&["id", "name", "allocations", "allocated", "ports"]);
+            let mut t = table(&["id", "name", "allocations", "allocated", "quota", "ports"]);
             for n in nodes {
                 t.add_row(vec![
                     n.id.to_string(),
                     n.name.clone(),
                     n.allocations.to_string(),
                     format_size(n.allocated_bytes),
+                    format!(
+                        "{}{}",
+                        format_size(n.quota_bytes),
+                        if n.quota_set { "" } else { " (default)" }
+                    ),
                     n.ports
                         .iter()
                         .map(|p| format!("{} {} @{}", p.name, rate(p.bandwidth_bps), p.switch))
@@ -348,6 +362,22 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
         CtlCommand::Free { id } => print(json, &c.free(id)?, |r| {
             format!("released allocation {} ({} segments)", r.id, r.extents.len())
         })?,
+        CtlCommand::NodeQuota { node, size } => {
+            let id = resolve_node(c, &node)?;
+            let quota = match size.as_str() {
+                "default" => None,
+                s => Some(crate::values::parse_size_arg(s).map_err(CtlError::BadInput)?),
+            };
+            print(json, &c.set_node_quota(id, quota)?, |n| {
+                format!(
+                    "node {} may hold {} ({}); it holds {}",
+                    n.name,
+                    format_size(n.quota_bytes),
+                    if n.quota_set { "its own quota" } else { "the default" },
+                    format_size(n.allocated_bytes)
+                )
+            })?
+        }
         CtlCommand::Resize { id, size } => print(json, &c.resize(id, size)?, |a| {
             format!(
                 "allocation {} is now {} in {} segments",
@@ -358,7 +388,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
         })?,
         CtlCommand::Token(TokenCommand::Create { role, name }) => {
             let role = rackmem_control::auth::Role::parse(&role)
-                .ok_or_else(|| CtlError::BadInput(format!("--role {role}: use admin, node or brick")))?;
+                .ok_or_else(|| CtlError::BadInput(format!("--role {role}: use admin, node, brick or metrics")))?;
             let t = c.create_token(&TokenRequest { role, name })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&t).map_err(anyhow::Error::from)?);

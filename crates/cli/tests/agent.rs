@@ -985,3 +985,97 @@ fn the_dashboard_shows_what_the_api_says() {
     );
     assert!(g.wait_until(LIMIT).expect("finished").success());
 }
+
+#[test]
+fn one_user_cannot_hold_every_connection_and_lock_out_roots_programs() {
+    require_root();
+    // The probe's attack: an admitted user opens as many idle connections as the agent serves
+    // (1,024 by default).
+    let c = cluster_with(&["--allow-uid", &NOBODY.to_string()], false);
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program("agent_hold"));
+    cmd.arg(&c.socket)
+        .arg("1024")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut flood = Guard::spawn(&mut cmd);
+    let lines = lines_of(flood.child().stdout.take().expect("stdout"));
+    let counts = lines.recv_timeout(LIMIT).expect("agent_hold reports");
+    assert_eq!(
+        counts, "held=256 refused=768",
+        "one user holds at most --max-connections-per-uid (256)"
+    );
+    // Root's programs are still served while the flood holds its connections: a connection
+    // that grows, and a real program whose memory comes through the agent.
+    let mut conn = connect(&c.socket);
+    assert_eq!(ask(&mut conn, HELLO)["ok"], true);
+    assert_eq!(ask(&mut conn, r#"{"op":"grow","bytes":1048576}"#)["ok"], true);
+    let args = ["8", "16", "200"];
+    let want = checksums(&native(&program("grow"), &args));
+    let stats = c.dir.path().join("stats.jsonl");
+    let (mut g, out) = run_grow(&c, &args, &stats);
+    assert_eq!(vec![checksum_of(&out)], want, "same data as natively");
+    let status = g.wait_until(LIMIT).expect("the program finished");
+    assert!(status.success(), "{status:?}");
+    assert_used_remote_memory_at(busiest(&read_stats(&stats)), 25);
+    // The flood's refusals name the option.
+    let m = scrape(&c.metrics);
+    assert!(m.contains("rackmem_agent_connections_refused_total 768"), "{m}");
+    drop(flood);
+}
+
+#[test]
+fn a_request_line_trickled_a_byte_at_a_time_is_cut_at_its_deadline() {
+    require_root();
+    let c = cluster_with(&["--request-timeout", "1s"], false);
+    let mut conn = connect(&c.socket);
+    // A byte every 200 ms: each well within any per-read timeout, the whole line (8 s) far
+    // beyond the deadline of its first byte. The agent must cut it before it is whole.
+    let line = format!("{HELLO}\n");
+    let mut sent = 0;
+    for b in line.bytes() {
+        if conn.0.write_all(&[b]).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut answer = String::new();
+    conn.1.read_line(&mut answer).expect("an answer");
+    assert_eq!(code_of(&json(&answer)), "request_timeout", "{answer}");
+    answer.clear();
+    assert_eq!(conn.1.read_line(&mut answer).ok(), Some(0), "then closed: {answer:?}");
+    assert!(
+        sent < line.len(),
+        "cut before the line was whole ({sent} of {} bytes)",
+        line.len()
+    );
+}
+
+#[test]
+fn idle_scraper_connections_do_not_hold_up_metrics_scrapes() {
+    require_root();
+    let c = cluster();
+    // Scraper connections that send nothing: one at a time, each used to hold the responder
+    // for its 2 s read timeout, so these 100 would have delayed a scrape by minutes.
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&c.metrics).expect("connect"))
+        .collect();
+    for _ in 0..5 {
+        let mut s = std::net::TcpStream::connect(&c.metrics).expect("metrics endpoint");
+        // Generous, but far below what the queue of idle connections used to cost.
+        s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+        let mut out = String::new();
+        use std::io::Read;
+        s.read_to_string(&mut out).expect("the scrape is answered");
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.contains("rackmem_agent_processes"),
+            "{out}"
+        );
+    }
+    drop(idle);
+}

@@ -160,6 +160,21 @@ pub struct Node {
     pub allocations: u64,
     /// Bytes in its segments.
     pub allocated_bytes: u64,
+    /// The most its allocations may hold at once (its own quota, or the default).
+    #[serde(default)]
+    pub quota_bytes: u64,
+    /// Whether an admin set this node's own quota (else the default applies).
+    #[serde(default)]
+    pub quota_set: bool,
+}
+
+/// `PUT /v1/nodes/{id}/quota`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeQuotaRequest {
+    /// The most bytes the node's allocations may hold at once; `null`: the control plane's
+    /// default (`rackmem control --node-quota`).
+    pub quota_bytes: Option<u64>,
 }
 
 /// `POST /v1/allocations`.
@@ -464,24 +479,28 @@ pub enum Role {
     Node,
     /// A managed brick: its own registration and heartbeats only.
     Brick,
+    /// A metrics scraper: `GET /metrics` only.
+    Metrics,
 }
 
 impl Role {
-    /// `admin`, `node`, `brick`.
+    /// `admin`, `node`, `brick`, `metrics`.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Admin => "admin",
             Role::Node => "node",
             Role::Brick => "brick",
+            Role::Metrics => "metrics",
         }
     }
 
-    /// Parses `admin`, `node` or `brick`.
+    /// Parses `admin`, `node`, `brick` or `metrics`.
     pub fn parse(s: &str) -> Option<Role> {
         match s {
             "admin" => Some(Role::Admin),
             "node" => Some(Role::Node),
             "brick" => Some(Role::Brick),
+            "metrics" => Some(Role::Metrics),
             _ => None,
         }
     }

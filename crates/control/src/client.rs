@@ -435,6 +435,15 @@ impl Client {
         )
     }
 
+    /// `PUT /v1/nodes/{id}/quota` (`None`: the default quota).
+    pub fn set_node_quota(&self, node: u64, quota_bytes: Option<u64>) -> Result<Node, ClientError> {
+        self.request(
+            Method::Put,
+            &format!("/v1/nodes/{node}/quota"),
+            Some(&crate::api::NodeQuotaRequest { quota_bytes }),
+        )
+    }
+
     /// `DELETE /v1/allocations/{id}`.
     pub fn free(&self, id: u64) -> Result<Released, ClientError> {
         self.request::<(), _>(Method::Delete, &format!("/v1/allocations/{id}"), None)

@@ -4,22 +4,10 @@
 //! signs the same 73-byte [`Grant`] a standalone brick would, and derives the session key the
 //! node must prove it holds when it attaches (see the contract in `docs/control-plane.md`).
 
-use hmac::{Hmac, Mac};
 use rackmem_proto::{rights, Grant};
-use sha2::Sha256;
-
-/// Domain separation of the session-key derivation (part of the contract).
-pub const SESSION_KEY_LABEL: &[u8] = b"rackmem-session-v1";
-
-/// `HMAC-SHA256(brick_key, "rackmem-session-v1" || grant.mac)`.
-pub fn session_key(brick_key: &[u8], grant: &Grant) -> [u8; 32] {
-    // HMAC takes keys of any length: new_from_slice cannot fail.
-    let mut m =
-        <Hmac<Sha256> as Mac>::new_from_slice(brick_key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
-    m.update(SESSION_KEY_LABEL);
-    m.update(&grant.mac);
-    m.finalize().into_bytes().into()
-}
+// One derivation for bricks, control planes and nodes: the brick checks the proof against the
+// key derived here.
+pub use rackmem_proto::{session_key, SESSION_KEY_LABEL};
 
 /// A signed grant for one segment and its session key, both hex, as the API returns them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +52,8 @@ mod tests {
             (g.segment_id, g.brick_offset, g.size_bytes, g.node),
             (7, 1 << 20, 4 << 20, 3)
         );
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap();
+        use hmac::{Hmac, Mac};
+        let mut m = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).unwrap();
         m.update(b"rackmem-session-v1");
         m.update(&g.mac);
         let want: [u8; 32] = m.finalize().into_bytes().into();

@@ -5,8 +5,10 @@
 //! connections starved it of descriptors and `/healthz` stopped answering. This loop serves
 //! the same router through hyper with:
 //!
-//! - a cap on open connections, total and per peer address, checked at accept (a refused
-//!   connection is closed at once, before any byte is read);
+//! - a cap on open connections, total, per peer address and per network (IPv4 /24, IPv6 /64
+//!   by default: 16 loopback addresses with 40 idle connections each held all 512 slots when
+//!   only addresses were counted), checked at accept (a refused connection is closed at once,
+//!   before any byte is read);
 //! - a header timeout: a connection must send a whole request head within it, counted from
 //!   the connection's start or the end of its previous response, so silent and slow-header
 //!   (slowloris) connections are closed;
@@ -29,6 +31,11 @@ pub struct HttpLimits {
     pub max_connections: usize,
     /// Open connections from one IP address at most.
     pub max_connections_per_peer: usize,
+    /// Open connections from the addresses of one network ([`HttpLimits::peer_prefix`]) at
+    /// most: rotating source addresses within a network does not lift the per-address cap.
+    pub max_connections_per_prefix: usize,
+    /// How addresses are grouped into networks (IPv4 /24 and IPv6 /64 by default).
+    pub peer_prefix: rackmem_sys::PrefixLen,
     /// Time to send a whole request head (and the TLS handshake), from the connection's start
     /// or the end of the previous response: also the idle timeout of kept-alive connections.
     pub header_timeout: Duration,
@@ -37,11 +44,14 @@ pub struct HttpLimits {
 }
 
 impl Default for HttpLimits {
-    /// 512 connections, 64 per address, 10 s for a request head, 30 s for a request.
+    /// 512 connections, 64 per address and 128 per /24 (/64), 10 s for a request head, 30 s
+    /// for a request.
     fn default() -> Self {
         HttpLimits {
             max_connections: 512,
             max_connections_per_peer: 64,
+            max_connections_per_prefix: 128,
+            peer_prefix: rackmem_sys::PrefixLen::default(),
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
         }
@@ -134,31 +144,41 @@ fn peer_principal(certs: Option<&[rustls_pki_types::CertificateDer<'_>]>) -> Opt
     Some(certificate_principal(&cn))
 }
 
+/// Open connections per peer address and per network.
+#[derive(Default)]
+struct PeerCounts {
+    per_peer: HashMap<IpAddr, usize>,
+    per_prefix: HashMap<IpAddr, usize>,
+}
+
 /// One open connection's place under the caps; released on drop.
 struct Slot {
     ip: IpAddr,
-    per_peer: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    net: IpAddr,
+    counts: Arc<Mutex<PeerCounts>>,
     stats: Arc<ConnStats>,
 }
 
 impl Slot {
-    fn take(
-        ip: IpAddr,
-        limits: &HttpLimits,
-        per_peer: &Arc<Mutex<HashMap<IpAddr, usize>>>,
-        stats: &Arc<ConnStats>,
-    ) -> Option<Slot> {
-        let mut m = per_peer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    fn take(ip: IpAddr, limits: &HttpLimits, counts: &Arc<Mutex<PeerCounts>>, stats: &Arc<ConnStats>) -> Option<Slot> {
+        let net = limits.peer_prefix.prefix_of(ip);
+        let mut m = counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let total = stats.open.load(Ordering::Relaxed);
-        let mine = m.get(&ip).copied().unwrap_or(0);
-        if total >= limits.max_connections || mine >= limits.max_connections_per_peer {
+        let mine = m.per_peer.get(&ip).copied().unwrap_or(0);
+        let ours = m.per_prefix.get(&net).copied().unwrap_or(0);
+        if total >= limits.max_connections
+            || mine >= limits.max_connections_per_peer
+            || ours >= limits.max_connections_per_prefix
+        {
             return None;
         }
-        m.insert(ip, mine + 1);
+        m.per_peer.insert(ip, mine + 1);
+        m.per_prefix.insert(net, ours + 1);
         stats.open.fetch_add(1, Ordering::Relaxed);
         Some(Slot {
             ip,
-            per_peer: per_peer.clone(),
+            net,
+            counts: counts.clone(),
             stats: stats.clone(),
         })
     }
@@ -166,11 +186,14 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut m = self.per_peer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = m.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.ip);
+        let mut m = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = &mut *m;
+        for (map, k) in [(&mut m.per_peer, self.ip), (&mut m.per_prefix, self.net)] {
+            if let Some(n) = map.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&k);
+                }
             }
         }
         self.stats.open.fetch_sub(1, Ordering::Relaxed);
@@ -202,6 +225,7 @@ pub fn fit_to_descriptors(mut limits: HttpLimits) -> HttpLimits {
         }
     }
     limits.max_connections_per_peer = limits.max_connections_per_peer.min(limits.max_connections);
+    limits.max_connections_per_prefix = limits.max_connections_per_prefix.min(limits.max_connections);
     limits
 }
 
@@ -216,7 +240,7 @@ pub async fn serve(
     shutdown: tokio::sync::oneshot::Receiver<()>,
 ) {
     let limits = fit_to_descriptors(limits);
-    let per_peer = Arc::new(Mutex::new(HashMap::new()));
+    let per_peer = Arc::new(Mutex::new(PeerCounts::default()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut conns = tokio::task::JoinSet::new();

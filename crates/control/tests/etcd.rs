@@ -47,6 +47,7 @@ fn node(id: u64) -> Record {
         id,
         name: format!("n{id}"),
         ports: vec![],
+        quota_bytes: None,
     })
 }
 

@@ -132,6 +132,10 @@ fn hmac(key: &[u8]) -> Hmac<Sha256> {
     <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"))
 }
 
+/// Domain separation of the session-key derivation (part of the contract between control
+/// planes, bricks and nodes: `docs/control-plane.md`).
+pub const SESSION_KEY_LABEL: &[u8] = b"rackmem-session-v1";
+
 /// The session key of a grant: `HMAC-SHA256(brick_key, "rackmem-session-v1" || grant.mac)`.
 ///
 /// Whoever holds the brick's key (the brick, its control plane) can derive it; a node receives
@@ -140,7 +144,7 @@ fn hmac(key: &[u8]) -> Hmac<Sha256> {
 /// it. Keep it as secret as the data in the segment.
 pub fn session_key(brick_key: &[u8], grant: &Grant) -> [u8; KEY_LEN] {
     let mut m = hmac(brick_key);
-    m.update(b"rackmem-session-v1");
+    m.update(SESSION_KEY_LABEL);
     m.update(&grant.mac);
     m.finalize().into_bytes().into()
 }

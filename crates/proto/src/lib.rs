@@ -29,6 +29,7 @@ mod response;
 pub use brick::{BrickInfo, BrickStats};
 pub use grant::{
     attach_proof, constant_time_eq, rights, session_key, verify_attach_proof, Grant, GrantError, SegmentGrant,
+    SESSION_KEY_LABEL,
 };
 pub use header::{
     DecodeError, Header, Opcode, Status, FLAG_RESPONSE, HEADER_LEN, KEY_LEN, MAGIC, MAX_EXTENTS, MAX_EXTENT_LIST,

@@ -41,6 +41,7 @@ mod bell;
 mod error;
 mod fdpass;
 mod mem;
+mod peer;
 mod poll;
 pub mod process;
 mod racy;
@@ -54,6 +55,7 @@ pub use mem::{
     break_cow, madvise_dontfork, madvise_dontneed, move_mapping, mprotect, remap_anonymous, try_break_cow, Mapping,
     PAGE_SIZE,
 };
+pub use peer::PrefixLen;
 pub use poll::{poll_readable, wait_readable, Woken};
 pub use shared::SharedMemory;
 pub use socket::{peer_credentials, raise_open_files_limit, set_listen_backlog, PeerCredentials};

@@ -247,8 +247,10 @@ fn plain_clients_fail_cleanly_and_the_brick_keeps_serving() {
 
 #[test]
 fn tls_handshakes_count_toward_the_caps_and_end_by_the_handshake_deadline() {
+    // Connections still authenticating are held apart from authenticated ones; the cap per
+    // address applies to them.
     let s = tls_brick_with(BrickLimits {
-        max_connections: 2,
+        max_connections_per_peer: 2,
         handshake_timeout: Duration::from_secs(1),
         ..BrickLimits::default()
     });

@@ -6,12 +6,13 @@
 //! which the peer cannot forge) and admits root, the agent's own user, and the users and groups
 //! named by [`AgentConfig::allow_uids`] / [`AgentConfig::allow_gids`]; anyone else gets one JSON
 //! error line and is disconnected. At most [`AgentConfig::max_connections`] processes are served
-//! at once, one thread each (small stacks); a connection over the cap gets an error line.
+//! at once, and at most [`AgentConfig::max_connections_per_uid`] of one user, one thread each
+//! (small stacks); a connection over a cap gets an error line.
 //!
 //! One thread per admitted connection speaks the JSON-lines protocol of
 //! `docs/control-plane.md` ("The agent and its processes"). Every request gets exactly one
 //! reply, malformed ones included; a request line must arrive whole within
-//! [`AgentConfig::request_timeout`] (idle time between requests is unlimited: processes hold
+//! [`AgentConfig::request_timeout`] of its first byte, however it trickles in (idle time between requests is unlimited: processes hold
 //! their connection for life). Grows are checked against per-process and per-user quotas before
 //! the control plane is asked, and carry a fresh idempotency key and a
 //! [`Holder`](crate::api::Holder) naming this agent run, the connection and the process.
@@ -91,6 +92,9 @@ pub struct AgentConfig {
     pub quota_per_process_bytes: u64,
     /// Most process connections served at once.
     pub max_connections: usize,
+    /// Most process connections of one user served at once (root's and the agent's user's
+    /// included), so that one admitted user cannot hold every slot and lock the others out.
+    pub max_connections_per_uid: usize,
     /// How long a request line may take to arrive once it has begun.
     pub request_timeout: Duration,
     /// How often to release allocations nobody holds (also done once at start).
@@ -109,6 +113,7 @@ impl AgentConfig {
             quota_per_uid_bytes: DEFAULT_QUOTA_PER_UID_BYTES,
             quota_per_process_bytes: DEFAULT_QUOTA_PER_PROCESS_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_uid: DEFAULT_MAX_CONNECTIONS_PER_UID,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             reconcile_interval: DEFAULT_RECONCILE_INTERVAL,
         }
@@ -121,6 +126,8 @@ pub const DEFAULT_QUOTA_PER_PROCESS_BYTES: u64 = 64 << 30;
 pub const DEFAULT_QUOTA_PER_UID_BYTES: u64 = 256 << 30;
 /// Default of [`AgentConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default of [`AgentConfig::max_connections_per_uid`]: a quarter of the total.
+pub const DEFAULT_MAX_CONNECTIONS_PER_UID: usize = 256;
 /// Default of [`AgentConfig::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default of [`AgentConfig::reconcile_interval`].
@@ -157,6 +164,8 @@ struct Shared {
     /// Releases the control plane has not acknowledged yet.
     pending_releases: Mutex<Vec<u64>>,
     next_connection: AtomicU64,
+    /// Connections served now, per user (entries go at zero).
+    per_uid: Mutex<std::collections::HashMap<u32, usize>>,
     stop: AtomicBool,
 }
 
@@ -175,8 +184,10 @@ impl Agent {
     /// Registers the node (waiting, with a message, while the control plane is unreachable),
     /// then listens on the socket.
     pub fn start(client: Client, cfg: AgentConfig) -> Result<Agent, AgentError> {
-        if cfg.max_connections == 0 {
-            return Err(AgentError::Config("--max-connections must be at least 1".into()));
+        if cfg.max_connections == 0 || cfg.max_connections_per_uid == 0 {
+            return Err(AgentError::Config(
+                "--max-connections and --max-connections-per-uid must be at least 1".into(),
+            ));
         }
         if cfg.request_timeout.is_zero() || cfg.reconcile_interval.is_zero() {
             return Err(AgentError::Config(
@@ -193,6 +204,7 @@ impl Agent {
             holdings: Mutex::new(Holdings::default()),
             pending_releases: Mutex::new(Vec::new()),
             next_connection: AtomicU64::new(1),
+            per_uid: Mutex::new(std::collections::HashMap::new()),
             stop: AtomicBool::new(false),
         });
         register(&shared);

@@ -4,7 +4,7 @@
 
 use crate::client::ClientError;
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -70,7 +70,9 @@ pub(super) enum Line {
 }
 
 /// Reads one request line into `buf`: waits as long as it takes for its first byte (a process
-/// may stay quiet for its whole life), then at most `timeout` for the rest.
+/// may stay quiet for its whole life), then at most `timeout` for the whole rest of the line,
+/// however it trickles in (each wait gets only what is left of the deadline, and the deadline
+/// is checked after every piece: a byte a second cannot keep the connection open).
 pub(super) fn read_request(reader: &mut BufReader<UnixStream>, buf: &mut Vec<u8>, timeout: Duration) -> Line {
     buf.clear();
     if reader.get_ref().set_read_timeout(None).is_err() {
@@ -84,30 +86,43 @@ pub(super) fn read_request(reader: &mut BufReader<UnixStream>, buf: &mut Vec<u8>
             Err(_) => return Line::Closed,
         }
     }
-    let started = Instant::now();
+    let deadline = Instant::now() + timeout;
     loop {
-        let left = timeout.saturating_sub(started.elapsed());
+        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Line::TimedOut;
         }
-        if reader.get_ref().set_read_timeout(Some(left)).is_err() {
+        // Each wait gets only what is left of the line's deadline.
+        if reader.buffer().is_empty() && reader.get_ref().set_read_timeout(Some(left)).is_err() {
             return Line::Closed;
         }
-        let room = (MAX_LINE + 1).saturating_sub(buf.len()) as u64;
-        match reader.by_ref().take(room).read_until(b'\n', buf) {
-            Ok(_) if buf.last() == Some(&b'\n') => {
-                buf.pop();
-                return Line::Got;
-            }
-            Ok(_) if buf.len() > MAX_LINE => return Line::TooLong,
+        let piece = match reader.fill_buf() {
             // End of stream in the middle of a line: nobody is left to answer.
-            Ok(_) => return Line::Closed,
+            Ok([]) => return Line::Closed,
+            Ok(b) => b,
             Err(e)
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
-                ) => {}
+                ) =>
+            {
+                continue
+            }
             Err(_) => return Line::Closed,
+        };
+        let (take, whole) = match piece.iter().position(|b| *b == b'\n') {
+            Some(i) => (i, true),
+            None => (piece.len(), false),
+        };
+        // Never more than one byte past the limit is kept.
+        let room = (MAX_LINE + 1).saturating_sub(buf.len());
+        buf.extend_from_slice(&piece[..take.min(room)]);
+        reader.consume(if whole { take + 1 } else { take });
+        if buf.len() > MAX_LINE {
+            return Line::TooLong;
+        }
+        if whole {
+            return Line::Got;
         }
     }
 }

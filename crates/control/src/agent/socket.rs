@@ -4,7 +4,7 @@
 
 use super::connection::serve;
 use super::protocol::{refusal, reply};
-use super::{AgentConfig, AgentError, Shared};
+use super::{lock, AgentConfig, AgentError, Shared};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
@@ -160,17 +160,48 @@ pub(super) fn accept_loop(shared: &Arc<Shared>, listener: UnixListener) {
             );
             continue;
         }
+        let per_uid = shared.cfg.max_connections_per_uid;
+        {
+            let mut m = lock(&shared.per_uid);
+            let mine = m.entry(cred.uid).or_insert(0);
+            if *mine >= per_uid {
+                drop(m);
+                shared.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                turn_away(
+                    conn,
+                    "too_many_connections",
+                    format!(
+                        "the agent serves at most {per_uid} processes of one user at once \
+                         (--max-connections-per-uid), and uid {} has that many; try again when \
+                         one exits",
+                        cred.uid
+                    ),
+                );
+                continue;
+            }
+            *mine += 1;
+        }
         shared.counters.processes.fetch_add(1, Ordering::AcqRel);
         let s = shared.clone();
+        let done = move |s: &Shared| {
+            s.counters.processes.fetch_sub(1, Ordering::AcqRel);
+            let mut m = lock(&s.per_uid);
+            if let Some(n) = m.get_mut(&cred.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&cred.uid);
+                }
+            }
+        };
         let spawned = std::thread::Builder::new()
             .name("agent-process".into())
             .stack_size(CONNECTION_STACK_BYTES)
             .spawn(move || {
                 serve(&s, conn, cred);
-                s.counters.processes.fetch_sub(1, Ordering::AcqRel);
+                done(&s);
             });
         if let Err(e) = spawned {
-            shared.counters.processes.fetch_sub(1, Ordering::AcqRel);
+            done(shared);
             eprintln!("rackmem agent: cannot serve a process: {e}");
         }
     }

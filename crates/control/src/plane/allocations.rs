@@ -55,7 +55,8 @@ impl ControlPlane {
                     )));
                 }
                 let sha = request_digest(&req);
-                if let Some(rec) = self.idempotency.get(key).and_then(|id| self.allocations.get(id)) {
+                let scoped = (req.node, key.clone());
+                if let Some(rec) = self.idempotency.get(&scoped).and_then(|id| self.allocations.get(id)) {
                     if rec.request_sha256.as_deref() != Some(sha.as_str()) {
                         return Err(PlaneError::Conflict(format!(
                             "idempotency key {key:?} already made allocation {} from a different request; \
@@ -129,6 +130,9 @@ impl ControlPlane {
                 "each of the {stripe} segments would need {per_segment} bytes; the largest brick lends {usable}"
             )));
         }
+        // After the checks of what the rack can ever lend: a request no brick could hold is
+        // told so, not that it is over the node's quota.
+        self.check_quota(req.node, req.size_bytes)?;
         // The allocation counter moves with the same batch as the segments.
         let mut counters = self.counters;
         let id = next_id(&mut counters.next_allocation);
@@ -162,6 +166,7 @@ impl ControlPlane {
         }
         let covered: u64 = cur.segments.iter().map(|s| s.size_bytes).sum();
         if size_bytes > covered {
+            self.check_quota(cur.node, size_bytes - covered)?;
             let pl = Placement::new(
                 cur.node,
                 size_bytes - covered,
@@ -210,7 +215,7 @@ impl ControlPlane {
             n.allocations.insert(rec.id);
         }
         if let Some(k) = &rec.idempotency_key {
-            self.idempotency.insert(k.clone(), rec.id);
+            self.idempotency.insert((rec.node, k.clone()), rec.id);
         }
         let view = self.allocation_view(&rec);
         self.allocations.insert(rec.id, rec);
@@ -233,7 +238,7 @@ impl ControlPlane {
             n.allocations.remove(&id);
         }
         if let Some(k) = &rec.idempotency_key {
-            self.idempotency.remove(k);
+            self.idempotency.remove(&(rec.node, k.clone()));
         }
         Ok(api::Released {
             id,

@@ -60,6 +60,9 @@ pub enum PlaneError {
     /// No path with the bandwidth asked for now (409).
     #[error("{0}")]
     InsufficientBandwidth(String),
+    /// The node would hold more than its quota (409).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// The store failed; nothing was changed (503).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -68,6 +71,33 @@ pub enum PlaneError {
 impl From<GraphError> for PlaneError {
     fn from(e: GraphError) -> Self {
         PlaneError::Invalid(e.to_string())
+    }
+}
+
+/// How much one node may hold at once unless an admin set its own quota
+/// ([`ControlPlane::set_node_quota`]): a node token can otherwise take every free byte of the
+/// rack, and every other node is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeQuota {
+    /// This many bytes.
+    Bytes(u64),
+    /// This percentage (1 to 100) of the capacity of the registered bricks.
+    PercentOfPool(u8),
+}
+
+impl Default for NodeQuota {
+    /// Half the rack: a runaway node leaves the other half to the others.
+    fn default() -> Self {
+        NodeQuota::PercentOfPool(50)
+    }
+}
+
+impl std::fmt::Display for NodeQuota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeQuota::Bytes(b) => write!(f, "{b} bytes"),
+            NodeQuota::PercentOfPool(p) => write!(f, "{p}% of the bricks' capacity"),
+        }
     }
 }
 
@@ -125,8 +155,10 @@ pub struct ControlPlane {
     nodes: HashMap<u64, NodeEntry>,
     node_names: HashMap<String, u64>,
     allocations: BTreeMap<u64, AllocationRecord>,
-    /// Idempotency key → the live allocation it made (rebuilt from the records at load).
-    idempotency: HashMap<String, u64>,
+    /// (node, idempotency key) → the live allocation it made (rebuilt from the records at
+    /// load). Keys are scoped to the node they allocate for, which a node token can only be
+    /// its own: a node reusing another node's key neither finds nor learns of its allocation.
+    idempotency: HashMap<(u64, String), u64>,
     counters: Counters,
     index: BrickIndex,
     stored_switches: HashSet<String>,
@@ -136,6 +168,8 @@ pub struct ControlPlane {
     tokens: BTreeMap<u64, TokenRecord>,
     /// How long a grant is good for (zero: forever).
     grant_lifetime: Duration,
+    /// What one node may hold unless an admin set its own quota.
+    node_quota: NodeQuota,
     /// What the REST server authenticates against: refilled whenever `tokens` changes.
     token_table: Arc<TokenTable>,
 }
@@ -181,6 +215,7 @@ impl ControlPlane {
         std::mem::swap(&mut fresh.store, &mut self.store);
         fresh.token_table = self.token_table.clone();
         fresh.grant_lifetime = self.grant_lifetime;
+        fresh.node_quota = self.node_quota;
         *self = fresh;
         self.publish_tokens();
         Ok(())
@@ -218,6 +253,7 @@ impl ControlPlane {
             heartbeat_interval,
             tokens: snap.tokens.into_iter().map(|t| (t.id, t)).collect(),
             grant_lifetime: DEFAULT_GRANT_LIFETIME,
+            node_quota: NodeQuota::default(),
             token_table: Arc::new(TokenTable::default()),
         };
         for s in snap.switches {
@@ -281,7 +317,7 @@ impl ControlPlane {
                 p.graph.reserve(&s.links, s.bandwidth_bps);
             }
             if let Some(k) = &a.idempotency_key {
-                p.idempotency.insert(k.clone(), a.id);
+                p.idempotency.insert((a.node, k.clone()), a.id);
             }
             p.allocations.insert(a.id, a);
         }
@@ -347,14 +383,18 @@ mod tests {
 
     const M: u64 = EXTENT_ALIGN;
 
+    /// A control plane whose nodes may take the whole rack (these tests fill bricks with one
+    /// node; the quota has its own test).
     fn plane() -> ControlPlane {
-        ControlPlane::open(
+        let mut p = ControlPlane::open(
             Box::new(MemoryStore::default()),
             None,
             Duration::from_secs(10),
             Duration::from_secs(1),
         )
-        .unwrap()
+        .unwrap();
+        p.set_node_quota(NodeQuota::PercentOfPool(100));
+        p
     }
 
     fn port(bw: u64) -> Vec<PortSpec> {
@@ -447,6 +487,7 @@ mod tests {
             fail: fail.clone(),
         };
         let mut p = ControlPlane::open(Box::new(store), None, Duration::from_secs(10), Duration::from_secs(1)).unwrap();
+        p.set_node_quota(NodeQuota::PercentOfPool(100));
         brick(&mut p, "b1", 8 * M);
         brick(&mut p, "b2", 8 * M);
         let n = p
@@ -476,5 +517,44 @@ mod tests {
         let b = p.allocate(req).unwrap();
         assert_eq!(b.id, a.id + 1, "ids of failed attempts are not burnt");
         assert_eq!(b.segments[0].segment_id, a.segments[1].segment_id + 1);
+    }
+
+    #[test]
+    fn a_node_is_held_to_its_quota_and_keys_are_scoped_to_their_node() {
+        let mut p = plane();
+        p.set_node_quota(NodeQuota::PercentOfPool(50));
+        brick(&mut p, "b", 64 * M);
+        let reg = |p: &mut ControlPlane, name: &str| {
+            p.register_node(NodeRegistration {
+                name: name.into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id
+        };
+        let (a, b) = (reg(&mut p, "a"), reg(&mut p, "b"));
+        let req = |node, size, key: &str| AllocationRequest {
+            node,
+            size_bytes: size,
+            idempotency_key: Some(key.into()),
+            ..Default::default()
+        };
+        let first = p.allocate(req(a, 24 * M, "k1")).unwrap();
+        // Half the rack is 32 MiB: 16 more would pass it.
+        match p.allocate(req(a, 16 * M, "k2")) {
+            Err(PlaneError::QuotaExceeded(m)) => assert!(m.contains("node-quota"), "{m}"),
+            other => panic!("expected quota_exceeded, got {other:?}"),
+        }
+        assert!(matches!(p.resize(first.id, 40 * M), Err(PlaneError::QuotaExceeded(_))));
+        // The other node is not held to what the first holds; an admin's override lifts it.
+        p.allocate(req(b, 16 * M, "kb")).unwrap();
+        p.set_node_quota_of(a, Some(40 * M)).unwrap();
+        p.allocate(req(a, 16 * M, "k2")).unwrap();
+        // Node b reusing node a's key makes its own allocation and learns nothing of a's.
+        let (mine, how) = p.allocate_once(req(b, 2 * M, "k1")).unwrap();
+        assert_eq!(how, Allocated::Created);
+        assert_ne!(mine.id, first.id);
+        let (again, how) = p.allocate_once(req(a, 24 * M, "k1")).unwrap();
+        assert_eq!((again.id, how), (first.id, Allocated::Replayed));
     }
 }

@@ -2,7 +2,7 @@
 //! node's agent enforces.
 
 use super::attach::{id_for, name_links};
-use super::{ControlPlane, NodeEntry, PlaneError};
+use super::{ControlPlane, NodeEntry, NodeQuota, PlaneError};
 use crate::api::{self, Endpoint};
 use crate::graph::check_owner_name;
 use crate::store::{NodeRecord, Record};
@@ -18,14 +18,18 @@ impl ControlPlane {
         let owner = Endpoint::Node { id };
         name_links(&owner, &mut ports);
         let mut old_ports = Vec::new();
+        let mut quota_bytes = None;
         if let Some(n) = existing.and_then(|id| self.nodes.get(&id)) {
             self.check_kept_ports(&owner, &format!("node {}", reg.name), &ports)?;
             old_ports = n.rec.ports.clone();
+            // A re-registration (an agent restarting) keeps what an admin set.
+            quota_bytes = n.rec.quota_bytes;
         }
         let rec = NodeRecord {
             id,
             name: reg.name.clone(),
             ports: ports.clone(),
+            quota_bytes,
         };
         self.commit_registration(&owner, Record::Node(rec.clone()), counters, &old_ports, &mut ports)?;
         self.node_names.insert(rec.name.clone(), id);
@@ -40,13 +44,77 @@ impl ControlPlane {
             name: n.rec.name.clone(),
             ports: n.rec.ports.clone(),
             allocations: n.allocations.len() as u64,
-            allocated_bytes: n
-                .allocations
-                .iter()
-                .filter_map(|a| self.allocations.get(a))
-                .flat_map(|a| a.segments.iter().map(|s| s.size_bytes))
-                .sum(),
+            allocated_bytes: self.held_bytes(n),
+            quota_bytes: self.quota_of(n),
+            quota_set: n.rec.quota_bytes.is_some(),
         }
+    }
+
+    /// Bytes in the segments of `n`'s allocations.
+    fn held_bytes(&self, n: &NodeEntry) -> u64 {
+        n.allocations
+            .iter()
+            .filter_map(|a| self.allocations.get(a))
+            .flat_map(|a| a.segments.iter().map(|s| s.size_bytes))
+            .sum()
+    }
+
+    /// The most `n` may hold: its own quota, else the default.
+    fn quota_of(&self, n: &NodeEntry) -> u64 {
+        if let Some(q) = n.rec.quota_bytes {
+            return q;
+        }
+        match self.node_quota {
+            NodeQuota::Bytes(b) => b,
+            NodeQuota::PercentOfPool(p) => {
+                let pool: u64 = self.bricks.values().map(|b| b.rec.capacity_bytes).sum();
+                (u128::from(pool) * u128::from(p.min(100)) / 100) as u64
+            }
+        }
+    }
+
+    /// Refuses `more` bytes for `node` if they would take it past its quota.
+    pub(super) fn check_quota(&self, node: u64, more: u64) -> Result<(), PlaneError> {
+        let Some(n) = self.nodes.get(&node) else {
+            return Ok(());
+        };
+        let (held, quota) = (self.held_bytes(n), self.quota_of(n));
+        if held.saturating_add(more) > quota {
+            let whose = if n.rec.quota_bytes.is_some() {
+                "its own quota (rackmem ctl node-quota)".to_string()
+            } else {
+                format!("the default quota, {} (rackmem control --node-quota)", self.node_quota)
+            };
+            return Err(PlaneError::QuotaExceeded(format!(
+                "node {} holds {held} bytes and may hold {quota} ({whose}): {more} more would exceed it; \
+                 release some, or have an admin raise it with rackmem ctl node-quota {} SIZE",
+                n.rec.name, n.rec.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// What one node may hold by default (see [`NodeQuota`]).
+    pub fn set_node_quota(&mut self, q: NodeQuota) {
+        self.node_quota = q;
+    }
+
+    /// `PUT /v1/nodes/{id}/quota`: sets node `id`'s own quota (`None`: back to the default).
+    /// Allocations it holds beyond a lowered quota stay; new ones are refused until it is under.
+    pub fn set_node_quota_of(&mut self, id: u64, quota_bytes: Option<u64>) -> Result<api::Node, PlaneError> {
+        let n = self
+            .nodes
+            .get(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("node {id} is not registered")))?;
+        let rec = NodeRecord {
+            quota_bytes,
+            ..n.rec.clone()
+        };
+        self.store.commit(&[crate::store::Op::Put(Record::Node(rec.clone()))])?;
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.rec = rec;
+        }
+        self.node(id)
     }
 
     /// `GET /v1/nodes/{id}`.

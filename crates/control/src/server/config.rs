@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub tls: Option<crate::serve::TlsFiles>,
     /// How long grants are good for (zero: forever); holders renew them.
     pub grant_lifetime: Duration,
+    /// What one node may hold unless an admin set its own quota.
+    pub node_quota: crate::plane::NodeQuota,
 }
 
 impl ServerConfig {
@@ -73,6 +75,7 @@ impl ServerConfig {
             limits: crate::serve::HttpLimits::default(),
             tls: None,
             grant_lifetime: crate::plane::DEFAULT_GRANT_LIFETIME,
+            node_quota: crate::plane::NodeQuota::default(),
         }
     }
 }

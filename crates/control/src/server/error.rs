@@ -48,6 +48,7 @@ impl From<PlaneError> for ApiError {
             PlaneError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             PlaneError::InsufficientCapacity(_) => (StatusCode::CONFLICT, "insufficient_capacity"),
             PlaneError::InsufficientBandwidth(_) => (StatusCode::CONFLICT, "insufficient_bandwidth"),
+            PlaneError::QuotaExceeded(_) => (StatusCode::CONFLICT, "quota_exceeded"),
             PlaneError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
         };
         ApiError::new(status, code, e.to_string())

@@ -15,6 +15,7 @@
 //! | 409 | `conflict` | a registration contradicts the state (address taken, live segments orphaned) |
 //! | 409 | `insufficient_capacity` | not enough free memory on up bricks now |
 //! | 409 | `insufficient_bandwidth` | no path with the bandwidth asked for now |
+//! | 409 | `quota_exceeded` | the node would hold more than its quota (`rackmem ctl node-quota`) |
 //! | 413 | `payload_too_large` | body over the limit |
 //! | 415 | `unsupported_media_type` | body without `Content-Type: application/json` |
 //! | 422 | `invalid` | a request that can never succeed as written (size 0, stripe 0, bad name or key) |
@@ -175,6 +176,7 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
         config.heartbeat_interval,
     )?;
     plane.set_grant_lifetime(config.grant_lifetime);
+    plane.set_node_quota(config.node_quota);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("rackmem-control")

@@ -50,6 +50,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::register_node, nodes::list_nodes))
         .routes(routes!(nodes::get_node))
         .routes(routes!(nodes::node_rates))
+        .routes(routes!(nodes::set_node_quota))
         .routes(routes!(allocations::create_allocation, allocations::list_allocations))
         .routes(routes!(
             allocations::get_allocation,

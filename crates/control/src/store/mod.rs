@@ -43,6 +43,19 @@ pub enum StoreError {
         /// The leader's advertised URL, when known.
         leader: Option<String>,
     },
+    /// A file or directory of the store is open to other users (it holds every brick's grant
+    /// key in clear), or is not owned by this user: refused, as ssh refuses a readable key.
+    #[error("store {store}: {path} {problem}; it holds every brick's grant key in clear. Fix: {fix}")]
+    Exposed {
+        /// Which store.
+        store: String,
+        /// The file or directory.
+        path: String,
+        /// What is wrong (its mode or owner).
+        problem: String,
+        /// The command that fixes it.
+        fix: String,
+    },
     /// A stored record cannot be read back.
     #[error("store {store}: record {key} is corrupt: {message}")]
     Corrupt {
@@ -81,6 +94,10 @@ pub struct NodeRecord {
     pub name: String,
     /// Its ports, cabled.
     pub ports: Vec<Port>,
+    /// The most bytes its allocations may hold, set for this node by an admin (`None`: the
+    /// control plane's default, `rackmem control --node-quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_bytes: Option<u64>,
 }
 
 /// A switch created on demand by a registration (the topology file's switches are read anew).

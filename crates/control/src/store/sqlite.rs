@@ -8,6 +8,7 @@
 
 use super::{Key, Op, Record, Snapshot, Store, StoreError};
 use rusqlite::{params, Connection};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -51,8 +52,79 @@ fn checkpoints(conn: Connection, stop: &AtomicBool) {
     let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
 }
 
+/// The files SQLite keeps beside the database (write-ahead log, shared memory, rollback journal).
+const SIDE_FILES: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// Refuses a store whose database, side files or directory other users could read or change
+/// (see [`SqliteStore::open`]); files not there yet pass.
+fn check_private(store: &str, db: &Path) -> Result<(), StoreError> {
+    let me = rackmem_sys::process::effective_ids().0;
+    let exposed = |path: &Path, problem: String, fix: String| StoreError::Exposed {
+        store: store.to_string(),
+        path: path.display().to_string(),
+        problem,
+        fix,
+    };
+    let dir = match db.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    if let Ok(m) = std::fs::metadata(&dir) {
+        // Others who may write the directory may replace the files (a sticky directory such as
+        // /tmp lets them only add names, which the file checks below then meet).
+        if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+            return Err(exposed(
+                &dir,
+                format!("is writable by group or others (mode {:04o})", m.mode() & 0o7777),
+                format!(
+                    "chmod go-w {}, or keep the store in a directory of its own",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    let mut files = vec![db.to_path_buf()];
+    for side in SIDE_FILES {
+        let mut name = db.as_os_str().to_os_string();
+        name.push(side);
+        files.push(PathBuf::from(name));
+    }
+    for f in files {
+        // symlink_metadata: a link planted where a side file will be is refused too.
+        let Ok(m) = std::fs::symlink_metadata(&f) else {
+            continue;
+        };
+        if !m.file_type().is_file() {
+            return Err(exposed(
+                &f,
+                "is not a regular file".to_string(),
+                format!("remove {} (the store creates its own files)", f.display()),
+            ));
+        }
+        if m.uid() != me {
+            return Err(exposed(
+                &f,
+                format!("is owned by uid {}, not by this user (uid {me})", m.uid()),
+                format!("chown {me} {}, or run the control plane as its owner", f.display()),
+            ));
+        }
+        if m.mode() & 0o077 != 0 {
+            return Err(exposed(
+                &f,
+                format!("is open to group or others (mode {:04o})", m.mode() & 0o7777),
+                format!("chmod 600 {}*", db.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl SqliteStore {
-    /// Opens (creating if needed) the database at `path`; its directory is created too.
+    /// Opens (creating if needed) the database at `path`; its directory is created too (0700),
+    /// the database 0600 (SQLite gives its log and shared-memory files the database's mode).
+    /// The store holds every brick's grant key in clear, so an existing file open to group or
+    /// world, or owned by another user, or a directory others may write (without the sticky
+    /// bit), is refused with the command that fixes it ([`StoreError::Exposed`]).
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let describe = format!("sqlite:{}", path.display());
         let err = |e: &dyn std::fmt::Display| StoreError::Backend {
@@ -60,8 +132,22 @@ impl SqliteStore {
             message: e.to_string(),
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| err(&format!("creating {}: {e}", dir.display())))?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err(&format!("creating {}: {e}", dir.display())))?;
         }
+        check_private(&describe, path)?;
+        // Created here, not by SQLite, so that it is private from its first byte (SQLite would
+        // create it 0644 under the usual umask, and its log files after it).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| err(&format!("creating {}: {e}", path.display())))?;
         let conn = Connection::open(path).map_err(|e| err(&e))?;
         // WAL with synchronous=NORMAL: a commit appends to the log without an fsync of the
         // database (durable against process crashes; the last commits may be lost on power
@@ -80,6 +166,8 @@ impl SqliteStore {
              ) WITHOUT ROWID;",
         )
         .map_err(|e| err(&e))?;
+        // The log and shared-memory files exist now: check them too.
+        check_private(&describe, path)?;
         let second = Connection::open(path).map_err(|e| err(&e))?;
         second.busy_timeout(Duration::from_secs(5)).map_err(|e| err(&e))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -171,6 +259,35 @@ mod tests {
     use crate::store::{Counters, NodeRecord};
 
     #[test]
+    fn files_are_private_and_exposed_ones_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/control.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("state")), 0o700);
+        assert_eq!(mode(&path), 0o600);
+        // A file made readable by others (an old store, a careless copy) is refused, naming the fix.
+        let wal = dir.path().join("state/control.db-wal");
+        std::fs::write(&wal, b"").unwrap();
+        std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = SqliteStore::open(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("control.db-wal") && e.contains("0644") && e.contains("chmod 600"),
+            "{e}"
+        );
+        std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o600)).unwrap();
+        drop(SqliteStore::open(&path).unwrap());
+        // A directory others may write is refused too.
+        std::fs::set_permissions(dir.path().join("state"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = SqliteStore::open(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("writable by group or others") && e.contains("chmod go-w"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn batches_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/control.db");
@@ -181,6 +298,7 @@ mod tests {
                     id: 1,
                     name: "n1".into(),
                     ports: vec![],
+                    quota_bytes: None,
                 })),
                 Op::Put(Record::Counters(Counters {
                     next_node: 2,

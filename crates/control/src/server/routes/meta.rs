@@ -1,7 +1,8 @@
 //! Routes about the server itself: health, the election, this OpenAPI document and the
 //! metrics.
 
-use crate::api::{Health, LeaderInfo};
+use crate::api::{ErrorBody, Health, LeaderInfo};
+use crate::auth::Role as AuthRole;
 use crate::server::error::ApiError;
 use crate::server::extract::Caller;
 use crate::server::state::{with_plane, AppState};
@@ -64,12 +65,25 @@ pub(crate) async fn openapi_json(State(st): State<AppState>, c: Result<Caller, A
         .into_response()
 }
 
-/// Prometheus metrics.
+/// Prometheus metrics: for admin tokens and `metrics` (scrape) tokens, or anyone when the
+/// deployment opens them (`--public-metrics`). They show the rack's capacity, usage and every
+/// brick's name: not for node or brick tokens.
 #[utoipa::path(get, path = "/metrics", tag = "meta",
-    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain")))]
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"),
+        (status = 401, description = "No token, or an unknown one", body = ErrorBody),
+        (status = 403, description = "A token of another role than admin or metrics", body = ErrorBody),
+    ))]
 pub(crate) async fn metrics(State(st): State<AppState>, c: Result<Caller, ApiError>) -> Result<Response, ApiError> {
     if !st.public.metrics {
-        c?;
+        let Caller(c) = c?;
+        if !matches!(c.role, AuthRole::Admin | AuthRole::Metrics) {
+            return Err(ApiError::from(crate::plane::PlaneError::Forbidden(format!(
+                "{} may not read /metrics: they are for admin tokens and scrape tokens \
+                 (rackmem ctl token create --role metrics --name NAME)",
+                c.describe()
+            ))));
+        }
     }
     let serving = st.leadership.serving();
     // A follower's state is as of its last load: it reports only its role and its requests.

@@ -1,6 +1,6 @@
 //! `/v1/nodes`: registration, reading nodes and the rate limits of their segments.
 
-use crate::api::{ErrorBody, Node, NodeRates, NodeRegistered, NodeRegistration};
+use crate::api::{ErrorBody, Node, NodeQuotaRequest, NodeRates, NodeRegistered, NodeRegistration};
 use crate::server::authz::{authorized, Target};
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, Caller, Id};
@@ -60,6 +60,28 @@ pub(crate) async fn node_rates(
     Id(id): Id,
 ) -> Result<Json<NodeRates>, ApiError> {
     authorized(&st, c, Target::Node(id), move |p| p.rates(id))
+        .await
+        .map(Json)
+}
+
+/// Sets a node's own quota (admins only): the most bytes its allocations may hold at once, or
+/// `null` for the control plane's default. Allocations beyond a lowered quota stay; new ones
+/// are refused (`409 quota_exceeded`) until the node is under it.
+#[utoipa::path(put, path = "/v1/nodes/{id}/quota", tag = "nodes", request_body = NodeQuotaRequest,
+    params(("id" = u64, Path, description = "Node id")),
+    responses(
+        (status = 200, body = Node),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ))]
+pub(crate) async fn set_node_quota(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+    ApiJson(q): ApiJson<NodeQuotaRequest>,
+) -> Result<Json<Node>, ApiError> {
+    authorized(&st, c, Target::Admin, move |p| p.set_node_quota_of(id, q.quota_bytes))
         .await
         .map(Json)
 }
