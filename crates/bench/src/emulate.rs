@@ -174,6 +174,8 @@ fn measure(cfg: &EmulateConfig, pb: &indicatif::ProgressBar) -> Result<Output, B
 /// (with its veth pair and whatever runs in it) when dropped.
 struct ShapedNamespace {
     name: String,
+    /// The veth end in this namespace.
+    host_if: String,
     brick: Option<Child>,
 }
 
@@ -187,6 +189,7 @@ impl ShapedNamespace {
         let (host_if, ns_if) = (format!("rme{}a", pid % 100_000), format!("rme{}b", pid % 100_000));
         let ns = ShapedNamespace {
             name: name.clone(),
+            host_if: host_if.clone(),
             brick: None,
         };
         let rate = rate.to_lowercase().replace("gbps", "gbit").replace("mbps", "mbit");
@@ -299,7 +302,12 @@ impl Drop for ShapedNamespace {
             let _ = c.kill();
             let _ = c.wait();
         }
-        // Deleting the namespace deletes the veth pair with it.
+        // Deleting the namespace would take the veth pair with it, but only later (the kernel
+        // tears namespaces down asynchronously): delete this end first, which is immediate.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(Stdio::null())
+            .status();
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
