@@ -62,6 +62,15 @@ fn render(height: u32, draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, plotters::
     }
 }
 
+/// Where a bar of `fraction` ends on the log scale: clamped to it, a non-finite one at its floor.
+fn bar_end(fraction: f64) -> f64 {
+    if fraction.is_finite() {
+        fraction.clamp(FLOOR, 2.0)
+    } else {
+        FLOOR
+    }
+}
+
 /// The groups in the order they first appear, and the bars group by group (each group's in
 /// their own order).
 fn grouped(bars: &[Bar]) -> (Vec<&str>, Vec<&Bar>) {
@@ -107,22 +116,14 @@ pub fn svg(title: &str, bars: &[Bar]) -> String {
             .draw()?;
         chart.draw_series(rows.iter().enumerate().map(|(i, b)| {
             let colour = Palette99::pick(groups.iter().position(|g| *g == b.group).unwrap_or(0)).filled();
-            let f = if b.fraction.is_finite() {
-                b.fraction.clamp(FLOOR, 2.0)
-            } else {
-                FLOOR
-            };
+            let f = bar_end(b.fraction);
             Rectangle::new(
                 [(FLOOR, SegmentValue::Exact(at(i))), (f, SegmentValue::Exact(at(i) + 1))],
                 colour,
             )
         }))?;
         chart.draw_series(rows.iter().enumerate().map(|(i, b)| {
-            let f = if b.fraction.is_finite() {
-                b.fraction.clamp(FLOOR, 2.0)
-            } else {
-                FLOOR
-            };
+            let f = bar_end(b.fraction);
             Text::new(
                 format!("{:.4}", b.fraction),
                 (f, SegmentValue::CenterOf(at(i))),

@@ -125,13 +125,7 @@ fn timed(cmd: std::process::Command, stats: Option<&PathBuf>) -> Result<Run, Ben
     let started = std::time::Instant::now();
     let kv = run_program(cmd)?;
     let wall_s = started.elapsed().as_secs_f64();
-    let snap: Option<rackmem_runtime::stats::StatsSnapshot> = stats.and_then(|p| {
-        std::fs::read_to_string(p).ok().and_then(|t| {
-            t.lines()
-                .filter_map(|l| serde_json::from_str::<rackmem_runtime::stats::StatsSnapshot>(l).ok())
-                .max_by_key(|s| s.faults)
-        })
-    });
+    let snap = stats.and_then(|p| crate::workloads::busiest_stats(p));
     Ok(Run {
         seconds: num(&kv, "seconds"),
         wall_s,

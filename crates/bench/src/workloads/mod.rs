@@ -84,17 +84,22 @@ impl Timed {
     }
 }
 
-/// The counters of the busiest process in a `--stats-json` file.
-fn counters_of(path: &std::path::Path) -> Option<report::Counters> {
+/// The statistics of the process that faulted most, in a `--stats-json` file (a program's
+/// helpers and children write lines of their own).
+pub(crate) fn busiest_stats(path: &std::path::Path) -> Option<rackmem_runtime::stats::StatsSnapshot> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines()
         .filter_map(|l| serde_json::from_str::<rackmem_runtime::stats::StatsSnapshot>(l).ok())
         .max_by_key(|s| s.faults)
-        .map(|s| report::Counters {
-            faults: s.faults,
-            fault_mean_ns: s.fault_mean_ns,
-            miss_concurrency: s.faults_in_flight_mean,
-        })
+}
+
+/// The counters of the busiest process in a `--stats-json` file.
+fn counters_of(path: &std::path::Path) -> Option<report::Counters> {
+    busiest_stats(path).map(|s| report::Counters {
+        faults: s.faults,
+        fault_mean_ns: s.fault_mean_ns,
+        miss_concurrency: s.faults_in_flight_mean,
+    })
 }
 
 /// One rackmem setup at one local buffer with one build: what a round runs after native.
