@@ -143,6 +143,7 @@ pub(crate) fn serve_connection(
             break;
         }
         shared.counters.requests.fetch_add(1, Relaxed);
+        let started = Instant::now();
         // Page traffic skips the owned `Request`: WRITE stores straight from the receive
         // buffer and READ fills a buffer the connection keeps, so no request allocates or
         // copies its pages an extra time.
@@ -170,6 +171,9 @@ pub(crate) fn serve_connection(
         if reply.status != Status::Ok {
             shared.counters.errors.fetch_add(1, Relaxed);
         }
+        shared
+            .requests
+            .observe(h.opcode, started.elapsed(), reply.status == Status::Ok);
         let close = reply.close;
         // Hold the response back only if the next request can be served without reading the
         // socket: a client may be waiting for this response before it sends the rest of the

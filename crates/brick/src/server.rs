@@ -28,6 +28,13 @@ use std::time::Instant;
 pub struct BrickManager(Arc<Shared>);
 
 impl BrickManager {
+    /// The brick's metrics as Prometheus exposition text (what `rackmem brick --metrics`
+    /// serves): pool, segments, traffic, what the guard refused, latency per opcode.
+    pub fn metrics_text(&self) -> String {
+        let s = &self.0;
+        crate::metrics::render(s.cfg.size_bytes, &s.stats(), &s.guard.counters.snapshot(), &s.requests)
+    }
+
     /// Statistics so far.
     pub fn stats(&self) -> BrickStats {
         self.0.stats()
@@ -144,6 +151,7 @@ impl Brick {
             store: Store::new(cfg.size_bytes, first_segment),
             cfg,
             counters: Counters::default(),
+            requests: crate::metrics::RequestMetrics::default(),
             stop: AtomicBool::new(false),
             bell: rackmem_sys::Doorbell::new().map_err(BrickError::Thread)?,
             stop_lock: Mutex::new(()),
@@ -182,6 +190,11 @@ impl BrickHandle {
     /// headers, authentication failures and how they were slowed down).
     pub fn guard_stats(&self) -> GuardStats {
         self.shared.guard.counters.snapshot()
+    }
+
+    /// The brick's metrics as Prometheus exposition text ([`BrickManager::metrics_text`]).
+    pub fn metrics_text(&self) -> String {
+        self.manager().metrics_text()
     }
 
     /// A handle that stops this brick from another thread.

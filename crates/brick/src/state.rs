@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub(crate) cfg: BrickConfig,
     pub(crate) store: Store,
     pub(crate) counters: Counters,
+    /// Latency and outcomes per opcode, for `--metrics`.
+    pub(crate) requests: crate::metrics::RequestMetrics,
     /// Set once to stop; `stopped_cv` wakes [`BrickHandle::wait`](crate::BrickHandle::wait), `bell` the acceptor.
     pub(crate) stop: AtomicBool,
     pub(crate) bell: rackmem_sys::Doorbell,

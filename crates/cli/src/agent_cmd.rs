@@ -129,7 +129,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     let agent = Arc::new(agent);
     if let Some(addr) = args.metrics {
         let a = agent.clone();
-        let bound = rackmem_control::agent::serve_metrics(addr, move || a.metrics_text())
+        let bound = rackmem_metrics::serve(addr, "agent-metrics", move || a.metrics_text())
             .with_context(|| format!("serving metrics on {addr}"))?;
         eprintln!("rackmem agent: metrics at http://{bound}/metrics");
     }

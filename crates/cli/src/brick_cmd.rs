@@ -67,6 +67,12 @@ pub struct BrickArgs {
     /// this host's name when listening on all interfaces).
     #[arg(long, value_name = "ADDR", requires = "control")]
     advertise: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. `127.0.0.1:9102`): pool and
+    /// segments, bytes each way, requests and a latency histogram per opcode, connections, and
+    /// what the brick's limits refused. Scrapers are held on one thread, 64 at most, 2 s each
+    /// to send their request; bind it where only your monitoring reaches (it has no token).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Most authenticated connections served at once. A program uses two per brick it has
     /// memory on; an ALLOC or ATTACH beyond the limit is told why (`Busy`) and its connection
     /// closed, and the brick goes on serving the others. Each costs a thread and two
@@ -372,6 +378,12 @@ pub fn run(args: BrickArgs) -> Result<i32> {
         format_size(args.size),
         handle.local_addr()
     );
+    if let Some(addr) = args.metrics {
+        let m = handle.manager();
+        let bound = rackmem_metrics::serve(addr, "brick-metrics", move || m.metrics_text())
+            .with_context(|| format!("serving metrics on {addr}"))?;
+        eprintln!("rackmem brick: metrics at http://{bound}/metrics");
+    }
     let heartbeat = match &args.control {
         None => None,
         Some(urls) => {

@@ -62,6 +62,10 @@ enum CtlCommand {
     Nodes,
     /// List the allocations and their segments.
     Allocations,
+    /// List the programs running on agent memory, with their figures as their agents last
+    /// reported them (every second or two): local buffer, faults, bytes each way, fault
+    /// latency, miss concurrency and C-AMAT. `rackmem top` shows the same, refreshing.
+    Processes,
     /// Show the resource graph: switches and links with reserved bandwidth.
     Graph,
     /// Allocate memory for a node.
@@ -144,7 +148,7 @@ enum TokenCommand {
     },
 }
 
-fn rate(bps: u64) -> String {
+pub(crate) fn rate(bps: u64) -> String {
     if bps == 0 {
         "0".to_string()
     } else if bps >= 1_000_000_000 {
@@ -154,7 +158,7 @@ fn rate(bps: u64) -> String {
     }
 }
 
-fn table(header: &[&str]) -> comfy_table::Table {
+pub(crate) fn table(header: &[&str]) -> comfy_table::Table {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
     t.set_header(header.to_vec());
@@ -236,6 +240,9 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 ]);
             }
             t.to_string()
+        })?,
+        CtlCommand::Processes => print(json, &c.processes()?, |p| {
+            crate::top_cmd::processes_table(p, None).to_string()
         })?,
         CtlCommand::Nodes => print(json, &c.nodes()?, |nodes| {
             let mut t = table(&["id", "name", "allocations", "allocated", "quota", "ports"]);

@@ -15,6 +15,7 @@ mod model_cmd;
 mod reach;
 mod run_cmd;
 mod sys;
+mod top_cmd;
 mod values;
 
 use clap::{Parser, Subcommand};
@@ -71,6 +72,8 @@ enum Command {
     Ctl(ctl_cmd::CtlArgs),
     /// Run the node agent: hands memory from the control plane to this machine's programs.
     Agent(agent_cmd::AgentArgs),
+    /// Watch the rack: bricks and the programs on agent memory, refreshing (like top).
+    Top(top_cmd::TopArgs),
     /// Explain and predict: remote faults and streams over other networks (the link model).
     Model(model_cmd::ModelArgs),
 }
@@ -92,6 +95,7 @@ fn main() {
         Command::Control(args) => control_cmd::run(args),
         Command::Ctl(args) => ctl_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
+        Command::Top(args) => top_cmd::run(args),
         Command::Model(args) => model_cmd::run(args),
     };
     match result {

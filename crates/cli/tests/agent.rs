@@ -25,6 +25,8 @@ struct Cluster {
     agent_args: Vec<String>,
     socket: PathBuf,
     metrics: String,
+    /// Each brick's `--metrics` address.
+    brick_metrics: Vec<String>,
     /// Between agent and control plane, when asked for.
     proxy: Option<LossyProxy>,
 }
@@ -40,6 +42,11 @@ impl Cluster {
         self.agent = Some(Guard::spawn(&mut cmd));
         let socket = self.socket.clone();
         wait_for("the agent's socket", || UnixStream::connect(&socket).is_ok());
+        // Its metrics endpoint opens just after the socket.
+        let metrics = self.metrics.clone();
+        wait_for("the agent's metrics endpoint", || {
+            std::net::TcpStream::connect(&metrics).is_ok()
+        });
     }
 }
 
@@ -78,6 +85,7 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
     let listen = free_port();
     let (control, url) = start_control_on(&dir.path().join("control.db"), &listen);
     let mut bricks = Vec::new();
+    let mut brick_metrics = Vec::new();
     let tls_files = tls.then(|| tls_files(dir.path()));
     for i in 0..2 {
         let mut cmd = Command::new(rackmem());
@@ -86,12 +94,14 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
             None => cmd.arg(format!("unix:{}", dir.path().join(format!("b{i}.sock")).display())),
             Some((_, cert, key)) => cmd.args(["tls://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]),
         };
+        let metrics = free_port();
         cmd.args(["--size", "1GiB", "--control", &url, "--name", &format!("b{i}")])
-            .args(["--heartbeat-ms", "100"])
+            .args(["--heartbeat-ms", "100", "--metrics", &metrics])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         bricks.push(Guard::spawn(&mut cmd));
+        brick_metrics.push(metrics);
     }
     wait_for("two bricks to register", || {
         ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) == 2
@@ -127,6 +137,7 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
         agent_args,
         socket,
         metrics,
+        brick_metrics,
         proxy,
     };
     c.start_agent();
@@ -361,6 +372,111 @@ fn ask(conn: &mut (UnixStream, BufReader<UnixStream>), line: &str) -> serde_json
     serde_json::from_str(&answer).unwrap_or_else(|e| panic!("agent answered {answer:?}: {e}"))
 }
 
+/// The value of the sample `name{labels}` whose labels include every `want` (`key="value"`).
+fn sample(text: &str, name: &str, want: &[&str]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, labels) = series.split_once('{').unwrap_or((series, ""));
+        (n == name && want.iter().all(|w| labels.contains(w))).then(|| value.parse().ok())?
+    })
+}
+
+#[test]
+fn a_running_programs_figures_reach_the_agent_the_control_plane_and_the_bricks_metrics() {
+    require_root();
+    let c = cluster();
+    let stats = c.dir.path().join("stats.jsonl");
+    let args = ["6", "16", "1500"];
+    let (mut g, lines) = run_grow(&c, &args, &stats);
+    wait_line(&lines, "step 3");
+    let grow = program("grow");
+    let grow = grow.to_str().expect("path");
+    let prog = format!("program=\"{grow}\"");
+    // The agent: the program's figures while it runs, in its metrics, per process.
+    let mut m = String::new();
+    wait_for("the program's figures in the agent's metrics", || {
+        m = scrape(&c.metrics);
+        sample(&m, "rackmem_agent_process_faults_total", &[&prog]).is_some_and(|v| v > 0.0)
+    });
+    let count = sample(&m, "rackmem_agent_process_fault_seconds_count", &[&prog]).expect("histogram");
+    let inf = sample(
+        &m,
+        "rackmem_agent_process_fault_seconds_bucket",
+        &[&prog, "le=\"+Inf\""],
+    )
+    .expect("+Inf");
+    assert!(count > 0.0 && inf == count, "{m}");
+    assert!(
+        sample(&m, "rackmem_agent_process_window_bytes", &[&prog]).is_some_and(|v| v >= (1 << 24) as f64),
+        "a 16 MiB step at least (the report may be a second old): {m}"
+    );
+    // The control plane: the same process under its node, with C-AMAT computed.
+    let mut p = serde_json::Value::Null;
+    wait_for("the program in GET /v1/processes", || {
+        p = ctl_json(&c.url, &["processes"])
+            .as_array()
+            .and_then(|a| a.iter().find(|v| v["report"]["program"] == grow).cloned())
+            .unwrap_or_default();
+        p["report"]["faults"].as_u64().is_some_and(|f| f > 0)
+    });
+    assert_eq!(p["node_name"], "n1", "{p}");
+    let r = &p["report"];
+    let cumulative: Vec<u64> = r["fault_latency"]["cumulative"]
+        .as_array()
+        .expect("cumulative")
+        .iter()
+        .map(|v| v.as_u64().expect("count"))
+        .collect();
+    assert!(cumulative.windows(2).all(|w| w[0] <= w[1]), "{p}");
+    assert!(r["fault_latency"]["count"].as_u64().is_some_and(|n| n > 0), "{p}");
+    assert!(p["bricks_camat_ns"].as_f64().is_some_and(|v| v > 0.0), "{p}");
+    assert!(
+        p["stall_share"].as_f64().is_some_and(|v| (0.0..=1.0).contains(&v)),
+        "{p}"
+    );
+    assert!(r["budget_bytes"].as_u64().is_some_and(|b| b > 0), "{p}");
+    // `rackmem top --once` shows it too.
+    let o = Command::new(rackmem())
+        .args(["top", "--once", "--control", &c.url])
+        .output()
+        .expect("rackmem top");
+    let top = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && top.contains("grow") && top.contains("b0"),
+        "{top}{}",
+        show(&o)
+    );
+    // The bricks: requests served to it, timed per opcode, and its segments.
+    let bricks: Vec<String> = c.brick_metrics.iter().map(|a| scrape(a)).collect();
+    for b in &bricks {
+        assert!(b.ends_with("# EOF\n"), "{b}");
+        assert!(
+            sample(b, "rackmem_brick_segments", &[]).is_some_and(|v| v >= 1.0),
+            "{b}"
+        );
+        assert_eq!(
+            sample(b, "rackmem_brick_capacity_bytes", &[]),
+            Some((1u64 << 30) as f64),
+            "{b}"
+        );
+    }
+    let timed: f64 = bricks
+        .iter()
+        .flat_map(|b| {
+            b.lines()
+                .filter(|l| l.starts_with("rackmem_brick_request_seconds_count{"))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert!(timed > 0.0, "no request timed on either brick: {bricks:?}");
+    assert_eq!(vec![checksum_of(&lines)], checksums(&native(&program("grow"), &args)));
+    assert!(g.wait_until(LIMIT).expect("finished").success());
+    // Gone from the agent once it exits.
+    wait_for("the program to leave the agent's metrics", || {
+        sample(&scrape(&c.metrics), "rackmem_agent_process_faults_total", &[&prog]).is_none()
+    });
+}
+
 #[test]
 fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
     require_root();
@@ -390,6 +506,16 @@ fn the_agent_refuses_bad_requests_clearly_and_keeps_nothing() {
     assert_eq!(r["ok"], false, "{r}");
     let r = ask(&mut conn, r#"{"op":"release","allocation":424242}"#);
     assert_eq!(code(&r), "not_found", "{r}");
+    // A report with a histogram of the wrong shape, and one missing its figures: refused, and
+    // nothing shows in the metrics.
+    let mut bad = serde_json::to_value(rackmem_proto::ProcessReport::default()).expect("json");
+    bad["op"] = "report".into();
+    let r = ask(&mut conn, &bad.to_string());
+    assert_eq!(code(&r), "bad_request", "{r}");
+    assert!(r.to_string().contains("fault_latency"), "{r}");
+    let r = ask(&mut conn, r#"{"op":"report","pid":1}"#);
+    assert_eq!(code(&r), "bad_request", "{r}");
+    assert!(!scrape(&c.metrics).contains("rackmem_agent_process_faults_total{"));
     assert!(live_allocations(&c.url).is_empty(), "refused requests reserved nothing");
 
     let r = ask(&mut conn, r#"{"op":"grow","bytes":4194304}"#);
@@ -905,6 +1031,17 @@ fn the_dashboard_shows_what_the_api_says() {
     // A program holding memory through the agent, slowly, so the page sees it.
     let (mut g, lines) = run_grow(&c, &["6", "16", "1500"], &stats);
     wait_line(&lines, "step 3");
+    let grow = program("grow").to_str().expect("path").to_string();
+    let reported = |url: &str| -> u64 {
+        ctl_json(url, &["processes"])
+            .as_array()
+            .and_then(|a| a.iter().find(|v| v["report"]["program"] == grow.as_str()).cloned())
+            .and_then(|p| p["report"]["faults"].as_u64())
+            .unwrap_or(0)
+    };
+    wait_for("the program's report to reach the control plane", || {
+        reported(&c.url) > 0
+    });
     let before = live_allocations(&c.url);
     let page = format!("{}/ui/#token={}", c.url, admin_token());
     let o = chromium(c.dir.path(), &page, &["--dump-dom"]);
@@ -957,6 +1094,27 @@ fn the_dashboard_shows_what_the_api_says() {
             "{a} vs {row}"
         );
     }
+    // The program, with at most the faults the API reports after the page loaded.
+    let faults_after = reported(&c.url);
+    let procs = dom
+        .split("<table id=\"processes\">")
+        .nth(1)
+        .and_then(|t| t.split("</tbody>").next())
+        .expect("processes table");
+    let row = procs
+        .split("<tr>")
+        .find(|r| r.contains(&format!("data-value=\"{grow}\"")))
+        .unwrap_or_else(|| panic!("the program is not shown: {procs}"));
+    let shown: Vec<u64> = row
+        .split("data-value=\"")
+        .skip(1)
+        .filter_map(|v| v.split('"').next()?.parse().ok())
+        .collect();
+    assert!(
+        shown.iter().any(|f| *f > 0 && *f <= faults_after),
+        "no fault count in 1..={faults_after} shown: {row}"
+    );
+    assert!(row.contains("class=\"hist\""), "{row}");
     // A screenshot, for people (docs/img/dashboard.png is one).
     let shot = c.dir.path().join("dashboard.png");
     let o = chromium(

@@ -548,3 +548,34 @@ pub struct TokenInfo {
     /// Creation time.
     pub created_unix_ms: u64,
 }
+
+/// Most processes one node's agent reports at once (`PUT /v1/nodes/{id}/processes`): the ones
+/// with the most faults, so that a report fits the API's 64 KiB body limit (a process's figures
+/// take about 600 bytes of JSON). The agent's own metrics carry every process.
+pub const MAX_REPORTED_PROCESSES: usize = 48;
+
+/// What a node's agent reports of the processes it serves, replacing what it reported before.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ProcessReports {
+    /// Each process's latest figures (at most [`MAX_REPORTED_PROCESSES`]).
+    pub processes: Vec<rackmem_proto::ProcessReport>,
+}
+
+/// A process as the control plane last heard of it from its node's agent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessView {
+    /// The node it runs on.
+    pub node: u64,
+    /// That node's name.
+    pub node_name: String,
+    /// Milliseconds since its agent's report arrived.
+    pub age_ms: u64,
+    /// Its figures.
+    pub report: rackmem_proto::ProcessReport,
+    /// C-AMAT of the bricks' level (seed 002): time any fault is outstanding per fault, the mean
+    /// fault time over the miss concurrency, in nanoseconds.
+    pub bricks_camat_ns: f64,
+    /// Share of its run so far during which a fault was outstanding (faults × C-AMAT₂ over its
+    /// uptime): how much of its time remote memory took.
+    pub stall_share: f64,
+}

@@ -387,6 +387,16 @@ impl Client {
         self.get(&format!("/v1/nodes/{node}/rates"))
     }
 
+    /// `PUT /v1/nodes/{id}/processes`: what the node's agent reports of its processes now.
+    pub fn report_processes(&self, node: u64, reports: &ProcessReports) -> Result<ProcessReports, ClientError> {
+        self.request(Method::Put, &format!("/v1/nodes/{node}/processes"), Some(reports))
+    }
+
+    /// `GET /v1/processes`: every process the nodes' agents reported lately.
+    pub fn processes(&self) -> Result<Vec<ProcessView>, ClientError> {
+        self.get("/v1/processes")
+    }
+
     /// `POST /v1/allocations`, safe to retry: the request carries an idempotency key (a fresh
     /// random one unless `req` has one), and a failure that may have happened after the control
     /// plane committed (no reply, a 5xx) is retried with the same key, up to

@@ -1273,3 +1273,64 @@ fn a_lost_allocation_reply_is_retried_with_its_key_and_allocates_once() {
     assert!(again != a.id && again != fresh, "{v}");
     assert_eq!(c.allocations().unwrap().len(), 2);
 }
+
+fn a_report(pid: u32, faults: u64) -> rackmem_proto::ProcessReport {
+    rackmem_proto::ProcessReport {
+        pid,
+        program: "/usr/bin/stream".into(),
+        uptime_ms: 4_000,
+        faults,
+        miss_concurrency: 2.0,
+        fault_latency: rackmem_proto::LatencyHistogram {
+            cumulative: rackmem_proto::FAULT_LATENCY_BOUNDS_NS.iter().map(|_| faults).collect(),
+            count: faults,
+            sum_ns: faults * 20_000,
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_node_reports_only_its_own_processes_and_only_sane_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, admin) = start(&dir.path().join("control.db"), |_| {});
+    let web1 = client_as(&server, &token(&admin, "node", "web1"));
+    let web2 = client_as(&server, &token(&admin, "node", "web2"));
+    let n1 = web1.register_node(&node_reg("web1", GBPS)).unwrap().id;
+    let n2 = web2.register_node(&node_reg("web2", GBPS)).unwrap().id;
+    let report = |ps: Vec<rackmem_proto::ProcessReport>| ProcessReports { processes: ps };
+    web1.report_processes(n1, &report(vec![a_report(10, 100), a_report(11, 0)]))
+        .unwrap();
+    // Another node's processes: refused, and nothing stored for it.
+    assert_eq!(
+        server_err(web2.report_processes(n1, &report(vec![a_report(99, 1)]))).0,
+        403
+    );
+    // Figures that cannot be: a histogram of the wrong shape, a count below its buckets.
+    let mut bad = a_report(12, 5);
+    bad.fault_latency.cumulative.pop();
+    assert_eq!(server_err(web1.report_processes(n1, &report(vec![bad]))).1, "invalid");
+    let mut bad = a_report(12, 5);
+    bad.fault_latency.count = 1;
+    assert_eq!(server_err(web1.report_processes(n1, &report(vec![bad]))).1, "invalid");
+    let many = (0..=MAX_REPORTED_PROCESSES as u32).map(|p| a_report(p, 0)).collect();
+    assert_eq!(server_err(web1.report_processes(n1, &report(many))).1, "invalid");
+    // Only admins and metrics tokens read them.
+    assert_eq!(server_err(web1.processes()).0, 403);
+    let scraper = client_as(&server, &token(&admin, "metrics", "top"));
+    let seen = scraper.processes().unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let p = &seen[0];
+    assert_eq!((p.node, p.node_name.as_str(), p.report.pid), (n1, "web1", 10));
+    // 100 faults of 20 µs, two at a time: C-AMAT₂ 10 µs, stalled 1 ms of a 4 s run.
+    assert!((p.bricks_camat_ns - 10_000.0).abs() < 1e-6, "{p:?}");
+    assert!((p.stall_share - 0.000_25).abs() < 1e-9, "{p:?}");
+    // A node's next report replaces its last; another node's stay.
+    web2.report_processes(n2, &report(vec![a_report(20, 1)])).unwrap();
+    web1.report_processes(n1, &report(vec![])).unwrap();
+    let seen = admin.processes().unwrap();
+    assert_eq!(
+        seen.iter().map(|p| (p.node, p.report.pid)).collect::<Vec<_>>(),
+        vec![(n2, 20)]
+    );
+}

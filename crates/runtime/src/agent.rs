@@ -1,5 +1,5 @@
 //! The runtime's side of the node agent's protocol (JSON lines on a Unix socket; see the
-//! control-plane document): hello, grow, release, rates.
+//! control-plane document): hello, grow, release, rates, report.
 //!
 //! The connection stays open for the life of the process: the agent returns every allocation
 //! of a connection that closes, so memory comes back even when the program is killed.
@@ -209,6 +209,19 @@ impl Agent {
             serde_json::json!({"op": "release", "allocation": allocation}),
         )
         .map(|_| ())
+    }
+
+    /// Reports the process's figures now (the agent keeps the latest for its metrics and the
+    /// control plane).
+    pub fn report(&self, report: &rackmem_proto::ProcessReport) -> Result<(), AgentError> {
+        let mut req = serde_json::to_value(report).map_err(|e| AgentError::Malformed {
+            op: "report",
+            why: e.to_string(),
+        })?;
+        if let Some(o) = req.as_object_mut() {
+            o.insert("op".into(), "report".into());
+        }
+        self.call("report", req).map(|_| ())
     }
 
     /// The current rate limits of this node's segments.

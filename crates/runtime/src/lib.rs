@@ -33,6 +33,7 @@ mod process;
 mod ratelimit;
 mod readahead;
 mod recycle;
+mod report;
 pub mod segment;
 pub mod size;
 mod start;

@@ -79,6 +79,19 @@ impl Histogram {
         self.max_ns.load(Relaxed)
     }
 
+    /// Values recorded in buckets whose upper bound is at most `bound_ns` (a value within a
+    /// bucket of the bound may be left out: the count is a lower bound, within one bucket's
+    /// width, an eighth of a power of two).
+    pub fn count_at_most(&self, bound_ns: u64) -> u64 {
+        self.buckets
+            .iter()
+            .enumerate()
+            .take_while(|(i, _)| bucket_upper(*i) <= bound_ns)
+            .map(|(_, b)| b.load(Relaxed))
+            .sum::<u64>()
+            .min(self.count())
+    }
+
     /// Sum of the values recorded, in nanoseconds.
     pub fn sum_ns(&self) -> u64 {
         self.sum_ns.load(Relaxed)
@@ -552,6 +565,18 @@ mod tests {
         assert_eq!(parse_rss_anon("Name:\tx\n"), None);
         let own = rss_anon_bytes().expect("this process's RssAnon");
         assert!(own > 0, "a running test holds anonymous memory");
+    }
+
+    #[test]
+    fn counts_at_a_bound_are_cumulative_and_within_a_bucket() {
+        let h = Histogram::default();
+        for v in [900u64, 1_000, 3_000, 9_000, 2_000_000] {
+            h.record(v);
+        }
+        assert_eq!(h.count_at_most(1_100), 2);
+        assert_eq!(h.count_at_most(10_000), 4);
+        assert_eq!(h.count_at_most(u64::MAX), 5);
+        assert_eq!(h.count_at_most(0), 0);
     }
 
     #[test]

@@ -32,13 +32,18 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
         }
         if let Some(agent) = inner.agent.as_ref() {
-            // Rate limits change as other allocations come and go: follow them.
-            if last_rates.elapsed() >= Duration::from_secs(1) && !inner.table.is_empty() {
+            if last_rates.elapsed() >= Duration::from_secs(1) {
                 last_rates = Instant::now();
-                if let Ok(rates) = agent.rates() {
-                    for s in inner.table.all() {
-                        if let Some(r) = rates.iter().find(|r| r.segment_id == s.grant.segment_id) {
-                            s.limiter.set_rate(r.rate_limit_bps);
+                // The figures while it runs, for the agent's metrics and the dashboard. An agent
+                // too old to know `report` refuses it; the program goes on all the same.
+                let _ = agent.report(&crate::report::report(&inner));
+                // Rate limits change as other allocations come and go: follow them.
+                if !inner.table.is_empty() {
+                    if let Ok(rates) = agent.rates() {
+                        for s in inner.table.all() {
+                            if let Some(r) = rates.iter().find(|r| r.segment_id == s.grant.segment_id) {
+                                s.limiter.set_rate(r.rate_limit_bps);
+                            }
                         }
                     }
                 }

@@ -120,6 +120,16 @@ impl Connection<'_> {
                 }
                 Err(e) => client_refusal(&e),
             },
+            Request::Report(r) => match r.validate() {
+                Ok(()) => {
+                    let mut r = *r;
+                    // The pid the process claims is not trusted: the kernel's is stored.
+                    r.pid = self.cred.pid;
+                    super::report::store(shared, self.id, self.cred.uid, r);
+                    serde_json::json!({"ok": true})
+                }
+                Err(why) => refusal("bad_request", format!("report: {why}")),
+            },
         }
     }
 }
@@ -179,6 +189,7 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
             break;
         }
     }
+    super::report::forget(shared, c.id);
     // The process is gone (or broke the protocol): everything it had goes back.
     let ids: Vec<u64> = c.mine.keys().copied().collect();
     for id in ids {

@@ -27,7 +27,8 @@
 //! peers; `protocol` reads request lines and writes replies; `connection` serves one process;
 //! `holdings` keeps what connections hold and the quotas; `node` registers the node;
 //! `reconcile` returns what nobody holds and retries releases; `leases` renews the grants of
-//! what processes hold; `metrics` the agent's Prometheus text.
+//! what processes hold; `report` keeps each process's latest figures and passes them on to the
+//! control plane; `metrics` the agent's metrics.
 
 mod connection;
 mod holdings;
@@ -36,9 +37,9 @@ mod metrics;
 mod node;
 mod protocol;
 mod reconcile;
+mod report;
 mod socket;
 
-pub use metrics::serve_metrics;
 pub use protocol::MAX_LINE;
 pub use reconcile::{orphans, process_start_ticks};
 
@@ -166,6 +167,8 @@ struct Shared {
     next_connection: AtomicU64,
     /// Connections served now, per user (entries go at zero).
     per_uid: Mutex<std::collections::HashMap<u32, usize>>,
+    /// Each connected process's latest report, by connection.
+    reports: Mutex<report::Reports>,
     stop: AtomicBool,
 }
 
@@ -205,6 +208,7 @@ impl Agent {
             pending_releases: Mutex::new(Vec::new()),
             next_connection: AtomicU64::new(1),
             per_uid: Mutex::new(std::collections::HashMap::new()),
+            reports: Mutex::default(),
             stop: AtomicBool::new(false),
         });
         register(&shared);

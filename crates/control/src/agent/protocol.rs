@@ -16,7 +16,7 @@ pub const MAX_LINE: usize = 64 << 10;
 pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The operations of the protocol.
-const OPS: [&str; 4] = ["hello", "grow", "release", "rates"];
+const OPS: [&str; 5] = ["hello", "grow", "release", "rates", "report"];
 
 /// A request of a process.
 #[derive(Deserialize)]
@@ -35,6 +35,8 @@ pub(super) enum Request {
         allocation: u64,
     },
     Rates,
+    /// The process's figures now (`rackmem_proto::ProcessReport`), about once a second.
+    Report(Box<rackmem_proto::ProcessReport>),
 }
 
 #[derive(Serialize)]

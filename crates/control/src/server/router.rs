@@ -7,7 +7,7 @@ use super::config::PublicRoutes;
 use super::error::ApiError;
 use super::error::{method_not_allowed, not_found};
 use super::metrics::Metrics;
-use super::routes::{allocations, bricks, graph, meta, nodes, tokens, ui};
+use super::routes::{allocations, bricks, graph, meta, nodes, processes, tokens, ui};
 use super::state::AppState;
 use crate::api::{BrickState, Endpoint, ErrorBody, ErrorDetail, LeaderInfo, LiveSegment, Port, PortSpec, Segment};
 use crate::auth::TokenTable;
@@ -51,6 +51,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::get_node))
         .routes(routes!(nodes::node_rates))
         .routes(routes!(nodes::set_node_quota))
+        .routes(routes!(processes::report_processes))
+        .routes(routes!(processes::list_processes))
         .routes(routes!(allocations::create_allocation, allocations::list_allocations))
         .routes(routes!(
             allocations::get_allocation,
@@ -90,6 +92,7 @@ pub(crate) fn build(mut plane: ControlPlane, s: Settings) -> (axum::Router, Arc<
     let state = AppState {
         plane: plane.clone(),
         metrics: Arc::new(Metrics::default()),
+        processes: Arc::default(),
         openapi_json: Arc::new(openapi_json),
         store: Arc::new(store),
         leadership: s.leadership,

@@ -25,6 +25,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct AppState {
     pub(crate) plane: Arc<Mutex<ControlPlane>>,
     pub(crate) metrics: Arc<Metrics>,
+    /// What each node's agent last reported of its processes.
+    pub(crate) processes: Arc<Mutex<super::routes::processes::ProcessTable>>,
     pub(crate) openapi_json: Arc<String>,
     pub(crate) store: Arc<String>,
     pub(crate) leadership: Arc<Leadership>,

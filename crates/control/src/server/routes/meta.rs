@@ -70,7 +70,7 @@ pub(crate) async fn openapi_json(State(st): State<AppState>, c: Result<Caller, A
 /// brick's name: not for node or brick tokens.
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses(
-        (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"),
+        (status = 200, description = "OpenMetrics 1.0 text (Prometheus reads it)", content_type = "application/openmetrics-text"),
         (status = 401, description = "No token, or an unknown one", body = ErrorBody),
         (status = 403, description = "A token of another role than admin or metrics", body = ErrorBody),
     ))]
@@ -93,7 +93,7 @@ pub(crate) async fn metrics(State(st): State<AppState>, c: Result<Caller, ApiErr
         None
     };
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, rackmem_metrics::CONTENT_TYPE)],
         st.metrics.render(serving, g.as_ref(), &st.conns),
     )
         .into_response())

@@ -6,5 +6,6 @@ pub(crate) mod bricks;
 pub(crate) mod graph;
 pub(crate) mod meta;
 pub(crate) mod nodes;
+pub(crate) mod processes;
 pub(crate) mod tokens;
 pub(crate) mod ui;

@@ -83,11 +83,51 @@ async function api(path) {
   return r.json();
 }
 
+// The upper bounds (ns) of a report's fault-latency buckets (rackmem_proto::FAULT_LATENCY_BOUNDS_NS).
+const LATENCY_BOUNDS_NS = [1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7, 1e8];
+
+function duration(ns) {
+  if (ns == null || !isFinite(ns)) return "–";
+  return ns >= 1e6 ? (ns / 1e6).toFixed(1) + " ms" : (ns / 1e3).toFixed(1) + " µs";
+}
+
+// A small bar per latency bucket (its own count, not the cumulative one), the last bar for the
+// faults above the highest bound.
+function histogram(h) {
+  const td = document.createElement("td");
+  const box = document.createElement("div");
+  box.className = "hist";
+  const own = [];
+  let below = 0;
+  for (const c of h.cumulative) { own.push(c - below); below = c; }
+  own.push(h.count - below);
+  const most = Math.max(1, ...own);
+  own.forEach((n, i) => {
+    const bar = document.createElement("div");
+    bar.style.height = (100 * n / most).toFixed(1) + "%";
+    const upper = i < LATENCY_BOUNDS_NS.length ? "≤ " + duration(LATENCY_BOUNDS_NS[i]) : "> 100 ms";
+    bar.title = upper + ": " + n + " faults";
+    box.append(bar);
+  });
+  td.append(box);
+  td.dataset.value = String(h.count);
+  return td;
+}
+
+// What the previous refresh saw of each process, for rates.
+let previous = new Map();
+
+function perSecond(key, now, value, pick) {
+  const p = previous.get(key);
+  if (!p || now <= p.at) return "–";
+  return (value - pick(p)) / ((now - p.at) / 1000);
+}
+
 function portText(ports) {
   return (ports || []).map((p) => p.name + " " + rate(p.bandwidth_bps)).join(", ") || "–";
 }
 
-function draw(bricks, nodes, allocations) {
+function draw(bricks, nodes, allocations, processes) {
   const up = bricks.filter((b) => String(b.state).toLowerCase() === "up").length;
   const capacity = bricks.reduce((s, b) => s + b.capacity_bytes, 0);
   const free = bricks.reduce((s, b) => s + b.free_bytes, 0);
@@ -132,6 +172,35 @@ function draw(bricks, nodes, allocations) {
     cell(bytes(n.allocated_bytes), n.allocated_bytes, "num"),
     cell(portText(n.ports)),
   ]);
+  const now = Date.now();
+  fill("processes", processes, "no program is running on agent memory", (p) => {
+    const r = p.report;
+    const key = p.node + "/" + r.pid;
+    const fps = perSecond(key, now, r.faults, (q) => q.faults);
+    const inps = perSecond(key, now, r.bytes_fetched + r.bytes_prefetched, (q) => q.fetched);
+    const outps = perSecond(key, now, r.bytes_written_back, (q) => q.written);
+    return [
+      cell(p.node_name, p.node_name),
+      cell(String(r.pid), r.pid, "num"),
+      cell(r.program.split("/").pop(), r.program),
+      cell(bytes(r.resident_bytes) + " / " + bytes(r.budget_bytes), r.resident_bytes, "num"),
+      cell(bytes(r.window_bytes), r.window_bytes, "num"),
+      cell(String(r.faults), r.faults, "num"),
+      cell(typeof fps === "number" ? fps.toFixed(0) : fps, fps, "num"),
+      cell(typeof inps === "number" ? rate(inps) : inps, inps, "num"),
+      cell(typeof outps === "number" ? rate(outps) : outps, outps, "num"),
+      histogram(r.fault_latency),
+      cell(r.miss_concurrency.toFixed(2), r.miss_concurrency, "num"),
+      cell(duration(p.bricks_camat_ns), p.bricks_camat_ns, "num"),
+      cell((100 * p.stall_share).toFixed(0) + "%", p.stall_share, "num"),
+    ];
+  });
+  previous = new Map(processes.map((p) => [p.node + "/" + p.report.pid, {
+    at: now,
+    faults: p.report.faults,
+    fetched: p.report.bytes_fetched + p.report.bytes_prefetched,
+    written: p.report.bytes_written_back,
+  }]));
   const brickName = new Map(bricks.map((b) => [b.id, b.name]));
   const nodeName = new Map(nodes.map((n) => [n.id, n.name]));
   fill("allocations", allocations, "nothing is allocated", (a) => [
@@ -150,8 +219,10 @@ let timer = null;
 
 async function refresh() {
   try {
-    const [bricks, nodes, allocations] = await Promise.all([api("/v1/bricks"), api("/v1/nodes"), api("/v1/allocations")]);
-    draw(bricks, nodes, allocations);
+    const [bricks, nodes, allocations, processes] = await Promise.all([
+      api("/v1/bricks"), api("/v1/nodes"), api("/v1/allocations"), api("/v1/processes"),
+    ]);
+    draw(bricks, nodes, allocations, processes);
     $("status").textContent = "signed in";
     $("status").className = "";
     document.body.dataset.loaded = "true";
