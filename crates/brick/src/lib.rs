@@ -33,6 +33,7 @@ mod data;
 mod error;
 mod guard;
 mod handshake;
+mod onesided;
 mod pool;
 mod reply;
 mod server;
