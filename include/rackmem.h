@@ -57,8 +57,10 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * `rackmem run` it is set for you; a program linked with -lrackmem and started without it
  * needs at least RACKMEM_BRICKS and RACKMEM_SECRET naming a running `rackmem brick`.
  * RACKMEM_TRANSFER_THRESHOLD pins the size from which transfers take the bulk path (`auto`,
- * the default: measured on each brick's link at its first segment, a few milliseconds;
- * `inline`; `bulk`; or a size such as `64KiB`). Segments of a brick on this host (unix:
+ * the default: measured on each brick's link at its first segment, on a scratch segment, in a
+ * few tens of milliseconds at most; `inline`; `bulk`; or a size such as `64KiB`).
+ * RACKMEM_PUTGET_SPIN_US makes a caller poll for the brick's answer that long before it
+ * sleeps (default 0: on a machine with few CPUs the poller takes the CPU the brick needs). Segments of a brick on this host (unix:
  * address) are mapped into the process, so transfers and atomics are memory operations;
  * RACKMEM_SHARED_MEMORY=0 keeps them on the socket.
  *

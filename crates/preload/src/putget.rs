@@ -47,6 +47,12 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
         },
         tls: cfg.tls.clone(),
         threshold,
+        link_spin: std::time::Duration::from_micros(
+            std::env::var("RACKMEM_PUTGET_SPIN_US")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+        ),
     }));
     if cfg.bricks.is_empty() {
         return Err(fail(PutGetError::NotConfigured));
@@ -103,11 +109,12 @@ fn handle(e: &Engine, h: u64) -> *mut c_void {
         if let Ok(s) = e.segment(h) {
             let p = s.plan();
             eprintln!(
-                "rackmem: segment {h} on {}: {} bytes, {}, bulk from {} bytes ({}, {:?})",
+                "rackmem: segment {h} on {}: {} bytes, {}, bulk from {} bytes (put) and {} (get) ({}, {:?})",
                 s.brick(),
                 s.size(),
                 if s.is_mapped() { "mapped" } else { "over the link" },
-                p.threshold_bytes,
+                p.put_threshold_bytes,
+                p.get_threshold_bytes,
                 if p.pinned { "pinned" } else { "measured" },
                 p.probe_time
             );

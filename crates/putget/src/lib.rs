@@ -27,5 +27,5 @@ mod segment;
 pub use engine::{keep_alive_loop, Engine, EngineConfig, Sharing, MAX_SEGMENTS};
 pub use error::PutGetError;
 pub use nbi::{Pending, MAX_PENDING, MAX_PENDING_BYTES};
-pub use plan::{calibrate, Path, Plan, Probe, Threshold};
+pub use plan::{calibrate, Direction, Path, Plan, Probe, Threshold, CALIBRATION_BYTES};
 pub use segment::{Segment, BULK_PIECE_BYTES, BULK_WINDOW, INLINE_FRAME_BYTES};

@@ -9,7 +9,7 @@
 //! completed first.
 
 use crate::error::PutGetError;
-use crate::plan::Path;
+use crate::plan::{Direction, Path};
 use crate::segment::{Segment, BULK_PIECE_BYTES, INLINE_FRAME_BYTES};
 use rackmem_transport::DetachedTicket;
 use std::collections::VecDeque;
@@ -70,8 +70,8 @@ impl Pending {
         }
     }
 
-    fn piece_for(seg: &Segment, len: usize) -> usize {
-        match seg.plan().path_for(len) {
+    fn piece_for(seg: &Segment, dir: Direction, len: usize) -> usize {
+        match seg.path_for(dir, len) {
             Path::Inline => INLINE_FRAME_BYTES,
             Path::Bulk => BULK_PIECE_BYTES,
         }
@@ -88,7 +88,7 @@ impl Pending {
             m.write(offset as usize, data);
             return Ok(());
         }
-        let piece = Self::piece_for(seg, data.len());
+        let piece = Self::piece_for(seg, Direction::Put, data.len());
         for (i, chunk) in data.chunks(piece).enumerate() {
             self.room(0);
             let t = seg.link.submit_put(offset + (i * piece) as u64, chunk)?;
@@ -112,7 +112,7 @@ impl Pending {
             m.read(offset as usize, dest);
             return Ok(());
         }
-        let piece = Self::piece_for(seg, dest.len());
+        let piece = Self::piece_for(seg, Direction::Get, dest.len());
         let mut rest = dest;
         let mut at = offset;
         while !rest.is_empty() {

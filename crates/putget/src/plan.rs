@@ -57,6 +57,17 @@ impl std::str::FromStr for Threshold {
     }
 }
 
+/// Which way a transfer goes: each has its own threshold (on a socket, a pipelined PUT gains
+/// where a pipelined GET does not: the brick's copy of one piece overlaps the next piece's
+/// send only in that direction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Into the segment.
+    Put,
+    /// Out of the segment.
+    Get,
+}
+
 /// One probed size: the best time of each path.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Probe {
@@ -71,12 +82,16 @@ pub struct Probe {
 /// Which path serves which sizes on one link.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
-    /// Transfers of at least this many bytes take the bulk path.
-    pub threshold_bytes: u64,
+    /// PUTs of at least this many bytes take the bulk path.
+    pub put_threshold_bytes: u64,
+    /// GETs of at least this many bytes take the bulk path.
+    pub get_threshold_bytes: u64,
     /// True if the user pinned it; false if measured.
     pub pinned: bool,
-    /// What was measured (empty when pinned).
-    pub probes: Vec<Probe>,
+    /// What was measured of PUT (empty when pinned).
+    pub put_probes: Vec<Probe>,
+    /// What was measured of GET (empty when pinned).
+    pub get_probes: Vec<Probe>,
     /// How long the measurement took.
     pub probe_time: Duration,
 }
@@ -85,31 +100,33 @@ impl Default for Plan {
     /// Before any measurement: bulk from the piece size on (the bulk path sends smaller
     /// transfers as one frame anyway).
     fn default() -> Plan {
-        Plan {
-            threshold_bytes: BULK_PIECE_BYTES as u64,
-            pinned: false,
-            probes: Vec::new(),
-            probe_time: Duration::ZERO,
-        }
+        Plan::pinned(BULK_PIECE_BYTES as u64)
     }
 }
 
 impl Plan {
     /// The path for a transfer of `len` bytes.
-    pub fn path_for(&self, len: usize) -> Path {
-        if len as u64 >= self.threshold_bytes {
+    pub fn path_for(&self, dir: Direction, len: usize) -> Path {
+        let t = match dir {
+            Direction::Put => self.put_threshold_bytes,
+            Direction::Get => self.get_threshold_bytes,
+        };
+        if len as u64 >= t {
             Path::Bulk
         } else {
             Path::Inline
         }
     }
 
-    /// A pinned plan.
+    /// A pinned plan, one threshold for both directions.
     pub fn pinned(threshold_bytes: u64) -> Plan {
         Plan {
-            threshold_bytes,
+            put_threshold_bytes: threshold_bytes,
+            get_threshold_bytes: threshold_bytes,
             pinned: true,
-            ..Plan::default()
+            put_probes: Vec::new(),
+            get_probes: Vec::new(),
+            probe_time: Duration::ZERO,
         }
     }
 
@@ -118,7 +135,7 @@ impl Plan {
     /// machine's noise decides), or never (`u64::MAX`) if it does not win at the largest. A
     /// bulk path that wins at the smallest probe wins from 0 on a mapped segment, where its
     /// cost does not grow with anything but the bytes.
-    pub fn from_probes(probes: Vec<Probe>, mapped: bool, probe_time: Duration) -> Plan {
+    pub fn threshold(probes: &[Probe], mapped: bool) -> u64 {
         let wins = |p: &Probe| p.bulk.as_nanos() * 100 <= p.inline.as_nanos() * 95;
         let mut threshold = u64::MAX;
         for (i, p) in probes.iter().enumerate().rev() {
@@ -127,12 +144,7 @@ impl Plan {
             }
             threshold = if i == 0 && mapped { 0 } else { p.bytes };
         }
-        Plan {
-            threshold_bytes: threshold,
-            pinned: false,
-            probes,
-            probe_time,
-        }
+        threshold
     }
 }
 
@@ -144,9 +156,11 @@ const SOCKET_PROBES: [u64; 3] = [512 << 10, 1 << 20, 4 << 20];
 /// Interleaved rounds per size; the best time of each path counts (the least disturbed by
 /// other processes on a shared machine).
 const ROUNDS: usize = 3;
+/// Bytes of the scratch segment calibration needs.
+pub const CALIBRATION_BYTES: u64 = 4 << 20;
 
-/// Measures both paths on `seg` with GETs at its start (reads only: the segment may be a named
-/// one that others already use) and returns the plan. A few milliseconds on a local link.
+/// Measures both paths in both directions on `seg`, which must be scratch memory (it is
+/// overwritten), interleaved, and returns the plan. A few milliseconds on a local link.
 pub fn calibrate(seg: &Segment) -> Result<Plan, PutGetError> {
     let started = Instant::now();
     let sizes: &[u64] = if seg.is_mapped() {
@@ -155,31 +169,44 @@ pub fn calibrate(seg: &Segment) -> Result<Plan, PutGetError> {
         &SOCKET_PROBES
     };
     let mut buf = Vec::new();
-    let mut probes = Vec::new();
+    let mut probes = [Vec::new(), Vec::new()];
     for &bytes in sizes.iter().filter(|&&b| b <= seg.size()) {
-        buf.resize(bytes as usize, 0);
-        let mut best = [Duration::MAX; 2];
-        for round in 0..ROUNDS {
-            // Alternate which path goes first, so neither always finds the caches warm.
-            let order = if round % 2 == 0 {
-                [Path::Inline, Path::Bulk]
-            } else {
-                [Path::Bulk, Path::Inline]
-            };
-            for path in order {
-                let t = Instant::now();
-                seg.get_with(path, 0, &mut buf)?;
-                let i = usize::from(path == Path::Bulk);
-                best[i] = best[i].min(t.elapsed());
+        buf.resize(bytes as usize, 0x5a);
+        for (d, dir) in [Direction::Put, Direction::Get].into_iter().enumerate() {
+            let mut best = [Duration::MAX; 2];
+            for round in 0..ROUNDS {
+                // Alternate which path goes first, so neither always finds the caches warm.
+                let order = if round % 2 == 0 {
+                    [Path::Inline, Path::Bulk]
+                } else {
+                    [Path::Bulk, Path::Inline]
+                };
+                for path in order {
+                    let t = Instant::now();
+                    match dir {
+                        Direction::Put => seg.put_with(path, 0, &buf)?,
+                        Direction::Get => seg.get_with(path, 0, &mut buf)?,
+                    }
+                    let i = usize::from(path == Path::Bulk);
+                    best[i] = best[i].min(t.elapsed());
+                }
             }
+            probes[d].push(Probe {
+                bytes,
+                inline: best[0],
+                bulk: best[1],
+            });
         }
-        probes.push(Probe {
-            bytes,
-            inline: best[0],
-            bulk: best[1],
-        });
     }
-    Ok(Plan::from_probes(probes, seg.is_mapped(), started.elapsed()))
+    let [put_probes, get_probes] = probes;
+    Ok(Plan {
+        put_threshold_bytes: Plan::threshold(&put_probes, seg.is_mapped()),
+        get_threshold_bytes: Plan::threshold(&get_probes, seg.is_mapped()),
+        pinned: false,
+        put_probes,
+        get_probes,
+        probe_time: started.elapsed(),
+    })
 }
 
 #[cfg(test)]
@@ -196,19 +223,27 @@ mod tests {
 
     #[test]
     fn threshold_is_where_bulk_starts_winning_for_good() {
-        let plan = Plan::from_probes(vec![p(1, 10, 12), p(2, 20, 15), p(4, 40, 20)], false, Duration::ZERO);
-        assert_eq!(plan.threshold_bytes, 2);
+        assert_eq!(Plan::threshold(&[p(1, 10, 12), p(2, 20, 15), p(4, 40, 20)], false), 2);
         // A win at a small size that is lost again at a larger one does not count.
-        let plan = Plan::from_probes(vec![p(1, 10, 5), p(2, 20, 25), p(4, 40, 20)], false, Duration::ZERO);
-        assert_eq!(plan.threshold_bytes, 4);
-        let plan = Plan::from_probes(vec![p(1, 10, 12), p(2, 20, 25)], false, Duration::ZERO);
-        assert_eq!(plan.threshold_bytes, u64::MAX, "bulk never wins");
-        let plan = Plan::from_probes(vec![p(8, 10, 1), p(64, 10, 1)], true, Duration::ZERO);
-        assert_eq!(plan.threshold_bytes, 0, "a mapping that wins everywhere wins from 0");
-        assert_eq!(plan.path_for(0), Path::Bulk);
+        assert_eq!(Plan::threshold(&[p(1, 10, 5), p(2, 20, 25), p(4, 40, 20)], false), 4);
+        assert_eq!(
+            Plan::threshold(&[p(1, 10, 12), p(2, 20, 25)], false),
+            u64::MAX,
+            "bulk never wins"
+        );
+        assert_eq!(
+            Plan::threshold(&[p(8, 10, 1), p(64, 10, 1)], true),
+            0,
+            "a mapping that wins everywhere wins from 0"
+        );
         // Within 5%: noise, not a win.
-        let plan = Plan::from_probes(vec![p(1, 100, 97)], false, Duration::ZERO);
-        assert_eq!(plan.threshold_bytes, u64::MAX);
+        assert_eq!(Plan::threshold(&[p(1, 100, 97)], false), u64::MAX);
+        let plan = Plan {
+            get_threshold_bytes: u64::MAX,
+            ..Plan::pinned(0)
+        };
+        assert_eq!(plan.path_for(Direction::Put, 0), Path::Bulk);
+        assert_eq!(plan.path_for(Direction::Get, 1 << 30), Path::Inline);
     }
 
     #[test]

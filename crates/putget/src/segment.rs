@@ -16,7 +16,7 @@
 //! requests otherwise.
 
 use crate::error::PutGetError;
-use crate::plan::{Path, Plan};
+use crate::plan::{Direction, Path, Plan};
 use rackmem_proto::{SegmentGrant, MAX_PAYLOAD};
 use rackmem_sys::SharedMemory;
 use rackmem_transport::{BrickAddr, Link, Ticket};
@@ -71,6 +71,15 @@ impl Segment {
         self.plan.get().cloned().unwrap_or_else(|| Arc::new(Plan::default()))
     }
 
+    /// The path for a transfer of `len` bytes (no reference count touched: this is on the
+    /// path of every 8-byte put).
+    pub fn path_for(&self, dir: Direction, len: usize) -> Path {
+        match self.plan.get() {
+            Some(p) => p.path_for(dir, len),
+            None => Plan::default().path_for(dir, len),
+        }
+    }
+
     /// The grant and session key, with which another link can attach to this segment.
     pub fn grant(&self) -> &SegmentGrant {
         &self.grant
@@ -98,12 +107,12 @@ impl Segment {
     /// Stores `data` at byte `offset`, by the path the plan picks for its size; returns once
     /// the brick holds it (a mapped segment's memory is the brick's: at once).
     pub fn put(&self, offset: u64, data: &[u8]) -> Result<(), PutGetError> {
-        self.put_with(self.plan().path_for(data.len()), offset, data)
+        self.put_with(self.path_for(Direction::Put, data.len()), offset, data)
     }
 
     /// Loads `out.len()` bytes from byte `offset` into `out`, by the path the plan picks.
     pub fn get(&self, offset: u64, out: &mut [u8]) -> Result<(), PutGetError> {
-        self.get_with(self.plan().path_for(out.len()), offset, out)
+        self.get_with(self.path_for(Direction::Get, out.len()), offset, out)
     }
 
     /// [`Segment::put`] by the given path (for measuring both).

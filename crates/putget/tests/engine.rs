@@ -33,6 +33,7 @@ fn engine(addr: &BrickAddr, sharing: Sharing, threshold: Threshold) -> Engine {
         sharing,
         tls: None,
         threshold,
+        link_spin: Duration::ZERO,
     })
 }
 
@@ -57,7 +58,7 @@ fn against_model(e: &Engine, expect_mapped: bool) {
     assert_eq!(seg.size(), SIZE, "rounded up to whole chunks");
     assert_eq!(seg.is_mapped(), expect_mapped);
     let plan = seg.plan();
-    assert!(!plan.pinned && !plan.probes.is_empty(), "calibrated: {plan:?}");
+    assert!(!plan.pinned && !plan.get_probes.is_empty(), "calibrated: {plan:?}");
     let mut model = vec![0u8; SIZE as usize];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let sizes = [1u64, 8, 100, 4096, 70_000, 600_000, 3 << 20, 17 << 20];
