@@ -156,3 +156,49 @@ fn concurrent_atomics_from_several_processes_sum_exactly() {
         );
     }
 }
+
+/// `rackmem bench transfer` on tiny sizes: every link, path and peer measured, JSON and chart
+/// well formed (figures are never asserted).
+#[test]
+fn bench_transfer_writes_json_and_a_chart() {
+    require_root();
+    for tool in ["mpicc", "mpirun"] {
+        assert!(
+            Command::new(tool)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "bench transfer runs Open MPI's one-sided operations beside rackmem's and needs {tool}: \
+             apt-get install openmpi-bin libopenmpi-dev (./scripts/programs.sh does)"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (j, svg) = (dir.path().join("t.json"), dir.path().join("t.svg"));
+    let mut c = Command::new(rackmem());
+    c.args(["bench", "transfer", "--sizes", "8,300000", "--rounds", "1", "--json"])
+        .arg(&j)
+        .arg("--svg")
+        .arg(&svg)
+        .arg("--bench-dir")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench"));
+    let o = run_with_deadline(c, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let rows = v["transfer"].as_array().expect("rows");
+    assert_eq!(rows.len(), 3 * 2 * 2, "3 links × put/get × 2 sizes: {v}");
+    for r in rows {
+        for k in ["inline_ns", "bulk_ns", "engine_ns", "memcpy_ns"] {
+            assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k} missing: {r}");
+        }
+        let with_mpi = r["link"] != "unix";
+        assert_eq!(
+            r["mpi_ns"].as_f64().is_some(),
+            with_mpi,
+            "MPI beside shm and tcp only: {r}"
+        );
+    }
+    assert_eq!(v["summary"].as_array().map(Vec::len), Some(6), "{v}");
+    let chart = std::fs::read_to_string(&svg).expect("chart");
+    assert!(chart.starts_with("<svg") && chart.contains("tcp engine") && chart.contains("MPI (shm)"));
+}
