@@ -76,6 +76,7 @@ int rackmem_get_stats(struct rackmem_stats *out);
  *   EMFILE  64 segments are open in this process already
  *   ENODEV  no brick is configured (RACKMEM_BRICKS unset; a node agent's segments are not
  *           supported here yet)
+ *   ENOTSUP a child of fork() asked for a segment (see below)
  *   EIO     the brick was lost or failed
  *
  * Thread safety: every call may be made from any thread at once, on the same segment or not.
@@ -83,7 +84,10 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * atomics are atomic with respect to each other from every thread, process and node, and
  * with respect to nothing else (a put over a word being added to may lose the add).
  * Non-blocking transfers belong to the thread that started them: rackmem_quiet completes
- * the calling thread's. After fork(), the child must not use the parent's segments. */
+ * the calling thread's. fork(): the parent's segments stay the parent's; in the child, calls on
+ * them fail with EBADF (and rackmem_seg_free of them too, harmlessly), new segments with
+ * ENOTSUP, and transfers the forking thread had in flight are the parent's (rackmem_quiet in
+ * the child returns 0). A child that execs starts afresh. */
 
 /* An open segment; the pointer is a handle, never dereference it. */
 typedef struct rackmem_seg rackmem_seg;

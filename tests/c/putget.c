@@ -8,7 +8,9 @@
  *        putget counter NAME PROCS N
  *                                  PROCS processes (this program, exec'd) open the named
  *                                  segment and each add 1 to one word N times, half by
- *                                  fetch-add and half by compare-and-swap; prints the total */
+ *                                  fetch-add and half by compare-and-swap; prints the total
+ *        putget fork                a child of fork() cannot touch its parent's segment (EBADF)
+ *                                  nor disturb its transfers in flight, even when it exits */
 #include "common.h"
 #include <dlfcn.h>
 #include <errno.h>
@@ -226,10 +228,45 @@ static int counter(const char *name, int procs, uint64_t n) {
     return total == n * (uint64_t)procs ? 0 : 5;
 }
 
+static int forked(void) {
+    rackmem_seg *s = seg_alloc(1 << 20);
+    if (!s) DIE("rackmem_seg_alloc: %s", strerror(errno));
+    static uint64_t words[4096];
+    for (size_t i = 0; i < 4096; i++) words[i] = pattern(11, i);
+    /* In flight across the fork: the parent's. */
+    if (put_nbi(s, 0, words, sizeof words) || put_nbi(s, 40000, words, 800)) DIE("put_nbi: %s", strerror(errno));
+    static uint64_t got[4096];
+    if (get_nbi(s, 0, got, 8)) DIE("get_nbi: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) DIE("fork: %s", strerror(errno));
+    if (pid == 0) {
+        uint64_t v = 1;
+        EXPECT_ERR(put(s, 0, &v, 8), -1, EBADF, "child: put to the parent's segment");
+        EXPECT_ERR(fetch_add(s, 0, 1), UINT64_MAX, EBADF, "child: fetch_add on the parent's segment");
+        EXPECT_ERR(seg_alloc(4096), NULL, ENOTSUP, "child: a new segment");
+        if (quiet()) DIE("child: quiet: %s", strerror(errno));
+        seg_free(s); /* must not cut the parent's connection */
+        exit(0);     /* runs thread-local destructors: they must not touch the parent's link */
+    }
+    int st;
+    if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) DIE("child failed (status %d)", st);
+    if (quiet()) DIE("parent: quiet: %s", strerror(errno));
+    if (got[0] != pattern(11, 0)) DIE("parent: get_nbi across the fork read %llx", (unsigned long long)got[0]);
+    memset(got, 0, sizeof got);
+    if (get(s, 0, got, sizeof got)) DIE("parent: get after the fork: %s", strerror(errno));
+    verify(got, 4096, 11, "segment written across a fork");
+    uint64_t more = 5;
+    if (put(s, 8, &more, 8) || fetch_add(s, 8, 1) != 5) DIE("parent: the segment failed after the fork: %s", strerror(errno));
+    seg_free(s);
+    printf("fork ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (!resolve()) { printf("rackmem=absent\n"); return 0; }
     if (argc >= 4 && !strcmp(argv[1], "model")) return model(arg_mib(argc, argv, 2, 8) + 12345, strtoull(argv[3], 0, 0));
     if (argc >= 5 && !strcmp(argv[1], "counter")) return counter(argv[2], atoi(argv[3]), strtoull(argv[4], 0, 0));
+    if (argc >= 2 && !strcmp(argv[1], "fork")) return forked();
     if (argc >= 5 && !strcmp(argv[1], "child")) {
         rackmem_seg *s = seg_open(argv[2], 0);
         if (!s) DIE("child: rackmem_seg_open(%s): %s", argv[2], strerror(errno));

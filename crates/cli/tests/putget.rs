@@ -157,6 +157,23 @@ fn concurrent_atomics_from_several_processes_sum_exactly() {
     }
 }
 
+/// A child of fork() gets EBADF on its parent's segments and ENOTSUP for new ones, and neither
+/// its calls nor its exit disturb the parent's connection or its transfers in flight.
+#[test]
+fn a_forked_child_leaves_its_parents_segments_alone() {
+    require_root();
+    let (_brick, addr) = start_brick("tcp://127.0.0.1:0", "256MiB", "t");
+    for extra in [
+        vec![],
+        vec!["--no-shared-memory"],
+        vec!["--brick", &addr, "--secret", "t"],
+    ] {
+        let o = run_under(&extra, &["fork"]);
+        assert!(o.status.success(), "{extra:?}: {}", show(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "fork ok", "{extra:?}");
+    }
+}
+
 /// `rackmem bench transfer` on tiny sizes: every link, path and peer measured, JSON and chart
 /// well formed (figures are never asserted).
 #[test]

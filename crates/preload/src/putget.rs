@@ -15,10 +15,28 @@ use rackmem_putget::{keep_alive_loop, Engine, EngineConfig, Pending, PutGetError
 use rackmem_runtime::config::{Config, ShareChoice};
 use rackmem_runtime::CallGuard;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The process's engine, or why there is none (printed once, then `errno` on every call).
 static ENGINE: OnceLock<Result<Arc<Engine>, (c_int, String)>> = OnceLock::new();
+
+/// Set in a child of `fork()`: its parent's segments are reached over the parent's connections,
+/// which the child shares, so any use of them (or a close: `shutdown(2)` would cut the
+/// parent's) would corrupt the parent's traffic. The child's calls fail instead (EBADF on a
+/// segment, ENOTSUP to make one); a child that execs starts afresh.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked_child() {
+    FORKED.store(true, Ordering::Release);
+    // This thread's transfers in flight are the parent's: forget them, never wait on them (an
+    // exiting thread completes its transfers, which here would read the parent's answers).
+    let _ = PENDING.try_with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            std::mem::forget(std::mem::take(&mut *p));
+        }
+    });
+}
 
 thread_local! {
     /// This thread's non-blocking transfers, completed by `rackmem_quiet`.
@@ -57,6 +75,11 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
     if cfg.bricks.is_empty() {
         return Err(fail(PutGetError::NotConfigured));
     }
+    // SAFETY: registers a plain `extern "C" fn()` with static lifetime as a fork child hook.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    if rc != 0 {
+        return Err((rc, "pthread_atfork failed: fork() could not be made safe".into()));
+    }
     // A brick closes a connection idle for its idle timeout, which would free a segment the
     // program holds without using: one thread pings idle links.
     let e = engine.clone();
@@ -70,6 +93,9 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
 }
 
 fn engine() -> Result<Arc<Engine>, c_int> {
+    if FORKED.load(Ordering::Acquire) {
+        return Err(libc::ENOTSUP);
+    }
     match ENGINE.get_or_init(|| {
         let r = build();
         if let Err((_, why)) = &r {
@@ -83,6 +109,9 @@ fn engine() -> Result<Arc<Engine>, c_int> {
 }
 
 fn segment(seg: *mut c_void) -> Result<Arc<Segment>, c_int> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(libc::EBADF);
+    }
     engine()?.segment(seg as u64).map_err(|e| e.errno())
 }
 
@@ -152,6 +181,9 @@ pub extern "C" fn rackmem_seg_free(seg: *mut c_void) {
         return;
     }
     call((), || {
+        if FORKED.load(Ordering::Relaxed) {
+            return Err(libc::EBADF);
+        }
         let e = engine()?;
         if let Ok(s) = e.segment(seg as u64) {
             // This thread's transfers on it finish first: their buffers are the caller's.
@@ -250,6 +282,9 @@ pub unsafe extern "C" fn rackmem_get_nbi(seg: *mut c_void, offset: u64, dst: *mu
 #[no_mangle]
 pub extern "C" fn rackmem_quiet() -> c_int {
     call(-1, || {
+        if FORKED.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
         PENDING.with(|p| p.borrow_mut().quiet()).map_err(|e| e.errno())?;
         Ok(0)
     })
