@@ -111,11 +111,13 @@ fn put_get_and_bounds(a: &BrickAddr) {
         let g3 = e.open_segment(SECRET, b"arr", 1 << 20);
         match g3 {
             Ok(g3) if g3.grant.segment_id != g.grant.segment_id => break,
-            Ok(_) => panic!("the segment outlived its connections"),
-            // The brick may not have seen the old connections close yet.
-            Err(_) if std::time::Instant::now() < deadline => {
+            // The brick may not have seen the old connections close yet: then the name still
+            // holds the old segment; let go of it and ask again.
+            Ok(_) if std::time::Instant::now() < deadline => {
+                e.detach().expect("detach");
                 std::thread::sleep(Duration::from_millis(20));
             }
+            Ok(_) => panic!("the segment outlived its connections"),
             Err(err) => panic!("reopening: {err}"),
         }
     }

@@ -163,15 +163,13 @@ impl Engine {
         if let Some(p) = plans.get(&key) {
             return Ok(p.clone());
         }
-        let scratch = self.segment_on(i, |l| Ok(l.alloc_segment(&self.cfg.secret, CALIBRATION_BYTES)?))?;
-        let p = if scratch.is_mapped() == mapped {
-            Arc::new(calibrate(&scratch)?)
-        } else {
-            // The brick shared the program's segment but not the scratch one (or the other way
-            // round): measure nothing rather than the wrong link.
-            Arc::new(Plan::default())
+        // No scratch segment (a full brick), or one the brick shares when it did not share the
+        // program's (or the other way round): the default plan, rather than no segment or a
+        // measurement of the wrong link. Kept, so the brick is not asked again.
+        let p = match self.segment_on(i, |l| Ok(l.alloc_segment(&self.cfg.secret, CALIBRATION_BYTES)?)) {
+            Ok(scratch) if scratch.is_mapped() == mapped => Arc::new(calibrate(&scratch).unwrap_or_default()),
+            _ => Arc::new(Plan::default()),
         };
-        drop(scratch);
         plans.insert(key, p.clone());
         Ok(p)
     }
