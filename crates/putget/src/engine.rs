@@ -119,11 +119,14 @@ impl Engine {
         let seg = Arc::new(self.segment_on(i, carve)?);
         let plan = self.plan_for(i, seg.is_mapped())?;
         let _ = seg.plan.set(plan);
+        let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+        // Checked again where it counts: other threads may have added segments meanwhile.
+        // Refused here, the new segment's connection closes and the brick frees it.
+        if segments.len() >= MAX_SEGMENTS {
+            return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
+        }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.segments
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, seg);
+        segments.insert(handle, seg);
         Ok(handle)
     }
 

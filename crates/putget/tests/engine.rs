@@ -184,3 +184,16 @@ fn named_segment_atomics_from_mapped_and_socket_users_sum_exactly() {
         Some(libc::ENOENT)
     );
 }
+
+/// A process holds at most MAX_SEGMENTS segments; freeing one makes room again.
+#[test]
+fn segments_per_process_are_bounded() {
+    let (_h, a) = brick(ListenAddr::Tcp("127.0.0.1:0".into()));
+    let e = engine(&a, Sharing::Never, Threshold::Pinned(0));
+    let held: Vec<u64> = (0..rackmem_putget::MAX_SEGMENTS)
+        .map(|_| e.alloc(1).expect("alloc"))
+        .collect();
+    assert_eq!(e.alloc(1).map_err(|e| e.errno()).err(), Some(libc::EMFILE));
+    e.free(held[0]).expect("free");
+    e.alloc(1).expect("room again");
+}
