@@ -43,6 +43,107 @@ int rackmem_is_remote(const void *p);
 /* Fills `out` and returns 0; returns -1 if rackmem is not active in this process. */
 int rackmem_get_stats(struct rackmem_stats *out);
 
+/* ---------------------------------------------------------------------------------------------
+ * One-sided segments: put, get and atomics on brick memory outside the window.
+ *
+ * A segment is a range of a memory brick's memory that this process reads and writes
+ * explicitly, in the style of OpenSHMEM: nothing is mapped into the window, no page fault is
+ * taken, and the program decides what moves when. Use it when you know your access pattern
+ * better than page faults do (a distributed array updated in scattered 8-byte words, a
+ * counter shared by several processes, a buffer staged in bulk); see docs/putget.md.
+ *
+ * Configuration: the environment of `rackmem run` (RACKMEM_BRICKS, RACKMEM_SECRET,
+ * RACKMEM_TIMEOUT_MS, RACKMEM_SHARED_MEMORY, RACKMEM_TLS_CA), read at the first call. Under
+ * `rackmem run` it is set for you; a program linked with -lrackmem and started without it
+ * needs at least RACKMEM_BRICKS and RACKMEM_SECRET naming a running `rackmem brick`.
+ * RACKMEM_TRANSFER_THRESHOLD pins the size from which transfers take the bulk path (`auto`,
+ * the default: measured on each brick's link at its first segment, on a scratch segment, in a
+ * few tens of milliseconds at most; `inline`; `bulk`; or a size such as `64KiB`).
+ * RACKMEM_PUTGET_SPIN_US makes a caller poll for the brick's answer that long before it
+ * sleeps (default 0: on a machine with few CPUs the poller takes the CPU the brick needs). Segments of a brick on this host (unix:
+ * address) are mapped into the process, so transfers and atomics are memory operations;
+ * RACKMEM_SHARED_MEMORY=0 keeps them on the socket.
+ *
+ * Errors: every call returns -1 (NULL for the allocators, UINT64_MAX for the atomics, see
+ * there) and sets errno:
+ *   EINVAL  offset or offset+len past the end of the segment, an atomic's offset not a
+ *           multiple of 8, a NULL buffer with a non-zero length, a bad name or size
+ *   EBADF   a segment handle that was freed (or never allocated)
+ *   ENOMEM  the brick has no room for the segment
+ *   ENOENT  rackmem_seg_open of a name with no live segment and bytes == 0
+ *   EEXIST  rackmem_seg_open of a live segment smaller than `bytes`
+ *   EACCES  the brick refused the secret
+ *   EMFILE  64 segments are open in this process already
+ *   ENODEV  no brick is configured (RACKMEM_BRICKS unset; a node agent's segments are not
+ *           supported here yet)
+ *   ENOTSUP a child of fork() asked for a segment (see below)
+ *   EIO     the brick was lost or failed
+ *
+ * Thread safety: every call may be made from any thread at once, on the same segment or not.
+ * Transfers from different threads to overlapping bytes are not ordered with each other;
+ * atomics are atomic with respect to each other from every thread, process and node, and
+ * with respect to nothing else (a put over a word being added to may lose the add).
+ * Non-blocking transfers belong to the thread that started them: rackmem_quiet completes
+ * the calling thread's. fork(): the parent's segments stay the parent's; in the child, calls on
+ * them fail with EBADF (and rackmem_seg_free of them too, harmlessly), new segments with
+ * ENOTSUP, and transfers the forking thread had in flight are the parent's (rackmem_quiet in
+ * the child returns 0). A child that execs starts afresh. */
+
+/* An open segment; the pointer is a handle, never dereference it. */
+typedef struct rackmem_seg rackmem_seg;
+
+/* Allocates a segment of at least `bytes` (rounded up to the brick's 1 MiB chunk), zero-filled,
+ * on the configured bricks in turn. Returns NULL and sets errno on failure. Freed by
+ * rackmem_seg_free, or when the process exits. */
+rackmem_seg *rackmem_seg_alloc(size_t bytes);
+
+/* Opens the segment named `name` (1 to 255 bytes, NUL-terminated) on the first configured
+ * brick, creating it with `bytes` (zero-filled) if no live segment has that name; bytes == 0
+ * opens an existing one only. Every process that opens the name, on any node, shares the same
+ * memory; it lives while one of them holds it open. Returns NULL and sets errno on failure. */
+rackmem_seg *rackmem_seg_open(const char *name, size_t bytes);
+
+/* Closes the segment (freeing it once no process holds it). This thread's non-blocking
+ * transfers on it are completed first; later use of the handle fails with EBADF. NULL is
+ * ignored. On a handle that is not open, sets errno to EBADF. */
+void rackmem_seg_free(rackmem_seg *seg);
+
+/* The segment's size in bytes; 0 and errno EBADF for a handle that is not open. */
+size_t rackmem_seg_size(rackmem_seg *seg);
+
+/* Copies `len` bytes from `src` to byte `offset` of the segment (any alignment); returns 0
+ * once the brick holds them (other processes' gets see them), or -1 and errno. */
+int rackmem_put(rackmem_seg *seg, uint64_t offset, const void *src, size_t len);
+
+/* Copies `len` bytes from byte `offset` of the segment to `dst`; returns 0 or -1 and errno. */
+int rackmem_get(rackmem_seg *seg, uint64_t offset, void *dst, size_t len);
+
+/* Starts a put and returns: `src` may be reused at once (its bytes are sent, or copied, before
+ * the call returns), but the put is complete (visible to others) only after rackmem_quiet.
+ * Argument errors are reported now; the brick's refusal at rackmem_quiet. */
+int rackmem_put_nbi(rackmem_seg *seg, uint64_t offset, const void *src, size_t len);
+
+/* Starts a get and returns: `dst` holds the bytes only after this thread's next rackmem_quiet
+ * returns 0; until then the program must neither read, write nor free it. */
+int rackmem_get_nbi(rackmem_seg *seg, uint64_t offset, void *dst, size_t len);
+
+/* Completes every non-blocking transfer this thread started: returns 0, or -1 and the errno of
+ * the first that failed (the others are completed all the same). A thread that exits with
+ * transfers in flight completes them. At most 256 transfers (64 MiB of gets) are in flight per
+ * thread; starting more first completes the oldest. */
+int rackmem_quiet(void);
+
+/* Atomically adds `value` (wrapping) to the 8-byte word at `offset` (a multiple of 8) and
+ * returns the word's previous value, executed by the brick (or by this processor on a mapped
+ * segment: the same memory). On error returns UINT64_MAX and sets errno: to tell an error from
+ * a word that held UINT64_MAX, set errno to 0 before the call. */
+uint64_t rackmem_atomic_fetch_add(rackmem_seg *seg, uint64_t offset, uint64_t value);
+
+/* Atomically replaces the 8-byte word at `offset` (a multiple of 8) by `desired` if it holds
+ * `expected`; returns the word's previous value (the swap happened iff it equals `expected`).
+ * Errors as rackmem_atomic_fetch_add. */
+uint64_t rackmem_atomic_compare_swap(rackmem_seg *seg, uint64_t offset, uint64_t expected, uint64_t desired);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,6 +27,8 @@ declare -A want=(
   [etcd-server]=/usr/bin/etcd                   # a Go program: stays local under rackmem
   [etcd-client]=/usr/bin/etcdctl
   [acl]=/usr/bin/setfacl                        # lets user postgres open /dev/userfaultfd in the suite
+  [openmpi-bin]=/usr/bin/mpirun                 # the MPI_Put/MPI_Get peer of rackmem bench transfer
+  [libopenmpi-dev]=/usr/bin/mpicc
 )
 missing=()
 for pkg in "${!want[@]}"; do

@@ -15,6 +15,8 @@
 //!   Graph500 BFS, zstd) natively, under `rackmem run` and under Linux swap; [`oom`] explains a
 //!   swap peer's OOM kill.
 //! - [`control`]: the control plane's allocation latency over HTTP, per store.
+//! - [`transfer`]: one-sided put/get by each path and the calibrated engine, beside `memcpy`
+//!   and MPI's one-sided operations.
 //! - [`suite`]: every part in one run, one JSON and one SVG; [`progress`] its one display.
 //!
 //! What the parts share: [`programs`] builds and runs the test programs; [`rackmem`] is the
@@ -49,6 +51,7 @@ pub mod setups;
 pub mod suite;
 pub mod summary;
 pub mod swap;
+pub mod transfer;
 pub mod workloads;
 
 pub use output::Output;

@@ -6,6 +6,7 @@
 //! once, and the brick never sits on a response while it waits for more bytes from the client.
 
 use crate::data::{read_pages, with_segment, write_pages};
+use crate::onesided;
 use crate::reply::{err, Reply};
 use crate::session::{handle, Session};
 use crate::state::Shared;
@@ -150,6 +151,18 @@ pub(crate) fn serve_connection(
         let decoded = match h.opcode {
             Opcode::Write => rackmem_proto::decode_write(&payload).map(|(ext, data)| {
                 with_segment(session.attached.as_ref(), |a, m| write_pages(shared, a, m, &ext, data))
+            }),
+            // PUT stores from the receive buffer and GET fills the reused buffer, as above.
+            Opcode::Put => Ok(onesided::put(shared, session.attached.as_ref(), h.offset, &payload)),
+            Opcode::Get => Request::decode(&h, &payload).map(|r| match r {
+                Request::Get { offset, len } => onesided::get(
+                    shared,
+                    session.attached.as_ref(),
+                    offset,
+                    len,
+                    std::mem::take(&mut scratch),
+                ),
+                r => handle(shared, &mut session, r),
             }),
             Opcode::Read => Request::decode(&h, &payload).map(|r| match r {
                 Request::Read(ext) => with_segment(session.attached.as_ref(), |a, m| {

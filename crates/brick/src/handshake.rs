@@ -547,7 +547,10 @@ fn finish_frame(shared: &Shared, p: &mut Pending, turn_taken: bool) -> Step {
             return Step::Close;
         }
     };
-    let authenticates = matches!(req, Request::Alloc { .. } | Request::Attach { .. });
+    let authenticates = matches!(
+        req,
+        Request::Alloc { .. } | Request::Open { .. } | Request::Attach { .. }
+    );
     if authenticates && !turn_taken {
         match shared.guard.before_check(p.peer, Instant::now()) {
             Admission::Now => {}

@@ -34,6 +34,7 @@ mod error;
 mod guard;
 mod handshake;
 mod metrics;
+mod onesided;
 mod pool;
 mod reply;
 mod server;

@@ -70,6 +70,20 @@ impl Pool {
         });
     }
 
+    /// Replaces the little-endian 8-byte word at pool offset `off` (a multiple of 8, bounds
+    /// checked by the caller) by `f(old)` and returns `old`, under the write lock of its chunk,
+    /// which every other access to the chunk takes too: atomic with respect to all of them.
+    pub fn update_u64(&self, off: u64, f: impl FnOnce(u64) -> u64) -> u64 {
+        let (ci, co) = ((off / CHUNK) as usize, (off % CHUNK) as usize);
+        let mut g = lock_w(&self.chunks[ci]);
+        let c = Arc::make_mut(g.get_or_insert_with(|| Arc::new(vec![0u8; CHUNK as usize])));
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&c[co..co + 8]);
+        let old = u64::from_le_bytes(w);
+        c[co..co + 8].copy_from_slice(&f(old).to_le_bytes());
+        old
+    }
+
     /// Zeroes `[off, off+len)`, dropping whole chunks.
     pub fn discard(&self, off: u64, len: u64) {
         let mut at = off;

@@ -159,6 +159,7 @@ impl Brick {
             conns: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             brick_id,
+            names: Default::default(),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()

@@ -8,6 +8,7 @@
 //! possession"). Each failure has its own status, and the connection is closed.
 
 use crate::data::{data_op, with_segment, Attached};
+use crate::onesided::{self, Atomic};
 use crate::pool::{Gate, ShareError};
 use crate::reply::{err, ok, Reply};
 use crate::state::Shared;
@@ -50,6 +51,26 @@ pub(crate) fn handle(shared: &Shared, session: &mut Session, req: Request) -> Re
         Request::Stats => ok(shared.stats().encode()),
         Request::Alloc { size_bytes, secret } => alloc(shared, session, size_bytes, &secret),
         Request::Attach { grant: g, proof } => attach(shared, session, &g, &proof),
+        Request::Open {
+            name,
+            size_bytes,
+            secret,
+        } => onesided::open(shared, session, &name, size_bytes, &secret),
+        Request::Put { offset, data } => onesided::put(shared, session.attached.as_ref(), offset, &data),
+        Request::Get { offset, len } => onesided::get(shared, session.attached.as_ref(), offset, len, Vec::new()),
+        Request::FetchAdd { offset, value } => {
+            onesided::atomic(shared, session.attached.as_ref(), offset, Atomic::FetchAdd(value))
+        }
+        Request::CompareSwap {
+            offset,
+            expected,
+            desired,
+        } => onesided::atomic(
+            shared,
+            session.attached.as_ref(),
+            offset,
+            Atomic::CompareSwap { expected, desired },
+        ),
         Request::Share => share(shared, session.attached.as_ref(), session.passes_fds),
         Request::Detach => match session.attached.take() {
             Some(a) => {

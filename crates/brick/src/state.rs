@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) spin_us: u64,
     /// Connection caps, deadlines, authentication failures.
     pub(crate) guard: Guard,
+    /// Named segments (OPEN).
+    pub(crate) names: crate::onesided::Names,
 }
 
 /// A handle on an open connection, to shut it down when the brick stops.

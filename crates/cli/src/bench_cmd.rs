@@ -39,6 +39,28 @@ pub struct BenchArgs {
 
 #[derive(Subcommand)]
 enum Which {
+    /// One-sided put/get (include/rackmem.h) from 8 B to 64 MiB on shared memory, a Unix socket
+    /// and TCP: the inline path, the bulk path and the calibrated engine, beside a local memcpy
+    /// and Open MPI's MPI_Put/MPI_Get (passive target, two ranks), rounds interleaved; the
+    /// crossover and how far the engine stays from the better path.
+    Transfer {
+        /// Sizes in bytes (default 8 B to 64 MiB, ×8 apart).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<u64>,
+        /// Interleaved rounds per size (the median counts).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Link kinds.
+        #[arg(long, value_delimiter = ',', default_value = "shm,unix,tcp", value_parser = ["shm", "unix", "tcp"])]
+        links: Vec<String>,
+        /// Leave out the MPI peer (which needs mpicc and mpirun: scripts/programs.sh installs them).
+        #[arg(long)]
+        no_mpi: bool,
+        /// How long the engine's links poll for an answer before sleeping, µs (as
+        /// RACKMEM_PUTGET_SPIN_US does for rackmem_put/rackmem_get; default 0, as theirs).
+        #[arg(long, default_value_t = 0)]
+        link_spin_us: u64,
+    },
     /// The floors: userfaultfd fault from local memory (blocking and busy-polling handler) and
     /// 4 KiB / 64 KiB request-response on each transport.
     Floors {
@@ -280,6 +302,25 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
     let (bench_dir, tmp) = (bench_dir.to_path_buf(), tmp.to_path_buf());
     Ok(match which {
         Which::Floors { samples } => floors::run(samples)?,
+        Which::Transfer {
+            sizes,
+            rounds,
+            links,
+            no_mpi,
+            link_spin_us,
+        } => rackmem_bench::transfer::run(&rackmem_bench::transfer::TransferConfig {
+            sizes: if sizes.is_empty() {
+                rackmem_bench::transfer::DEFAULT_SIZES.to_vec()
+            } else {
+                sizes
+            },
+            rounds,
+            links,
+            mpi: !no_mpi,
+            bench_dir,
+            tmp,
+            link_spin: std::time::Duration::from_micros(link_spin_us),
+        })?,
         Which::Emulate {
             settings,
             samples,

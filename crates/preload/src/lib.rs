@@ -22,7 +22,8 @@
 //! This crate is the C ABI boundary: every `unsafe` block is in it, each with its reason. This
 //! file holds start-up, the re-entrancy guard and the global allocator; the interposers are in
 //! `malloc` (the malloc family, with jemalloc's extended API), `mapping` (the mmap family) and
-//! `fork` (the `pthread_atfork` hooks), the functions of `include/rackmem.h` in `api`, the
+//! `fork` (the `pthread_atfork` hooks), the functions of `include/rackmem.h` in `api` (and the
+//! one-sided segments, put/get and atomics in `putget`), the
 //! lookup of the program's allocator in `family`, and the small-block heap in `heap`.
 
 // The interposed symbols are the C library's own (malloc(3), mmap(2), ...): their contract is POSIX's.
@@ -41,6 +42,7 @@ mod fork;
 mod heap;
 mod malloc;
 mod mapping;
+mod putget;
 use family::{libc_calloc, libc_free, libc_malloc, libc_memalign, libc_realloc};
 use fork::{atfork_child, atfork_parent, atfork_prepare};
 

@@ -20,6 +20,8 @@ pub const PAGE_SIZE: u32 = 4096;
 pub const FLAG_RESPONSE: u16 = 0x8000;
 /// Largest shared secret in an ALLOC.
 pub const MAX_SECRET: usize = 1024;
+/// Longest segment name in an OPEN.
+pub const MAX_NAME: usize = 255;
 /// Largest error message in a response.
 pub const MAX_MESSAGE: usize = 1024;
 /// Length of the per-connection nonce a brick returns at HELLO.
@@ -63,6 +65,31 @@ pub enum Opcode {
     /// that writes the mapping later, the owner Linux charges the pages to; for a pool segment
     /// it does nothing (the pool allocates at the first write). Same layout as DISCARD.
     Populate = 13,
+    /// Standalone mode: open the segment registered under a name, carving it first (of
+    /// `offset` bytes, rounded up to the brick's chunk) if no live segment has that name, and
+    /// attach the connection to it, presenting the brick's shared secret as ALLOC does.
+    /// `length` is the name's length; the payload is the name, then the secret. An `offset` of
+    /// 0 opens an existing segment only. The response is the segment's
+    /// [`SegmentGrant`](crate::SegmentGrant), as for ALLOC. A named segment lives while any
+    /// connection is attached to it.
+    Open = 14,
+    /// One-sided store: the payload's bytes go to byte `offset` of the attached segment (no
+    /// alignment required). The response is empty.
+    Put = 15,
+    /// One-sided load: `length` bytes (at most [`MAX_PAYLOAD`]) from byte `offset` of the
+    /// attached segment; the response carries them.
+    Get = 16,
+    /// Atomic fetch-and-add on the little-endian 8-byte word at `offset` (a multiple of 8) of
+    /// the attached segment, executed by the brick; the payload is the addend (u64), the
+    /// response the word's previous value (u64). Atomic with respect to every other
+    /// FETCH_ADD and COMPARE_SWAP, from any connection, and to atomic instructions of nodes
+    /// that map the segment (SHARE).
+    FetchAdd = 17,
+    /// Atomic compare-and-swap of the 8-byte word at `offset` (a multiple of 8): the payload is
+    /// the expected value then the desired one (two u64); the word becomes the desired value if
+    /// it held the expected one. The response is the word's previous value (u64), so the swap
+    /// happened iff it equals the expected value.
+    CompareSwap = 18,
 }
 
 impl Opcode {
@@ -83,15 +110,23 @@ impl Opcode {
             11 => Stats,
             12 => Share,
             13 => Populate,
+            14 => Open,
+            15 => Put,
+            16 => Get,
+            17 => FetchAdd,
+            18 => CompareSwap,
             _ => return None,
         })
     }
 
-    /// Whether a connection that has not authenticated yet (no successful ALLOC or ATTACH) may
-    /// send this opcode: the handshake (HELLO, ALLOC, ATTACH) and PING. A brick refuses any
-    /// other opcode before authentication, without reading its payload.
+    /// Whether a connection that has not authenticated yet (no successful ALLOC, OPEN or
+    /// ATTACH) may send this opcode: the handshake (HELLO, ALLOC, OPEN, ATTACH) and PING. A
+    /// brick refuses any other opcode before authentication, without reading its payload.
     pub fn allowed_before_auth(self) -> bool {
-        matches!(self, Opcode::Hello | Opcode::Alloc | Opcode::Attach | Opcode::Ping)
+        matches!(
+            self,
+            Opcode::Hello | Opcode::Alloc | Opcode::Open | Opcode::Attach | Opcode::Ping
+        )
     }
 
     /// The largest request payload this opcode can carry, so a receiver can refuse a header
@@ -108,6 +143,11 @@ impl Opcode {
             Write => MAX_PAYLOAD,
             Discard | Populate => 8,
             Copy => 24,
+            Open => (MAX_NAME + MAX_SECRET) as u32,
+            Put => MAX_PAYLOAD,
+            Get => 0,
+            FetchAdd => 8,
+            CompareSwap => 16,
         }
     }
 }

@@ -35,8 +35,10 @@ pub use grant::{
 };
 pub use header::{
     DecodeError, Header, Opcode, Status, FLAG_RESPONSE, HEADER_LEN, KEY_LEN, MAGIC, MAX_EXTENTS, MAX_EXTENT_LIST,
-    MAX_MESSAGE, MAX_PAYLOAD, MAX_SECRET, NONCE_LEN, PAGE_SIZE, VERSION,
+    MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, MAX_SECRET, NONCE_LEN, PAGE_SIZE, VERSION,
 };
 pub use report::{LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_PROGRAM_LEN};
-pub use request::{decode_request_frame, decode_write, encode_write_head, extents_bytes, Extent, Request};
+pub use request::{
+    decode_request_frame, decode_write, encode_put_head, encode_write_head, extents_bytes, Extent, Request,
+};
 pub use response::{decode_response_frame, encode_response};

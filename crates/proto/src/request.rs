@@ -2,7 +2,9 @@
 //! payload decoding, the zero-copy WRITE helpers, and whole request frames decoded from byte slices.
 
 use crate::bytes::{array_at, exact, u32_at, u64_at};
-use crate::{DecodeError, Grant, Header, Opcode, HEADER_LEN, KEY_LEN, MAX_EXTENTS, MAX_SECRET, PAGE_SIZE};
+use crate::{
+    DecodeError, Grant, Header, Opcode, HEADER_LEN, KEY_LEN, MAX_EXTENTS, MAX_NAME, MAX_PAYLOAD, MAX_SECRET, PAGE_SIZE,
+};
 
 /// One run of pages: offset within the segment, length in bytes.
 pub type Extent = (u64, u32);
@@ -67,6 +69,45 @@ pub enum Request {
         offset: u64,
         /// Length.
         len: u64,
+    },
+    /// OPEN of the named segment (created of `size_bytes` if absent and `size_bytes > 0`).
+    Open {
+        /// Segment name (1 to [`MAX_NAME`] bytes).
+        name: Vec<u8>,
+        /// Size to create with; 0 opens an existing segment only.
+        size_bytes: u64,
+        /// Shared secret.
+        secret: Vec<u8>,
+    },
+    /// PUT of `data` at byte `offset`.
+    Put {
+        /// Byte offset in the segment.
+        offset: u64,
+        /// Bytes to store.
+        data: Vec<u8>,
+    },
+    /// GET of `len` bytes at byte `offset`.
+    Get {
+        /// Byte offset in the segment.
+        offset: u64,
+        /// Bytes to load (at most [`MAX_PAYLOAD`]).
+        len: u32,
+    },
+    /// FETCH_ADD of `value` to the word at `offset`.
+    FetchAdd {
+        /// Byte offset of the word (a multiple of 8).
+        offset: u64,
+        /// Addend (wrapping).
+        value: u64,
+    },
+    /// COMPARE_SWAP of the word at `offset`.
+    CompareSwap {
+        /// Byte offset of the word (a multiple of 8).
+        offset: u64,
+        /// Value the word must hold.
+        expected: u64,
+        /// Value it then takes.
+        desired: u64,
     },
 }
 
@@ -138,6 +179,11 @@ impl Request {
             Request::Stats => Opcode::Stats,
             Request::Share => Opcode::Share,
             Request::Populate { .. } => Opcode::Populate,
+            Request::Open { .. } => Opcode::Open,
+            Request::Put { .. } => Opcode::Put,
+            Request::Get { .. } => Opcode::Get,
+            Request::FetchAdd { .. } => Opcode::FetchAdd,
+            Request::CompareSwap { .. } => Opcode::CompareSwap,
         }
     }
 
@@ -150,8 +196,14 @@ impl Request {
             frame.extend_from_slice(data);
             return frame;
         }
+        if let Request::Put { offset, data } = self {
+            let mut frame = encode_put_head(tag, *offset, data.len());
+            frame.extend_from_slice(data);
+            return frame;
+        }
         let mut payload = Vec::new();
         let mut offset = 0;
+        let mut length = 0;
         match self {
             Request::Hello | Request::Clone | Request::Detach | Request::Ping | Request::Stats | Request::Share => {}
             Request::Alloc { size_bytes, secret } => {
@@ -174,6 +226,35 @@ impl Request {
                     payload.extend_from_slice(&v.to_le_bytes());
                 }
             }
+            Request::Open {
+                name,
+                size_bytes,
+                secret,
+            } => {
+                offset = *size_bytes;
+                length = name.len() as u32;
+                payload.extend_from_slice(name);
+                payload.extend_from_slice(secret);
+            }
+            // Encoded above, without the intermediate payload.
+            Request::Put { .. } => {}
+            Request::Get { offset: o, len } => {
+                offset = *o;
+                length = *len;
+            }
+            Request::FetchAdd { offset: o, value } => {
+                offset = *o;
+                payload.extend_from_slice(&value.to_le_bytes());
+            }
+            Request::CompareSwap {
+                offset: o,
+                expected,
+                desired,
+            } => {
+                offset = *o;
+                payload.extend_from_slice(&expected.to_le_bytes());
+                payload.extend_from_slice(&desired.to_le_bytes());
+            }
         }
         let h = Header {
             opcode: self.opcode(),
@@ -181,7 +262,7 @@ impl Request {
             tag,
             status: 0,
             offset,
-            length: 0,
+            length,
             payload_len: payload.len() as u32,
         };
         let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
@@ -265,8 +346,74 @@ impl Request {
                     len: u64_at(p, 16),
                 })
             }
+            Opcode::Open => {
+                let name_len = h.length as usize;
+                if name_len == 0 || name_len > MAX_NAME {
+                    return Err(DecodeError::Invalid("segment name must be 1 to 255 bytes"));
+                }
+                if p.len() < name_len {
+                    return Err(DecodeError::Truncated {
+                        need: name_len,
+                        have: p.len(),
+                    });
+                }
+                if p.len() - name_len > MAX_SECRET {
+                    return Err(DecodeError::Invalid("secret too long"));
+                }
+                Ok(Request::Open {
+                    name: p[..name_len].to_vec(),
+                    size_bytes: h.offset,
+                    secret: p[name_len..].to_vec(),
+                })
+            }
+            Opcode::Put => Ok(Request::Put {
+                offset: h.offset,
+                data: p.to_vec(),
+            }),
+            Opcode::Get => {
+                exact(p, 0)?;
+                if h.length > MAX_PAYLOAD {
+                    return Err(DecodeError::TooLong(h.length));
+                }
+                Ok(Request::Get {
+                    offset: h.offset,
+                    len: h.length,
+                })
+            }
+            Opcode::FetchAdd => {
+                exact(p, 8)?;
+                Ok(Request::FetchAdd {
+                    offset: h.offset,
+                    value: u64_at(p, 0),
+                })
+            }
+            Opcode::CompareSwap => {
+                exact(p, 16)?;
+                Ok(Request::CompareSwap {
+                    offset: h.offset,
+                    expected: u64_at(p, 0),
+                    desired: u64_at(p, 8),
+                })
+            }
         }
     }
+}
+
+/// Encodes the header of a PUT frame of `data_len` bytes at byte `offset`, whose data the caller
+/// sends right after (so the bytes are never copied into a frame buffer). `data_len` must be at
+/// most [`MAX_PAYLOAD`].
+pub fn encode_put_head(tag: u32, offset: u64, data_len: usize) -> Vec<u8> {
+    Header {
+        opcode: Opcode::Put,
+        flags: 0,
+        tag,
+        status: 0,
+        offset,
+        length: 0,
+        payload_len: data_len as u32,
+    }
+    .encode()
+    .to_vec()
 }
 
 /// Encodes the header and extent list of a WRITE frame whose `data_len` bytes of data the caller
@@ -340,6 +487,25 @@ mod tests {
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Discard { offset, len }),
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Populate { offset, len }),
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(src, dst, len)| Request::Copy { src, dst, len }),
+            (
+                proptest::collection::vec(any::<u8>(), 1..=MAX_NAME),
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 0..64)
+            )
+                .prop_map(|(name, size_bytes, secret)| Request::Open {
+                    name,
+                    size_bytes,
+                    secret
+                }),
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..300))
+                .prop_map(|(offset, data)| Request::Put { offset, data }),
+            (any::<u64>(), 0..=MAX_PAYLOAD).prop_map(|(offset, len)| Request::Get { offset, len }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, value)| Request::FetchAdd { offset, value }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(offset, expected, desired)| Request::CompareSwap {
+                offset,
+                expected,
+                desired
+            }),
         ]
     }
 
@@ -361,7 +527,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_with_valid_header(op in 0u8..16, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn decode_never_panics_with_valid_header(op in 0u8..24, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut b = Header { opcode: Opcode::Ping, flags: 0, tag: 1, status: 0, offset: 4096, length: 0, payload_len: payload.len() as u32 }.encode().to_vec();
             b[5] = op;
             b.extend_from_slice(&payload);
@@ -384,6 +550,53 @@ mod tests {
             let cut = cut.index(frame.len());
             prop_assert!(decode_request_frame(&frame[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn one_sided_requests_are_validated() {
+        let get = |len: u32| Header {
+            opcode: Opcode::Get,
+            flags: 0,
+            tag: 1,
+            status: 0,
+            offset: 3,
+            length: len,
+            payload_len: 0,
+        };
+        assert_eq!(
+            Request::decode(&get(MAX_PAYLOAD + 1), &[]),
+            Err(DecodeError::TooLong(MAX_PAYLOAD + 1))
+        );
+        assert_eq!(Request::decode(&get(5), &[]), Ok(Request::Get { offset: 3, len: 5 }));
+        let open = |name_len: u32, payload: &[u8]| {
+            let h = Header {
+                opcode: Opcode::Open,
+                payload_len: payload.len() as u32,
+                length: name_len,
+                ..get(0)
+            };
+            Request::decode(&h, payload)
+        };
+        assert!(matches!(open(0, b"secret"), Err(DecodeError::Invalid(_))));
+        assert!(matches!(open(300, &[1u8; 300]), Err(DecodeError::Invalid(_))));
+        assert!(matches!(open(9, b"short"), Err(DecodeError::Truncated { .. })));
+        assert_eq!(
+            open(4, b"nameSECRET"),
+            Ok(Request::Open {
+                name: b"name".to_vec(),
+                size_bytes: 3,
+                secret: b"SECRET".to_vec()
+            })
+        );
+        let fa = Header {
+            opcode: Opcode::FetchAdd,
+            payload_len: 7,
+            ..get(0)
+        };
+        assert!(matches!(
+            Request::decode(&fa, &[0u8; 7]),
+            Err(DecodeError::PayloadSize { want: 8, have: 7 })
+        ));
     }
 
     #[test]

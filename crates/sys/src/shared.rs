@@ -170,6 +170,45 @@ impl SharedMemory {
         self.addr + offset
     }
 
+    /// The 8-byte word at `offset`, which must be a multiple of 8 inside the mapping, as an
+    /// atomic: every process that maps the file and uses atomic instructions on the word (the
+    /// brick serving FETCH_ADD for a TCP node, a node on this host doing it in its own mapping)
+    /// sees one order of updates, because they are the same physical memory.
+    ///
+    /// # Panics
+    /// If the word is misaligned or outside the mapping (a caller bug, not an input error).
+    fn word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        self.check_range(offset, 8, "atomic");
+        assert!(offset % 8 == 0, "atomic word at {offset:#x} is not 8-byte aligned");
+        // SAFETY: the word lies inside this live mapping (checked above) and is 8-byte aligned
+        // (the mapping is page aligned, the offset a multiple of 8), so it is a valid
+        // AtomicU64 for as long as `&self` lives (the file is sealed against shrinking). Its
+        // bytes are only ever reached from this process through atomic operations or the
+        // word-atomic copies of `read`/`write`, never through a non-atomic Rust reference.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr((self.addr + offset) as *mut u64) }
+    }
+
+    /// Atomically adds `value` (wrapping) to the little-endian word at `offset` (a multiple of
+    /// 8) and returns its previous value; sequentially consistent.
+    ///
+    /// # Panics
+    /// If the word is misaligned or outside the mapping (a caller bug, not an input error).
+    pub fn fetch_add_u64(&self, offset: usize, value: u64) -> u64 {
+        self.word(offset).fetch_add(value, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Atomically replaces the word at `offset` (a multiple of 8) by `desired` if it holds
+    /// `expected`; returns its previous value (equal to `expected` iff it was replaced).
+    ///
+    /// # Panics
+    /// If the word is misaligned or outside the mapping (a caller bug, not an input error).
+    pub fn compare_swap_u64(&self, offset: usize, expected: u64, desired: u64) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        match self.word(offset).compare_exchange(expected, desired, SeqCst, SeqCst) {
+            Ok(v) | Err(v) => v,
+        }
+    }
+
     /// Whether the bytes at `offset` equal `data`, read as [`read`](Self::read) does, a chunk
     /// at a time: it stops at the first chunk that differs.
     ///
@@ -327,6 +366,36 @@ mod tests {
     use crate::fdpass::{recv_with_fds, send_with_fd};
     use std::io::Write;
     use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn atomics_on_two_mappings_of_one_file_never_lose_an_update() {
+        let brick = SharedMemory::create("rackmem-test-atomics", PAGE_SIZE).expect("memfd");
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        send_with_fd(a.as_fd(), b"x", brick.fd()).expect("send");
+        let mut buf = [0u8; 8];
+        let mut fds = Vec::new();
+        recv_with_fds(b.as_fd(), &mut buf, &mut fds).expect("recv");
+        let node = SharedMemory::open(fds.remove(0), PAGE_SIZE).expect("map");
+        std::thread::scope(|s| {
+            for m in [&brick, &node] {
+                s.spawn(move || {
+                    for _ in 0..100_000 {
+                        m.fetch_add_u64(8, 3);
+                    }
+                });
+            }
+        });
+        assert_eq!(brick.fetch_add_u64(8, 0), 600_000);
+        assert_eq!(
+            node.compare_swap_u64(8, 1, 2),
+            600_000,
+            "a failed swap returns the value"
+        );
+        assert_eq!(node.compare_swap_u64(8, 600_000, 7), 600_000);
+        let mut w = [0u8; 8];
+        brick.read(8, &mut w);
+        assert_eq!(u64::from_le_bytes(w), 7);
+    }
 
     #[test]
     fn a_segment_handed_over_a_socket_is_the_same_memory() {

@@ -35,6 +35,7 @@ mod emulate;
 mod error;
 mod limits;
 mod link;
+mod onesided;
 mod pages;
 mod reader;
 mod requests;

@@ -1,0 +1,307 @@
+//! The one-sided functions of `include/rackmem.h` (`rackmem_seg_alloc` … `rackmem_quiet`, the
+//! atomics): the C boundary over `rackmem-putget`. Raw pointers become slices here, under the
+//! contract the header states; errors become -1 (or NULL, or `UINT64_MAX` for the atomics) and
+//! `errno`.
+//!
+//! The engine is configured by the same environment as the window (`RACKMEM_BRICKS`,
+//! `RACKMEM_SECRET`, `RACKMEM_TIMEOUT_MS`, `RACKMEM_SHARED_MEMORY`, `RACKMEM_TLS_CA`) plus
+//! `RACKMEM_TRANSFER_THRESHOLD`, read at the first call: under `rackmem run`, or in a program
+//! linked with `-lrackmem` whose environment names a brick. It does not need the window's
+//! runtime to be up.
+
+use crate::{set_errno, Inside};
+use libc::{c_char, c_int, c_void, size_t};
+use rackmem_putget::{keep_alive_loop, Engine, EngineConfig, Pending, PutGetError, Segment, Sharing, Threshold};
+use rackmem_runtime::config::{Config, ShareChoice};
+use rackmem_runtime::CallGuard;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// The process's engine, or why there is none (printed once, then `errno` on every call).
+static ENGINE: OnceLock<Result<Arc<Engine>, (c_int, String)>> = OnceLock::new();
+
+/// Set in a child of `fork()`: its parent's segments are reached over the parent's connections,
+/// which the child shares, so any use of them (or a close: `shutdown(2)` would cut the
+/// parent's) would corrupt the parent's traffic. The child's calls fail instead (EBADF on a
+/// segment, ENOTSUP to make one); a child that execs starts afresh.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked_child() {
+    FORKED.store(true, Ordering::Release);
+    // This thread's transfers in flight are the parent's: forget them, never wait on them (an
+    // exiting thread completes its transfers, which here would read the parent's answers).
+    let _ = PENDING.try_with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            std::mem::forget(std::mem::take(&mut *p));
+        }
+    });
+}
+
+thread_local! {
+    /// This thread's non-blocking transfers, completed by `rackmem_quiet`.
+    static PENDING: RefCell<Pending> = RefCell::new(Pending::default());
+}
+
+fn build() -> Result<Arc<Engine>, (c_int, String)> {
+    let fail = |e: PutGetError| (e.errno(), e.to_string());
+    let cfg = Config::from_env()
+        .map_err(|e| (libc::EINVAL, format!("bad configuration: {e}")))?
+        .ok_or_else(|| fail(PutGetError::NotConfigured))?;
+    let threshold = match std::env::var("RACKMEM_TRANSFER_THRESHOLD") {
+        Ok(v) => v
+            .parse::<Threshold>()
+            .map_err(|e| (libc::EINVAL, format!("RACKMEM_TRANSFER_THRESHOLD: {e}")))?,
+        Err(_) => Threshold::Calibrate,
+    };
+    let engine = Arc::new(Engine::new(EngineConfig {
+        bricks: cfg.bricks.clone(),
+        secret: cfg.secret.clone(),
+        timeout: cfg.timeout,
+        sharing: match cfg.shared_memory {
+            ShareChoice::Never => Sharing::Never,
+            ShareChoice::Auto => Sharing::Auto,
+            ShareChoice::Always => Sharing::Always,
+        },
+        tls: cfg.tls.clone(),
+        threshold,
+        link_spin: std::time::Duration::from_micros(
+            std::env::var("RACKMEM_PUTGET_SPIN_US")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+        ),
+    }));
+    if cfg.bricks.is_empty() {
+        return Err(fail(PutGetError::NotConfigured));
+    }
+    // SAFETY: registers a plain `extern "C" fn()` with static lifetime as a fork child hook.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    if rc != 0 {
+        return Err((rc, "pthread_atfork failed: fork() could not be made safe".into()));
+    }
+    // A brick closes a connection idle for its idle timeout, which would free a segment the
+    // program holds without using: one thread pings idle links.
+    let e = engine.clone();
+    if let Err(err) = std::thread::Builder::new()
+        .name("rackmem-putget".into())
+        .spawn(move || keep_alive_loop(&e))
+    {
+        return Err((libc::EAGAIN, format!("cannot start the keep-alive thread: {err}")));
+    }
+    Ok(engine)
+}
+
+fn engine() -> Result<Arc<Engine>, c_int> {
+    if FORKED.load(Ordering::Acquire) {
+        return Err(libc::ENOTSUP);
+    }
+    match ENGINE.get_or_init(|| {
+        let r = build();
+        if let Err((_, why)) = &r {
+            eprintln!("rackmem: one-sided segments unavailable: {why}");
+        }
+        r
+    }) {
+        Ok(e) => Ok(e.clone()),
+        Err((errno, _)) => Err(*errno),
+    }
+}
+
+fn segment(seg: *mut c_void) -> Result<Arc<Segment>, c_int> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(libc::EBADF);
+    }
+    engine()?.segment(seg as u64).map_err(|e| e.errno())
+}
+
+/// Runs `f` as one API call (fork waits for it; what it allocates stays local); `Err(errno)`
+/// sets errno and yields `fail`.
+fn call<T>(fail: T, f: impl FnOnce() -> Result<T, c_int>) -> T {
+    let _call = CallGuard::enter();
+    let _inside = Inside::enter();
+    match f() {
+        Ok(v) => v,
+        Err(e) => {
+            set_errno(e);
+            fail
+        }
+    }
+}
+
+fn verbose() -> bool {
+    std::env::var("RACKMEM_VERBOSE").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+fn handle(e: &Engine, h: u64) -> *mut c_void {
+    if verbose() {
+        if let Ok(s) = e.segment(h) {
+            let p = s.plan();
+            eprintln!(
+                "rackmem: segment {h} on {}: {} bytes, {}, bulk from {} bytes (put) and {} (get) ({}, {:?})",
+                s.brick(),
+                s.size(),
+                if s.is_mapped() { "mapped" } else { "over the link" },
+                p.put_threshold_bytes,
+                p.get_threshold_bytes,
+                if p.pinned { "pinned" } else { "measured" },
+                p.probe_time
+            );
+        }
+    }
+    h as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn rackmem_seg_alloc(bytes: size_t) -> *mut c_void {
+    call(std::ptr::null_mut(), || {
+        let e = engine()?;
+        let h = e.alloc(bytes as u64).map_err(|e| e.errno())?;
+        Ok(handle(&e, h))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rackmem_seg_open(name: *const c_char, bytes: size_t) -> *mut c_void {
+    call(std::ptr::null_mut(), || {
+        if name.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a NUL-terminated string (the header's contract).
+        let name = unsafe { std::ffi::CStr::from_ptr(name) };
+        let e = engine()?;
+        let h = e.open(name.to_bytes(), bytes as u64).map_err(|e| e.errno())?;
+        Ok(handle(&e, h))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn rackmem_seg_free(seg: *mut c_void) {
+    if seg.is_null() {
+        return;
+    }
+    call((), || {
+        if FORKED.load(Ordering::Relaxed) {
+            return Err(libc::EBADF);
+        }
+        let e = engine()?;
+        if let Ok(s) = e.segment(seg as u64) {
+            // This thread's transfers on it finish first: their buffers are the caller's.
+            PENDING.with(|p| p.borrow_mut().quiet_segment(&s));
+        }
+        e.free(seg as u64).map_err(|e| e.errno())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn rackmem_seg_size(seg: *mut c_void) -> size_t {
+    call(0, || Ok(segment(seg)?.size() as size_t))
+}
+
+/// `len` bytes at `p` as a slice; EINVAL for a NULL pointer with a length.
+///
+/// # Safety
+/// `p` must point to `len` readable bytes that stay valid for `'a`.
+unsafe fn bytes<'a>(p: *const c_void, len: size_t) -> Result<&'a [u8], c_int> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract: `len` readable bytes at `p`, valid for 'a.
+    Ok(unsafe { std::slice::from_raw_parts(p as *const u8, len) })
+}
+
+/// `len` writable bytes at `p` as a slice; EINVAL for a NULL pointer with a length.
+///
+/// # Safety
+/// `p` must point to `len` writable bytes that stay valid, and that nothing else reads or
+/// writes, for `'a`.
+unsafe fn bytes_mut<'a>(p: *mut c_void, len: size_t) -> Result<&'a mut [u8], c_int> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract: `len` writable bytes at `p`, exclusively ours for 'a.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rackmem_put(seg: *mut c_void, offset: u64, src: *const c_void, len: size_t) -> c_int {
+    call(-1, || {
+        let s = segment(seg)?;
+        // SAFETY: the header's contract: `len` readable bytes at `src` for the call.
+        let data = unsafe { bytes(src, len) }?;
+        s.put(offset, data).map_err(|e| e.errno())?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rackmem_get(seg: *mut c_void, offset: u64, dst: *mut c_void, len: size_t) -> c_int {
+    call(-1, || {
+        let s = segment(seg)?;
+        // SAFETY: the header's contract: `len` writable bytes at `dst` for the call.
+        let out = unsafe { bytes_mut(dst, len) }?;
+        s.get(offset, out).map_err(|e| e.errno())?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rackmem_put_nbi(seg: *mut c_void, offset: u64, src: *const c_void, len: size_t) -> c_int {
+    call(-1, || {
+        let s = segment(seg)?;
+        // SAFETY: as rackmem_put: the bytes are sent before this returns.
+        let data = unsafe { bytes(src, len) }?;
+        PENDING
+            .with(|p| p.borrow_mut().put(&s, offset, data))
+            .map_err(|e| e.errno())?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rackmem_get_nbi(seg: *mut c_void, offset: u64, dst: *mut c_void, len: size_t) -> c_int {
+    call(-1, || {
+        let s = segment(seg)?;
+        // SAFETY: the header's contract for rackmem_get_nbi: `dst` stays valid, and the program
+        // neither reads nor writes it, until this thread's next rackmem_quiet returns (or the
+        // thread exits, which completes its transfers).
+        let out: &'static mut [u8] = unsafe { bytes_mut(dst, len) }?;
+        PENDING
+            .with(|p| p.borrow_mut().get(&s, offset, out))
+            .map_err(|e| e.errno())?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn rackmem_quiet() -> c_int {
+    call(-1, || {
+        if FORKED.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        PENDING.with(|p| p.borrow_mut().quiet()).map_err(|e| e.errno())?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn rackmem_atomic_fetch_add(seg: *mut c_void, offset: u64, value: u64) -> u64 {
+    call(u64::MAX, || {
+        segment(seg)?.fetch_add(offset, value).map_err(|e| e.errno())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn rackmem_atomic_compare_swap(seg: *mut c_void, offset: u64, expected: u64, desired: u64) -> u64 {
+    call(u64::MAX, || {
+        segment(seg)?
+            .compare_swap(offset, expected, desired)
+            .map_err(|e| e.errno())
+    })
+}

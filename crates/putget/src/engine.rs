@@ -1,0 +1,255 @@
+//! The process's one-sided segments: allocation and naming on the configured bricks, handles
+//! that stay invalid once freed, the plan of each link (measured once per brick and kind of
+//! link, then cached), and the keep-alive that stops a brick from closing, and so freeing, a
+//! segment that a program holds without using for a while.
+
+use crate::error::PutGetError;
+use crate::plan::{calibrate, Plan, Threshold, CALIBRATION_BYTES};
+use crate::segment::Segment;
+use rackmem_proto::MAX_NAME;
+use rackmem_transport::{BrickAddr, Link, TlsClient, KEEPALIVE_INTERVAL};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+/// Most segments one process holds at once (each has its own connection, and a brick serves a
+/// connection with a thread).
+pub const MAX_SEGMENTS: usize = 64;
+
+/// Whether segments of bricks on this host are mapped into the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Never: every transfer goes over the link.
+    Never,
+    /// Map segments of `unix:` bricks; keep the link if the brick cannot share.
+    Auto,
+    /// Map segments of `unix:` bricks, and fail if one cannot share.
+    Always,
+}
+
+/// What the engine needs: the bricks and how to reach them.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Bricks to allocate from, in turn.
+    pub bricks: Vec<BrickAddr>,
+    /// The bricks' shared secret (standalone bricks).
+    pub secret: Vec<u8>,
+    /// Longest wait for a brick's answer.
+    pub timeout: Duration,
+    /// Mapping of segments of bricks on this host.
+    pub sharing: Sharing,
+    /// CA for `tls://` bricks.
+    pub tls: Option<TlsClient>,
+    /// How the inline/bulk threshold is set.
+    pub threshold: Threshold,
+    /// How long a link polls for an answer before it sleeps (`RACKMEM_PUTGET_SPIN_US`, default
+    /// 0). Measured on a loaded 2-vCPU machine (`rackmem bench transfer --link-spin-us`, same
+    /// run): an 8-byte put over a Unix socket took 14 µs sleeping and 115 µs spinning 50 µs,
+    /// because the spinning waiter holds the CPU the brick's thread needs to answer.
+    pub link_spin: Duration,
+}
+
+/// The process's one-sided segments. `Send + Sync`: every call may come from any thread.
+pub struct Engine {
+    cfg: EngineConfig,
+    segments: RwLock<HashMap<u64, Arc<Segment>>>,
+    next_handle: AtomicU64,
+    next_brick: AtomicUsize,
+    /// Plans by (brick, mapped): measured once, under this lock.
+    plans: Mutex<HashMap<(String, bool), Arc<Plan>>>,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Engine {
+    /// An engine over `cfg`'s bricks; connects to nothing until a segment is asked for.
+    pub fn new(cfg: EngineConfig) -> Engine {
+        Engine {
+            cfg,
+            segments: RwLock::new(HashMap::new()),
+            // Handles are never reused, so a freed one stays invalid; never 0 (NULL in C).
+            next_handle: AtomicU64::new(1),
+            next_brick: AtomicUsize::new(0),
+            plans: Mutex::new(HashMap::new()),
+            stop: Arc::new((Mutex::new(false), Condvar::new())),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Allocates a segment of at least `bytes` (zero-filled) on the next brick in turn and
+    /// returns its handle.
+    pub fn alloc(&self, bytes: u64) -> Result<u64, PutGetError> {
+        if bytes == 0 {
+            return Err(PutGetError::Invalid("a segment of 0 bytes".into()));
+        }
+        self.add(|link| Ok(link.alloc_segment(&self.cfg.secret, bytes)?), None)
+    }
+
+    /// Opens the segment named `name` on the first brick, creating it with `bytes` if no live
+    /// segment has that name (`bytes == 0`: open only). Every process that opens the name gets
+    /// the same memory; it lives while one of them holds it.
+    pub fn open(&self, name: &[u8], bytes: u64) -> Result<u64, PutGetError> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(PutGetError::Invalid(format!(
+                "a segment name has 1 to {MAX_NAME} bytes, not {}",
+                name.len()
+            )));
+        }
+        // A name lives on one brick: always the first, so every process finds it there.
+        self.add(|link| Ok(link.open_segment(&self.cfg.secret, name, bytes)?), Some(0))
+    }
+
+    fn add(
+        &self,
+        carve: impl FnOnce(&Link) -> Result<rackmem_proto::SegmentGrant, PutGetError>,
+        brick: Option<usize>,
+    ) -> Result<u64, PutGetError> {
+        if self.cfg.bricks.is_empty() {
+            return Err(PutGetError::NotConfigured);
+        }
+        let held = self.segments.read().unwrap_or_else(|e| e.into_inner()).len();
+        if held >= MAX_SEGMENTS {
+            return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
+        }
+        let i = brick.unwrap_or_else(|| self.next_brick.fetch_add(1, Ordering::Relaxed)) % self.cfg.bricks.len();
+        let seg = Arc::new(self.segment_on(i, carve)?);
+        let plan = self.plan_for(i, seg.is_mapped())?;
+        let _ = seg.plan.set(plan);
+        let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+        // Checked again where it counts: other threads may have added segments meanwhile.
+        // Refused here, the new segment's connection closes and the brick frees it.
+        if segments.len() >= MAX_SEGMENTS {
+            return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
+        }
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        segments.insert(handle, seg);
+        Ok(handle)
+    }
+
+    /// A new link to brick `i`, a segment for it (`carve`), and its mapping where the brick is
+    /// on this host and sharing is wanted.
+    fn segment_on(
+        &self,
+        i: usize,
+        carve: impl FnOnce(&Link) -> Result<rackmem_proto::SegmentGrant, PutGetError>,
+    ) -> Result<Segment, PutGetError> {
+        let addr = &self.cfg.bricks[i];
+        let link = Link::connect_with(addr, self.cfg.timeout, self.cfg.tls.as_ref())?;
+        link.set_receive_spin(self.cfg.link_spin);
+        let grant = carve(&link)?;
+        let mapping = match (self.cfg.sharing, addr) {
+            (Sharing::Never, _) | (_, BrickAddr::Tcp(_) | BrickAddr::Tls(_)) => None,
+            (Sharing::Auto, BrickAddr::Unix(_)) => link.share().ok(),
+            (Sharing::Always, BrickAddr::Unix(_)) => Some(link.share()?),
+        };
+        Ok(Segment {
+            link,
+            grant,
+            mapping,
+            plan: OnceLock::new(),
+        })
+    }
+
+    /// The plan of brick `i`'s links (mapped or not): pinned, cached, or measured now on a
+    /// scratch segment of the brick (allocated for it and freed after: measuring PUT writes,
+    /// and the program's own segment may be a named one others use).
+    fn plan_for(&self, i: usize, mapped: bool) -> Result<Arc<Plan>, PutGetError> {
+        if let Threshold::Pinned(t) = self.cfg.threshold {
+            return Ok(Arc::new(Plan::pinned(t)));
+        }
+        let key = (self.cfg.bricks[i].to_string(), mapped);
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = plans.get(&key) {
+            return Ok(p.clone());
+        }
+        // No scratch segment (a full brick), or one the brick shares when it did not share the
+        // program's (or the other way round): the default plan, rather than no segment or a
+        // measurement of the wrong link. Kept, so the brick is not asked again.
+        let p = match self.segment_on(i, |l| Ok(l.alloc_segment(&self.cfg.secret, CALIBRATION_BYTES)?)) {
+            Ok(scratch) if scratch.is_mapped() == mapped => Arc::new(calibrate(&scratch).unwrap_or_default()),
+            _ => Arc::new(Plan::default()),
+        };
+        plans.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// The plans measured so far, by brick and whether its segments are mapped.
+    pub fn plans(&self) -> Vec<(String, bool, Arc<Plan>)> {
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.iter().map(|((b, m), p)| (b.clone(), *m, p.clone())).collect()
+    }
+
+    /// The live segment `handle`.
+    pub fn segment(&self, handle: u64) -> Result<Arc<Segment>, PutGetError> {
+        self.segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&handle)
+            .cloned()
+            .ok_or(PutGetError::BadHandle(handle))
+    }
+
+    /// Frees segment `handle`: later uses of the handle fail with
+    /// [`PutGetError::BadHandle`]; the brick frees the memory once no process holds it (at
+    /// once for an unnamed segment). Transfers of other threads still in flight on it fail.
+    pub fn free(&self, handle: u64) -> Result<(), PutGetError> {
+        let seg = self
+            .segments
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle)
+            .ok_or(PutGetError::BadHandle(handle))?;
+        // Dropping the last reference closes the connection, which detaches as well; a DETACH
+        // first tells the brick at once, even while another thread still holds the segment.
+        let r = seg.link.detach();
+        drop(seg);
+        r.map_err(PutGetError::from)
+    }
+
+    /// Pings every segment's link that has sent nothing for [`KEEPALIVE_INTERVAL`]: a brick
+    /// closes a connection silent for its idle timeout (10 min by default), and closing a
+    /// segment's only connection frees the segment. The owner calls this periodically (see
+    /// [`keep_alive_loop`]).
+    pub fn keep_alive(&self) {
+        let segs: Vec<Arc<Segment>> = self
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for s in segs {
+            let _ = s.link.keep_alive(KEEPALIVE_INTERVAL);
+        }
+    }
+
+    /// Asks [`keep_alive_loop`] to return.
+    pub fn stop(&self) {
+        let (m, cv) = &*self.stop;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+/// Runs [`Engine::keep_alive`] every few seconds until [`Engine::stop`]; the owner runs it on a
+/// thread of its own (the C API starts one at the first segment).
+pub fn keep_alive_loop(engine: &Engine) {
+    let (m, cv) = &*engine.stop;
+    let mut stopped = m.lock().unwrap_or_else(|e| e.into_inner());
+    while !*stopped {
+        stopped = cv
+            .wait_timeout(stopped, KEEPALIVE_INTERVAL / 4)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        if *stopped {
+            break;
+        }
+        drop(stopped);
+        engine.keep_alive();
+        stopped = m.lock().unwrap_or_else(|e| e.into_inner());
+    }
+}

@@ -1,0 +1,66 @@
+//! What can go wrong with a one-sided operation, and the `errno` each case reads as in C.
+
+use rackmem_proto::Status;
+use rackmem_transport::LinkError;
+
+/// Errors of one-sided operations.
+#[derive(Debug, thiserror::Error)]
+pub enum PutGetError {
+    /// No brick to allocate from: neither `RACKMEM_BRICKS` nor a brick list was given (segments
+    /// from a node agent's control plane are not supported yet).
+    #[error("no brick configured for one-sided segments: set RACKMEM_BRICKS (rackmem run does)")]
+    NotConfigured,
+    /// The handle names no live segment of this process (never allocated, or freed).
+    #[error("segment handle {0:#x} is not a live segment of this process (freed?)")]
+    BadHandle(u64),
+    /// The byte range is not inside the segment.
+    #[error("{offset:#x}+{len:#x} is outside the segment of {size:#x} bytes")]
+    OutOfRange {
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// The segment's size.
+        size: u64,
+    },
+    /// An atomic's word is not 8-byte aligned.
+    #[error("atomic word at {0:#x} is not 8-byte aligned")]
+    Misaligned(u64),
+    /// A size or name the caller gave cannot be used.
+    #[error("{0}")]
+    Invalid(String),
+    /// This process holds [`MAX_SEGMENTS`](crate::MAX_SEGMENTS) segments already.
+    #[error("{0} segments are open in this process already; free some first")]
+    TooManySegments(usize),
+    /// The brick refused or the link failed.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
+impl PutGetError {
+    /// The `errno` a C caller sees: `EINVAL` for bad offsets, lengths, alignment and names,
+    /// `EBADF` for a freed or unknown segment, `ENOMEM` when the brick has no space, `ENOENT`
+    /// for a name no live segment has, `EEXIST` for a named segment smaller than asked,
+    /// `EACCES` for a wrong secret, `EMFILE` for too many segments, `ENODEV` when no brick is
+    /// configured, `EIO` when the brick is lost or fails.
+    pub fn errno(&self) -> i32 {
+        match self {
+            PutGetError::NotConfigured => libc::ENODEV,
+            PutGetError::BadHandle(_) => libc::EBADF,
+            PutGetError::OutOfRange { .. } | PutGetError::Misaligned(_) | PutGetError::Invalid(_) => libc::EINVAL,
+            PutGetError::TooManySegments(_) => libc::EMFILE,
+            PutGetError::Link(LinkError::Refused { status, .. }) => match status {
+                Status::OutOfRange | Status::BadRequest => libc::EINVAL,
+                Status::NoSpace => libc::ENOMEM,
+                Status::NoSegment => libc::ENOENT,
+                Status::Conflict => libc::EEXIST,
+                Status::Denied | Status::Forbidden => libc::EACCES,
+                Status::NotAttached => libc::EBADF,
+                Status::Busy => libc::EAGAIN,
+                _ => libc::EIO,
+            },
+            PutGetError::Link(LinkError::Invalid { .. } | LinkError::BadAddress(_)) => libc::EINVAL,
+            PutGetError::Link(_) => libc::EIO,
+        }
+    }
+}
