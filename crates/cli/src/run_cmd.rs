@@ -5,6 +5,7 @@ use crate::values::parse_size_arg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rackmem_brick::{Brick, BrickConfig, ListenAddr};
+use rackmem_runtime::config::env;
 use rackmem_runtime::policy::Eviction;
 use rackmem_runtime::size::{format_size, Budget};
 use rackmem_runtime::stats::StatsSnapshot;
@@ -264,50 +265,50 @@ pub fn run(args: RunArgs) -> Result<i32> {
     };
     cmd.env("LD_PRELOAD", ld_preload)
         .env(
-            "RACKMEM_BRICKS",
+            env::BRICKS,
             bricks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
         )
-        .env("RACKMEM_SECRET", &secret)
-        .env("RACKMEM_AGENT", args.agent.as_deref().unwrap_or(Path::new("")))
-        .env("RACKMEM_LOCAL", args.local.to_string().replace(' ', ""))
-        .env("RACKMEM_THRESHOLD", args.threshold.to_string())
+        .env(env::SECRET, &secret)
+        .env(env::AGENT, args.agent.as_deref().unwrap_or(Path::new("")))
+        .env(env::LOCAL, args.local.to_string().replace(' ', ""))
+        .env(env::THRESHOLD, args.threshold.to_string())
         // Notices such as "this program outruns its link" come once per run, not per child.
-        .env("RACKMEM_NOTICE_DIR", &tmp);
+        .env(env::NOTICE_DIR, &tmp);
     if let Some(ca) = &args.tls_ca {
         // Absolute: the program may change directory before it connects (fork, exec).
         cmd.env("RACKMEM_TLS_CA", std::path::absolute(ca).unwrap_or_else(|_| ca.clone()));
     }
     if let Budget::Bytes(b) = args.local {
-        cmd.env("RACKMEM_LOCAL", b.to_string());
+        cmd.env(env::LOCAL, b.to_string());
     }
     if let Some(w) = args.window {
-        cmd.env("RACKMEM_WINDOW", w.to_string());
+        cmd.env(env::WINDOW, w.to_string());
     }
     if let Some(h) = &args.handler {
-        cmd.env("RACKMEM_HANDLER", h);
+        cmd.env(env::HANDLER, h);
     }
     if let Some(n) = args.handlers {
-        cmd.env("RACKMEM_HANDLERS", n.to_string());
+        cmd.env(env::HANDLERS, n.to_string());
     }
     if let Some(p) = args.prefetch {
-        cmd.env("RACKMEM_PREFETCH", p.to_string());
+        cmd.env(env::PREFETCH, p.to_string());
     }
     if let Some(e) = args.eviction {
-        cmd.env("RACKMEM_EVICTION", e.name());
+        cmd.env(env::EVICTION, e.name());
     }
     if let Some(spec) = &args.emulate {
         cmd.env(rackmem_transport::EMULATE_ENV, &spec.0.name);
-        cmd.env("RACKMEM_SHARED_MEMORY", "0");
+        cmd.env(env::SHARED_MEMORY, "0");
     } else if args.shared_memory {
-        cmd.env("RACKMEM_SHARED_MEMORY", "1");
+        cmd.env(env::SHARED_MEMORY, "1");
     } else if args.no_shared_memory {
-        cmd.env("RACKMEM_SHARED_MEMORY", "0");
+        cmd.env(env::SHARED_MEMORY, "0");
     }
     if let Some(f) = &stats_file {
-        cmd.env("RACKMEM_STATS_FILE", f);
+        cmd.env(env::STATS_FILE, f);
     }
     if args.verbose {
-        cmd.env("RACKMEM_VERBOSE", "1");
+        cmd.env(env::VERBOSE, "1");
         eprintln!(
             "rackmem: running {:?} with local buffer {} on {}",
             args.command,

@@ -8,6 +8,51 @@ use crate::size::{parse_size, Budget, SizeError};
 use rackmem_transport::{BrickAddr, TlsClient};
 use std::time::Duration;
 
+/// The environment variables the runtime reads, named once for the runtime and for `rackmem run`,
+/// which sets them for the program (documented in `docs/architecture.md`).
+pub mod env {
+    /// comma-separated brick addresses to carve segments from.
+    pub const BRICKS: &str = "RACKMEM_BRICKS";
+    /// the bricks' shared secret.
+    pub const SECRET: &str = "RACKMEM_SECRET";
+    /// the node agent's socket: memory comes from the control plane through it.
+    pub const AGENT: &str = "RACKMEM_AGENT";
+    /// the local buffer's budget (bytes, or a percentage of the peak footprint).
+    pub const LOCAL: &str = "RACKMEM_LOCAL";
+    /// allocations of at least this size go to the window.
+    pub const THRESHOLD: &str = "RACKMEM_THRESHOLD";
+    /// the window's size.
+    pub const WINDOW: &str = "RACKMEM_WINDOW";
+    /// how the fault handler waits (auto, blocking, busy-poll, hybrid[:US]).
+    pub const HANDLER: &str = "RACKMEM_HANDLER";
+    /// fault handler threads.
+    pub const HANDLERS: &str = "RACKMEM_HANDLERS";
+    /// most pages fetched per fault on a sequential stream.
+    pub const PREFETCH: &str = "RACKMEM_PREFETCH";
+    /// one read-ahead page in this many is left remote as a probe.
+    pub const READAHEAD_SAMPLE: &str = "RACKMEM_READAHEAD_SAMPLE";
+    /// how long a brick may take to answer.
+    pub const TIMEOUT_MS: &str = "RACKMEM_TIMEOUT_MS";
+    /// how long a fault may wait before the watchdog reports it.
+    pub const WATCHDOG_MS: &str = "RACKMEM_WATCHDOG_MS";
+    /// idle time after which a link is pinged.
+    pub const KEEPALIVE_MS: &str = "RACKMEM_KEEPALIVE_MS";
+    /// where statistics are appended at exit.
+    pub const STATS_FILE: &str = "RACKMEM_STATS_FILE";
+    /// say what the runtime does.
+    pub const VERBOSE: &str = "RACKMEM_VERBOSE";
+    /// the step in which agent memory grows.
+    pub const GROW: &str = "RACKMEM_GROW";
+    /// how long a link polls for a response before sleeping.
+    pub const LINK_SPIN_US: &str = "RACKMEM_LINK_SPIN_US";
+    /// map same-host segments (1), never (0), or decide (unset).
+    pub const SHARED_MEMORY: &str = "RACKMEM_SHARED_MEMORY";
+    /// where once-per-run notices are recorded, so children do not repeat them.
+    pub const NOTICE_DIR: &str = "RACKMEM_NOTICE_DIR";
+    /// the eviction policy.
+    pub const EVICTION: &str = "RACKMEM_EVICTION";
+}
+
 /// How the fault handler waits for page faults.
 ///
 /// Measured on 2-vCPU KVM guests: waking a sleeping handler on the other vCPU costs ~30 µs per
@@ -45,8 +90,8 @@ impl std::str::FromStr for HandlerMode {
                 Some(us) => us
                     .parse()
                     .map(|spin_us| HandlerMode::Hybrid { spin_us })
-                    .map_err(|_| ConfigError::Invalid("RACKMEM_HANDLER", s.to_string())),
-                None => Err(ConfigError::Invalid("RACKMEM_HANDLER", s.to_string())),
+                    .map_err(|_| ConfigError::Invalid(env::HANDLER, s.to_string())),
+                None => Err(ConfigError::Invalid(env::HANDLER, s.to_string())),
             },
         }
     }
@@ -204,8 +249,8 @@ impl Config {
     /// Reads the configuration; `Ok(None)` when neither `RACKMEM_BRICKS` nor `RACKMEM_AGENT` is
     /// set (the runtime stays off and every allocation goes to the C library).
     pub fn from_env() -> Result<Option<Config>, ConfigError> {
-        let agent = var("RACKMEM_AGENT");
-        let bricks = match (var("RACKMEM_BRICKS"), &agent) {
+        let agent = var(env::AGENT);
+        let bricks = match (var(env::BRICKS), &agent) {
             (Some(b), _) => b,
             (None, Some(_)) => String::new(),
             (None, None) => return Ok(None),
@@ -229,41 +274,41 @@ impl Config {
         };
         Ok(Some(Config {
             bricks,
-            secret: var("RACKMEM_SECRET").unwrap_or_default().into_bytes(),
-            budget: match var("RACKMEM_LOCAL") {
-                Some(v) => v.parse().map_err(|e| ConfigError::Size("RACKMEM_LOCAL", e))?,
+            secret: var(env::SECRET).unwrap_or_default().into_bytes(),
+            budget: match var(env::LOCAL) {
+                Some(v) => v.parse().map_err(|e| ConfigError::Size(env::LOCAL, e))?,
                 None => Budget::Percent(50.0),
             },
-            threshold_bytes: size("RACKMEM_THRESHOLD", 1 << 20)?.max(1),
-            window_bytes: var("RACKMEM_WINDOW")
-                .map(|v| parse_size(&v).map_err(|e| ConfigError::Size("RACKMEM_WINDOW", e)))
+            threshold_bytes: size(env::THRESHOLD, 1 << 20)?.max(1),
+            window_bytes: var(env::WINDOW)
+                .map(|v| parse_size(&v).map_err(|e| ConfigError::Size(env::WINDOW, e)))
                 .transpose()?,
-            handler: var("RACKMEM_HANDLER").map_or(Ok(default_handler(crate::sys::allowed_cpus())), |v| v.parse())?,
-            handlers: (num("RACKMEM_HANDLERS", default_handlers() as u64)? as usize).clamp(1, MAX_HANDLERS),
-            handlers_explicit: var("RACKMEM_HANDLERS").is_some(),
-            prefetch_pages: num("RACKMEM_PREFETCH", 128)? as usize,
-            readahead_sample: num("RACKMEM_READAHEAD_SAMPLE", 256)?.min(u64::from(u32::MAX)) as u32,
-            timeout: Duration::from_millis(num("RACKMEM_TIMEOUT_MS", 10_000)?),
-            watchdog: Duration::from_millis(num("RACKMEM_WATCHDOG_MS", 2_000)?),
+            handler: var(env::HANDLER).map_or(Ok(default_handler(crate::sys::allowed_cpus())), |v| v.parse())?,
+            handlers: (num(env::HANDLERS, default_handlers() as u64)? as usize).clamp(1, MAX_HANDLERS),
+            handlers_explicit: var(env::HANDLERS).is_some(),
+            prefetch_pages: num(env::PREFETCH, 128)? as usize,
+            readahead_sample: num(env::READAHEAD_SAMPLE, 256)?.min(u64::from(u32::MAX)) as u32,
+            timeout: Duration::from_millis(num(env::TIMEOUT_MS, 10_000)?),
+            watchdog: Duration::from_millis(num(env::WATCHDOG_MS, 2_000)?),
             keepalive: Duration::from_millis(num(
-                "RACKMEM_KEEPALIVE_MS",
+                env::KEEPALIVE_MS,
                 rackmem_transport::KEEPALIVE_INTERVAL.as_millis() as u64,
             )?),
-            stats_file: var("RACKMEM_STATS_FILE"),
-            verbose: var("RACKMEM_VERBOSE").is_some_and(|v| v != "0"),
-            grow_bytes: size("RACKMEM_GROW", 256 << 20)?.max(2 << 20),
-            link_spin: Duration::from_micros(num("RACKMEM_LINK_SPIN_US", 50)?),
-            shared_memory: match var("RACKMEM_SHARED_MEMORY").as_deref().map(str::trim) {
+            stats_file: var(env::STATS_FILE),
+            verbose: var(env::VERBOSE).is_some_and(|v| v != "0"),
+            grow_bytes: size(env::GROW, 256 << 20)?.max(2 << 20),
+            link_spin: Duration::from_micros(num(env::LINK_SPIN_US, 50)?),
+            shared_memory: match var(env::SHARED_MEMORY).as_deref().map(str::trim) {
                 // An emulated network is emulated on the link: mapping the segment would skip it.
                 _ if var(rackmem_transport::EMULATE_ENV).is_some_and(|v| !v.trim().is_empty()) => ShareChoice::Never,
                 None | Some("auto") => ShareChoice::Auto,
                 Some("0") | Some("off") | Some("no") => ShareChoice::Never,
                 Some("1") | Some("on") | Some("yes") => ShareChoice::Always,
-                Some(v) => return Err(ConfigError::Invalid("RACKMEM_SHARED_MEMORY", v.to_string())),
+                Some(v) => return Err(ConfigError::Invalid(env::SHARED_MEMORY, v.to_string())),
             },
-            notice_dir: var("RACKMEM_NOTICE_DIR"),
+            notice_dir: var(env::NOTICE_DIR),
             tls: TlsClient::from_env().transpose().map_err(ConfigError::Tls)?,
-            eviction: var("RACKMEM_EVICTION").map_or(Ok(Eviction::default()), |v| v.parse())?,
+            eviction: var(env::EVICTION).map_or(Ok(Eviction::default()), |v| v.parse())?,
             agent,
         }))
     }
