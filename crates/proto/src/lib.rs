@@ -17,7 +17,8 @@
 //! - `grant`: [`rights`], signed [`Grant`]s, session keys and ATTACH proofs, [`SegmentGrant`].
 //! - `request`: [`Extent`] lists, [`Request`] encoding and decoding, zero-copy WRITE, request frames.
 //! - `response`: response frames, [`encode_response`] and [`decode_response_frame`].
-//! - `report`: [`ProcessReport`], what a program's runtime reports to its node agent while it runs.
+//! - `report`: the node agent's requests ([`AgentRequest`]) and [`ProcessReport`], what a program's
+//!   runtime reports to its agent while it runs.
 //! - `bytes` (private): the little-endian field readers and length check the decoders share.
 
 mod brick;
@@ -37,7 +38,7 @@ pub use header::{
     DecodeError, Header, Opcode, Status, FLAG_RESPONSE, HEADER_LEN, KEY_LEN, MAGIC, MAX_EXTENTS, MAX_EXTENT_LIST,
     MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, MAX_SECRET, NONCE_LEN, PAGE_SIZE, VERSION,
 };
-pub use report::{LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_PROGRAM_LEN};
+pub use report::{AgentRequest, LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_PROGRAM_LEN};
 pub use request::{
     decode_request_frame, decode_write, encode_put_head, encode_write_head, extents_bytes, Extent, Request,
 };

@@ -1,9 +1,11 @@
-//! What a running program's runtime reports to its node agent while it runs (the agent
-//! protocol's `report` request, a JSON line; `docs/control-plane.md`), and the agent passes on to
-//! the control plane: the figures a dashboard or `rackmem top` shows per process.
+//! The node agent's protocol as the runtime speaks it ([`AgentRequest`], one JSON object per
+//! line; `docs/control-plane.md`, "The agent and its processes"), and what a running program's
+//! runtime reports in it while it runs ([`ProcessReport`]), which the agent passes on to the
+//! control plane: the figures a dashboard or `rackmem top` shows per process.
 //!
-//! One definition for the three parties, so that a field renamed on one side cannot silently read
-//! as zero on another: the runtime serialises it, the agent and the control plane deserialise it.
+//! One definition for the parties, so that a field renamed on one side cannot silently read as
+//! zero on another: the runtime serialises these, the agent and the control plane deserialise
+//! them.
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +31,40 @@ pub const FAULT_LATENCY_BOUNDS_NS: [u64; 14] = [
 
 /// Longest program name a report carries (longer ones are cut on a character boundary).
 pub const MAX_PROGRAM_LEN: usize = 256;
+
+/// A request of a process to its node agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum AgentRequest {
+    /// First on every connection: who is asking (the agent trusts the kernel's pid, not this).
+    Hello {
+        /// The process's own idea of its pid (logged only).
+        #[serde(default)]
+        pid: u32,
+        /// The program (argv\[0\]).
+        #[serde(default)]
+        program: String,
+    },
+    /// An allocation of at least `bytes`.
+    Grow {
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// Return an allocation this connection holds.
+    Release {
+        /// Its id.
+        allocation: u64,
+    },
+    /// The current rate limit of each segment this connection holds.
+    Rates,
+    /// The process's figures now, about once a second.
+    Report(Box<ProcessReport>),
+}
+
+impl AgentRequest {
+    /// The `op` of every request, as the wire names it.
+    pub const OPS: [&'static str; 5] = ["hello", "grow", "release", "rates", "report"];
+}
 
 /// A histogram of fault service times: cumulative counts at [`FAULT_LATENCY_BOUNDS_NS`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -141,6 +177,23 @@ mod tests {
             miss_concurrency: 1.5,
             ..ProcessReport::default()
         }
+    }
+
+    #[test]
+    fn requests_have_the_wire_names_the_agent_documents() {
+        let grow = serde_json::to_value(AgentRequest::Grow { bytes: 7 }).unwrap();
+        assert_eq!(grow, serde_json::json!({"op": "grow", "bytes": 7}));
+        let rates = serde_json::to_value(AgentRequest::Rates).unwrap();
+        assert_eq!(rates, serde_json::json!({"op": "rates"}));
+        let r = AgentRequest::Report(Box::new(report()));
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["op"], "report");
+        assert_eq!(v["program"], "stream");
+        assert_eq!(serde_json::from_value::<AgentRequest>(v).unwrap(), r);
+        for op in AgentRequest::OPS {
+            assert!(serde_json::to_string(&AgentRequest::OPS).unwrap().contains(op));
+        }
+        assert!(serde_json::from_str::<AgentRequest>(r#"{"op":"grow","bytes":1,"x":2}"#).is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! The connection stays open for the life of the process: the agent returns every allocation
 //! of a connection that closes, so memory comes back even when the program is killed.
 
-use rackmem_proto::{Grant, KEY_LEN};
+use rackmem_proto::{AgentRequest, Grant, KEY_LEN};
 use serde::Deserialize;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -137,7 +137,10 @@ impl Agent {
         let program = std::env::args().next().unwrap_or_default();
         let rest = a.call(
             "hello",
-            serde_json::json!({"op": "hello", "pid": std::process::id(), "program": program}),
+            AgentRequest::Hello {
+                pid: std::process::id(),
+                program,
+            },
         )?;
         a.node = rest.get("node").and_then(|v| v.as_u64()).ok_or(AgentError::Malformed {
             op: "hello",
@@ -157,11 +160,7 @@ impl Agent {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).0.as_raw_fd()
     }
 
-    fn call(
-        &self,
-        op: &'static str,
-        req: serde_json::Value,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, AgentError> {
+    fn call(&self, op: &'static str, req: AgentRequest) -> Result<serde_json::Map<String, serde_json::Value>, AgentError> {
         let broken = |cause: String| AgentError::Unreachable {
             path: self.path.clone(),
             cause,
@@ -195,7 +194,7 @@ impl Agent {
 
     /// Asks for an allocation of at least `bytes`.
     pub fn grow(&self, bytes: u64) -> Result<AgentAllocation, AgentError> {
-        let rest = self.call("grow", serde_json::json!({"op": "grow", "bytes": bytes}))?;
+        let rest = self.call("grow", AgentRequest::Grow { bytes })?;
         serde_json::from_value(serde_json::Value::Object(rest)).map_err(|e| AgentError::Malformed {
             op: "grow",
             why: e.to_string(),
@@ -204,29 +203,18 @@ impl Agent {
 
     /// Returns an allocation.
     pub fn release(&self, allocation: u64) -> Result<(), AgentError> {
-        self.call(
-            "release",
-            serde_json::json!({"op": "release", "allocation": allocation}),
-        )
-        .map(|_| ())
+        self.call("release", AgentRequest::Release { allocation }).map(|_| ())
     }
 
     /// Reports the process's figures now (the agent keeps the latest for its metrics and the
     /// control plane).
-    pub fn report(&self, report: &rackmem_proto::ProcessReport) -> Result<(), AgentError> {
-        let mut req = serde_json::to_value(report).map_err(|e| AgentError::Malformed {
-            op: "report",
-            why: e.to_string(),
-        })?;
-        if let Some(o) = req.as_object_mut() {
-            o.insert("op".into(), "report".into());
-        }
-        self.call("report", req).map(|_| ())
+    pub fn report(&self, report: rackmem_proto::ProcessReport) -> Result<(), AgentError> {
+        self.call("report", AgentRequest::Report(Box::new(report))).map(|_| ())
     }
 
     /// The current rate limits of this node's segments.
     pub fn rates(&self) -> Result<Vec<AgentRate>, AgentError> {
-        let rest = self.call("rates", serde_json::json!({"op": "rates"}))?;
+        let rest = self.call("rates", AgentRequest::Rates)?;
         let v = rest.get("rates").cloned().unwrap_or(serde_json::Value::Array(vec![]));
         serde_json::from_value(v).map_err(|e| AgentError::Malformed {
             op: "rates",

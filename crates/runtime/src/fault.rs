@@ -59,6 +59,24 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
                 std::thread::yield_now();
                 tries += 1;
             }
+            Err(UffdError::Exists { .. }) if tries < 1000 => {
+                // A free slot holding a page: seen under heavy load with two handlers (a slot
+                // written after the write-back freed it; under investigation). Taking the
+                // victim for released, as below, lost its contents; the stray page belongs to
+                // no page of the window, so it goes and the move is made again.
+                if inner.stats.staging_conflicts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                    eprintln!(
+                        "rackmem: internal: staging slot {slot} held a page when it was free; \
+                         dropped it (counted as staging_conflicts in --stats)"
+                    );
+                }
+                // SAFETY: a free staging slot of this eviction (the runtime's own area, reached
+                // only through raw addresses while free).
+                if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(dst, PAGE_SIZE) } {
+                    inner.internal_error(&format!("freeing staging slot {slot}: {e}"));
+                }
+                tries += 1;
+            }
             Err(e) => {
                 if inner.cfg.verbose {
                     eprintln!("rackmem: UFFDIO_MOVE of window page {src:#x}: {e}");

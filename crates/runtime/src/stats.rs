@@ -258,6 +258,10 @@ pub struct Stats {
     /// Times the fault handler moved (`HandlerMode::Auto`): onto a faulting thread's CPU, or
     /// back to floating.
     pub handler_moves: AtomicU64,
+    /// Evictions that found their free staging slot holding a page (it must be empty): the page
+    /// was dropped and the move made again. Not zero means a bug under investigation (a slot
+    /// written after it was freed); the count keeps it visible.
+    pub staging_conflicts: AtomicU64,
     /// Handler-side fault service time (message read to page installed).
     pub fault_latency: Histogram,
     /// Pages fetched from bricks (re-fetches of pages evicted earlier) since the watchdog last
@@ -419,6 +423,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::handler_moves`].
     #[serde(default)]
     pub handler_moves: u64,
+    /// See [`Stats::staging_conflicts`].
+    #[serde(default)]
+    pub staging_conflicts: u64,
     /// Fault service time, median, ns.
     pub fault_p50_ns: u64,
     /// Fault service time, 90th percentile, ns.
@@ -527,6 +534,7 @@ impl Stats {
             events: g(&self.events),
             watchdog_reports: g(&self.watchdog_reports),
             handler_moves: g(&self.handler_moves),
+            staging_conflicts: g(&self.staging_conflicts),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),
             fault_p90_ns: self.fault_latency.quantile_ns(0.9),
             fault_p99_ns: self.fault_latency.quantile_ns(0.99),

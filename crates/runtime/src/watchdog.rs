@@ -36,7 +36,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 last_rates = Instant::now();
                 // The figures while it runs, for the agent's metrics and the dashboard. An agent
                 // too old to know `report` refuses it; the program goes on all the same.
-                let _ = agent.report(&crate::report::report(&inner));
+                let _ = agent.report(crate::report::report(&inner));
                 // Rate limits change as other allocations come and go: follow them.
                 if !inner.table.is_empty() {
                     if let Ok(rates) = agent.rates() {

@@ -3,7 +3,7 @@
 //! and writing one reply line, refusals included.
 
 use crate::client::ClientError;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -15,29 +15,11 @@ pub const MAX_LINE: usize = 64 << 10;
 /// does not read its replies must not hold a thread forever).
 pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The operations of the protocol.
-const OPS: [&str; 5] = ["hello", "grow", "release", "rates", "report"];
+/// A request of a process (one definition, shared with the runtime that sends it).
+pub(super) use rackmem_proto::AgentRequest as Request;
 
-/// A request of a process.
-#[derive(Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
-pub(super) enum Request {
-    Hello {
-        #[serde(default)]
-        pid: u32,
-        #[serde(default)]
-        program: String,
-    },
-    Grow {
-        bytes: u64,
-    },
-    Release {
-        allocation: u64,
-    },
-    Rates,
-    /// The process's figures now (`rackmem_proto::ProcessReport`), about once a second.
-    Report(Box<rackmem_proto::ProcessReport>),
-}
+/// The operations of the protocol.
+const OPS: [&str; 5] = Request::OPS;
 
 #[derive(Serialize)]
 struct ErrorBody<'a> {
