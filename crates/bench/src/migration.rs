@@ -84,7 +84,10 @@ pub fn run(cfg: &MigrationConfig) -> Result<Output, BenchError> {
         let step = |k: &str| num(&kv, &format!("umpm_bounce_{size}_{k}"));
         let parts = [step("setup"), step("allocate"), step("transfer"), step("finalize")];
         let total: f64 = parts.iter().sum();
-        let frac: Vec<f64> = parts.iter().map(|p| if total > 0.0 { p / total } else { 0.0 }).collect();
+        let frac: Vec<f64> = parts
+            .iter()
+            .map(|p| if total > 0.0 { p / total } else { 0.0 })
+            .collect();
         t.add_row(vec![
             name.to_string(),
             us(odpm),
@@ -128,7 +131,10 @@ pub fn run(cfg: &MigrationConfig) -> Result<Output, BenchError> {
     );
     Ok(Output {
         text,
-        svg: crate::chart::svg("Migration: on-demand ÷ user-managed time (higher: UMPM faster), beside seed 001", &bars),
+        svg: crate::chart::svg(
+            "Migration: on-demand ÷ user-managed time (higher: UMPM faster), beside seed 001",
+            &bars,
+        ),
         json: serde_json::json!({ "migration": rows, "rounds": cfg.rounds, "local_mib": LOCAL_MIB }),
     })
 }
