@@ -11,6 +11,10 @@
  *           "kill-target" and waits for a line on stdin (the test kills brick B meanwhile),
  *           then migrates the second half to B, which must fail with EIO while the writer goes
  *           on; prints "target-lost errno=EIO" and the checksums.
+ *   fork:   moves the buffer to B while the writer runs, stops the writer, forks: the child checks
+ *           the whole buffer against the model (it reads the clones of the segments, moved range
+ *           included) and rewrites it; the parent checks that its own copy did not change and
+ *           prints "fork ok" and the checksums.
  *   bad:    bad requests: an unknown brick (ENOENT), a range outside rackmem memory (EINVAL),
  *           an empty range (EINVAL), a pin larger than the local buffer allows (ENOSPC), and a
  *           move to brick B when B has no room left (ENOSPC); prints "bad-requests ok".
@@ -21,6 +25,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "../../include/rackmem.h"
 
@@ -158,6 +163,39 @@ int main(int argc, char **argv) {
         uint64_t p0 = passes;
         while (passes < p0 + 2) usleep(1000);
         finish(t);
+        return 0;
+    }
+    if (!strcmp(mode, "fork")) {
+        migrate_or_die(migrate, buf, len, b);
+        uint64_t p0 = passes;
+        while (passes < p0 + 1) usleep(1000);
+        atomic_store(&stop, 1);
+        pthread_join(t, 0);
+        pid_t child = fork();
+        if (child < 0) DIE("fork: %s", strerror(errno));
+        if (child == 0) {
+            for (size_t i = 0; i < words; i++) {
+                uint64_t want = i < at ? value(passes, i) : value(passes - 1, i);
+                if (buf[i] != want)
+                    DIE("DATA CORRUPTION in the child: word %zu (page %zu): %016llx, expected %016llx", i,
+                        i * 8 / 4096, (unsigned long long)buf[i], (unsigned long long)want);
+                buf[i] = ~want;
+            }
+            _exit(0);
+        }
+        int st;
+        if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            DIE("the child failed (status %d)", st);
+        /* The writer is stopped: the parent's copy must be as it left it. */
+        uint64_t h = 0, m = 0;
+        for (size_t i = 0; i < words; i++) {
+            uint64_t want = i < at ? value(passes, i) : value(passes - 1, i);
+            if (buf[i] != want) DIE("DATA CORRUPTION in the parent after the fork: word %zu", i);
+            h = fnv1a(&buf[i], 8, h);
+            m = fnv1a(&want, 8, m);
+        }
+        printf("fork ok\nchecksum %016llx model %016llx passes %llu\n", (unsigned long long)h, (unsigned long long)m,
+               (unsigned long long)passes);
         return 0;
     }
     DIE("unknown mode %s", mode);

@@ -149,6 +149,22 @@ fn bad_migration_requests_get_their_errno() {
 }
 
 #[test]
+fn a_forked_child_reads_a_migrated_range_from_the_clones() {
+    require_root();
+    let prog = program("migrate_rw");
+    let (_a, a) = start_brick("tcp://127.0.0.1:0", "1GiB", "m1gr");
+    let (_b, b) = start_brick("tcp://127.0.0.1:0", "1GiB", "m1gr");
+    let stats = build_dir().join(format!("stats-migrate-fork-{}.jsonl", unique()));
+    let c = run_cmd(&prog, "8MiB", &a, &b, &["fork", "32", &a, &b], &stats);
+    let o = run_with_deadline(c, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("fork ok"), "{}", show(&o));
+    let (have, want) = checksum_line(&out);
+    assert_eq!(have, want, "{out}");
+}
+
+#[test]
 fn without_rackmem_the_program_says_so() {
     let prog = program("migrate_rw");
     let o = native(&prog, &["moves", "1", "a", "b"]);
