@@ -34,8 +34,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Pages per transfer batch: bounds the bytes a migration holds in flight (1 MiB read, one
-/// batch written and unanswered).
+/// Pages per transfer batch: bounds the bytes a migration holds in flight (1 MiB).
 const BATCH_PAGES: usize = 256;
 /// Smallest segment carved on a brick for migrations (later migrations to the brick share it).
 const MIGRATION_SEGMENT_BYTES: u64 = 64 << 20;
@@ -340,7 +339,6 @@ impl Runtime {
         let dst = inner.segment(index);
         let mut bytes = 0u64;
         let mut buf = vec![0u8; BATCH_PAGES * PAGE_SIZE];
-        let mut pending: Option<rackmem_transport::Ticket<'_>> = None;
         for batch in pages.chunks(BATCH_PAGES) {
             // Read, grouped by source segment, merged where contiguous there.
             let mut at = 0usize;
@@ -380,34 +378,16 @@ impl Runtime {
                     _ => extents.push((off, PAGE_SIZE as u32)),
                 }
             }
-            // Over the link even to a mapped segment: the target brick, not this process, first
-            // touches its memory (see `Segment::write`). The write is sent now and its answer
-            // collected after the next batch is read: one write in flight, overlapping the read.
-            let sent = match pending.take() {
-                Some(t) => t.wait(&mut []),
-                None => Ok(()),
-            }
-            .and_then(|()| dst.writeback.submit_write(&extents, &buf[..at]));
-            match sent {
-                Ok(t) => pending = Some(t),
-                Err(e) => {
-                    let parked = inner.lock().abort_move(id);
-                    self.send_parked(parked);
-                    return Err(MigrateError::TargetLost {
-                        addr: target.to_string(),
-                        err: e.to_string(),
-                    });
-                }
+            // Fresh: the target brick, not this process, first touches its memory.
+            if let Err(e) = dst.write(&extents, &buf[..at], true) {
+                let parked = inner.lock().abort_move(id);
+                self.send_parked(parked);
+                return Err(MigrateError::TargetLost {
+                    addr: target.to_string(),
+                    err: e.to_string(),
+                });
             }
             bytes += at as u64;
-        }
-        if let Some(Err(e)) = pending.take().map(|t| t.wait(&mut [])) {
-            let parked = inner.lock().abort_move(id);
-            self.send_parked(parked);
-            return Err(MigrateError::TargetLost {
-                addr: target.to_string(),
-                err: e.to_string(),
-            });
         }
         let transfer_ns = t2.elapsed().as_nanos() as u64;
         // Finalize: the core and the segment table point the range at the target together.
