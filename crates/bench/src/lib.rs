@@ -39,6 +39,7 @@ pub mod floors;
 pub mod kvload;
 pub mod latency;
 pub mod loopback;
+pub mod migration;
 pub mod model;
 pub mod oom;
 pub mod output;

@@ -139,6 +139,14 @@ enum Which {
     /// The control plane over HTTP: allocation and release latency and throughput with 1,000
     /// bricks and 10,000 live allocations, on SQLite and on etcd, beside the GET /healthz floor.
     Control(ControlArgs),
+    /// Migration (seed 001's Tables I-III): buffers of 4 KiB to 32 MiB on a loopback brick moved
+    /// into the local buffer on demand (faults) and by `rackmem_migrate`, and to a second brick
+    /// bounced through the process, with the four step times; medians of interleaved rounds.
+    Migration {
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=25))]
+        rounds: u32,
+    },
     /// Sequential read+write scan: native, and under `rackmem run` (its defaults) with 25%, 50%, 100% local buffers.
     Scan {
         /// Footprint.
@@ -364,6 +372,12 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
             samples,
             mib,
             links: links(&l)?,
+            rackmem: current()?,
+            bench_dir,
+            tmp,
+        })?,
+        Which::Migration { rounds } => rackmem_bench::migration::run(&rackmem_bench::migration::MigrationConfig {
+            rounds,
             rackmem: current()?,
             bench_dir,
             tmp,

@@ -818,3 +818,37 @@ fn a_malformed_setup_or_a_missing_baseline_is_refused() {
         );
     }
 }
+
+#[test]
+fn migration_bench_moves_every_size_and_writes_json() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("migration.json");
+    let svg = dir.path().join("migration.svg");
+    let o = bench(&[
+        "migration",
+        "--rounds",
+        "1",
+        "--json",
+        j.to_str().expect("path"),
+        "--svg",
+        svg.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    let rows = v["migration"].as_array().expect("migration rows");
+    assert_eq!(rows.len(), 6, "{v}");
+    for r in rows {
+        for k in ["odpm_ns", "umpm_local_ns", "umpm_bounce_ns"] {
+            assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {r}");
+        }
+        // A bounce carries its pages: Transfer is measured.
+        assert!(
+            r["bounce_steps_ns"]["transfer"].as_f64().is_some_and(|x| x > 0.0),
+            "{r}"
+        );
+    }
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    assert!(chart.starts_with("<svg"), "{chart}");
+}

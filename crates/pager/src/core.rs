@@ -5,6 +5,7 @@
 //! and the program's threads. Nothing here makes a system call or waits: the callers do the I/O
 //! (moving pages, reading and writing bricks) between calls, with the lock dropped.
 
+use crate::placement::Placement;
 use crate::policy::EvictionPolicy;
 use crate::prefetch::Streams;
 use crate::probe::{ProbeCounts, Probes};
@@ -12,7 +13,51 @@ use crate::prot;
 use crate::regions::RegionAllocator;
 use crate::slots::{Slots, SpentRun};
 use crate::state::{Evicted, Location, PageState, PageTable};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Range;
+
+/// Moves in progress at once at most (each is one range; a request over several sources is
+/// split into one move per piece, run one after another).
+pub const MAX_MOVES: usize = 16;
+
+/// Why a move cannot begin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoveError {
+    /// The range is empty or reaches past the window.
+    #[error("window pages {first}..{end} are not a range of the window's {window} pages")]
+    Outside {
+        /// First page asked for.
+        first: u64,
+        /// End (exclusive) asked for.
+        end: u64,
+        /// Pages in the window.
+        window: u64,
+    },
+    /// Part of the range is moving already.
+    #[error("window pages {first}..{end} overlap move {other}, still in progress")]
+    Busy {
+        /// First page asked for.
+        first: u64,
+        /// End (exclusive) asked for.
+        end: u64,
+        /// The move in progress.
+        other: u64,
+    },
+    /// [`MAX_MOVES`] moves are in progress.
+    #[error("{MAX_MOVES} moves are in progress already")]
+    TooMany,
+}
+
+/// A range whose brick copy is moving to another memory (see [`Core::begin_move`]).
+#[derive(Debug)]
+struct Moving {
+    id: u64,
+    pages: Range<u64>,
+    /// Victims of this range whose write-back waits for the move's end, with their job.
+    parked: Vec<(u64, Victim)>,
+    /// The same, as (job, page), to look up.
+    parked_set: HashSet<(u64, u32)>,
+}
 
 /// A resident page chosen for eviction, with the slot it is moved to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +146,14 @@ pub struct Core {
     unreserved_room: bool,
     /// The sample of read-ahead pages left remote to measure read-ahead accuracy.
     probes: Probes,
+    /// Which memory holds each window range: home segments, pinned ranges.
+    placement: Placement,
+    /// Ranges moving between memories.
+    moves: Vec<Moving>,
+    next_move: u64,
+    /// Test-only planted bug: write-backs of a moving range are not parked (see
+    /// `plant_unparked_writeback`).
+    unparked_writeback: bool,
 }
 
 impl Core {
@@ -128,6 +181,10 @@ impl Core {
             reserved: 0,
             unreserved_room: false,
             probes: Probes::new(0),
+            placement: Placement::new(),
+            moves: Vec::new(),
+            next_move: 1,
+            unparked_writeback: false,
         }
     }
 
@@ -173,6 +230,185 @@ impl Core {
     #[doc(hidden)]
     pub fn plant_unreserved_room(&mut self) {
         self.unreserved_room = true;
+    }
+
+    /// Plants a bug for the simulation to catch: the write-back of a page whose range is moving
+    /// is not held until the move ends, so it writes the old home after the move copied it, and
+    /// the move's end loses the write.
+    #[doc(hidden)]
+    pub fn plant_unparked_writeback(&mut self) {
+        self.unparked_writeback = true;
+    }
+
+    /// Where each window range lives.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Where each window range lives, to change (homes are assigned by the runtime as segments
+    /// attach, and by [`Core::finish_move`]; pins go through [`Core::pin`]).
+    pub fn placement_mut(&mut self) -> &mut Placement {
+        &mut self.placement
+    }
+
+    /// Pins `[first, first+count)` in the local buffer: its resident pages are no victims until
+    /// unpinned or released. The caller faults the range in and keeps the pins within budget.
+    pub fn pin(&mut self, first: u64, count: u64) {
+        let end = (first + count).min(self.pages.len());
+        for p in first..end {
+            if !self.placement.pinned(p) && self.in_policy(p) {
+                self.policy.removed(p as u32);
+            }
+        }
+        self.placement.pin(first..end);
+    }
+
+    /// Unpins `[first, first+count)`: its resident pages are victims again.
+    pub fn unpin(&mut self, first: u64, count: u64) {
+        let end = (first + count).min(self.pages.len());
+        if !self.placement.any_pinned() {
+            return;
+        }
+        let was: Vec<u64> = (first..end).filter(|&p| self.placement.pinned(p)).collect();
+        self.placement.unpin(first..end);
+        for p in was {
+            if self.in_policy(p) {
+                self.policy.inserted(p as u32);
+            }
+        }
+    }
+
+    /// True if `page` is pinned in the local buffer.
+    pub fn is_pinned(&self, page: u64) -> bool {
+        self.placement.pinned(page)
+    }
+
+    /// True if a resident `page` belongs in the eviction policy (installed, movable), pins
+    /// aside.
+    fn in_policy(&self, page: u64) -> bool {
+        self.location(page) == Location::Resident && !self.is_in_flight(page) && self.movable(page)
+    }
+
+    /// Begins moving the brick copy of `pages` to another memory (seed 001's migration, its
+    /// Setup step). From now until [`Core::finish_move`] or [`Core::abort_move`], write-backs
+    /// of victims in the range are *parked* ([`Core::park`]) instead of sent, so the old home
+    /// changes only by write-backs already in flight, which [`Core::move_ready`] waits out.
+    /// Faults and the program's writes go on: a fault reads the old home, which holds what the
+    /// move copies; a write lands on a resident page, which leaves only by an eviction whose
+    /// write-back is parked, then sent to the new home.
+    pub fn begin_move(&mut self, pages: Range<u64>) -> Result<u64, MoveError> {
+        let window = self.pages.len();
+        if pages.is_empty() || pages.end > window {
+            return Err(MoveError::Outside {
+                first: pages.start,
+                end: pages.end,
+                window,
+            });
+        }
+        if let Some(m) = self
+            .moves
+            .iter()
+            .find(|m| m.pages.start < pages.end && pages.start < m.pages.end)
+        {
+            return Err(MoveError::Busy {
+                first: pages.start,
+                end: pages.end,
+                other: m.id,
+            });
+        }
+        if self.moves.len() >= MAX_MOVES {
+            return Err(MoveError::TooMany);
+        }
+        let id = self.next_move;
+        self.next_move += 1;
+        self.moves.push(Moving {
+            id,
+            pages,
+            parked: Vec::new(),
+            parked_set: HashSet::new(),
+        });
+        Ok(id)
+    }
+
+    /// True if `page` lies in a range moving now.
+    pub fn is_moving(&self, page: u64) -> bool {
+        !self.moves.is_empty() && self.moves.iter().any(|m| m.pages.contains(&page))
+    }
+
+    /// Moves in progress.
+    pub fn moves_in_progress(&self) -> usize {
+        self.moves.len()
+    }
+
+    fn move_index(&self, id: u64) -> usize {
+        match self.moves.iter().position(|m| m.id == id) {
+            Some(i) => i,
+            None => panic!("move {id} is not in progress"),
+        }
+    }
+
+    /// True once no write-back to the old home of move `id`'s range is in flight (every
+    /// evicting page of it is parked): what the old home holds now is what the move copies.
+    pub fn move_ready(&self, id: u64) -> bool {
+        let m = &self.moves[self.move_index(id)];
+        m.pages.clone().all(|p| {
+            self.location(p) != Location::Evicting
+                || self
+                    .evicting
+                    .get(&(p as u32))
+                    .is_some_and(|&job| m.parked_set.contains(&(job, p as u32)))
+        })
+    }
+
+    /// The pages of move `id` whose brick copy it must carry (brick-valid ones), once
+    /// [`Core::move_ready`]. No page becomes brick-valid during a move (its write-backs are
+    /// parked), so the list only grows stale by releases, whose pages read zeros anyway.
+    pub fn move_pages(&self, id: u64) -> Vec<u64> {
+        let m = &self.moves[self.move_index(id)];
+        m.pages.clone().filter(|&p| self.state(p).brick_valid()).collect()
+    }
+
+    /// The write-back of job `job` reached victim `v`, moved out and still the job's: if its
+    /// page is moving, the write-back is held until the move ends (true), and the victim is
+    /// handed back by [`Core::finish_move`].
+    pub fn park(&mut self, job: u64, v: &Victim) -> bool {
+        if self.moves.is_empty() || self.unparked_writeback {
+            return false;
+        }
+        let page = u64::from(v.page);
+        let Some(m) = self.moves.iter_mut().find(|m| m.pages.contains(&page)) else {
+            return false;
+        };
+        m.parked.push((job, *v));
+        m.parked_set.insert((job, v.page));
+        true
+    }
+
+    /// Move `id` ended: its range's home is now `segment` from its page `offset_page` on (the
+    /// Finalize step). Returns the parked write-backs, by job, for the caller to send (to the
+    /// new home).
+    pub fn finish_move(&mut self, id: u64, segment: u32, offset_page: u64) -> Vec<(u64, Vec<Victim>)> {
+        let m = self.moves.swap_remove(self.move_index(id));
+        self.placement.assign(m.pages.clone(), segment, offset_page);
+        Self::by_job(m.parked)
+    }
+
+    /// Move `id` failed (its target is lost or full): the range stays where it was. Returns
+    /// the parked write-backs, by job, for the caller to send (to the old home).
+    pub fn abort_move(&mut self, id: u64) -> Vec<(u64, Vec<Victim>)> {
+        let m = self.moves.swap_remove(self.move_index(id));
+        Self::by_job(m.parked)
+    }
+
+    fn by_job(parked: Vec<(u64, Victim)>) -> Vec<(u64, Vec<Victim>)> {
+        let mut jobs: Vec<(u64, Vec<Victim>)> = Vec::new();
+        for (job, v) in parked {
+            match jobs.iter_mut().find(|j| j.0 == job) {
+                Some(j) => j.1.push(v),
+                None => jobs.push((job, vec![v])),
+            }
+        }
+        jobs
     }
 
     /// Pages claimed by faults in flight and not installed yet.
@@ -395,7 +631,7 @@ impl Core {
                 (true, false) => self.uncommitted -= 1,
                 _ => {}
             }
-            if self.location(p) == Location::Resident && !self.is_in_flight(p) {
+            if self.location(p) == Location::Resident && !self.is_in_flight(p) && !self.placement.pinned(p) {
                 match (prot::evictable(old), prot::evictable(b)) {
                     (false, true) => self.policy.inserted(p as u32),
                     (true, false) => self.policy.removed(p as u32),
@@ -462,7 +698,7 @@ impl Core {
             return false;
         }
         self.claims.remove(&(page as u32));
-        if self.movable(page) {
+        if self.movable(page) && !self.placement.pinned(page) {
             self.policy.inserted(page as u32);
         }
         true
@@ -558,7 +794,7 @@ impl Core {
             let old = self.pages.release(p);
             match old.location() {
                 Location::Resident => {
-                    if self.claims.remove(&(p as u32)).is_none() {
+                    if self.claims.remove(&(p as u32)).is_none() && !self.placement.pinned(p) {
                         self.policy.removed(p as u32);
                     }
                     self.hashes.remove(&(p as u32));
@@ -580,6 +816,8 @@ impl Core {
         }
         if end > first {
             self.policy.released(first as u32, (end - first) as u32);
+            // A pin lasts until the program releases the memory.
+            self.placement.unpin(first..end);
         }
         self.epoch += 1;
         dropped
@@ -596,6 +834,11 @@ impl Core {
             self.reserved
         );
         assert!(self.unmoved.is_empty(), "fork with victims not moved out");
+        assert!(
+            self.moves.is_empty(),
+            "fork with {} moves in progress",
+            self.moves.len()
+        );
         let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
         c.pages = self.pages.forked();
         c.fills = self.fills.clone();
@@ -603,6 +846,10 @@ impl Core {
         c.blocks = self.blocks.clone();
         c.prot = self.prot.clone();
         c.uncommitted = self.uncommitted;
+        // The child's segments are clones of the parent's, in the same order; its pins are its
+        // own to make.
+        c.placement = self.placement.clone();
+        c.placement.unpin(0..self.pages.len());
         // The child measures its own read-ahead; the parent's probes stay the parent's.
         c.probes = Probes::new(self.probes.one_in());
         c
@@ -618,7 +865,7 @@ impl Core {
             match s.location() {
                 Location::Resident => {
                     resident += 1;
-                    if self.movable(p as u64) && !self.is_in_flight(p as u64) {
+                    if self.movable(p as u64) && !self.is_in_flight(p as u64) && !self.placement.pinned(p as u64) {
                         movable += 1;
                     }
                 }
@@ -680,6 +927,18 @@ impl Core {
         {
             return Err(format!("page {p} is resident while its eviction has not moved it out"));
         }
+        for m in &self.moves {
+            for (job, v) in &m.parked {
+                let page = u64::from(v.page);
+                if !m.pages.contains(&page) {
+                    return Err(format!("page {page} is parked by move {} of {:?}", m.id, m.pages));
+                }
+                if self.is_evicting_for(*job, v.page) && self.location(page) != Location::Evicting {
+                    return Err(format!("parked page {page} of job {job} is {:?}", self.state(page)));
+                }
+            }
+        }
+        self.placement.check()?;
         self.probes.check()?;
         for (p, partner) in self.probes.pending_pairs() {
             if self.location(p) != Location::Remote || self.is_filled(p) {
@@ -770,6 +1029,75 @@ mod tests {
         assert!(c.installed(b, 1));
         assert!(!c.is_in_flight(1));
         c.check().expect("consistent");
+    }
+
+    #[test]
+    fn a_moving_range_parks_its_write_backs_until_the_move_ends() {
+        let mut c = core(16);
+        c.placement_mut().assign(0..16, 0, 0);
+        for p in 0..4 {
+            c.claim(p);
+        }
+        // Page 1 goes to its brick before the move.
+        let mut v = Vec::new();
+        let early = c.choose_victims(2, 16, 0, &mut v).expect("victims");
+        c.moved_out(early);
+        let id = c.begin_move(0..4).expect("begins");
+        assert!(c.is_moving(2) && !c.is_moving(4));
+        assert_eq!(
+            c.begin_move(3..6),
+            Err(MoveError::Busy {
+                first: 3,
+                end: 6,
+                other: id
+            })
+        );
+        assert!(matches!(c.begin_move(15..17), Err(MoveError::Outside { .. })));
+        assert!(!c.move_ready(id), "pages 0 and 1 are being written to the old home");
+        // That write-back began before the move: it is not parked, and it ends.
+        for x in &v {
+            assert!(c.finish_eviction(early, x.page, Evicted::Written));
+        }
+        c.slots.put_free(v.iter().map(|x| x.slot));
+        assert!(c.move_ready(id));
+        assert_eq!(c.move_pages(id), [0, 1], "the brick-valid pages");
+        // An eviction during the move is parked at its write-back.
+        v.clear();
+        let during = c.choose_victims(1, 16, 0, &mut v).expect("victims");
+        c.moved_out(during);
+        let mut parked = v[0];
+        parked.moved = true;
+        assert_eq!(parked.page, 2);
+        assert!(c.park(during, &parked));
+        assert!(c.move_ready(id), "a parked write-back does not hold the move");
+        c.check().expect("consistent while moving");
+        let back = c.finish_move(id, 1, 40);
+        assert_eq!(back, [(during, vec![parked])]);
+        assert_eq!(c.placement().home(2), Some((1, 42, 4)));
+        assert_eq!(c.placement().home(4), Some((0, 4, 16)));
+        assert!(!c.is_moving(2));
+        c.check().expect("consistent after the move");
+    }
+
+    #[test]
+    fn pinned_pages_are_no_victims_until_unpinned_or_released() {
+        let mut c = core(8);
+        for p in 0..4 {
+            c.claim(p);
+        }
+        c.pin(0, 2);
+        c.check().expect("consistent with pins");
+        let mut v = Vec::new();
+        c.choose_victims(8, 8, 0, &mut v);
+        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [2, 3]);
+        c.unpin(1, 1);
+        assert!(c.is_pinned(0) && !c.is_pinned(1));
+        c.release(0, 1);
+        assert!(!c.is_pinned(0), "a release ends the pin");
+        c.check().expect("consistent");
+        v.clear();
+        c.choose_victims(8, 8, 0, &mut v);
+        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [1]);
     }
 
     #[test]

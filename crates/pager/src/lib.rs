@@ -19,6 +19,9 @@
 //! sequences with random interleavings, checking every page's contents after each step
 //! (`tests/simulation.rs`).
 //!
+//! Where each window range lives (its home segment, or pinned in the local buffer) is
+//! [`placement`], which migrations between memories change.
+//!
 //! Adding an eviction policy means implementing [`policy::EvictionPolicy`]; prefetch lives in
 //! [`prefetch`], and the sample that measures how much of what it fetches is used in [`probe`].
 //!
@@ -26,6 +29,7 @@
 
 pub mod core;
 pub mod fault;
+pub mod placement;
 pub mod policy;
 pub mod prefetch;
 pub mod probe;

@@ -10,6 +10,10 @@
 //! Only victims still evicting under their own job are examined and sent: a page released
 //! after it was staged has a stale staged copy, and whatever order jobs complete in, that copy
 //! must never overwrite what a later eviction of the page wrote.
+//!
+//! A victim whose range is moving to another memory is *parked*: left evicting in its slot,
+//! neither examined nor sent, until the move ends and hands it back ([`Core::finish_move`]) to
+//! be written to its new home. Its old home must not change under the move's copy.
 
 use crate::core::{Core, Victim};
 use crate::fault::lock;
@@ -42,6 +46,21 @@ pub trait Writer {
 /// Writes back eviction job `id` (see the module documentation). The caller wakes whoever
 /// waits for slots or pages afterwards.
 pub fn write_back<W: Writer>(core: &Mutex<Core>, w: &mut W, id: u64, victims: &[Victim]) {
+    let unparked: Vec<Victim>;
+    let victims: &[Victim] = {
+        let mut c = lock(core);
+        if c.moves_in_progress() == 0 {
+            victims
+        } else {
+            // Parked victims stay evicting in their slots; the rest of the job goes on.
+            unparked = victims
+                .iter()
+                .filter(|v| !(v.moved && c.is_evicting_for(id, v.page) && c.park(id, v)))
+                .copied()
+                .collect();
+            &unparked
+        }
+    };
     let mut how: Vec<Evicted> = {
         let c = lock(core);
         victims

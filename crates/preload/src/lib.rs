@@ -42,6 +42,7 @@ mod fork;
 mod heap;
 mod malloc;
 mod mapping;
+mod migrate;
 mod putget;
 use family::{libc_calloc, libc_free, libc_malloc, libc_memalign, libc_realloc};
 use fork::{atfork_child, atfork_parent, atfork_prepare};

@@ -160,7 +160,11 @@ impl Agent {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).0.as_raw_fd()
     }
 
-    fn call(&self, op: &'static str, req: AgentRequest) -> Result<serde_json::Map<String, serde_json::Value>, AgentError> {
+    fn call(
+        &self,
+        op: &'static str,
+        req: AgentRequest,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, AgentError> {
         let broken = |cause: String| AgentError::Unreachable {
             path: self.path.clone(),
             cause,

@@ -64,7 +64,12 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
                 // written after the write-back freed it; under investigation). Taking the
                 // victim for released, as below, lost its contents; the stray page belongs to
                 // no page of the window, so it goes and the move is made again.
-                if inner.stats.staging_conflicts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                if inner
+                    .stats
+                    .staging_conflicts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    == 0
+                {
                     eprintln!(
                         "rackmem: internal: staging slot {slot} held a page when it was free; \
                          dropped it (counted as staging_conflicts in --stats)"
@@ -226,11 +231,12 @@ impl Handler {
         // Victims are in page order: one segment lookup per segment, not per victim.
         let mut i = 0;
         while i < victims.len() {
-            let Some((index, _)) = inner.table.lookup(victims[i].page as u64) else {
+            let Some((index, first_off, seg_end)) = inner.table.lookup_run(victims[i].page as u64) else {
                 i += 1;
                 continue;
             };
-            let (first, seg_end) = inner.table.bounds(index).unwrap_or((0, 0));
+            // The segment page of window page `first` (the range may have moved there).
+            let first = (victims[i].page as u64).wrapping_sub(first_off / PAGE);
             let n = victims[i..]
                 .iter()
                 .take_while(|v| (v.page as u64) < seg_end)
@@ -256,7 +262,7 @@ impl Handler {
                 while j < in_seg.len() && !in_seg[j].brick_valid && in_seg[j].page == in_seg[j - 1].page + 1 {
                     j += 1;
                 }
-                let off = (in_seg[k].page as u64 - first) as usize * PAGE_SIZE;
+                let off = (in_seg[k].page as u64).wrapping_sub(first) as usize * PAGE_SIZE;
                 match m.pages_backed(off, (j - k) * PAGE_SIZE, &mut self.mapped) {
                     Ok(()) => {
                         for (v, &b) in in_seg[k..j].iter_mut().zip(&self.mapped) {
@@ -526,8 +532,7 @@ fn direct_source(
         return None;
     }
     let n = kinds.len() as u64;
-    let (index, off) = inner.table.lookup(page)?;
-    let (_, seg_end) = inner.table.bounds(index)?;
+    let (index, off, seg_end) = inner.table.lookup_run(page)?;
     let seg = inner
         .table
         .get(index)

@@ -189,6 +189,8 @@ pub fn fork_child() {
                 shared,
             });
         }
+        // Ranges the parent migrated live in the clones of the same segments.
+        table.copy_moved_from(&parent.table);
         let c = parent.lock();
         // After the flush every resident page is clean: the child sees the brick's copy (or
         // zeros); same-filled pages live in the parent's core only, so the child gets them too.

@@ -71,6 +71,8 @@ pub(crate) struct Inner {
     pub idle_helpers: AtomicU32,
     pub helper_calls: AtomicU32,
     pub clock: Instant,
+    /// Segments carved for migrations (`migrate.rs`).
+    pub migrations: crate::migrate::Migrations,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one

@@ -26,6 +26,7 @@ mod fork;
 mod grow;
 mod handler;
 mod inner;
+pub mod migrate;
 mod outrun;
 mod placement;
 mod populate;

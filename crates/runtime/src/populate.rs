@@ -19,10 +19,9 @@ impl Handler {
                 i += 1;
                 continue;
             }
-            let Some((index, off)) = inner.table.lookup(page + i as u64) else {
+            let Some((index, off, seg_end)) = inner.table.lookup_run(page + i as u64) else {
                 return;
             };
-            let seg_end = inner.table.bounds(index).map_or(0, |b| b.1);
             let mut j = i + 1;
             while j < kinds.len() && kinds[j] == Source::Zeros && page + (j as u64) < seg_end {
                 j += 1;
@@ -56,10 +55,10 @@ impl Handler {
         for (mut p, end) in runs {
             // Along segment boundaries.
             while p < end {
-                let Some((index, off)) = inner.table.lookup(p) else {
+                let Some((index, off, seg_end)) = inner.table.lookup_run(p) else {
                     break;
                 };
-                let seg_end = inner.table.bounds(index).map_or(end, |b| b.1).min(end);
+                let seg_end = seg_end.min(end);
                 populate(inner, index, off, (seg_end - p) * PAGE);
                 p = seg_end;
             }

@@ -165,7 +165,7 @@ impl ReadAheads {
         if n < 2 {
             return false;
         }
-        let Some((seg, off)) = inner.table.lookup(page) else {
+        let Some((seg, off, seg_end)) = inner.table.lookup_run(page) else {
             return false;
         };
         // A mapped segment is a memory copy away: nothing to overlap by reading ahead. (Table
@@ -174,9 +174,6 @@ impl ReadAheads {
             return false;
         };
         // One segment, one extent: else the ordinary fetch does it at the fault.
-        let Some((_, seg_end)) = inner.table.bounds(seg) else {
-            return false;
-        };
         let n = n.min(seg_end - page) as usize;
         let epoch = c.epoch();
         // Read-aheads may hold a quarter of the staging slots; past that they use buffers.

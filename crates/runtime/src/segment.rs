@@ -9,13 +9,22 @@
 //! Lookups run on every fetch and write-back while a program thread may be attaching a segment,
 //! so the table is a fixed array of slots published with an atomic count: a lookup is a binary
 //! search over atomics and never waits for an attach in progress.
+//!
+//! A migration (`migrate.rs`) moves a window range to a segment that is not the one the
+//! concatenation gives it: such *moved* ranges are kept in a map consulted before the binary
+//! search, only once a migration has happened (a flag read first, so programs that never
+//! migrate pay one atomic load per lookup). Segments attached for migrations are pushed after
+//! the window's own, so the concatenation places them past the window's end, where no window
+//! page reaches them except through the moved map.
 
 use crate::config::ShareChoice;
 use crate::ratelimit::RateLimiter;
 use rackmem_proto::{Extent, Grant};
 use rackmem_sys::SharedMemory;
 use rackmem_transport::{BrickAddr, Link, LinkError};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use rangemap::RangeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Most segments one process can attach.
@@ -106,6 +115,11 @@ pub struct SegmentTable {
     count: AtomicUsize,
     /// Serialises attaching and detaching (lookups never take it).
     change: Mutex<()>,
+    /// Set once any range has moved (then lookups read `moved`).
+    any_moved: AtomicBool,
+    /// Window pages moved off their concatenation place → (segment index, distance from the
+    /// window page to its page in that segment, wrapping).
+    moved: RwLock<RangeMap<u64, (usize, u64)>>,
 }
 
 impl Default for SegmentTable {
@@ -115,6 +129,8 @@ impl Default for SegmentTable {
             ends: (0..MAX_SEGMENTS).map(|_| AtomicU64::new(0)).collect(),
             count: AtomicUsize::new(0),
             change: Mutex::new(()),
+            any_moved: AtomicBool::new(false),
+            moved: RwLock::new(RangeMap::new()),
         }
     }
 }
@@ -183,8 +199,72 @@ impl SegmentTable {
         (0..self.len()).filter_map(|i| self.get(i)).collect()
     }
 
+    /// Window pages `pages` now live in segment `index` from its page `seg_page` on (a
+    /// migration's Finalize step; the caller holds the core's lock, so no fault plans around
+    /// it).
+    pub fn set_home(&self, pages: Range<u64>, index: usize, seg_page: u64) {
+        if pages.is_empty() {
+            return;
+        }
+        let mut m = self.moved.write().unwrap_or_else(|e| e.into_inner());
+        match self.concatenated(pages.start) {
+            // Back where the concatenation puts it: no longer moved.
+            Some((i, off)) if i == index && off / crate::PAGE_SIZE as u64 == seg_page => m.remove(pages),
+            _ => m.insert(pages.clone(), (index, seg_page.wrapping_sub(pages.start))),
+        }
+        self.any_moved.store(true, Ordering::Release);
+    }
+
+    /// The moved range holding `page`, if any: its end, segment and distance.
+    fn moved_at(&self, page: u64) -> Option<(u64, usize, u64)> {
+        if !self.any_moved.load(Ordering::Acquire) {
+            return None;
+        }
+        let m = self.moved.read().unwrap_or_else(|e| e.into_inner());
+        m.get_key_value(&page).map(|(r, &(i, d))| (r.end, i, d))
+    }
+
+    /// The first moved page in `[page, end)`, or `end`.
+    fn next_moved(&self, page: u64, end: u64) -> u64 {
+        if !self.any_moved.load(Ordering::Acquire) || page >= end {
+            return end;
+        }
+        let m = self.moved.read().unwrap_or_else(|e| e.into_inner());
+        m.overlapping(page..end).next().map_or(end, |(r, _)| r.start.max(page))
+    }
+
+    /// The segment index and byte offset within it that back window page `page`, and the end
+    /// (exclusive) of the window range from `page` that lies contiguously in that segment.
+    pub fn lookup_run(&self, page: u64) -> Option<(usize, u64, u64)> {
+        if let Some((end, index, d)) = self.moved_at(page) {
+            return Some((index, page.wrapping_add(d) * crate::PAGE_SIZE as u64, end));
+        }
+        let (index, off) = self.concatenated(page)?;
+        let (_, seg_end) = self.bounds(index)?;
+        Some((index, off, self.next_moved(page, seg_end)))
+    }
+
     /// The segment index and byte offset within it that back window page `page`.
     pub fn lookup(&self, page: u64) -> Option<(usize, u64)> {
+        if let Some((_, index, d)) = self.moved_at(page) {
+            return Some((index, page.wrapping_add(d) * crate::PAGE_SIZE as u64));
+        }
+        self.concatenated(page)
+    }
+
+    /// Copies the moved ranges of `parent` (a forked child's table, whose segments are clones
+    /// of the parent's in the same order).
+    pub fn copy_moved_from(&self, parent: &SegmentTable) {
+        if !parent.any_moved.load(Ordering::Acquire) {
+            return;
+        }
+        let m = parent.moved.read().unwrap_or_else(|e| e.into_inner()).clone();
+        *self.moved.write().unwrap_or_else(|e| e.into_inner()) = m;
+        self.any_moved.store(true, Ordering::Release);
+    }
+
+    /// Where the concatenation of segments places window page `page`.
+    pub fn concatenated(&self, page: u64) -> Option<(usize, u64)> {
         let n = self.len();
         let (mut lo, mut hi) = (0usize, n);
         while lo < hi {
@@ -213,18 +293,19 @@ impl SegmentTable {
         let end = page + n as u64;
         let mut p = page;
         while p < end {
-            let Some((index, _)) = self.lookup(p) else {
+            let Some((index, _, seg_end)) = self.lookup_run(p) else {
                 out.resize(n, false);
                 return;
             };
-            let seg_end = self.bounds(index).map_or(end, |(_, e)| e.min(end));
+            let seg_end = seg_end.min(end);
             let mapped = self.get(index).is_some_and(|s| s.shared.is_some());
             out.resize(out.len() + (seg_end - p) as usize, mapped);
             p = seg_end;
         }
     }
 
-    /// The window pages `[first, end)` of segment `index`.
+    /// The window pages `[first, end)` the concatenation gives segment `index` (moved ranges
+    /// aside: use [`SegmentTable::lookup_run`] for where a range really lies).
     pub fn bounds(&self, index: usize) -> Option<(u64, u64)> {
         if index >= self.len() {
             return None;

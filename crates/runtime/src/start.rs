@@ -132,6 +132,13 @@ impl Runtime {
         let core = inherited.unwrap_or_else(|| {
             let mut c = Core::new(window_pages, STAGING_SLOTS as u32, cfg.eviction.build());
             c.set_probe_rate(cfg.readahead_sample);
+            // Each segment's window range is its home (segments attached later, from the node
+            // agent, are not placed here: migrations to bricks need standalone bricks).
+            for (i, _) in table.all().iter().enumerate() {
+                if let Some((first, end)) = table.bounds(i) {
+                    c.placement_mut().assign(first..end.min(window_pages), i as u32, 0);
+                }
+            }
             c
         });
         let stats = Stats::default();
@@ -173,6 +180,7 @@ impl Runtime {
             idle_helpers: AtomicU32::new(0),
             helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
+            migrations: Default::default(),
         });
         {
             let c = inner.lock();

@@ -262,6 +262,18 @@ pub struct Stats {
     /// was dropped and the move made again. Not zero means a bug under investigation (a slot
     /// written after it was freed); the count keeps it visible.
     pub staging_conflicts: AtomicU64,
+    /// Migrations done (`rackmem_migrate`), and what they carried.
+    pub migrations: AtomicU64,
+    /// Bytes migrations carried (read from the source and written to the target once each).
+    pub migration_bytes: AtomicU64,
+    /// Time migrations spent in seed 001's Setup step (Table III), ns.
+    pub migration_setup_ns: AtomicU64,
+    /// Time in the Allocate step, ns.
+    pub migration_allocate_ns: AtomicU64,
+    /// Time in the Transfer step, ns.
+    pub migration_transfer_ns: AtomicU64,
+    /// Time in the Finalize step, ns.
+    pub migration_finalize_ns: AtomicU64,
     /// Handler-side fault service time (message read to page installed).
     pub fault_latency: Histogram,
     /// Pages fetched from bricks (re-fetches of pages evicted earlier) since the watchdog last
@@ -426,6 +438,24 @@ pub struct StatsSnapshot {
     /// See [`Stats::staging_conflicts`].
     #[serde(default)]
     pub staging_conflicts: u64,
+    /// See [`Stats::migrations`].
+    #[serde(default)]
+    pub migrations: u64,
+    /// See [`Stats::migration_bytes`].
+    #[serde(default)]
+    pub migration_bytes: u64,
+    /// See [`Stats::migration_setup_ns`].
+    #[serde(default)]
+    pub migration_setup_ns: u64,
+    /// See [`Stats::migration_allocate_ns`].
+    #[serde(default)]
+    pub migration_allocate_ns: u64,
+    /// See [`Stats::migration_transfer_ns`].
+    #[serde(default)]
+    pub migration_transfer_ns: u64,
+    /// See [`Stats::migration_finalize_ns`].
+    #[serde(default)]
+    pub migration_finalize_ns: u64,
     /// Fault service time, median, ns.
     pub fault_p50_ns: u64,
     /// Fault service time, 90th percentile, ns.
@@ -535,6 +565,12 @@ impl Stats {
             watchdog_reports: g(&self.watchdog_reports),
             handler_moves: g(&self.handler_moves),
             staging_conflicts: g(&self.staging_conflicts),
+            migrations: g(&self.migrations),
+            migration_bytes: g(&self.migration_bytes),
+            migration_setup_ns: g(&self.migration_setup_ns),
+            migration_allocate_ns: g(&self.migration_allocate_ns),
+            migration_transfer_ns: g(&self.migration_transfer_ns),
+            migration_finalize_ns: g(&self.migration_finalize_ns),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),
             fault_p90_ns: self.fault_latency.quantile_ns(0.9),
             fault_p99_ns: self.fault_latency.quantile_ns(0.99),

@@ -416,10 +416,10 @@ impl Runtime {
         let mut p = first;
         let end = first + pages;
         while p < end {
-            let Some((seg, off)) = self.inner.table.lookup(p) else {
+            let Some((seg, off, seg_end)) = self.inner.table.lookup_run(p) else {
                 return;
             };
-            let seg_end = self.inner.table.bounds(seg).map_or(end, |b| b.1).min(end);
+            let seg_end = seg_end.min(end);
             writeback::submit(
                 &self.inner,
                 Job::Discard {

@@ -33,20 +33,30 @@ pub fn block_sigpipe() {
 }
 
 /// Runs `f` with SIGPIPE blocked in the calling thread (a program thread, e.g. in the fork
-/// hooks), restoring the thread's mask afterwards.
+/// hooks), restoring the thread's mask afterwards. A SIGPIPE that `f` raised (a write to a brick
+/// that died: links write without `MSG_NOSIGNAL`) is taken off the pending set first: unblocked,
+/// it would kill the program that the error was returned to. One pending before `f` stays.
 pub fn without_sigpipe<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: as in `block_sigpipe`; the old mask is saved and restored on this same thread.
-    let old = unsafe {
+    let (old, set, was_pending) = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGPIPE);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        old
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut pending);
+        (old, set, libc::sigismember(&pending, libc::SIGPIPE) == 1)
     };
     let r = f();
-    // SAFETY: restores the mask saved above.
+    // SAFETY: `set` holds SIGPIPE only, which is blocked here, so sigtimedwait with a zero
+    // timeout takes a pending one (or returns EAGAIN at once); then the mask saved above is
+    // restored.
     unsafe {
+        if !was_pending {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            libc::sigtimedwait(&set, std::ptr::null_mut(), &zero);
+        }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
     r

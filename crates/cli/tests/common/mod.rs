@@ -67,7 +67,7 @@ pub fn require_root() {
 
 /// A directory for this test binary's compiled programs and statistics files, removed at exit
 /// of the process only by the OS temp cleaner: the binaries are useful after a failure.
-fn build_dir() -> &'static Path {
+pub fn build_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("rackmem-tests-{}", std::process::id()));

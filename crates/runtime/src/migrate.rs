@@ -1,0 +1,490 @@
+//! User-managed migration (seed 001's UMPM): the program asks for a window range to move to
+//! another memory, and the call returns when it is there.
+//!
+//! Targets: the local buffer (the range is fetched and pinned until unpinned or released) or a
+//! brick named in `RACKMEM_BRICKS`. A move to a brick is *bounced* through this process (seed
+//! 001, section V): the brick-valid pages are read from their old home and written to a
+//! segment on the target, then the segment table sends the range there. Each migration is
+//! timed in the seed's four steps (Table III):
+//!
+//! - **Setup**: check the request, split the range into per-source pieces (the core's
+//!   [`Placement`](rackmem_pager::placement)), begin the move in the core and wait until no
+//!   write-back to the old home is in flight;
+//! - **Allocate**: find room on the target: the range's own place in the window's segment on
+//!   that brick, else a segment carved for migrations there;
+//! - **Transfer**: read the pages from the old home, write them to the target, in bounded
+//!   batches;
+//! - **Finalize**: in one step under the core's lock, the core's placement and the segment
+//!   table point the range at the target; the write-backs parked meanwhile go to the write-back
+//!   thread, which sends them there.
+//!
+//! The program keeps running: faults read the old home, which nothing writes during the move
+//! (the core parks the range's write-backs: see `Core::begin_move`), and a write lands on a
+//! resident page, whose eviction is written to the new home once the move ends. The old home's
+//! pages are left as they are: a fault that looked up the old home before the Finalize may
+//! still be reading them.
+
+use crate::inner::Job;
+use crate::segment::{self, Segment};
+use crate::{ratelimit, sys, writeback, Runtime, PAGE, PAGE_SIZE};
+use rackmem_pager::placement::Memory;
+use rackmem_proto::Extent;
+use rackmem_transport::{BrickAddr, Link};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Pages per transfer batch: bounds the bytes a migration holds in flight (1 MiB).
+const BATCH_PAGES: usize = 256;
+/// Smallest segment carved on a brick for migrations (later migrations to the brick share it).
+const MIGRATION_SEGMENT_BYTES: u64 = 64 << 20;
+/// Longest a move waits for the write-backs to its old home already in flight.
+const READY_WAIT: Duration = Duration::from_secs(30);
+
+/// Where a migration sends a range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The local buffer: fetched and pinned.
+    Local,
+    /// A brick of `RACKMEM_BRICKS`.
+    Brick(BrickAddr),
+}
+
+/// The four steps of one migration (seed 001, Table III), and what it moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MigrationTimes {
+    /// Checking the request, beginning the move, waiting out write-backs in flight.
+    pub setup_ns: u64,
+    /// Finding room on the target (carving a segment if needed).
+    pub allocate_ns: u64,
+    /// Reading from the old home and writing to the target (or fetching, for the local buffer).
+    pub transfer_ns: u64,
+    /// Pointing the range at the target and sending the parked write-backs.
+    pub finalize_ns: u64,
+    /// Bytes carried (read and written once each).
+    pub bytes: u64,
+}
+
+/// Why a migration failed; the range is where it was.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The range is empty, or not inside allocated window memory.
+    #[error("{addr:#x}+{len} is not a range of allocated window memory")]
+    Outside {
+        /// Address asked for.
+        addr: usize,
+        /// Length asked for.
+        len: usize,
+    },
+    /// The target names no brick of `RACKMEM_BRICKS`.
+    #[error("no brick {0:?} among RACKMEM_BRICKS (give \"local\" or one of its addresses)")]
+    UnknownBrick(String),
+    /// The target has no room: the brick cannot carve a segment, or the local buffer cannot pin
+    /// that much.
+    #[error("{0}")]
+    NoSpace(String),
+    /// Moving to a brick with a node agent (the control plane places memory; a later slice).
+    #[error(
+        "migration to a brick needs bricks given by RACKMEM_BRICKS; with a node agent the control plane places memory"
+    )]
+    Unsupported,
+    /// Part of the range is moving already, or write-backs to it did not end in time.
+    #[error("window pages {first}..{end} are busy: {why}")]
+    Busy {
+        /// First page.
+        first: u64,
+        /// End page (exclusive).
+        end: u64,
+        /// What holds them.
+        why: String,
+    },
+    /// The target brick failed during the migration: the range stays on its source.
+    #[error("brick {addr} failed during the migration: {err}; the range stays where it was")]
+    TargetLost {
+        /// The target.
+        addr: String,
+        /// What failed.
+        err: String,
+    },
+}
+
+impl MigrateError {
+    /// The `errno` that `rackmem_migrate` reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            MigrateError::Outside { .. } => libc::EINVAL,
+            MigrateError::UnknownBrick(_) => libc::ENOENT,
+            MigrateError::NoSpace(_) => libc::ENOSPC,
+            MigrateError::Unsupported => libc::ENOTSUP,
+            MigrateError::Busy { .. } => libc::EBUSY,
+            MigrateError::TargetLost { .. } => libc::EIO,
+        }
+    }
+}
+
+/// A segment carved on a brick for migrations, filled from its start (pages are not reused
+/// within a run of the program: a later slice frees what no range holds any more).
+pub(crate) struct MigrationSegment {
+    index: usize,
+    addr: BrickAddr,
+    pages: u64,
+    next_page: u64,
+}
+
+/// The runtime's migration state: the segments carved for migrations.
+#[derive(Default)]
+pub(crate) struct Migrations {
+    segments: Mutex<Vec<MigrationSegment>>,
+    /// Serialises migrations to bricks (one at a time; each splits into one move per piece).
+    one: Mutex<()>,
+}
+
+impl Runtime {
+    /// Parses a `rackmem_migrate` target: `"local"` or an address of `RACKMEM_BRICKS`.
+    pub fn migration_target(&self, target: &str) -> Result<Target, MigrateError> {
+        if target == "local" {
+            return Ok(Target::Local);
+        }
+        let addr: BrickAddr = target
+            .parse()
+            .map_err(|_| MigrateError::UnknownBrick(target.to_string()))?;
+        if self.inner.agent.is_some() {
+            return Err(MigrateError::Unsupported);
+        }
+        if !self.inner.cfg.bricks.contains(&addr) {
+            return Err(MigrateError::UnknownBrick(target.to_string()));
+        }
+        Ok(Target::Brick(addr))
+    }
+
+    /// Moves `[addr, addr+len)` (page-rounded outward) to `target` and returns when it is
+    /// there, with the step times; see the module documentation.
+    pub fn migrate(&self, addr: usize, len: usize, target: &Target) -> Result<MigrationTimes, MigrateError> {
+        let t0 = Instant::now();
+        let inner = &self.inner;
+        let outside = || MigrateError::Outside { addr, len };
+        let base = inner.window.addr();
+        let end_addr = addr.checked_add(len).ok_or_else(outside)?;
+        if len == 0 || addr < base || end_addr > base + inner.window.len() {
+            return Err(outside());
+        }
+        let first = ((addr - base) / PAGE_SIZE) as u64;
+        let end = ((end_addr - base).div_ceil(PAGE_SIZE)) as u64;
+        {
+            let c = inner.lock();
+            // Every page must lie in an allocation of the program.
+            let mut p = first;
+            while p < end {
+                let Some((s, l)) = c.regions().region_containing(p) else {
+                    return Err(outside());
+                };
+                p = s + l;
+            }
+        }
+        let times = sys::without_sigpipe(|| match target {
+            Target::Local => self.pin_local(first, end, t0),
+            Target::Brick(b) => self.move_to_brick(first, end, b, t0),
+        })?;
+        let s = &inner.stats;
+        s.migrations.fetch_add(1, Ordering::Relaxed);
+        s.migration_bytes.fetch_add(times.bytes, Ordering::Relaxed);
+        s.migration_setup_ns.fetch_add(times.setup_ns, Ordering::Relaxed);
+        s.migration_allocate_ns.fetch_add(times.allocate_ns, Ordering::Relaxed);
+        s.migration_transfer_ns.fetch_add(times.transfer_ns, Ordering::Relaxed);
+        s.migration_finalize_ns.fetch_add(times.finalize_ns, Ordering::Relaxed);
+        Ok(times)
+    }
+
+    /// Ends the pin of `[addr, addr+len)` (page-rounded outward): its pages may be evicted again.
+    pub fn unpin(&self, addr: usize, len: usize) -> Result<(), MigrateError> {
+        let inner = &self.inner;
+        let base = inner.window.addr();
+        let end_addr = addr.checked_add(len).ok_or(MigrateError::Outside { addr, len })?;
+        if len == 0 || addr < base || end_addr > base + inner.window.len() {
+            return Err(MigrateError::Outside { addr, len });
+        }
+        let first = ((addr - base) / PAGE_SIZE) as u64;
+        let end = ((end_addr - base).div_ceil(PAGE_SIZE)) as u64;
+        inner.lock().unpin(first, end - first);
+        Ok(())
+    }
+
+    /// The local buffer as target: pin the range, then fault it in from this thread (the
+    /// handler serves the faults as any other, in sequential runs).
+    fn pin_local(&self, first: u64, end: u64, t0: Instant) -> Result<MigrationTimes, MigrateError> {
+        let inner = &self.inner;
+        let n = end - first;
+        {
+            let mut c = inner.lock();
+            let budget = inner.budget_pages(&c);
+            // Pinned outside the range (pins inside it are taken again).
+            let pinned: u64 = c
+                .placement()
+                .held_by(Memory::Local)
+                .iter()
+                .map(|r| (r.end - r.start) - r.end.min(end).saturating_sub(r.start.max(first)))
+                .sum();
+            // Pins take at most half the local buffer: faults elsewhere must still find room.
+            if pinned + n > budget / 2 {
+                return Err(MigrateError::NoSpace(format!(
+                    "pinning {} in the local buffer would pin more than half of its {} (already pinned: {})",
+                    crate::size::format_size(n * PAGE),
+                    crate::size::format_size(budget * PAGE),
+                    crate::size::format_size(pinned * PAGE)
+                )));
+            }
+            c.pin(first, n);
+        }
+        let setup = t0.elapsed();
+        let t1 = Instant::now();
+        let mut byte = [0u8; 1];
+        for p in first..end {
+            // A read faults the page in if it is not resident (and does nothing if it is).
+            inner.window.read(p as usize * PAGE_SIZE, &mut byte);
+        }
+        Ok(MigrationTimes {
+            setup_ns: setup.as_nanos() as u64,
+            allocate_ns: 0,
+            transfer_ns: t1.elapsed().as_nanos() as u64,
+            finalize_ns: 0,
+            bytes: n * PAGE,
+        })
+    }
+
+    /// A brick as target, bounced through this process.
+    fn move_to_brick(
+        &self,
+        first: u64,
+        end: u64,
+        target: &BrickAddr,
+        t0: Instant,
+    ) -> Result<MigrationTimes, MigrateError> {
+        let inner = &self.inner;
+        let _one = inner.migrations.one.lock().unwrap_or_else(|e| e.into_inner());
+        let mut times = MigrationTimes::default();
+        // Setup: the pieces of the range by source. Pieces already on the target stay.
+        let pieces = inner.lock().placement().pieces(first..end);
+        let mut todo: Vec<(u64, u64)> = Vec::new();
+        for p in pieces {
+            let on_target = match p.memory {
+                Some(Memory::Segment(s)) => inner.table.get(s as usize).is_some_and(|seg| &seg.addr == target),
+                _ => false,
+            };
+            if !on_target {
+                // Pinned pieces too: a move to a brick ends their pin, and their home moves.
+                todo.push((p.pages.start, p.pages.end));
+            }
+        }
+        inner.lock().unpin(first, end - first);
+        times.setup_ns = t0.elapsed().as_nanos() as u64;
+        for (a, b) in todo {
+            let t = self.move_piece(a, b, target)?;
+            times.setup_ns += t.setup_ns;
+            times.allocate_ns += t.allocate_ns;
+            times.transfer_ns += t.transfer_ns;
+            times.finalize_ns += t.finalize_ns;
+            times.bytes += t.bytes;
+        }
+        Ok(times)
+    }
+
+    /// Moves the window pages `[first, end)` (one source) to `target`.
+    fn move_piece(&self, first: u64, end: u64, target: &BrickAddr) -> Result<MigrationTimes, MigrateError> {
+        let inner = &self.inner;
+        let n = end - first;
+        let t0 = Instant::now();
+        // Setup: begin the move; wait out write-backs to the old home already in flight.
+        let id = {
+            let mut c = inner.lock();
+            let id = c.begin_move(first..end).map_err(|e| MigrateError::Busy {
+                first,
+                end,
+                why: e.to_string(),
+            })?;
+            let deadline = Instant::now() + READY_WAIT;
+            while !c.move_ready(id) {
+                if Instant::now() >= deadline {
+                    let parked = c.abort_move(id);
+                    drop(c);
+                    self.send_parked(parked);
+                    return Err(MigrateError::Busy {
+                        first,
+                        end,
+                        why: format!("write-backs to their brick did not end within {READY_WAIT:?}"),
+                    });
+                }
+                c = inner
+                    .core_cv
+                    .wait_timeout(c, Duration::from_millis(1))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            id
+        };
+        let setup_ns = t0.elapsed().as_nanos() as u64;
+        // Allocate.
+        let t1 = Instant::now();
+        let (index, seg_page) = match self.room_on(target, first, n) {
+            Ok(r) => r,
+            Err(e) => {
+                let parked = inner.lock().abort_move(id);
+                self.send_parked(parked);
+                return Err(e);
+            }
+        };
+        let allocate_ns = t1.elapsed().as_nanos() as u64;
+        // Transfer: the brick-valid pages, old home → target, in batches.
+        let t2 = Instant::now();
+        let pages = inner.lock().move_pages(id);
+        let dst = inner.segment(index);
+        let mut bytes = 0u64;
+        let mut buf = vec![0u8; BATCH_PAGES * PAGE_SIZE];
+        for batch in pages.chunks(BATCH_PAGES) {
+            // Read, grouped by source segment, merged where contiguous there.
+            let mut at = 0usize;
+            let mut k = 0;
+            while k < batch.len() {
+                let Some((src_index, _)) = inner.table.lookup(batch[k]) else {
+                    inner.internal_error(&format!("window page {} has no segment", batch[k]));
+                };
+                let mut extents: Vec<Extent> = Vec::new();
+                let start_at = at;
+                while k < batch.len() {
+                    let Some((s, off)) = inner.table.lookup(batch[k]) else {
+                        break;
+                    };
+                    if s != src_index {
+                        break;
+                    }
+                    match extents.last_mut() {
+                        Some(e) if e.0 + u64::from(e.1) == off => e.1 += PAGE_SIZE as u32,
+                        _ => extents.push((off, PAGE_SIZE as u32)),
+                    }
+                    at += PAGE_SIZE;
+                    k += 1;
+                }
+                let src = inner.segment(src_index);
+                src.limiter.acquire((at - start_at) as u64);
+                if let Err(e) = src.read(&extents, &mut buf[start_at..at]) {
+                    inner.brick_lost(src_index, "reading pages to migrate", &e);
+                }
+            }
+            // Write, merged where contiguous in the target.
+            let mut extents: Vec<Extent> = Vec::new();
+            for &p in batch {
+                let off = (seg_page + (p - first)) * PAGE;
+                match extents.last_mut() {
+                    Some(e) if e.0 + u64::from(e.1) == off => e.1 += PAGE_SIZE as u32,
+                    _ => extents.push((off, PAGE_SIZE as u32)),
+                }
+            }
+            // Fresh: the target brick, not this process, first touches its memory.
+            if let Err(e) = dst.write(&extents, &buf[..at], true) {
+                let parked = inner.lock().abort_move(id);
+                self.send_parked(parked);
+                return Err(MigrateError::TargetLost {
+                    addr: target.to_string(),
+                    err: e.to_string(),
+                });
+            }
+            bytes += at as u64;
+        }
+        let transfer_ns = t2.elapsed().as_nanos() as u64;
+        // Finalize: the core and the segment table point the range at the target together.
+        let t3 = Instant::now();
+        let parked = {
+            let mut c = inner.lock();
+            let parked = c.finish_move(id, index as u32, seg_page);
+            inner.table.set_home(first..end, index, seg_page);
+            parked
+        };
+        self.send_parked(parked);
+        inner.core_cv.notify_all();
+        Ok(MigrationTimes {
+            setup_ns,
+            allocate_ns,
+            transfer_ns,
+            finalize_ns: t3.elapsed().as_nanos() as u64,
+            bytes,
+        })
+    }
+
+    /// Queues the write-backs a move parked (they go to wherever the range lives now).
+    fn send_parked(&self, parked: Vec<(u64, Vec<rackmem_pager::Victim>)>) {
+        for (id, victims) in parked {
+            writeback::submit(&self.inner, Job::Evict { id, victims });
+        }
+        self.inner.core_cv.notify_all();
+    }
+
+    /// Room for window pages `[first, first+n)` on `target`: their own place in the window's
+    /// segment on that brick (where the concatenation puts them), else the next free pages of a
+    /// segment carved there for migrations (carving one if none has room). Returns the segment
+    /// index and the segment page for `first`.
+    fn room_on(&self, target: &BrickAddr, first: u64, n: u64) -> Result<(usize, u64), MigrateError> {
+        let inner = &self.inner;
+        // The range's own place in the window's segment on the target, when it is there.
+        if let (Some((index, off)), Some((_, end))) =
+            (inner.table.concatenated(first), inner.table.concatenated(first + n - 1))
+        {
+            let seg = inner.segment(index);
+            if &seg.addr == target && end == off + (n - 1) * PAGE {
+                return Ok((index, off / PAGE));
+            }
+        }
+        let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = list
+            .iter_mut()
+            .find(|m| &m.addr == target && m.pages - m.next_page >= n)
+        {
+            let at = m.next_page;
+            m.next_page += n;
+            return Ok((m.index, at));
+        }
+        let lost = |e: &dyn std::fmt::Display| MigrateError::TargetLost {
+            addr: target.to_string(),
+            err: e.to_string(),
+        };
+        let cfg = &inner.cfg;
+        let fault = Link::connect_with(target, cfg.timeout, cfg.tls.as_ref()).map_err(|e| lost(&e))?;
+        let bytes = (n * PAGE).max(MIGRATION_SEGMENT_BYTES).div_ceil(2 << 20) * (2 << 20);
+        let seg = fault.alloc_segment(&cfg.secret, bytes).map_err(|e| {
+            if e.is_no_space() {
+                MigrateError::NoSpace(format!(
+                    "brick {target} has no room for a segment of {}: {e}",
+                    crate::size::format_size(bytes)
+                ))
+            } else {
+                lost(&e)
+            }
+        })?;
+        let writeback = Link::connect_with(target, cfg.timeout, cfg.tls.as_ref()).map_err(|e| lost(&e))?;
+        writeback.attach(&seg.grant, &seg.session_key).map_err(|e| lost(&e))?;
+        fault.set_receive_spin(cfg.link_spin);
+        let shared = segment::share_if(cfg.shared_memory, &fault).map_err(|e| lost(&e))?;
+        let pages = seg.grant.size_bytes / PAGE;
+        let addr = target.clone();
+        let _change = inner.table.change_lock();
+        let index = inner
+            .table
+            .push(pages, |first_page| Segment {
+                first_page,
+                pages,
+                addr,
+                grant: seg.grant,
+                fault,
+                writeback,
+                allocation: None,
+                limiter: ratelimit::RateLimiter::new(0),
+                shared,
+            })
+            .ok_or_else(|| MigrateError::NoSpace(format!("{} segments attached already", segment::MAX_SEGMENTS)))?;
+        list.push(MigrationSegment {
+            index,
+            addr: target.clone(),
+            pages,
+            next_page: n,
+        });
+        Ok((index, 0))
+    }
+}
