@@ -60,6 +60,11 @@ pub struct BrickRegistration {
     pub ports: Vec<PortSpec>,
     /// Hex of the exact bytes the brick signs grants with (its grant key).
     pub key_hex: String,
+    /// What its memory can serve, in bytes/s (READ and WRITE together): measured by the brick
+    /// at start, or declared by its operator. The control plane sets the segments' rates so
+    /// that they add up to at most this; absent, only the ports bound them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_bps: Option<u64>,
 }
 
 /// Reply to a brick registration.
@@ -98,6 +103,13 @@ pub struct Brick {
     pub last_heartbeat_unix_ms: Option<u64>,
     /// What the brick reported in its last heartbeat.
     pub stats: Option<HeartbeatStats>,
+    /// What its memory can serve (bytes/s), as registered; absent: not bounded but by its ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_bps: Option<u64>,
+    /// The rates the control plane set for its segments now, added up (bytes/s): at most
+    /// `serve_bps`.
+    #[serde(default)]
+    pub promised_bps: u64,
 }
 
 /// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).
@@ -109,6 +121,16 @@ pub struct HeartbeatStats {
     /// Segments the brick holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<u64>,
+    /// Bytes read and written since the brick started (its load is this counter's rate between
+    /// two heartbeats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_served: Option<u64>,
+    /// Connections open now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// Requests the brick held back to keep a segment or itself within its rate, since it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_delayed: Option<u64>,
 }
 
 /// One segment the control plane believes lives on a brick.
@@ -120,6 +142,10 @@ pub struct LiveSegment {
     pub offset: u64,
     /// Its size.
     pub size_bytes: u64,
+    /// The rate the brick is to serve it at, bytes/s (absent or 0: unpaced but for the brick's
+    /// total); it changes as segments come and go on the same links and bricks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_bps: Option<u64>,
 }
 
 /// Reply to a heartbeat: every segment that must stay; the brick releases the others.

@@ -209,6 +209,7 @@ impl ControlPlane {
         for s in &rec.segments {
             if let Some(b) = self.bricks.get_mut(&s.brick_id) {
                 b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
+                b.paths.insert(s.segment_id, (s.links.clone(), s.bandwidth_bps));
             }
         }
         if let Some(n) = self.nodes.get_mut(&rec.node) {

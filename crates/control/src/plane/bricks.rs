@@ -101,17 +101,25 @@ impl ControlPlane {
             capacity_bytes: reg.capacity_bytes,
             ports: ports.clone(),
             key_hex: hex::encode(&key),
+            serve_bps: reg.serve_bps,
         };
+        if reg.serve_bps == Some(0) {
+            return Err(PlaneError::Invalid(format!(
+                "brick {} serves 0 bytes/s: give its rate, or leave serve_bps out",
+                reg.name
+            )));
+        }
         self.commit_registration(&owner, Record::Brick(rec.clone()), counters, &old_ports, &mut ports)?;
+        self.graph.set_memory(id, rec.serve_bps);
         let now = Instant::now();
-        let (segments, stats, hb) = match self.bricks.remove(&id) {
+        let (segments, paths, stats, hb) = match self.bricks.remove(&id) {
             Some(old) => {
                 if old.up {
                     self.index.remove(id, old.extents.largest());
                 }
-                (old.segments, old.stats, old.last_heartbeat_unix_ms)
+                (old.segments, old.paths, old.stats, old.last_heartbeat_unix_ms)
             }
-            None => (BTreeMap::new(), None, None),
+            None => (BTreeMap::new(), BTreeMap::new(), None, None),
         };
         self.index.update(id, None, extents.largest());
         self.brick_names.insert(rec.name.clone(), id);
@@ -122,6 +130,7 @@ impl ControlPlane {
                 key,
                 extents,
                 segments,
+                paths,
                 up: true,
                 last_seen: now,
                 last_heartbeat_unix_ms: hb,
@@ -146,10 +155,16 @@ impl ControlPlane {
         if stats.is_some() {
             b.stats = stats;
         }
+        let graph = &self.graph;
         let segments = b
             .segments
             .iter()
-            .map(|(&id, &(offset, size_bytes))| LiveSegment { id, offset, size_bytes })
+            .map(|(&id, &(offset, size_bytes))| LiveSegment {
+                id,
+                offset,
+                size_bytes,
+                rate_bps: b.paths.get(&id).map(|(links, bw)| graph.rate_limit(links, *bw)),
+            })
             .collect();
         if !b.up {
             b.up = true;
@@ -213,6 +228,12 @@ impl ControlPlane {
             state: if b.up { BrickState::Up } else { BrickState::Down },
             last_heartbeat_unix_ms: b.last_heartbeat_unix_ms,
             stats: b.stats.clone(),
+            serve_bps: b.rec.serve_bps,
+            promised_bps: b
+                .paths
+                .values()
+                .map(|(links, bw)| self.graph.rate_limit(links, *bw))
+                .fold(0u64, u64::saturating_add),
         }
     }
 

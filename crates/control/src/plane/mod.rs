@@ -115,6 +115,8 @@ struct BrickEntry {
     extents: FreeExtents,
     /// segment id → (offset, size).
     segments: BTreeMap<u64, (u64, u64)>,
+    /// segment id → (its path's links, its reservation), for the rates heartbeats carry.
+    paths: BTreeMap<u64, (Vec<String>, u64)>,
     up: bool,
     last_seen: Instant,
     last_heartbeat_unix_ms: Option<u64>,
@@ -265,6 +267,7 @@ impl ControlPlane {
             let key = bricks::decode_key(&b.key_hex).map_err(|m| corrupt(Key::Brick(b.id).path(), m))?;
             let mut ports = b.ports.clone();
             p.graph.attach(&Endpoint::Brick { id: b.id }, &[], &mut ports);
+            p.graph.set_memory(b.id, b.serve_bps);
             p.brick_names.insert(b.name.clone(), b.id);
             p.bricks.insert(
                 b.id,
@@ -273,6 +276,7 @@ impl ControlPlane {
                     rec: BrickRecord { ports, ..b },
                     key,
                     segments: BTreeMap::new(),
+                    paths: BTreeMap::new(),
                     up: true,
                     last_seen: now,
                     last_heartbeat_unix_ms: None,
@@ -314,6 +318,7 @@ impl ControlPlane {
                     ));
                 }
                 b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
+                b.paths.insert(s.segment_id, (s.links.clone(), s.bandwidth_bps));
                 p.graph.reserve(&s.links, s.bandwidth_bps);
             }
             if let Some(k) = &a.idempotency_key {
@@ -412,6 +417,7 @@ mod tests {
             capacity_bytes: cap,
             ports: port(1000),
             key_hex: hex::encode([7u8; 32]),
+            serve_bps: None,
         })
         .unwrap()
         .id

@@ -118,6 +118,21 @@ impl ControlPlane {
                     "brick {brick} is named twice in the stripe"
                 )));
             }
+            let mut path = path;
+            if let Some(memory) = self.graph.memory_link(brick) {
+                // Seed 004's rate limiter in front of the brick: its memory is one more link
+                // on the path, so the segments' rates add up to at most what it can serve.
+                if !self.graph.admits(&memory, pl.bandwidth_bps) {
+                    let served = self.graph.link(&memory).map_or(0, |l| l.capacity_bps);
+                    let free = self.graph.link(&memory).map_or(0, |l| l.free_bps());
+                    return Err(PlaneError::InsufficientBandwidth(format!(
+                        "brick {brick}'s memory serves {served} bytes/s, of which {free} are not reserved: \
+                         not enough for {} bytes/s",
+                        pl.bandwidth_bps
+                    )));
+                }
+                path.push(memory);
+            }
             let Some(b) = self.bricks.get_mut(&brick) else {
                 return Err(PlaneError::NotFound(format!("brick {brick} is not registered")));
             };
@@ -141,7 +156,16 @@ impl ControlPlane {
                 bandwidth_bps: pl.bandwidth_bps,
             });
             let segment_id = next_id(&mut counters.next_segment);
-            let issued = grant::issue(&key, segment_id, offset, pl.per_segment, pl.node, self.grant_expiry());
+            let rate = self.graph.rate_limit(&path, pl.bandwidth_bps);
+            let issued = grant::issue(
+                &key,
+                segment_id,
+                offset,
+                pl.per_segment,
+                pl.node,
+                self.grant_expiry(),
+                rate,
+            );
             out.push(SegmentRecord {
                 brick_id: brick,
                 segment_id,
@@ -259,6 +283,7 @@ impl ControlPlane {
         };
         let old = b.extents.largest();
         b.segments.remove(&s.segment_id);
+        b.paths.remove(&s.segment_id);
         if !b.extents.release(s.offset, s.size_bytes) {
             tracing::error!(
                 brick = s.brick_id,
