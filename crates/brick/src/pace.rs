@@ -69,7 +69,12 @@ impl Bucket {
 
     fn refill(&self, t: &mut Tokens, now: Instant) {
         let rate = self.rate();
-        let dt = now.saturating_duration_since(t.last).as_secs_f64();
+        // Takers read the clock before the lock: one that read it earlier than the last one
+        // to refill must not move `last` back, or the interval between would be counted twice.
+        if now <= t.last {
+            return;
+        }
+        let dt = now.duration_since(t.last).as_secs_f64();
         t.last = now;
         if rate == 0 {
             t.tokens = 0.0;
@@ -187,17 +192,15 @@ impl Pacer {
         }
     }
 
-    /// The pacing of `segment_id`, created with `rate_bps` when new; an existing one takes
-    /// `rate_bps` when it is not 0 (a grant newer than the last heartbeat reply).
+    /// The pacing of `segment_id`, created with `rate_bps` (the grant's) when new. An existing
+    /// one keeps its rate: a grant's rate is the one of the moment it was signed, which the
+    /// heartbeat replies since may have changed (another segment came or went), and a node may
+    /// attach with an old grant.
     pub(crate) fn segment(&self, segment_id: u64, rate_bps: u64) -> Arc<SegmentPace> {
-        let mut m = lock(&self.segments);
-        let p = m
+        lock(&self.segments)
             .entry(segment_id)
-            .or_insert_with(|| Arc::new(SegmentPace::new(rate_bps)));
-        if rate_bps != 0 && p.bucket.rate() != rate_bps {
-            p.bucket.set_rate(rate_bps);
-        }
-        p.clone()
+            .or_insert_with(|| Arc::new(SegmentPace::new(rate_bps)))
+            .clone()
     }
 
     /// Applies the rates of a heartbeat reply (`(segment id, rate)`, 0: unpaced) sent at
@@ -311,7 +314,7 @@ mod tests {
         let before = Instant::now();
         let p = Pacer::new(Some(4000));
         let s = p.segment(7, 1000);
-        assert_eq!(s.bucket.rate(), 1000);
+        assert_eq!(s.bucket.rate(), 1000, "a new segment starts at its grant's rate");
         p.set_rates(&[(7, 500), (8, 0)], Instant::now());
         assert_eq!(s.bucket.rate(), 500);
         let st = p.stats();

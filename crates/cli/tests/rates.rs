@@ -147,3 +147,53 @@ fn a_brick_holds_clients_that_ignore_their_limits_to_the_rates_the_control_plane
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `rackmem bench rates` on a short run: it runs, writes well-formed JSON with a round per
+/// `--rounds` and a figure per client, and a chart. Figures are never asserted.
+#[test]
+fn bench_rates_on_a_short_run_writes_json_and_a_chart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (json, svg) = (dir.path().join("rates.json"), dir.path().join("rates.svg"));
+    let mut c = std::process::Command::new(rackmem());
+    c.args([
+        "bench",
+        "rates",
+        "--rounds",
+        "2",
+        "--seconds",
+        "0.3",
+        "--fraction",
+        "0.5",
+    ])
+    .args([
+        "--json",
+        json.to_str().expect("path"),
+        "--svg",
+        svg.to_str().expect("path"),
+    ]);
+    let o = run_with_deadline(c, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("÷ share"), "{}", show(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("well-formed JSON");
+    let rounds = v["rates"]["rounds"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 2, "{v}");
+    for r in rounds {
+        assert_eq!(r["ratio"].as_array().map(Vec::len), Some(2), "{r}");
+        assert_eq!(
+            r["share_bps"][0], r["share_bps"][1],
+            "the two segments share the brick equally: {r}"
+        );
+        let serve = r["serve_bps"].as_u64().expect("serve_bps");
+        let shares: u64 = r["share_bps"]
+            .as_array()
+            .expect("shares")
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .sum();
+        assert!(shares <= serve, "more promised than the brick serves: {r}");
+    }
+    assert!(v["rates"]["target_met"].is_boolean());
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+}
