@@ -110,6 +110,13 @@ pub struct Brick {
     /// `serve_bps`.
     #[serde(default)]
     pub promised_bps: u64,
+    /// Its load: bytes/s it served between its last two heartbeats that reported
+    /// `bytes_served` (absent: not known yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_bps: Option<u64>,
+    /// The power it draws, as the topology file declares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<BrickPower>,
 }
 
 /// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).
@@ -203,6 +210,51 @@ pub struct NodeQuotaRequest {
     pub quota_bytes: Option<u64>,
 }
 
+/// How the control plane picks bricks for segments that name none (seed 004, section V: graph
+/// vertices annotated with load and power, used by the allocation algorithms).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// The least loaded brick (bytes/s served, from its heartbeats), then the one with fewest
+    /// segments, then the most free space: traffic spreads over the rack.
+    #[default]
+    Spread,
+    /// A brick that already holds segments, the fullest that fits; an idle brick only when none
+    /// fits, the one that draws least power busy (as the topology declares) first: whole bricks
+    /// stay idle and may be powered down.
+    Pack,
+}
+
+impl std::fmt::Display for Objective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Objective::Spread => "spread",
+            Objective::Pack => "pack",
+        })
+    }
+}
+
+impl std::str::FromStr for Objective {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spread" => Ok(Objective::Spread),
+            "pack" => Ok(Objective::Pack),
+            _ => Err(format!("unknown placement objective {s:?}: use spread or pack")),
+        }
+    }
+}
+
+/// Power a brick draws, as an operator declares it in the topology file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrickPower {
+    /// Watts when it serves no segment.
+    pub idle_watts: u32,
+    /// Watts when it serves segments.
+    pub busy_watts: u32,
+}
+
 /// `POST /v1/allocations`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -236,6 +288,10 @@ pub struct AllocationRequest {
     /// ever reclaims. The control plane stores and shows it without interpreting it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+    /// How to pick the bricks `bricks` does not name (default: the control plane's
+    /// `--placement`, itself `spread` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Objective>,
 }
 
 /// Longest [`AllocationRequest::idempotency_key`] and [`Holder::agent`].
@@ -438,6 +494,9 @@ pub struct Graph {
     pub switches: Vec<Switch>,
     /// Links.
     pub links: Vec<Link>,
+    /// How bricks are picked for allocations that do not say (`--placement`).
+    #[serde(default)]
+    pub placement: Objective,
 }
 
 /// Every error reply: `{"error": {"code": "...", "message": "..."}}`.

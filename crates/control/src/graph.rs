@@ -33,6 +33,10 @@ pub struct Topology {
     /// is then declared implicitly).
     #[serde(default)]
     pub default_switch: Option<String>,
+    /// `"BRICK": {"idle_watts": W, "busy_watts": W}`: the power each brick draws, for the
+    /// `pack` placement objective and `GET /v1/graph`.
+    #[serde(default)]
+    pub power: BTreeMap<String, crate::api::BrickPower>,
 }
 
 /// A cable between two switches.
@@ -328,6 +332,11 @@ impl Graph {
                 ),
             }
         }
+    }
+
+    /// The power brick `name` draws, if the topology file declares it.
+    pub fn power_of(&self, name: &str) -> Option<crate::api::BrickPower> {
+        self.topology.as_ref().and_then(|t| t.power.get(name).copied())
     }
 
     /// A link's state.

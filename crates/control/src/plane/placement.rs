@@ -34,6 +34,8 @@ pub(super) struct Placement<'a> {
     bricks: Option<&'a [u64]>,
     /// The only links a path may cross, if the request names them.
     allowed: Option<HashSet<String>>,
+    /// How to pick bricks the request does not name.
+    pub(super) objective: api::Objective,
 }
 
 impl<'a> Placement<'a> {
@@ -60,6 +62,7 @@ impl<'a> Placement<'a> {
             bandwidth_bps,
             bricks,
             allowed: links.map(|l| l.iter().cloned().collect()),
+            objective: api::Objective::default(),
         })
     }
 }
@@ -225,7 +228,7 @@ impl ControlPlane {
             None => {
                 let mut with_space = 0usize;
                 let mut found = None;
-                for id in self.index.candidates(pl.per_segment) {
+                for id in self.ranked(pl.per_segment, pl.objective) {
                     if used.contains(&id) {
                         continue;
                     }
@@ -256,6 +259,34 @@ impl ControlPlane {
                 }
             }
         }
+    }
+
+    /// The up bricks with a free extent of `size` bytes, in the order `objective` prefers
+    /// them (see [`api::Objective`]).
+    fn ranked(&self, size: u64, objective: api::Objective) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.index.candidates(size).collect();
+        // `candidates` lists the largest free extent first; the sorts are stable, so that
+        // stays the last tie-break.
+        let entry = |id: &u64| self.bricks.get(id);
+        match objective {
+            api::Objective::Spread => ids.sort_by_key(|id| {
+                entry(id).map_or((u64::MAX, usize::MAX), |b| (b.load_bps.unwrap_or(0), b.segments.len()))
+            }),
+            api::Objective::Pack => ids.sort_by_key(|id| {
+                entry(id).map_or((true, u64::MAX, u32::MAX), |b| {
+                    let idle = b.segments.is_empty();
+                    let busy_watts = self.graph.power_of(&b.rec.name).map_or(0, |p| p.busy_watts);
+                    // Busy bricks first, the fullest (smallest largest extent) first; then idle
+                    // ones, the cheapest to wake first.
+                    if idle {
+                        (true, 0, busy_watts)
+                    } else {
+                        (false, b.extents.largest(), 0)
+                    }
+                })
+            }),
+        }
+        ids
     }
 
     fn undo(&mut self, log: Vec<Undo>) {
