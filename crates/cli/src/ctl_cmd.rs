@@ -242,13 +242,27 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             t.to_string()
         })?,
         CtlCommand::Nodes => print(json, &c.nodes()?, |nodes| {
-            let mut t = table(&["id", "name", "allocations", "allocated", "quota", "ports"]);
+            let mut t = table(&[
+                "id",
+                "name",
+                "allocations",
+                "allocated",
+                "pool (attached, in use)",
+                "quota",
+                "ports",
+            ]);
             for n in nodes {
                 t.add_row(vec![
                     n.id.to_string(),
                     n.name.clone(),
                     n.allocations.to_string(),
                     format_size(n.allocated_bytes),
+                    format!(
+                        "{} ({}, {})",
+                        format_size(n.pool_bytes),
+                        format_size(n.pool_attached_bytes),
+                        format_size(n.pool_in_use_bytes)
+                    ),
                     format!(
                         "{}{}",
                         format_size(n.quota_bytes),
@@ -395,7 +409,15 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             })?
         }
         CtlCommand::Free { id } => print(json, &c.free(id)?, |r| {
-            format!("released allocation {} ({} segments)", r.id, r.extents.len())
+            if r.deferred {
+                format!(
+                    "allocation {} is in its node's pool and a process uses it: its agent releases it \
+                     once none does",
+                    r.id
+                )
+            } else {
+                format!("released allocation {} ({} segments)", r.id, r.extents.len())
+            }
         })?,
         CtlCommand::NodeQuota { node, size } => {
             let id = resolve_node(c, &node)?;

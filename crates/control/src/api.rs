@@ -199,6 +199,15 @@ pub struct Node {
     /// Whether an admin set this node's own quota (else the default applies).
     #[serde(default)]
     pub quota_set: bool,
+    /// Bytes of the allocations pushed to the node (no holder): its pool.
+    #[serde(default)]
+    pub pool_bytes: u64,
+    /// Of those, bytes the node's agent attached, as it last reported.
+    #[serde(default)]
+    pub pool_attached_bytes: u64,
+    /// Of those, bytes a process uses, as the agent last reported.
+    #[serde(default)]
+    pub pool_in_use_bytes: u64,
 }
 
 /// `PUT /v1/nodes/{id}/quota`.
@@ -395,6 +404,32 @@ pub struct Released {
     pub id: u64,
     /// The extents given back to their bricks.
     pub extents: Vec<ReleasedExtent>,
+    /// True when nothing was released yet: the allocation is in its node's pool and a process
+    /// uses it; the node's agent releases it as soon as none does (`extents` is then empty).
+    #[serde(default)]
+    pub deferred: bool,
+}
+
+/// `PUT /v1/nodes/{id}/pool`: what the node's agent did with the allocations pushed to the
+/// node (those without a holder: `rackmem ctl alloc --node`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolReport {
+    /// Pushed allocations whose segments the agent attached (checked and created on their
+    /// bricks): in the node's pool.
+    #[serde(default)]
+    pub attached: Vec<u64>,
+    /// Pool allocations a process uses now.
+    #[serde(default)]
+    pub in_use: Vec<u64>,
+}
+
+/// Reply to a [`PoolReport`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PoolReply {
+    /// Pool allocations whose release was asked while a process used them: the agent releases
+    /// each once no process uses it, and hands none of them out again.
+    pub release: Vec<u64>,
 }
 
 /// An extent given back to a brick.

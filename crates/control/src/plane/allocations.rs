@@ -243,8 +243,10 @@ impl ControlPlane {
         if let Some(k) = &rec.idempotency_key {
             self.idempotency.remove(&(rec.node, k.clone()));
         }
+        self.deferred.remove(&id);
         Ok(api::Released {
             id,
+            deferred: false,
             extents: rec
                 .segments
                 .iter()

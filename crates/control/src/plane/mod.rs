@@ -178,6 +178,11 @@ pub struct ControlPlane {
     node_quota: NodeQuota,
     /// How bricks are picked when an allocation does not say.
     placement: api::Objective,
+    /// Node → its agent's last pool report (not stored: agents report every second).
+    pools: HashMap<u64, api::PoolReport>,
+    /// Pool allocations whose release was asked while in use (not stored: after a restart the
+    /// release is asked again).
+    deferred: BTreeSet<u64>,
     /// What the REST server authenticates against: refilled whenever `tokens` changes.
     token_table: Arc<TokenTable>,
 }
@@ -227,6 +232,8 @@ impl ControlPlane {
         fresh.grant_lifetime = self.grant_lifetime;
         fresh.node_quota = self.node_quota;
         fresh.placement = self.placement;
+        fresh.pools = std::mem::take(&mut self.pools);
+        fresh.deferred = std::mem::take(&mut self.deferred);
         *self = fresh;
         self.publish_tokens();
         Ok(())
@@ -266,6 +273,8 @@ impl ControlPlane {
             grant_lifetime: DEFAULT_GRANT_LIFETIME,
             node_quota: NodeQuota::default(),
             placement: api::Objective::default(),
+            pools: HashMap::new(),
+            deferred: BTreeSet::new(),
             token_table: Arc::new(TokenTable::default()),
         };
         for s in snap.switches {

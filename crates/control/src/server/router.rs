@@ -51,6 +51,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::get_node))
         .routes(routes!(nodes::node_rates))
         .routes(routes!(nodes::set_node_quota))
+        .routes(routes!(nodes::report_pool))
         .routes(routes!(allocations::create_allocation, allocations::list_allocations))
         .routes(routes!(
             allocations::get_allocation,
