@@ -62,10 +62,11 @@ pub struct BrickArgs {
     ports: Vec<PortSpec>,
     /// What this brick's memory serves, in bytes/s, READ and WRITE together (e.g. 4GB/s):
     /// the brick holds its total to it, and registers it so the control plane sets the
-    /// segments' rates to add up to at most this. `probe` (the default) measures it at start
-    /// (the best of a few 32 MiB copies); `none` leaves the total unpaced and the rates bound
-    /// by the ports alone.
-    #[arg(long, value_name = "RATE|probe|none", default_value = "probe", value_parser = parse_serve_rate)]
+    /// segments' rates to add up to at most this. `probe` measures it at start (the best of a
+    /// few 32 MiB copies; on a busy host it reads low, and everything served is held to it).
+    /// `none` (the default) leaves the total unpaced and the segments' rates bound by the ports
+    /// alone; a managed brick still holds each segment to the rate the control plane set.
+    #[arg(long, value_name = "RATE|probe|none", default_value = "none", value_parser = parse_serve_rate)]
     serve_rate: ServeRate,
     /// Milliseconds between heartbeats to the control plane.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]

@@ -500,6 +500,52 @@ mod tests {
     }
 
     #[test]
+    fn rates_add_up_to_what_a_brick_serves_and_a_full_brick_is_passed_over() {
+        let mut p = plane();
+        let served = |p: &mut ControlPlane, name: &str, bps: u64| {
+            p.register_brick(BrickRegistration {
+                name: name.into(),
+                address: format!("tcp://{name}:7070"),
+                capacity_bytes: 64 * M,
+                ports: port(1000),
+                key_hex: hex::encode([7u8; 32]),
+                serve_bps: Some(bps),
+            })
+            .unwrap()
+            .id
+        };
+        let b1 = served(&mut p, "b1", 100);
+        let b2 = served(&mut p, "b2", 60);
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = |bw: Option<u64>, bricks: Option<Vec<u64>>| AllocationRequest {
+            node: n,
+            size_bytes: M,
+            bandwidth_bps: bw,
+            bricks,
+            ..AllocationRequest::default()
+        };
+        // Two unreserved segments on b1 share what its memory serves, not its port's 1000.
+        let a = p.allocate(req(None, Some(vec![b1]))).unwrap();
+        p.allocate(req(None, Some(vec![b1]))).unwrap();
+        assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 50);
+        assert_eq!(p.brick(b1).unwrap().promised_bps, 100);
+        // b2's memory taken whole by a reservation: the next reservation goes elsewhere.
+        p.allocate(req(Some(60), Some(vec![b2]))).unwrap();
+        let e = p.allocate(req(Some(10), Some(vec![b2]))).unwrap_err();
+        assert!(matches!(e, PlaneError::InsufficientBandwidth(_)), "{e}");
+        let c = p.allocate(req(Some(10), None)).unwrap();
+        assert_eq!(c.segments[0].brick_id, b1, "b2 serves no more: passed over");
+        let e = p.allocate(req(Some(200), None)).unwrap_err();
+        assert!(matches!(e, PlaneError::InsufficientBandwidth(_)), "{e}");
+    }
+
+    #[test]
     fn placement_follows_its_objective_by_load_and_power() {
         let topology = Topology::parse(
             r#"{"power": {"b1": {"idle_watts": 90, "busy_watts": 300},

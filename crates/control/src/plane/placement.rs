@@ -234,6 +234,15 @@ impl ControlPlane {
                     }
                     with_space += 1;
                     let Some(b) = self.bricks.get(&id) else { continue };
+                    // A brick whose memory serves no more (all reserved) is passed over like one
+                    // without a path, so the next brick gets the segment.
+                    if self
+                        .graph
+                        .memory_link(id)
+                        .is_some_and(|m| !self.graph.admits(&m, pl.bandwidth_bps))
+                    {
+                        continue;
+                    }
                     if let Some(path) =
                         self.graph
                             .find_path(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
