@@ -128,6 +128,7 @@ fn measure(store: &str, url: &str, a: &ControlConfig, pb: &indicatif::ProgressBa
                 capacity_bytes: 64 << 30,
                 ports: vec![port("p0")],
                 key_hex: hex::encode((i as u64).to_le_bytes().repeat(4)),
+                serve_bps: None,
             })
             .with_context(|| format!("registering brick {i}"))?;
         pb.inc(1);

@@ -46,6 +46,7 @@ pub mod output;
 pub mod programs;
 pub mod progress;
 pub mod rackmem;
+pub mod rates;
 pub mod scan;
 pub mod seeds;
 pub mod setups;

@@ -5,7 +5,7 @@
 //! is already buffered: a pipelined burst is answered with few system calls, a lone request at
 //! once, and the brick never sits on a response while it waits for more bytes from the client.
 
-use crate::data::{read_pages, with_segment, write_pages};
+use crate::data::{pace, read_pages, with_segment, write_pages};
 use crate::onesided;
 use crate::reply::{err, Reply};
 use crate::session::{handle, Session};
@@ -150,6 +150,7 @@ pub(crate) fn serve_connection(
         // copies its pages an extra time.
         let decoded = match h.opcode {
             Opcode::Write => rackmem_proto::decode_write(&payload).map(|(ext, data)| {
+                pace(shared, session.attached.as_ref(), data.len() as u64);
                 with_segment(session.attached.as_ref(), |a, m| write_pages(shared, a, m, &ext, data))
             }),
             // PUT stores from the receive buffer and GET fills the reused buffer, as above.
@@ -165,9 +166,12 @@ pub(crate) fn serve_connection(
                 r => handle(shared, &mut session, r),
             }),
             Opcode::Read => Request::decode(&h, &payload).map(|r| match r {
-                Request::Read(ext) => with_segment(session.attached.as_ref(), |a, m| {
-                    read_pages(shared, a, m, &ext, std::mem::take(&mut scratch))
-                }),
+                Request::Read(ext) => {
+                    pace(shared, session.attached.as_ref(), rackmem_proto::extents_bytes(&ext));
+                    with_segment(session.attached.as_ref(), |a, m| {
+                        read_pages(shared, a, m, &ext, std::mem::take(&mut scratch))
+                    })
+                }
                 r => handle(shared, &mut session, r),
             }),
             _ => Request::decode(&h, &payload).map(|r| handle(shared, &mut session, r)),

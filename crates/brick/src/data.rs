@@ -18,6 +18,16 @@ pub(crate) struct Attached {
     pub(crate) rights: u8,
     /// Held (read side) while a request touches the segment's memory.
     pub(crate) gate: Gate,
+    /// The segment's rate and counters.
+    pub(crate) pace: std::sync::Arc<crate::pace::SegmentPace>,
+}
+
+/// Holds a READ or WRITE of `bytes` back until the segment's rate and the brick's total allow
+/// it (before the segment's gate is taken, so a release never waits for a paced request).
+pub(crate) fn pace(shared: &Shared, attached: Option<&Attached>, bytes: u64) {
+    if let Some(a) = attached {
+        shared.pacer.pace(&a.pace, bytes, &shared.stop);
+    }
 }
 
 /// Runs a data operation on the connection's segment: refused before ATTACH, and after the

@@ -66,6 +66,10 @@ pub struct BrickLimits {
     /// The longest wait, and the furthest ahead a check may be scheduled: an attempt that would
     /// wait longer is refused at once (`Busy`) without being checked.
     pub auth_delay_max: Duration,
+    /// The most bytes/s the brick serves in total (READ and WRITE together; `None`: no limit
+    /// but the segments' own): what its memory can serve, measured or declared
+    /// (`rackmem brick --serve-rate`). See the `pace` module.
+    pub serve_bps: Option<u64>,
 }
 
 impl Default for BrickLimits {
@@ -83,6 +87,7 @@ impl Default for BrickLimits {
             auth_failures_free_per_prefix: 20,
             auth_delay: Duration::from_millis(250),
             auth_delay_max: Duration::from_secs(4),
+            serve_bps: None,
         }
     }
 }

@@ -93,6 +93,9 @@ pub(crate) fn open(shared: &Shared, session: &mut Session, name: &[u8], size_byt
                 size,
                 rights: rights::ALL,
                 gate,
+                // Named segments are carved with the shared secret (standalone bricks), which
+                // set no rate.
+                pace: crate::pace::SegmentPace::untracked(),
             });
             return ok(shared.grant(id, offset, size).encode());
         }
@@ -141,6 +144,7 @@ pub(crate) fn open(shared: &Shared, session: &mut Session, name: &[u8], size_byt
         size,
         rights: rights::ALL,
         gate,
+        pace: crate::pace::SegmentPace::untracked(),
     });
     ok(shared.grant(id, offset, size).encode())
 }

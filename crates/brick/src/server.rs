@@ -44,6 +44,16 @@ impl BrickManager {
     pub fn retain_segments_as_of(&self, keep: &[(u64, u64, u64)], listed_at: Instant) -> Vec<u64> {
         self.0.store.retain(keep, listed_at)
     }
+
+    /// See [`BrickHandle::set_rates_as_of`].
+    pub fn set_rates_as_of(&self, rates: &[(u64, u64)], listed_at: Instant) {
+        self.0.pacer.set_rates(rates, listed_at);
+    }
+
+    /// See [`BrickHandle::pace_stats`].
+    pub fn pace_stats(&self) -> crate::PaceStats {
+        self.0.pacer.stats()
+    }
 }
 
 /// A running brick. Dropping it stops the brick, as [`BrickHandle::shutdown`] does.
@@ -148,6 +158,7 @@ impl Brick {
         let shared = Arc::new(Shared {
             spin_us,
             guard: Guard::new(cfg.limits.clone()),
+            pacer: crate::pace::Pacer::new(cfg.limits.serve_bps),
             store: Store::new(cfg.size_bytes, first_segment),
             cfg,
             counters: Counters::default(),
@@ -185,6 +196,19 @@ impl BrickHandle {
     /// Counters now.
     pub fn stats(&self) -> BrickStats {
         self.shared.stats()
+    }
+
+    /// What pacing did so far: the total rate, requests delayed, and per segment its rate, bytes
+    /// and requests served and requests delayed.
+    pub fn pace_stats(&self) -> crate::PaceStats {
+        self.shared.pacer.stats()
+    }
+
+    /// Sets the rates of managed segments (`(segment id, bytes/s)`, 0: unpaced but for the
+    /// brick's total), as a control plane's heartbeat reply sent at `listed_at` lists them;
+    /// segments it does not list and that are older than it are forgotten.
+    pub fn set_rates_as_of(&self, rates: &[(u64, u64)], listed_at: Instant) {
+        self.shared.pacer.set_rates(rates, listed_at);
     }
 
     /// What the brick refused or cut so far (connections over its limits, timeouts, refused

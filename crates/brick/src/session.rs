@@ -183,6 +183,7 @@ fn alloc(shared: &Shared, session: &mut Session, size_bytes: u64, secret: &[u8])
         size,
         rights: rights::ALL,
         gate,
+        pace: crate::pace::SegmentPace::untracked(),
     });
     ok(shared.grant(id, off, size).encode())
 }
@@ -257,6 +258,13 @@ fn attach(shared: &Shared, session: &mut Session, g: &Grant, proof: &[u8; KEY_LE
         size: g.size_bytes,
         rights: g.rights,
         gate,
+        // A managed brick's segments are the control plane's, which sets their rates (the
+        // grant's, then every heartbeat reply's); a standalone brick's CLONE grants carry none.
+        pace: if shared.cfg.managed {
+            shared.pacer.segment(g.segment_id, g.rate_bps)
+        } else {
+            crate::pace::SegmentPace::untracked()
+        },
     });
     ok(Vec::new())
 }

@@ -3,6 +3,7 @@
 
 use crate::config::BrickConfig;
 use crate::guard::{Admission, Guard, AUTH_FORGET};
+use crate::pace::Pacer;
 use crate::pool::Store;
 use crate::reply::{err, Reply};
 use crate::sync::lock;
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) guard: Guard,
     /// Named segments (OPEN).
     pub(crate) names: crate::onesided::Names,
+    /// The rates the brick enforces.
+    pub(crate) pacer: Pacer,
 }
 
 /// A handle on an open connection, to shut it down when the brick stops.

@@ -395,7 +395,7 @@ fn malformed_headers_are_refused_in_every_connection_state() {
     bad_magic[0..4].copy_from_slice(&(MAGIC ^ 0xff).to_le_bytes());
     let mut bad_version = header(Opcode::Ping as u8, 0);
     bad_version[4] = 9;
-    let attach_len = (Grant::LEN + 32) as u32;
+    let attach_len = (Grant::RATED_LEN + 32) as u32;
     let cases: Vec<(&str, Vec<u8>, Status)> = vec![
         ("bad magic", bad_magic, Status::BadRequest),
         ("bad version", bad_version, Status::BadVersion),

@@ -87,9 +87,15 @@ pub struct AgentArgs {
     request_timeout: Duration,
     /// How often to release this node's agent-made allocations that nobody holds: none of this
     /// agent's connections has it and its process is gone (it also runs at start). Allocations
-    /// made by hand (rackmem ctl alloc) are never released by the agent.
+    /// pushed to the node by hand (rackmem ctl alloc --node) are never released by the agent
+    /// unless an admin asks (they are its pool, see --pool-interval).
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::values::parse_duration)]
     reconcile_interval: Duration,
+    /// How often to look for memory pushed to this node (rackmem ctl alloc --node NODE): the
+    /// agent attaches it into the node's pool, serves processes' grows from the pool before
+    /// asking for more, and reports what the pool holds and what is in use.
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = crate::values::parse_duration)]
+    pool_interval: Duration,
 }
 
 pub fn run(args: AgentArgs) -> Result<i32> {
@@ -120,6 +126,7 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     cfg.max_connections_per_uid = args.max_connections_per_uid;
     cfg.request_timeout = args.request_timeout;
     cfg.reconcile_interval = args.reconcile_interval;
+    cfg.pool_interval = args.pool_interval;
     let agent = Agent::start(client, cfg).context("starting the agent")?;
     eprintln!(
         "rackmem agent: node {name} (id {}) serving programs on {} (SIGTERM or Ctrl-C stops it)",

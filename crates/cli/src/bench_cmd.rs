@@ -147,6 +147,24 @@ enum Which {
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=25))]
         rounds: u32,
     },
+    /// Rates the brick enforces: two clients that ignore their limits on one managed brick
+    /// serving a fraction of its capacity measured in the same round, each given half by the
+    /// control plane; prints each client's throughput ÷ its share (target: within 10%).
+    Rates {
+        /// Rounds (capacity, then paced), interleaved.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds each half of a round reads for.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// The paced brick's total as a fraction of the measured capacity (each client's share
+        /// is half of it): 1 is the "half its capacity each".
+        #[arg(long, default_value_t = 1.0)]
+        fraction: f64,
+        /// Bytes per READ.
+        #[arg(long, default_value_t = 256 << 10)]
+        request: u32,
+    },
     /// Sequential read+write scan: native, and under `rackmem run` (its defaults) with 25%, 50%, 100% local buffers.
     Scan {
         /// Footprint.
@@ -425,6 +443,17 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
             bench_dir,
             tmp,
             stop: stop_on_signals()?,
+        })?,
+        Which::Rates {
+            rounds,
+            seconds,
+            fraction,
+            request,
+        } => rackmem_bench::rates::run(&rackmem_bench::rates::RatesConfig {
+            rounds,
+            seconds,
+            fraction,
+            request_bytes: request,
         })?,
         Which::Control(a) => control::run(&control::ControlConfig {
             bricks: a.bricks,

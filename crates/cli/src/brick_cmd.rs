@@ -60,6 +60,14 @@ pub struct BrickArgs {
     /// `p0:10GB/s` on the switch the control plane's topology gives it (else `rack`).
     #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = parse_port, requires = "control")]
     ports: Vec<PortSpec>,
+    /// What this brick's memory serves, in bytes/s, READ and WRITE together (e.g. 4GB/s):
+    /// the brick holds its total to it, and registers it so the control plane sets the
+    /// segments' rates to add up to at most this. `probe` measures it at start (the best of a
+    /// few 32 MiB copies; on a busy host it reads low, and everything served is held to it).
+    /// `none` (the default) leaves the total unpaced and the segments' rates bound by the ports
+    /// alone; a managed brick still holds each segment to the rate the control plane set.
+    #[arg(long, value_name = "RATE|probe|none", default_value = "none", value_parser = parse_serve_rate)]
+    serve_rate: ServeRate,
     /// Milliseconds between heartbeats to the control plane.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     heartbeat_ms: u64,
@@ -193,6 +201,8 @@ impl BrickArgs {
             auth_failures_free_per_prefix: self.auth_failures_free_per_prefix,
             auth_delay: Duration::from_millis(self.auth_delay_ms),
             auth_delay_max: Duration::from_millis(self.auth_delay_max_ms),
+            // Set by `run` from --serve-rate (the probe runs only when the brick starts).
+            serve_bps: None,
         })
     }
 }
@@ -264,6 +274,25 @@ fn on_live_segments(live: &[(u64, u64, u64)], dropped: &[u64], last_count: &mut 
     }
 }
 
+/// `--serve-rate`.
+#[derive(Debug, Clone, Copy)]
+enum ServeRate {
+    Probe,
+    Unpaced,
+    Bps(u64),
+}
+
+fn parse_serve_rate(s: &str) -> Result<ServeRate, String> {
+    match s.trim() {
+        "probe" => Ok(ServeRate::Probe),
+        "none" => Ok(ServeRate::Unpaced),
+        r => match crate::values::parse_rate(r)? {
+            0 => Err("--serve-rate 0 would serve nothing: give a rate, probe or none".to_string()),
+            b => Ok(ServeRate::Bps(b)),
+        },
+    }
+}
+
 pub fn read_secret(secret: Option<String>, file: Option<&std::path::Path>) -> Result<Option<Vec<u8>>> {
     if let Some(s) = secret {
         return Ok(Some(s.into_bytes()));
@@ -325,7 +354,20 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     if args.size < 2 << 20 {
         bail!("--size {} is too small: a brick lends at least 2 MiB", args.size);
     }
-    let limits = args.limits()?;
+    let mut limits = args.limits()?;
+    limits.serve_bps = match args.serve_rate {
+        ServeRate::Unpaced => None,
+        ServeRate::Bps(b) => Some(b),
+        ServeRate::Probe => {
+            let b = rackmem_brick::probe_serve_rate();
+            eprintln!(
+                "rackmem brick: memory serves {} per second (probed; --serve-rate sets it)",
+                format_size(b)
+            );
+            Some(b)
+        }
+    };
+    let serve_bps = limits.serve_bps;
     let secret = read_secret(args.secret, args.secret_file.as_deref())?;
     if secret.is_none() {
         eprintln!("rackmem brick: no --secret given: nodes cannot carve segments until a control plane issues grants");
@@ -400,6 +442,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                 capacity_bytes: args.size,
                 ports,
                 key_hex,
+                serve_bps,
             };
             eprintln!(
                 "rackmem brick: managed by the control plane at {urls} as {} ({})",
@@ -407,6 +450,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
             );
             let mut last_count = None;
             let (manager, stats_of) = (handle.manager(), handle.manager());
+            let conns_of = handle.manager();
             Some(
                 rackmem_control::heartbeat::spawn_brick_heartbeat_with_stats(
                     client,
@@ -417,6 +461,9 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                         rackmem_control::api::HeartbeatStats {
                             resident_bytes: Some(s.resident_bytes),
                             segments: Some(s.segments),
+                            bytes_served: Some(s.bytes_read.saturating_add(s.bytes_written)),
+                            connections: Some(s.connections),
+                            requests_delayed: Some(conns_of.pace_stats().delayed),
                         }
                     },
                     move |segs: &[LiveSegment], listed_at| {
@@ -424,6 +471,8 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                         // Segments the control plane no longer lists are dropped; one created
                         // since the request went out may be newer than the list and stays.
                         let dropped = manager.retain_segments_as_of(&live, listed_at);
+                        let rates: Vec<(u64, u64)> = segs.iter().map(|s| (s.id, s.rate_bps.unwrap_or(0))).collect();
+                        manager.set_rates_as_of(&rates, listed_at);
                         on_live_segments(&live, &dropped, &mut last_count);
                     },
                 )

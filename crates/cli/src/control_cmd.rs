@@ -101,6 +101,13 @@ pub struct ControlArgs {
     /// sets a node's own with `rackmem ctl node-quota NODE SIZE`.
     #[arg(long, value_name = "SIZE|PCT%", default_value = "50%", value_parser = parse_node_quota)]
     node_quota: NodeQuota,
+    /// How bricks are picked for segments an allocation does not place itself: `spread` (the
+    /// least loaded brick, by the bytes/s its heartbeats report, then the one with fewest
+    /// segments, then the most free space) or `pack` (bricks already serving first, the fullest
+    /// first, so whole bricks stay idle; among idle ones, the lowest `busy_watts` of the
+    /// topology's `power` first). An allocation may ask for either (`placement`).
+    #[arg(long, value_name = "spread|pack", default_value = "spread")]
+    placement: rackmem_control::api::Objective,
     /// Time a connection has to send a request's headers (also how long an idle kept-alive
     /// connection stays open).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
@@ -183,6 +190,7 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.admin_token = Some(admin_token);
     config.grant_lifetime = args.grant_lifetime;
     config.node_quota = args.node_quota;
+    config.placement = args.placement;
     config.public = PublicRoutes {
         openapi: args.public_openapi,
         metrics: args.public_metrics,

@@ -85,6 +85,10 @@ enum CtlCommand {
         /// Use this brick (by id); repeat to stripe over several.
         #[arg(long = "brick", value_name = "ID")]
         bricks: Vec<u64>,
+        /// How to pick the bricks not named: spread (least loaded) or pack (leave whole bricks
+        /// idle). Default: the control plane's --placement.
+        #[arg(long, value_name = "spread|pack")]
+        placement: Option<rackmem_control::api::Objective>,
     },
     /// Release an allocation.
     Free {
@@ -245,13 +249,27 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             crate::top_cmd::processes_table(p, None).to_string()
         })?,
         CtlCommand::Nodes => print(json, &c.nodes()?, |nodes| {
-            let mut t = table(&["id", "name", "allocations", "allocated", "quota", "ports"]);
+            let mut t = table(&[
+                "id",
+                "name",
+                "allocations",
+                "allocated",
+                "pool (attached, in use)",
+                "quota",
+                "ports",
+            ]);
             for n in nodes {
                 t.add_row(vec![
                     n.id.to_string(),
                     n.name.clone(),
                     n.allocations.to_string(),
                     format_size(n.allocated_bytes),
+                    format!(
+                        "{} ({}, {})",
+                        format_size(n.pool_bytes),
+                        format_size(n.pool_attached_bytes),
+                        format_size(n.pool_in_use_bytes)
+                    ),
                     format!(
                         "{}{}",
                         format_size(n.quota_bytes),
@@ -316,15 +334,44 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                     l.segments.to_string(),
                 ]);
             }
+            let mut b = table(&[
+                "brick",
+                "state",
+                "segments",
+                "load",
+                "serves",
+                "promised",
+                "power idle/busy",
+                "connections",
+            ]);
+            for br in &g.bricks {
+                b.add_row(vec![
+                    format!("{} {}", br.id, br.name),
+                    format!("{:?}", br.state).to_lowercase(),
+                    br.segments.to_string(),
+                    br.load_bps.map_or_else(|| "-".to_string(), rate),
+                    br.serve_bps.map_or_else(|| "-".to_string(), rate),
+                    rate(br.promised_bps),
+                    br.power.map_or_else(
+                        || "-".to_string(),
+                        |p| format!("{} W / {} W", p.idle_watts, p.busy_watts),
+                    ),
+                    br.stats
+                        .as_ref()
+                        .and_then(|s| s.connections)
+                        .map_or_else(|| "-".to_string(), |c| c.to_string()),
+                ]);
+            }
             format!(
-                "{} nodes, {} bricks, switches: {}\n{t}",
+                "{} nodes, {} bricks, switches: {}; placement: {}\n{t}\n{b}",
                 g.nodes.len(),
                 g.bricks.len(),
                 g.switches
                     .iter()
                     .map(|s| s.name.as_str())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                g.placement
             )
         })?,
         CtlCommand::Alloc {
@@ -333,6 +380,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             stripe,
             bandwidth,
             bricks,
+            placement,
         } => {
             let node = resolve_node(c, &node)?;
             let a = c.allocate(&AllocationRequest {
@@ -346,6 +394,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 // no agent ever reclaims it.
                 idempotency_key: None,
                 holder: None,
+                placement,
             })?;
             print(json, &a, |a| {
                 let mut t = table(&["segment", "brick", "offset", "size", "rate limit"]);
@@ -367,7 +416,15 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             })?
         }
         CtlCommand::Free { id } => print(json, &c.free(id)?, |r| {
-            format!("released allocation {} ({} segments)", r.id, r.extents.len())
+            if r.deferred {
+                format!(
+                    "allocation {} is in its node's pool and a process uses it: its agent releases it \
+                     once none does",
+                    r.id
+                )
+            } else {
+                format!("released allocation {} ({} segments)", r.id, r.extents.len())
+            }
         })?,
         CtlCommand::NodeQuota { node, size } => {
             let id = resolve_node(c, &node)?;

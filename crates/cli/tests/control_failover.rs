@@ -130,6 +130,7 @@ fn a_replica_takes_over_when_the_leader_is_killed() {
                 capacity_bytes: 256 * MIB,
                 ports: vec![port("p0")],
                 key_hex: hex::encode(format!("key-of-mem{i}-0123456789abcdef")),
+                serve_bps: None,
             })
             .unwrap();
     }

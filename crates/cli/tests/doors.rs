@@ -396,6 +396,7 @@ fn a_node_cannot_take_all_memory_nor_learn_another_nodes_allocation() {
                     switch: None,
                 }],
                 key_hex: hex_key(b),
+                serve_bps: None,
             })
             .expect("register brick");
     }

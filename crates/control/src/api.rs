@@ -60,6 +60,11 @@ pub struct BrickRegistration {
     pub ports: Vec<PortSpec>,
     /// Hex of the exact bytes the brick signs grants with (its grant key).
     pub key_hex: String,
+    /// What its memory can serve, in bytes/s (READ and WRITE together): measured by the brick
+    /// at start, or declared by its operator. The control plane sets the segments' rates so
+    /// that they add up to at most this; absent, only the ports bound them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_bps: Option<u64>,
 }
 
 /// Reply to a brick registration.
@@ -98,6 +103,20 @@ pub struct Brick {
     pub last_heartbeat_unix_ms: Option<u64>,
     /// What the brick reported in its last heartbeat.
     pub stats: Option<HeartbeatStats>,
+    /// What its memory can serve (bytes/s), as registered; absent: not bounded but by its ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_bps: Option<u64>,
+    /// The rates the control plane set for its segments now, added up (bytes/s): at most
+    /// `serve_bps`.
+    #[serde(default)]
+    pub promised_bps: u64,
+    /// Its load: bytes/s it served between its last two heartbeats that reported
+    /// `bytes_served` (absent: not known yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_bps: Option<u64>,
+    /// The power it draws, as the topology file declares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<BrickPower>,
 }
 
 /// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).
@@ -109,6 +128,16 @@ pub struct HeartbeatStats {
     /// Segments the brick holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<u64>,
+    /// Bytes read and written since the brick started (its load is this counter's rate between
+    /// two heartbeats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_served: Option<u64>,
+    /// Connections open now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// Requests the brick held back to keep a segment or itself within its rate, since it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_delayed: Option<u64>,
 }
 
 /// One segment the control plane believes lives on a brick.
@@ -120,6 +149,10 @@ pub struct LiveSegment {
     pub offset: u64,
     /// Its size.
     pub size_bytes: u64,
+    /// The rate the brick is to serve it at, bytes/s (absent or 0: unpaced but for the brick's
+    /// total); it changes as segments come and go on the same links and bricks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_bps: Option<u64>,
 }
 
 /// Reply to a heartbeat: every segment that must stay; the brick releases the others.
@@ -166,6 +199,15 @@ pub struct Node {
     /// Whether an admin set this node's own quota (else the default applies).
     #[serde(default)]
     pub quota_set: bool,
+    /// Bytes of the allocations pushed to the node (no holder): its pool.
+    #[serde(default)]
+    pub pool_bytes: u64,
+    /// Of those, bytes the node's agent attached, as it last reported.
+    #[serde(default)]
+    pub pool_attached_bytes: u64,
+    /// Of those, bytes a process uses, as the agent last reported.
+    #[serde(default)]
+    pub pool_in_use_bytes: u64,
 }
 
 /// `PUT /v1/nodes/{id}/quota`.
@@ -175,6 +217,51 @@ pub struct NodeQuotaRequest {
     /// The most bytes the node's allocations may hold at once; `null`: the control plane's
     /// default (`rackmem control --node-quota`).
     pub quota_bytes: Option<u64>,
+}
+
+/// How the control plane picks bricks for segments that name none (seed 004, section V: graph
+/// vertices annotated with load and power, used by the allocation algorithms).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// The least loaded brick (bytes/s served, from its heartbeats), then the one with fewest
+    /// segments, then the most free space: traffic spreads over the rack.
+    #[default]
+    Spread,
+    /// A brick that already holds segments, the fullest that fits; an idle brick only when none
+    /// fits, the one that draws least power busy (as the topology declares) first: whole bricks
+    /// stay idle and may be powered down.
+    Pack,
+}
+
+impl std::fmt::Display for Objective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Objective::Spread => "spread",
+            Objective::Pack => "pack",
+        })
+    }
+}
+
+impl std::str::FromStr for Objective {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spread" => Ok(Objective::Spread),
+            "pack" => Ok(Objective::Pack),
+            _ => Err(format!("unknown placement objective {s:?}: use spread or pack")),
+        }
+    }
+}
+
+/// Power a brick draws, as an operator declares it in the topology file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrickPower {
+    /// Watts when it serves no segment.
+    pub idle_watts: u32,
+    /// Watts when it serves segments.
+    pub busy_watts: u32,
 }
 
 /// `POST /v1/allocations`.
@@ -210,6 +297,10 @@ pub struct AllocationRequest {
     /// ever reclaims. The control plane stores and shows it without interpreting it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+    /// How to pick the bricks `bricks` does not name (default: the control plane's
+    /// `--placement`, itself `spread` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Objective>,
 }
 
 /// Longest [`AllocationRequest::idempotency_key`] and [`Holder::agent`].
@@ -313,6 +404,32 @@ pub struct Released {
     pub id: u64,
     /// The extents given back to their bricks.
     pub extents: Vec<ReleasedExtent>,
+    /// True when nothing was released yet: the allocation is in its node's pool and a process
+    /// uses it; the node's agent releases it as soon as none does (`extents` is then empty).
+    #[serde(default)]
+    pub deferred: bool,
+}
+
+/// `PUT /v1/nodes/{id}/pool`: what the node's agent did with the allocations pushed to the
+/// node (those without a holder: `rackmem ctl alloc --node`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolReport {
+    /// Pushed allocations whose segments the agent attached (checked and created on their
+    /// bricks): in the node's pool.
+    #[serde(default)]
+    pub attached: Vec<u64>,
+    /// Pool allocations a process uses now.
+    #[serde(default)]
+    pub in_use: Vec<u64>,
+}
+
+/// Reply to a [`PoolReport`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PoolReply {
+    /// Pool allocations whose release was asked while a process used them: the agent releases
+    /// each once no process uses it, and hands none of them out again.
+    pub release: Vec<u64>,
 }
 
 /// An extent given back to a brick.
@@ -412,6 +529,9 @@ pub struct Graph {
     pub switches: Vec<Switch>,
     /// Links.
     pub links: Vec<Link>,
+    /// How bricks are picked for allocations that do not say (`--placement`).
+    #[serde(default)]
+    pub placement: Objective,
 }
 
 /// Every error reply: `{"error": {"code": "...", "message": "..."}}`.

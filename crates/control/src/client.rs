@@ -454,6 +454,15 @@ impl Client {
         )
     }
 
+    /// `PUT /v1/nodes/{id}/pool`.
+    pub fn report_pool(
+        &self,
+        node: u64,
+        report: &crate::api::PoolReport,
+    ) -> Result<crate::api::PoolReply, ClientError> {
+        self.request(Method::Put, &format!("/v1/nodes/{node}/pool"), Some(report))
+    }
+
     /// `DELETE /v1/allocations/{id}`.
     pub fn free(&self, id: u64) -> Result<Released, ClientError> {
         self.request::<(), _>(Method::Delete, &format!("/v1/allocations/{id}"), None)

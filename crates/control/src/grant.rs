@@ -19,11 +19,21 @@ pub struct Issued {
 }
 
 /// Signs a grant giving `node` every right on `[offset, offset + size_bytes)` of the brick
-/// until `expiry_unix_s` (0: never). The expiry bounds what a stolen grant is worth: a brick
-/// refuses it at ATTACH once past; holders renew it while the segment is in use. Revocation
-/// itself is the control plane dropping the segment from the brick's heartbeat reply.
-pub fn issue(brick_key: &[u8], segment_id: u64, offset: u64, size_bytes: u64, node: u64, expiry_unix_s: u64) -> Issued {
-    let g = Grant::sign(
+/// until `expiry_unix_s` (0: never), to be served at `rate_bps` at most (0: no rate; the brick
+/// paces the segment by its total alone). The expiry bounds what a stolen grant is worth: a
+/// brick refuses it at ATTACH once past; holders renew it while the segment is in use.
+/// Revocation itself is the control plane dropping the segment from the brick's heartbeat
+/// reply, which also carries each segment's current rate.
+pub fn issue(
+    brick_key: &[u8],
+    segment_id: u64,
+    offset: u64,
+    size_bytes: u64,
+    node: u64,
+    expiry_unix_s: u64,
+    rate_bps: u64,
+) -> Issued {
+    let g = Grant::sign_rated(
         brick_key,
         segment_id,
         offset,
@@ -31,6 +41,7 @@ pub fn issue(brick_key: &[u8], segment_id: u64, offset: u64, size_bytes: u64, no
         node,
         rights::ALL,
         expiry_unix_s,
+        rate_bps,
     );
     Issued {
         grant_hex: hex::encode(g.encode()),
@@ -45,7 +56,7 @@ mod tests {
     #[test]
     fn issued_grant_verifies_and_session_key_follows_the_formula() {
         let key = b"0123456789abcdef0123456789abcdef";
-        let i = issue(key, 7, 1 << 20, 4 << 20, 3, 0);
+        let i = issue(key, 7, 1 << 20, 4 << 20, 3, 0, 0);
         let g = Grant::decode(&hex::decode(&i.grant_hex).unwrap()).unwrap();
         g.verify(key, 1).unwrap();
         assert_eq!(

@@ -33,6 +33,10 @@ pub struct Topology {
     /// is then declared implicitly).
     #[serde(default)]
     pub default_switch: Option<String>,
+    /// `"BRICK": {"idle_watts": W, "busy_watts": W}`: the power each brick draws, for the
+    /// `pack` placement objective and `GET /v1/graph`.
+    #[serde(default)]
+    pub power: BTreeMap<String, crate::api::BrickPower>,
 }
 
 /// A cable between two switches.
@@ -171,6 +175,12 @@ pub struct Graph {
     switches: BTreeMap<String, BTreeSet<String>>,
     links: BTreeMap<String, LinkState>,
     switch_adj: HashMap<String, Vec<(String, String)>>,
+}
+
+/// Id of the link that stands for brick `id`'s memory ([`Graph::set_memory`]); port names
+/// cannot contain `:`, so it is distinct from every port link.
+pub fn memory_link_id(id: u64) -> String {
+    format!("brick:{id}:memory:")
 }
 
 /// Id of the link of a node's or brick's port.
@@ -324,9 +334,42 @@ impl Graph {
         }
     }
 
+    /// The power brick `name` draws, if the topology file declares it.
+    pub fn power_of(&self, name: &str) -> Option<crate::api::BrickPower> {
+        self.topology.as_ref().and_then(|t| t.power.get(name).copied())
+    }
+
     /// A link's state.
     pub fn link(&self, id: &str) -> Option<&LinkState> {
         self.links.get(id)
+    }
+
+    /// Sets what brick `id`'s memory can serve (bytes/s; `None`: unbounded but by its ports).
+    /// The memory is a link of its own ([`memory_link_id`]) that every path to the brick ends
+    /// with, so the rates of the brick's segments add up to at most this, as a port's do.
+    pub fn set_memory(&mut self, id: u64, serve_bps: Option<u64>) {
+        let link = memory_link_id(id);
+        match (serve_bps, self.links.get_mut(&link)) {
+            (Some(bps), Some(l)) => l.capacity_bps = bps,
+            (Some(bps), None) => {
+                let brick = Endpoint::Brick { id };
+                self.insert_link(link, brick.clone(), brick, bps);
+            }
+            (None, _) => {
+                self.links.remove(&link);
+            }
+        }
+    }
+
+    /// The memory link of brick `id`, if its memory's rate is known.
+    pub fn memory_link(&self, id: u64) -> Option<String> {
+        let link = memory_link_id(id);
+        self.links.contains_key(&link).then_some(link)
+    }
+
+    /// True when link `id` exists and admits `bandwidth_bps` more.
+    pub fn admits(&self, id: &str, bandwidth_bps: u64) -> bool {
+        self.links.get(id).is_some_and(|l| l.admits(bandwidth_bps))
     }
 
     /// The shortest path from one of `node_ports` to one of `brick_ports` on which every link
@@ -456,6 +499,8 @@ impl Graph {
     pub fn links(&self) -> Vec<Link> {
         self.links
             .iter()
+            // Memory links show on their bricks (`serve_bps`, `promised_bps`).
+            .filter(|(_, l)| !matches!((&l.a, &l.b), (Endpoint::Brick { .. }, Endpoint::Brick { .. })))
             .map(|(id, l)| Link {
                 id: id.clone(),
                 a: l.a.clone(),

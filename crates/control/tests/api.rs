@@ -49,6 +49,7 @@ fn brick_reg(name: &str, capacity: u64, bw: u64) -> BrickRegistration {
             switch: None,
         }],
         key_hex: hex::encode(key_of(name)),
+        serve_bps: None,
     }
 }
 
@@ -835,6 +836,7 @@ fn requests_without_a_valid_token_are_refused_and_change_nothing() {
     let hijack = serde_json::to_string(&BrickRegistration {
         address: "tcp://evil.example:7070".into(),
         key_hex: hex::encode(b"an-attacker-chosen-key-0123456789"),
+        serve_bps: None,
         ..brick_reg("b", 64 * MIB, GBPS)
     })
     .unwrap();
@@ -991,6 +993,7 @@ fn a_brick_name_cannot_be_hijacked() {
     let evil = BrickRegistration {
         address: "tcp://evil.example:7070".into(),
         key_hex: hex::encode(b"an-attacker-chosen-key-0123456789"),
+        serve_bps: None,
         ..brick_reg("b1", 64 * MIB, GBPS)
     };
     // Another brick's token may not register under b1's name, nor send its heartbeats.
@@ -1018,6 +1021,7 @@ fn a_brick_name_cannot_be_hijacked() {
     assert!(admin.bricks().unwrap().is_empty());
     b1.register_brick(&BrickRegistration {
         key_hex: hex::encode(b"a-new-machine-key-0123456789abcdef"),
+        serve_bps: None,
         ..brick_reg("b1", 64 * MIB, GBPS)
     })
     .unwrap();

@@ -230,6 +230,7 @@ fn brick_reg(name: &str, capacity: u64) -> BrickRegistration {
             switch: None,
         }],
         key_hex: hex::encode(format!("key-of-{name}-0123456789abcdef")),
+        serve_bps: None,
     }
 }
 

@@ -33,6 +33,7 @@ fn thousand_bricks_ten_thousand_allocations() {
             capacity_bytes: 64 << 30,
             ports: vec![port("p0")],
             key_hex: hex::encode([i as u8; 32]),
+            serve_bps: None,
         })
         .unwrap();
     }

@@ -34,8 +34,13 @@ pub struct Grant {
     pub rights: u8,
     /// Seconds since the Unix epoch after which the grant is void (0 = never).
     pub expiry_unix_s: u64,
-    /// HMAC-SHA256 over the fields above.
+    /// HMAC-SHA256 over the fields above (and `rate_bps`, when not 0).
     pub mac: [u8; 32],
+    /// The rate in bytes/s the brick serves this segment at most (0: the grant sets none, and
+    /// the brick paces the segment by its total alone). A grant with a rate is
+    /// [`Grant::RATED_LEN`] bytes and signed under its own label, so a v1 grant cannot be
+    /// turned into a rated one, nor a rate altered, without the brick's key.
+    pub rate_bps: u64,
 }
 
 /// Why a grant is refused.
@@ -50,23 +55,41 @@ pub enum GrantError {
 }
 
 impl Grant {
-    /// Encoded length.
+    /// Encoded length of a grant without a rate (`rate_bps == 0`).
     pub const LEN: usize = 8 * 5 + 1 + 32;
+    /// Encoded length of a grant with a rate: the rate follows the expiry, before the MAC.
+    pub const RATED_LEN: usize = Self::LEN + 8;
 
-    fn signed_bytes(&self) -> [u8; 41] {
-        let mut b = [0u8; 41];
-        b[0..8].copy_from_slice(&self.segment_id.to_le_bytes());
-        b[8..16].copy_from_slice(&self.brick_offset.to_le_bytes());
-        b[16..24].copy_from_slice(&self.size_bytes.to_le_bytes());
-        b[24..32].copy_from_slice(&self.node.to_le_bytes());
-        b[32] = self.rights;
-        b[33..41].copy_from_slice(&self.expiry_unix_s.to_le_bytes());
+    /// Encoded length of this grant.
+    pub fn encoded_len(&self) -> usize {
+        if self.rate_bps == 0 {
+            Self::LEN
+        } else {
+            Self::RATED_LEN
+        }
+    }
+
+    fn signed_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::RATED_LEN);
+        b.extend_from_slice(&self.segment_id.to_le_bytes());
+        b.extend_from_slice(&self.brick_offset.to_le_bytes());
+        b.extend_from_slice(&self.size_bytes.to_le_bytes());
+        b.extend_from_slice(&self.node.to_le_bytes());
+        b.push(self.rights);
+        b.extend_from_slice(&self.expiry_unix_s.to_le_bytes());
+        if self.rate_bps != 0 {
+            b.extend_from_slice(&self.rate_bps.to_le_bytes());
+        }
         b
     }
 
     fn compute_mac(&self, key: &[u8]) -> Hmac<Sha256> {
         let mut m = hmac(key);
-        m.update(b"rackmem-grant-v1");
+        m.update(if self.rate_bps == 0 {
+            b"rackmem-grant-v1"
+        } else {
+            b"rackmem-grant-v2"
+        });
         m.update(&self.signed_bytes());
         m
     }
@@ -81,6 +104,30 @@ impl Grant {
         rights: u8,
         expiry_unix_s: u64,
     ) -> Grant {
+        Self::sign_rated(
+            key,
+            segment_id,
+            brick_offset,
+            size_bytes,
+            node,
+            rights,
+            expiry_unix_s,
+            0,
+        )
+    }
+
+    /// [`Grant::sign`] with the rate the brick is to serve the segment at (0: none).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sign_rated(
+        key: &[u8],
+        segment_id: u64,
+        brick_offset: u64,
+        size_bytes: u64,
+        node: u64,
+        rights: u8,
+        expiry_unix_s: u64,
+        rate_bps: u64,
+    ) -> Grant {
         let mut g = Grant {
             segment_id,
             brick_offset,
@@ -89,6 +136,7 @@ impl Grant {
             rights,
             expiry_unix_s,
             mac: [0; 32],
+            rate_bps,
         };
         g.mac = g.compute_mac(key).finalize().into_bytes().into();
         g
@@ -105,16 +153,26 @@ impl Grant {
         Ok(())
     }
 
-    /// Encodes.
+    /// Encodes ([`Grant::LEN`] bytes, or [`Grant::RATED_LEN`] with a rate).
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = self.signed_bytes().to_vec();
+        let mut v = self.signed_bytes();
         v.extend_from_slice(&self.mac);
         v
     }
 
-    /// Decodes.
+    /// Decodes either length.
     pub fn decode(b: &[u8]) -> Result<Grant, DecodeError> {
-        exact(b, Self::LEN)?;
+        let (rate_bps, mac_at) = if b.len() == Self::RATED_LEN {
+            let rate = u64_at(b, 41);
+            if rate == 0 {
+                // Encoded as the shorter grant; this form would never verify.
+                return Err(DecodeError::Invalid("rated grant with a rate of 0"));
+            }
+            (rate, 49)
+        } else {
+            exact(b, Self::LEN)?;
+            (0, 41)
+        };
         Ok(Grant {
             segment_id: u64_at(b, 0),
             brick_offset: u64_at(b, 8),
@@ -122,7 +180,8 @@ impl Grant {
             node: u64_at(b, 24),
             rights: b[32],
             expiry_unix_s: u64_at(b, 33),
-            mac: array_at(b, 41),
+            mac: array_at(b, mac_at),
+            rate_bps,
         })
     }
 }
@@ -219,12 +278,17 @@ impl SegmentGrant {
         v
     }
 
-    /// Decodes `grant || session_key`.
+    /// Decodes `grant || session_key` (either grant length).
     pub fn decode(b: &[u8]) -> Result<SegmentGrant, DecodeError> {
-        exact(b, Self::LEN)?;
+        let grant_len = if b.len() == Grant::RATED_LEN + KEY_LEN {
+            Grant::RATED_LEN
+        } else {
+            exact(b, Self::LEN)?;
+            Grant::LEN
+        };
         Ok(SegmentGrant {
-            grant: Grant::decode(&b[..Grant::LEN])?,
-            session_key: array_at(b, Grant::LEN),
+            grant: Grant::decode(&b[..grant_len])?,
+            session_key: array_at(b, grant_len),
         })
     }
 }
@@ -255,6 +319,7 @@ pub(crate) mod tests {
                     rights,
                     expiry_unix_s,
                     mac,
+                    rate_bps: 0,
                 },
             )
     }
@@ -350,6 +415,25 @@ pub(crate) mod tests {
         let sg = SegmentGrant::new(b"k", Grant::sign(b"k", 1, 0, 4096, 2, rights::ALL, 0));
         let shown = format!("{sg:?}");
         assert!(!shown.contains(&format!("{:?}", sg.session_key)), "{shown}");
+    }
+
+    proptest! {
+        #[test]
+        fn rated_grants_round_trip_and_bind_their_rate(g in grant(), rate in 1u64.., key in any::<[u8; 32]>()) {
+            let s = Grant::sign_rated(&key, g.segment_id, g.brick_offset, g.size_bytes, g.node, g.rights, 0, rate);
+            let bytes = s.encode();
+            prop_assert_eq!(bytes.len(), Grant::RATED_LEN);
+            prop_assert_eq!(Grant::decode(&bytes).unwrap(), s.clone());
+            prop_assert!(s.verify(&key, 1).is_ok());
+            let mut faster = s.clone();
+            faster.rate_bps = rate.wrapping_add(1).max(1);
+            prop_assert_eq!(faster.verify(&key, 1), Err(GrantError::BadSignature), "a rate cannot be raised");
+            let mut unrated = s.clone();
+            unrated.rate_bps = 0;
+            prop_assert_eq!(unrated.verify(&key, 1), Err(GrantError::BadSignature), "nor dropped");
+            let sg = SegmentGrant::new(&key, s);
+            prop_assert_eq!(SegmentGrant::decode(&sg.encode()).unwrap(), sg);
+        }
     }
 
     #[test]

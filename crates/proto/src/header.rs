@@ -138,7 +138,7 @@ impl Opcode {
         match self {
             Hello | Clone | Detach | Ping | Stats | Share => 0,
             Alloc => MAX_SECRET as u32,
-            Attach => (Grant::LEN + KEY_LEN) as u32,
+            Attach => (Grant::RATED_LEN + KEY_LEN) as u32,
             Read => MAX_EXTENT_LIST,
             Write => MAX_PAYLOAD,
             Discard | Populate => 8,

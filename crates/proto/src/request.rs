@@ -303,13 +303,18 @@ impl Request {
                 })
             }
             Opcode::Attach => {
-                if p.len() == Grant::LEN {
+                if p.len() == Grant::LEN || p.len() == Grant::RATED_LEN {
                     return Err(DecodeError::MissingProof);
                 }
-                exact(p, Grant::LEN + KEY_LEN)?;
+                let grant_len = if p.len() == Grant::RATED_LEN + KEY_LEN {
+                    Grant::RATED_LEN
+                } else {
+                    exact(p, Grant::LEN + KEY_LEN)?;
+                    Grant::LEN
+                };
                 Ok(Request::Attach {
-                    grant: Grant::decode(&p[..Grant::LEN])?,
-                    proof: array_at(p, Grant::LEN),
+                    grant: Grant::decode(&p[..grant_len])?,
+                    proof: array_at(p, grant_len),
                 })
             }
             Opcode::Read => {

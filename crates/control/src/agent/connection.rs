@@ -23,11 +23,19 @@ struct Connection<'a> {
     start_ticks: u64,
     /// Allocation → bytes.
     mine: HashMap<u64, u64>,
+    /// Pool allocations this connection uses (memory pushed to the node).
+    pooled: std::collections::HashSet<u64>,
 }
 
 impl Connection<'_> {
     fn grow(&mut self, bytes: u64) -> serde_json::Value {
         let shared = self.shared;
+        // Memory pushed to the node first: it is attached already and counts to no quota (an
+        // admin gave it to the node).
+        if let Some((id, _, segments)) = super::pool::take(shared, self.id, bytes) {
+            self.pooled.insert(id);
+            return serde_json::json!({"ok": true, "allocation": id, "segments": segments});
+        }
         let cfg = &shared.cfg;
         let (uid, pid) = (self.cred.uid, self.cred.pid);
         // Checked and reserved under one lock, before the control plane is asked.
@@ -95,6 +103,10 @@ impl Connection<'_> {
             }
             _ if !*hello => refusal("bad_request", "say hello first"),
             Request::Grow { bytes } => self.grow(bytes),
+            Request::Release { allocation } if self.pooled.remove(&allocation) => {
+                super::pool::give_back(shared, allocation);
+                serde_json::json!({"ok": true})
+            }
             Request::Release { allocation } => {
                 if !self.mine.contains_key(&allocation) {
                     refusal("not_found", format!("allocation {allocation} is not this process's"))
@@ -113,7 +125,7 @@ impl Connection<'_> {
                     let rates: Vec<serde_json::Value> = r
                         .segments
                         .iter()
-                        .filter(|s| self.mine.contains_key(&s.allocation))
+                        .filter(|s| self.mine.contains_key(&s.allocation) || self.pooled.contains(&s.allocation))
                         .map(|s| serde_json::json!({"segment_id": s.segment_id, "rate_limit_bps": s.rate_limit_bps}))
                         .collect();
                     serde_json::json!({"ok": true, "rates": rates})
@@ -143,6 +155,7 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
         cred,
         start_ticks: process_start_ticks(cred.pid).unwrap_or(0),
         mine: HashMap::new(),
+        pooled: std::collections::HashSet::new(),
     };
     let mut who = format!("pid {}", cred.pid);
     let mut hello = false;
@@ -190,7 +203,11 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
         }
     }
     super::report::forget(shared, c.id);
-    // The process is gone (or broke the protocol): everything it had goes back.
+    // The process is gone (or broke the protocol): everything it had goes back, pool memory
+    // to the pool.
+    for id in std::mem::take(&mut c.pooled) {
+        super::pool::give_back(shared, id);
+    }
     let ids: Vec<u64> = c.mine.keys().copied().collect();
     for id in ids {
         c.forget(id);

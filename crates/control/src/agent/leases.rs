@@ -13,7 +13,9 @@ pub(super) fn renew_leases(shared: &Shared, allocations: &[Allocation], orphans:
     let now_s = crate::plane::now_unix_ms() / 1000;
     let margin_s = (shared.cfg.reconcile_interval * 3).as_secs().max(60);
     for a in allocations {
-        if a.holder.is_none() || orphans.contains(&a.id) {
+        // Pool allocations (no holder) are the node's while they live: renewed too, so the
+        // process handed one can attach again.
+        if orphans.contains(&a.id) || (a.holder.is_none() && !shared.in_pool(a.id)) {
             continue;
         }
         let soonest = a

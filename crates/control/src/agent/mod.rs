@@ -35,6 +35,7 @@ mod holdings;
 mod leases;
 mod metrics;
 mod node;
+mod pool;
 mod protocol;
 mod reconcile;
 mod report;
@@ -100,6 +101,8 @@ pub struct AgentConfig {
     pub request_timeout: Duration,
     /// How often to release allocations nobody holds (also done once at start).
     pub reconcile_interval: Duration,
+    /// How often to look for memory pushed to the node (its pool), and report the pool.
+    pub pool_interval: Duration,
 }
 
 impl AgentConfig {
@@ -117,6 +120,7 @@ impl AgentConfig {
             max_connections_per_uid: DEFAULT_MAX_CONNECTIONS_PER_UID,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             reconcile_interval: DEFAULT_RECONCILE_INTERVAL,
+            pool_interval: DEFAULT_POOL_INTERVAL,
         }
     }
 }
@@ -131,6 +135,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 pub const DEFAULT_MAX_CONNECTIONS_PER_UID: usize = 256;
 /// Default of [`AgentConfig::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of [`AgentConfig::pool_interval`]: memory pushed to the node is attached within
+/// about a second.
+pub const DEFAULT_POOL_INTERVAL: Duration = Duration::from_secs(1);
 /// Default of [`AgentConfig::reconcile_interval`].
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -164,12 +171,21 @@ struct Shared {
     holdings: Mutex<Holdings>,
     /// Releases the control plane has not acknowledged yet.
     pending_releases: Mutex<Vec<u64>>,
+    /// Memory pushed to the node.
+    pool: Mutex<pool::Pool>,
     next_connection: AtomicU64,
     /// Connections served now, per user (entries go at zero).
     per_uid: Mutex<std::collections::HashMap<u32, usize>>,
     /// Each connected process's latest report, by connection.
     reports: Mutex<report::Reports>,
     stop: AtomicBool,
+}
+
+impl Shared {
+    /// True when allocation `id` is in the node's pool.
+    fn in_pool(&self, id: u64) -> bool {
+        lock(&self.pool).contains(id)
+    }
 }
 
 /// A running agent.
@@ -192,9 +208,9 @@ impl Agent {
                 "--max-connections and --max-connections-per-uid must be at least 1".into(),
             ));
         }
-        if cfg.request_timeout.is_zero() || cfg.reconcile_interval.is_zero() {
+        if cfg.request_timeout.is_zero() || cfg.reconcile_interval.is_zero() || cfg.pool_interval.is_zero() {
             return Err(AgentError::Config(
-                "--request-timeout and --reconcile-interval must be positive".into(),
+                "--request-timeout, --reconcile-interval and --pool-interval must be positive".into(),
             ));
         }
         let listener = bind(&cfg)?;
@@ -206,6 +222,7 @@ impl Agent {
             counters: AgentCounters::default(),
             holdings: Mutex::new(Holdings::default()),
             pending_releases: Mutex::new(Vec::new()),
+            pool: Mutex::new(pool::Pool::default()),
             next_connection: AtomicU64::new(1),
             per_uid: Mutex::new(std::collections::HashMap::new()),
             reports: Mutex::default(),
@@ -227,6 +244,13 @@ impl Agent {
                 .spawn(move || release_loop(&s))
                 .map_err(AgentError::Thread)?,
         );
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("agent-pool".into())
+                .spawn(move || pool::pool_loop(&s))
+                .map_err(AgentError::Thread)?,
+        );
         Ok(Agent { shared, threads })
     }
 
@@ -238,6 +262,11 @@ impl Agent {
     /// Counters so far.
     pub fn counters(&self) -> &AgentCounters {
         &self.shared.counters
+    }
+
+    /// Bytes in the node's pool (memory pushed to the node), and of those in use by processes.
+    pub fn pool_bytes(&self) -> (u64, u64) {
+        lock(&self.shared.pool).bytes()
     }
 
     /// Releases now the allocations nobody holds (see [`orphans`]); returns their ids.

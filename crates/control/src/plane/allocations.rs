@@ -110,7 +110,7 @@ impl ControlPlane {
             }
         }
         let bandwidth_bps = req.bandwidth_bps.unwrap_or(0);
-        let pl = Placement::new(
+        let mut pl = Placement::new(
             req.node,
             req.size_bytes,
             stripe,
@@ -118,6 +118,7 @@ impl ControlPlane {
             req.links.as_deref(),
             req.bricks.as_deref(),
         )?;
+        pl.objective = req.placement.unwrap_or(self.placement);
         let per_segment = pl.per_segment;
         let usable: u64 = self
             .bricks
@@ -167,7 +168,7 @@ impl ControlPlane {
         let covered: u64 = cur.segments.iter().map(|s| s.size_bytes).sum();
         if size_bytes > covered {
             self.check_quota(cur.node, size_bytes - covered)?;
-            let pl = Placement::new(
+            let mut pl = Placement::new(
                 cur.node,
                 size_bytes - covered,
                 cur.stripe,
@@ -175,6 +176,7 @@ impl ControlPlane {
                 cur.links.as_deref(),
                 None,
             )?;
+            pl.objective = self.placement;
             return self.place_allocation(&pl, self.counters, move |segments| {
                 let mut r = cur;
                 r.size_bytes = size_bytes;
@@ -209,6 +211,7 @@ impl ControlPlane {
         for s in &rec.segments {
             if let Some(b) = self.bricks.get_mut(&s.brick_id) {
                 b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
+                b.paths.insert(s.segment_id, (s.links.clone(), s.bandwidth_bps));
             }
         }
         if let Some(n) = self.nodes.get_mut(&rec.node) {
@@ -240,8 +243,10 @@ impl ControlPlane {
         if let Some(k) = &rec.idempotency_key {
             self.idempotency.remove(&(rec.node, k.clone()));
         }
+        self.deferred.remove(&id);
         Ok(api::Released {
             id,
+            deferred: false,
             extents: rec
                 .segments
                 .iter()

@@ -101,17 +101,32 @@ impl ControlPlane {
             capacity_bytes: reg.capacity_bytes,
             ports: ports.clone(),
             key_hex: hex::encode(&key),
+            serve_bps: reg.serve_bps,
         };
+        if reg.serve_bps == Some(0) {
+            return Err(PlaneError::Invalid(format!(
+                "brick {} serves 0 bytes/s: give its rate, or leave serve_bps out",
+                reg.name
+            )));
+        }
         self.commit_registration(&owner, Record::Brick(rec.clone()), counters, &old_ports, &mut ports)?;
+        self.graph.set_memory(id, rec.serve_bps);
         let now = Instant::now();
-        let (segments, stats, hb) = match self.bricks.remove(&id) {
+        let (segments, paths, stats, hb, served, load_bps) = match self.bricks.remove(&id) {
             Some(old) => {
                 if old.up {
                     self.index.remove(id, old.extents.largest());
                 }
-                (old.segments, old.stats, old.last_heartbeat_unix_ms)
+                (
+                    old.segments,
+                    old.paths,
+                    old.stats,
+                    old.last_heartbeat_unix_ms,
+                    old.served,
+                    old.load_bps,
+                )
             }
-            None => (BTreeMap::new(), None, None),
+            None => (BTreeMap::new(), BTreeMap::new(), None, None, None, None),
         };
         self.index.update(id, None, extents.largest());
         self.brick_names.insert(rec.name.clone(), id);
@@ -122,10 +137,13 @@ impl ControlPlane {
                 key,
                 extents,
                 segments,
+                paths,
                 up: true,
                 last_seen: now,
                 last_heartbeat_unix_ms: hb,
                 stats,
+                served,
+                load_bps,
             },
         );
         Ok(api::BrickRegistered {
@@ -141,15 +159,32 @@ impl ControlPlane {
             .bricks
             .get_mut(&id)
             .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered (register it first)")))?;
-        b.last_seen = Instant::now();
+        let now = Instant::now();
+        b.last_seen = now;
         b.last_heartbeat_unix_ms = Some(now_unix_ms());
+        if let Some(served) = stats.as_ref().and_then(|s| s.bytes_served) {
+            // A brick that restarted counts from 0 again: its load is known from the next one.
+            if let Some((before, at)) = b.served {
+                let dt = now.saturating_duration_since(at).as_secs_f64();
+                if served >= before && dt > 0.0 {
+                    b.load_bps = Some(((served - before) as f64 / dt) as u64);
+                }
+            }
+            b.served = Some((served, now));
+        }
         if stats.is_some() {
             b.stats = stats;
         }
+        let graph = &self.graph;
         let segments = b
             .segments
             .iter()
-            .map(|(&id, &(offset, size_bytes))| LiveSegment { id, offset, size_bytes })
+            .map(|(&id, &(offset, size_bytes))| LiveSegment {
+                id,
+                offset,
+                size_bytes,
+                rate_bps: b.paths.get(&id).map(|(links, bw)| graph.rate_limit(links, *bw)),
+            })
             .collect();
         if !b.up {
             b.up = true;
@@ -213,6 +248,14 @@ impl ControlPlane {
             state: if b.up { BrickState::Up } else { BrickState::Down },
             last_heartbeat_unix_ms: b.last_heartbeat_unix_ms,
             stats: b.stats.clone(),
+            serve_bps: b.rec.serve_bps,
+            promised_bps: b
+                .paths
+                .values()
+                .map(|(links, bw)| self.graph.rate_limit(links, *bw))
+                .fold(0u64, u64::saturating_add),
+            load_bps: b.load_bps,
+            power: self.graph.power_of(&b.rec.name),
         }
     }
 

@@ -48,7 +48,8 @@ impl ControlPlane {
                 .bricks
                 .get(&s.brick_id)
                 .ok_or_else(|| PlaneError::NotFound(format!("brick {} of allocation {id}", s.brick_id)))?;
-            let issued = grant::issue(&b.key, s.segment_id, s.offset, s.size_bytes, rec.node, expiry);
+            let rate = self.graph.rate_limit(&s.links, s.bandwidth_bps);
+            let issued = grant::issue(&b.key, s.segment_id, s.offset, s.size_bytes, rec.node, expiry, rate);
             s.grant_hex = issued.grant_hex;
             s.session_key_hex = issued.session_key_hex;
         }

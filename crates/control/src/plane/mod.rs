@@ -115,10 +115,16 @@ struct BrickEntry {
     extents: FreeExtents,
     /// segment id → (offset, size).
     segments: BTreeMap<u64, (u64, u64)>,
+    /// segment id → (its path's links, its reservation), for the rates heartbeats carry.
+    paths: BTreeMap<u64, (Vec<String>, u64)>,
     up: bool,
     last_seen: Instant,
     last_heartbeat_unix_ms: Option<u64>,
     stats: Option<HeartbeatStats>,
+    /// The last `bytes_served` a heartbeat reported, and when it arrived.
+    served: Option<(u64, Instant)>,
+    /// Bytes/s served between the last two heartbeats that reported `bytes_served`.
+    load_bps: Option<u64>,
 }
 
 /// A registered node and its live allocations.
@@ -170,6 +176,13 @@ pub struct ControlPlane {
     grant_lifetime: Duration,
     /// What one node may hold unless an admin set its own quota.
     node_quota: NodeQuota,
+    /// How bricks are picked when an allocation does not say.
+    placement: api::Objective,
+    /// Node → its agent's last pool report (not stored: agents report every second).
+    pools: HashMap<u64, api::PoolReport>,
+    /// Pool allocations whose release was asked while in use (not stored: after a restart the
+    /// release is asked again).
+    deferred: BTreeSet<u64>,
     /// What the REST server authenticates against: refilled whenever `tokens` changes.
     token_table: Arc<TokenTable>,
 }
@@ -207,6 +220,8 @@ impl ControlPlane {
                 b.last_seen = old.last_seen;
                 b.last_heartbeat_unix_ms = old.last_heartbeat_unix_ms;
                 b.stats = old.stats.clone();
+                b.served = old.served;
+                b.load_bps = old.load_bps;
                 if !b.up {
                     fresh.index.remove(*id, b.extents.largest());
                 }
@@ -216,6 +231,9 @@ impl ControlPlane {
         fresh.token_table = self.token_table.clone();
         fresh.grant_lifetime = self.grant_lifetime;
         fresh.node_quota = self.node_quota;
+        fresh.placement = self.placement;
+        fresh.pools = std::mem::take(&mut self.pools);
+        fresh.deferred = std::mem::take(&mut self.deferred);
         *self = fresh;
         self.publish_tokens();
         Ok(())
@@ -254,6 +272,9 @@ impl ControlPlane {
             tokens: snap.tokens.into_iter().map(|t| (t.id, t)).collect(),
             grant_lifetime: DEFAULT_GRANT_LIFETIME,
             node_quota: NodeQuota::default(),
+            placement: api::Objective::default(),
+            pools: HashMap::new(),
+            deferred: BTreeSet::new(),
             token_table: Arc::new(TokenTable::default()),
         };
         for s in snap.switches {
@@ -265,6 +286,7 @@ impl ControlPlane {
             let key = bricks::decode_key(&b.key_hex).map_err(|m| corrupt(Key::Brick(b.id).path(), m))?;
             let mut ports = b.ports.clone();
             p.graph.attach(&Endpoint::Brick { id: b.id }, &[], &mut ports);
+            p.graph.set_memory(b.id, b.serve_bps);
             p.brick_names.insert(b.name.clone(), b.id);
             p.bricks.insert(
                 b.id,
@@ -273,10 +295,13 @@ impl ControlPlane {
                     rec: BrickRecord { ports, ..b },
                     key,
                     segments: BTreeMap::new(),
+                    paths: BTreeMap::new(),
                     up: true,
                     last_seen: now,
                     last_heartbeat_unix_ms: None,
                     stats: None,
+                    served: None,
+                    load_bps: None,
                 },
             );
         }
@@ -314,6 +339,7 @@ impl ControlPlane {
                     ));
                 }
                 b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
+                b.paths.insert(s.segment_id, (s.links.clone(), s.bandwidth_bps));
                 p.graph.reserve(&s.links, s.bandwidth_bps);
             }
             if let Some(k) = &a.idempotency_key {
@@ -344,7 +370,13 @@ impl ControlPlane {
             bricks: self.bricks(),
             switches: self.graph.switches(),
             links: self.graph.links(),
+            placement: self.placement,
         }
+    }
+
+    /// Sets how bricks are picked when an allocation does not say (`--placement`).
+    pub fn set_placement(&mut self, objective: api::Objective) {
+        self.placement = objective;
     }
 
     /// Counts for `/metrics`.
@@ -412,6 +444,7 @@ mod tests {
             capacity_bytes: cap,
             ports: port(1000),
             key_hex: hex::encode([7u8; 32]),
+            serve_bps: None,
         })
         .unwrap()
         .id
@@ -453,6 +486,132 @@ mod tests {
         assert_eq!(a.segments[0].brick_id, b1, "emptiest brick first");
         assert!(a.segments.iter().all(|s| s.size_bytes == 2 * M));
         assert_eq!(a.segments[0].rate_limit_bps, 500, "two segments share the node port");
+    }
+
+    /// Reports `bytes` served by brick `id` in two heartbeats, so its load is known.
+    fn load(p: &mut ControlPlane, id: u64, bytes: u64) {
+        let stats = |b| HeartbeatStats {
+            bytes_served: Some(b),
+            ..HeartbeatStats::default()
+        };
+        p.heartbeat(id, Some(stats(0))).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        p.heartbeat(id, Some(stats(bytes))).unwrap();
+    }
+
+    #[test]
+    fn rates_add_up_to_what_a_brick_serves_and_a_full_brick_is_passed_over() {
+        let mut p = plane();
+        let served = |p: &mut ControlPlane, name: &str, bps: u64| {
+            p.register_brick(BrickRegistration {
+                name: name.into(),
+                address: format!("tcp://{name}:7070"),
+                capacity_bytes: 64 * M,
+                ports: port(1000),
+                key_hex: hex::encode([7u8; 32]),
+                serve_bps: Some(bps),
+            })
+            .unwrap()
+            .id
+        };
+        let b1 = served(&mut p, "b1", 100);
+        let b2 = served(&mut p, "b2", 60);
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = |bw: Option<u64>, bricks: Option<Vec<u64>>| AllocationRequest {
+            node: n,
+            size_bytes: M,
+            bandwidth_bps: bw,
+            bricks,
+            ..AllocationRequest::default()
+        };
+        // Two unreserved segments on b1 share what its memory serves, not its port's 1000.
+        let a = p.allocate(req(None, Some(vec![b1]))).unwrap();
+        p.allocate(req(None, Some(vec![b1]))).unwrap();
+        assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 50);
+        assert_eq!(p.brick(b1).unwrap().promised_bps, 100);
+        // b2's memory taken whole by a reservation: the next reservation goes elsewhere.
+        p.allocate(req(Some(60), Some(vec![b2]))).unwrap();
+        let e = p.allocate(req(Some(10), Some(vec![b2]))).unwrap_err();
+        assert!(matches!(e, PlaneError::InsufficientBandwidth(_)), "{e}");
+        let c = p.allocate(req(Some(10), None)).unwrap();
+        assert_eq!(c.segments[0].brick_id, b1, "b2 serves no more: passed over");
+        let e = p.allocate(req(Some(200), None)).unwrap_err();
+        assert!(matches!(e, PlaneError::InsufficientBandwidth(_)), "{e}");
+    }
+
+    #[test]
+    fn placement_follows_its_objective_by_load_and_power() {
+        let topology = Topology::parse(
+            r#"{"power": {"b1": {"idle_watts": 90, "busy_watts": 300},
+                          "b2": {"idle_watts": 60, "busy_watts": 200},
+                          "b3": {"idle_watts": 30, "busy_watts": 100}}}"#,
+        )
+        .unwrap();
+        let mut p = ControlPlane::open(
+            Box::new(MemoryStore::default()),
+            Some(topology),
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        p.set_node_quota(NodeQuota::PercentOfPool(100));
+        let ids: Vec<u64> = ["b1", "b2", "b3"].iter().map(|n| brick(&mut p, n, 8 * M)).collect();
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let alloc = |p: &mut ControlPlane, objective| {
+            p.allocate(AllocationRequest {
+                node: n,
+                size_bytes: 2 * M,
+                placement: objective,
+                ..AllocationRequest::default()
+            })
+            .unwrap()
+            .segments[0]
+                .brick_id
+        };
+
+        // pack: the cheapest brick to run wakes first, then it fills before another wakes.
+        assert_eq!(alloc(&mut p, Some(api::Objective::Pack)), ids[2], "lowest busy_watts");
+        for _ in 0..3 {
+            assert_eq!(alloc(&mut p, Some(api::Objective::Pack)), ids[2], "fill the busy brick");
+        }
+        assert_eq!(
+            alloc(&mut p, Some(api::Objective::Pack)),
+            ids[1],
+            "b3 is full: the next cheapest wakes"
+        );
+
+        // spread (the default): least loaded first, whatever it holds.
+        load(&mut p, ids[1], 1 << 30);
+        load(&mut p, ids[0], 1 << 20);
+        load(&mut p, ids[2], 0);
+        assert_eq!(alloc(&mut p, None), ids[0], "b1 serves least (b3 is full)");
+        load(&mut p, ids[0], 1 << 31);
+        assert_eq!(alloc(&mut p, None), ids[1], "now b2 serves least");
+        let g = p.graph();
+        assert_eq!(g.placement, api::Objective::Spread);
+        let b1 = g.bricks.iter().find(|b| b.id == ids[0]).unwrap();
+        assert!(b1.load_bps.is_some_and(|l| l > 1 << 31), "{b1:?}");
+        assert_eq!(b1.power.map(|w| w.busy_watts), Some(300));
+
+        // The plane's default objective applies to requests that name none.
+        p.set_placement(api::Objective::Pack);
+        assert_eq!(
+            alloc(&mut p, None),
+            ids[1],
+            "pack: the fuller of the busy bricks with room"
+        );
     }
 
     /// A store whose commits fail while `fail` is set.

@@ -47,7 +47,61 @@ impl ControlPlane {
             allocated_bytes: self.held_bytes(n),
             quota_bytes: self.quota_of(n),
             quota_set: n.rec.quota_bytes.is_some(),
+            pool_bytes: self.pool_bytes(n, None),
+            pool_attached_bytes: self.pool_bytes(n, Some(|r: &api::PoolReport, id| r.attached.contains(&id))),
+            pool_in_use_bytes: self.pool_bytes(n, Some(|r: &api::PoolReport, id| r.in_use.contains(&id))),
         }
+    }
+
+    /// Bytes of `n`'s pool allocations (no holder); with `listed`, only those its agent's last
+    /// report lists (none before its first report).
+    fn pool_bytes(&self, n: &NodeEntry, listed: Option<fn(&api::PoolReport, u64) -> bool>) -> u64 {
+        let report = self.pools.get(&n.rec.id);
+        n.allocations
+            .iter()
+            .filter_map(|a| self.allocations.get(a))
+            .filter(|a| a.holder.is_none())
+            .filter(|a| listed.is_none_or(|l| report.is_some_and(|r| l(r, a.id))))
+            .flat_map(|a| a.segments.iter().map(|s| s.size_bytes))
+            .sum()
+    }
+
+    /// `PUT /v1/nodes/{id}/pool`: the agent's report of its node's pool; the reply lists the
+    /// pool allocations to release once unused.
+    pub fn report_pool(&mut self, node: u64, report: api::PoolReport) -> Result<api::PoolReply, PlaneError> {
+        let n = self
+            .nodes
+            .get(&node)
+            .ok_or_else(|| PlaneError::NotFound(format!("node {node} is not registered")))?;
+        let release = self
+            .deferred
+            .iter()
+            .copied()
+            .filter(|a| n.allocations.contains(a))
+            .collect();
+        self.pools.insert(node, report);
+        Ok(api::PoolReply { release })
+    }
+
+    /// `DELETE /v1/allocations/{id}`: releases the allocation, unless it is in its node's pool
+    /// and a process uses it (as the agent last reported): then it is marked, the agent
+    /// releases it once no process does, and the reply says `deferred`.
+    pub fn free_or_defer(&mut self, id: u64) -> Result<api::Released, PlaneError> {
+        let a = self
+            .allocations
+            .get(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("allocation {id} does not exist")))?;
+        let in_use = a.holder.is_none() && self.pools.get(&a.node).is_some_and(|r| r.in_use.contains(&id));
+        if in_use {
+            self.deferred.insert(id);
+            return Ok(api::Released {
+                id,
+                extents: Vec::new(),
+                deferred: true,
+            });
+        }
+        self.deferred.remove(&id);
+        self.free(id)
     }
 
     /// Bytes in the segments of `n`'s allocations.

@@ -34,6 +34,8 @@ pub(super) struct Placement<'a> {
     bricks: Option<&'a [u64]>,
     /// The only links a path may cross, if the request names them.
     allowed: Option<HashSet<String>>,
+    /// How to pick bricks the request does not name.
+    pub(super) objective: api::Objective,
 }
 
 impl<'a> Placement<'a> {
@@ -60,6 +62,7 @@ impl<'a> Placement<'a> {
             bandwidth_bps,
             bricks,
             allowed: links.map(|l| l.iter().cloned().collect()),
+            objective: api::Objective::default(),
         })
     }
 }
@@ -118,6 +121,21 @@ impl ControlPlane {
                     "brick {brick} is named twice in the stripe"
                 )));
             }
+            let mut path = path;
+            if let Some(memory) = self.graph.memory_link(brick) {
+                // Seed 004's rate limiter in front of the brick: its memory is one more link
+                // on the path, so the segments' rates add up to at most what it can serve.
+                if !self.graph.admits(&memory, pl.bandwidth_bps) {
+                    let served = self.graph.link(&memory).map_or(0, |l| l.capacity_bps);
+                    let free = self.graph.link(&memory).map_or(0, |l| l.free_bps());
+                    return Err(PlaneError::InsufficientBandwidth(format!(
+                        "brick {brick}'s memory serves {served} bytes/s, of which {free} are not reserved: \
+                         not enough for {} bytes/s",
+                        pl.bandwidth_bps
+                    )));
+                }
+                path.push(memory);
+            }
             let Some(b) = self.bricks.get_mut(&brick) else {
                 return Err(PlaneError::NotFound(format!("brick {brick} is not registered")));
             };
@@ -141,7 +159,16 @@ impl ControlPlane {
                 bandwidth_bps: pl.bandwidth_bps,
             });
             let segment_id = next_id(&mut counters.next_segment);
-            let issued = grant::issue(&key, segment_id, offset, pl.per_segment, pl.node, self.grant_expiry());
+            let rate = self.graph.rate_limit(&path, pl.bandwidth_bps);
+            let issued = grant::issue(
+                &key,
+                segment_id,
+                offset,
+                pl.per_segment,
+                pl.node,
+                self.grant_expiry(),
+                rate,
+            );
             out.push(SegmentRecord {
                 brick_id: brick,
                 segment_id,
@@ -201,12 +228,21 @@ impl ControlPlane {
             None => {
                 let mut with_space = 0usize;
                 let mut found = None;
-                for id in self.index.candidates(pl.per_segment) {
+                for id in self.ranked(pl.per_segment, pl.objective) {
                     if used.contains(&id) {
                         continue;
                     }
                     with_space += 1;
                     let Some(b) = self.bricks.get(&id) else { continue };
+                    // A brick whose memory serves no more (all reserved) is passed over like one
+                    // without a path, so the next brick gets the segment.
+                    if self
+                        .graph
+                        .memory_link(id)
+                        .is_some_and(|m| !self.graph.admits(&m, pl.bandwidth_bps))
+                    {
+                        continue;
+                    }
                     if let Some(path) =
                         self.graph
                             .find_path(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
@@ -234,6 +270,34 @@ impl ControlPlane {
         }
     }
 
+    /// The up bricks with a free extent of `size` bytes, in the order `objective` prefers
+    /// them (see [`api::Objective`]).
+    fn ranked(&self, size: u64, objective: api::Objective) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.index.candidates(size).collect();
+        // `candidates` lists the largest free extent first; the sorts are stable, so that
+        // stays the last tie-break.
+        let entry = |id: &u64| self.bricks.get(id);
+        match objective {
+            api::Objective::Spread => ids.sort_by_key(|id| {
+                entry(id).map_or((u64::MAX, usize::MAX), |b| (b.load_bps.unwrap_or(0), b.segments.len()))
+            }),
+            api::Objective::Pack => ids.sort_by_key(|id| {
+                entry(id).map_or((true, u64::MAX, u32::MAX), |b| {
+                    let idle = b.segments.is_empty();
+                    let busy_watts = self.graph.power_of(&b.rec.name).map_or(0, |p| p.busy_watts);
+                    // Busy bricks first, the fullest (smallest largest extent) first; then idle
+                    // ones, the cheapest to wake first.
+                    if idle {
+                        (true, 0, busy_watts)
+                    } else {
+                        (false, b.extents.largest(), 0)
+                    }
+                })
+            }),
+        }
+        ids
+    }
+
     fn undo(&mut self, log: Vec<Undo>) {
         for u in log.into_iter().rev() {
             match u {
@@ -259,6 +323,7 @@ impl ControlPlane {
         };
         let old = b.extents.largest();
         b.segments.remove(&s.segment_id);
+        b.paths.remove(&s.segment_id);
         if !b.extents.release(s.offset, s.size_bytes) {
             tracing::error!(
                 brick = s.brick_id,

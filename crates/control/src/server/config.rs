@@ -39,6 +39,8 @@ pub struct ServerConfig {
     pub grant_lifetime: Duration,
     /// What one node may hold unless an admin set its own quota.
     pub node_quota: crate::plane::NodeQuota,
+    /// How bricks are picked when an allocation does not say (`--placement`).
+    pub placement: crate::api::Objective,
 }
 
 impl ServerConfig {
@@ -76,6 +78,7 @@ impl ServerConfig {
             tls: None,
             grant_lifetime: crate::plane::DEFAULT_GRANT_LIFETIME,
             node_quota: crate::plane::NodeQuota::default(),
+            placement: crate::api::Objective::default(),
         }
     }
 }

@@ -177,6 +177,7 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
     )?;
     plane.set_grant_lifetime(config.grant_lifetime);
     plane.set_node_quota(config.node_quota);
+    plane.set_placement(config.placement);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("rackmem-control")

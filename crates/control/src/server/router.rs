@@ -53,6 +53,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::set_node_quota))
         .routes(routes!(processes::report_processes))
         .routes(routes!(processes::list_processes))
+        .routes(routes!(nodes::report_pool))
         .routes(routes!(allocations::create_allocation, allocations::list_allocations))
         .routes(routes!(
             allocations::get_allocation,

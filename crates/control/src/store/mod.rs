@@ -83,6 +83,9 @@ pub struct BrickRecord {
     pub ports: Vec<Port>,
     /// Hex of its grant key.
     pub key_hex: String,
+    /// What its memory can serve (bytes/s), as registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_bps: Option<u64>,
 }
 
 /// A registered node, as stored.

@@ -91,7 +91,8 @@ pub(crate) async fn get_allocation(
         .map(Json)
 }
 
-/// Releases an allocation; the reply lists the extents given back.
+/// Releases an allocation; the reply lists the extents given back. An allocation pushed to a
+/// node's pool that a process uses is released by the node's agent once none does (`deferred`).
 #[utoipa::path(delete, path = "/v1/allocations/{id}", tag = "allocations",
     params(("id" = u64, Path, description = "Allocation id")),
     responses((status = 200, body = Released), (status = 404, body = ErrorBody)))]
@@ -100,7 +101,7 @@ pub(crate) async fn delete_allocation(
     Caller(c): Caller,
     Id(id): Id,
 ) -> Result<Json<Released>, ApiError> {
-    authorized(&st, c, Target::Allocation(id), move |p| p.free(id))
+    authorized(&st, c, Target::Allocation(id), move |p| p.free_or_defer(id))
         .await
         .map(Json)
 }

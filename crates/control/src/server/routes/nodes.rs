@@ -1,6 +1,8 @@
 //! `/v1/nodes`: registration, reading nodes and the rate limits of their segments.
 
-use crate::api::{ErrorBody, Node, NodeQuotaRequest, NodeRates, NodeRegistered, NodeRegistration};
+use crate::api::{
+    ErrorBody, Node, NodeQuotaRequest, NodeRates, NodeRegistered, NodeRegistration, PoolReply, PoolReport,
+};
 use crate::server::authz::{authorized, Target};
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, Caller, Id};
@@ -82,6 +84,27 @@ pub(crate) async fn set_node_quota(
     ApiJson(q): ApiJson<NodeQuotaRequest>,
 ) -> Result<Json<Node>, ApiError> {
     authorized(&st, c, Target::Admin, move |p| p.set_node_quota_of(id, q.quota_bytes))
+        .await
+        .map(Json)
+}
+
+/// The node agent's report of its pool (the allocations pushed to the node): which it attached
+/// and which a process uses. The reply lists those to release once no process uses them.
+#[utoipa::path(put, path = "/v1/nodes/{id}/pool", tag = "nodes", request_body = PoolReport,
+    params(("id" = u64, Path, description = "Node id")),
+    responses(
+        (status = 200, body = PoolReply),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ))]
+pub(crate) async fn report_pool(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+    ApiJson(r): ApiJson<PoolReport>,
+) -> Result<Json<PoolReply>, ApiError> {
+    authorized(&st, c, Target::Node(id), move |p| p.report_pool(id, r))
         .await
         .map(Json)
 }
