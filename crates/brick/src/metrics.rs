@@ -3,6 +3,7 @@
 //! counters per opcode, kept by the connection threads as they answer.
 
 use crate::guard::GuardStats;
+use crate::PaceStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -24,6 +25,11 @@ struct OpLabels {
 struct OutcomeLabels {
     opcode: String,
     outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SegmentLabels {
+    segment: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -104,7 +110,13 @@ fn gauge(v: u64) -> ConstGauge {
 }
 
 /// The brick's metrics as exposition text.
-pub(crate) fn render(capacity: u64, stats: &BrickStats, guard: &GuardStats, requests: &RequestMetrics) -> String {
+pub(crate) fn render(
+    capacity: u64,
+    stats: &BrickStats,
+    guard: &GuardStats,
+    pace: &PaceStats,
+    requests: &RequestMetrics,
+) -> String {
     let mut r = Registry::with_prefix("rackmem_brick");
     r.register("capacity_bytes", "Size of the pool lent as segments", gauge(capacity));
     r.register("free_bytes", "Bytes of the pool in no segment", gauge(stats.free_bytes));
@@ -187,7 +199,66 @@ pub(crate) fn render(capacity: u64, stats: &BrickStats, guard: &GuardStats, requ
         "Authentication attempts refused unchecked (Busy): the peer's next check was too far ahead",
         ConstCounter::new(guard.auth_throttled),
     );
+    pace_families(&mut r, pace);
     rackmem_metrics::encode(&r)
+}
+
+/// What the brick's pacing did: its total rate, the requests it held back and for how long, and
+/// per segment its rate and traffic.
+fn pace_families(r: &mut Registry, pace: &PaceStats) {
+    r.register(
+        "serve_rate_bytes_per_second",
+        "The total rate the brick paces its requests to (0: unpaced)",
+        gauge(pace.serve_bps),
+    );
+    r.register(
+        "paced_requests",
+        "Requests that waited for a token bucket (the segment's or the brick's)",
+        ConstCounter::new(pace.delayed),
+    );
+    r.register(
+        "paced_wait_seconds",
+        "Time requests spent waiting for a token bucket, summed",
+        ConstCounter::new(pace.delayed_ns as f64 / 1e9),
+    );
+    r.register(
+        "paced_waiting",
+        "Requests waiting for a token bucket now",
+        gauge(pace.waiting),
+    );
+    let per_segment = |f: fn(&crate::SegmentPaceStats) -> u64| {
+        let fam = Family::<SegmentLabels, Counter>::default();
+        for s in &pace.segments {
+            fam.get_or_create(&SegmentLabels { segment: s.segment_id }).inc_by(f(s));
+        }
+        fam
+    };
+    let rates = Family::<SegmentLabels, prometheus_client::metrics::gauge::Gauge>::default();
+    for s in &pace.segments {
+        rates
+            .get_or_create(&SegmentLabels { segment: s.segment_id })
+            .set(i64::try_from(s.rate_bps).unwrap_or(i64::MAX));
+    }
+    r.register(
+        "segment_rate_bytes_per_second",
+        "Each paced segment's rate, as the control plane set it (0: only the brick's total)",
+        rates,
+    );
+    r.register(
+        "segment_bytes",
+        "Bytes read and written per paced segment",
+        per_segment(|s| s.bytes),
+    );
+    r.register(
+        "segment_requests",
+        "Requests served per paced segment",
+        per_segment(|s| s.requests),
+    );
+    r.register(
+        "segment_paced_requests",
+        "Requests per segment that waited for a token bucket",
+        per_segment(|s| s.delayed),
+    );
 }
 
 #[cfg(test)]
@@ -200,7 +271,20 @@ mod tests {
         m.observe(Opcode::Read, Duration::from_micros(3), true);
         m.observe(Opcode::Read, Duration::from_micros(30), true);
         m.observe(Opcode::Write, Duration::from_micros(3), false);
-        let text = render(1 << 20, &BrickStats::default(), &GuardStats::default(), &m);
+        let pace = PaceStats {
+            serve_bps: 1 << 30,
+            delayed: 4,
+            delayed_ns: 2_000_000_000,
+            waiting: 1,
+            segments: vec![crate::SegmentPaceStats {
+                segment_id: 9,
+                rate_bps: 1 << 29,
+                bytes: 8192,
+                requests: 2,
+                delayed: 1,
+            }],
+        };
+        let text = render(1 << 20, &BrickStats::default(), &GuardStats::default(), &pace, &m);
         for want in [
             "rackmem_brick_request_seconds_count{opcode=\"read\"} 2",
             "rackmem_brick_request_seconds_bucket{le=\"0.000005\",opcode=\"read\"} 1",
@@ -208,6 +292,14 @@ mod tests {
             "rackmem_brick_request_outcomes_total{opcode=\"read\",outcome=\"ok\"} 2",
             "rackmem_brick_request_outcomes_total{opcode=\"write\",outcome=\"error\"} 1",
             "rackmem_brick_capacity_bytes 1048576",
+            "rackmem_brick_serve_rate_bytes_per_second 1073741824",
+            "rackmem_brick_paced_requests_total 4",
+            "rackmem_brick_paced_wait_seconds_total 2.0",
+            "rackmem_brick_paced_waiting 1",
+            "rackmem_brick_segment_rate_bytes_per_second{segment=\"9\"} 536870912",
+            "rackmem_brick_segment_bytes_total{segment=\"9\"} 8192",
+            "rackmem_brick_segment_requests_total{segment=\"9\"} 2",
+            "rackmem_brick_segment_paced_requests_total{segment=\"9\"} 1",
         ] {
             assert!(text.contains(want), "{want} missing from:\n{text}");
         }

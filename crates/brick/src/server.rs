@@ -32,7 +32,13 @@ impl BrickManager {
     /// serves): pool, segments, traffic, what the guard refused, latency per opcode.
     pub fn metrics_text(&self) -> String {
         let s = &self.0;
-        crate::metrics::render(s.cfg.size_bytes, &s.stats(), &s.guard.counters.snapshot(), &s.requests)
+        crate::metrics::render(
+            s.cfg.size_bytes,
+            &s.stats(),
+            &s.guard.counters.snapshot(),
+            &s.pacer.stats(),
+            &s.requests,
+        )
     }
 
     /// Statistics so far.
