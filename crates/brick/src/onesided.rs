@@ -87,17 +87,7 @@ pub(crate) fn open(shared: &Shared, session: &mut Session, name: &[u8], size_byt
             let (offset, size, gate) = (seg.offset, seg.size, seg.gate.clone());
             drop(segs);
             drop(names);
-            session.attached = Some(Attached {
-                id,
-                offset,
-                size,
-                rights: rights::ALL,
-                gate,
-                // Named segments are carved with the shared secret (standalone bricks), which
-                // set no rate.
-                pace: crate::pace::SegmentPace::untracked(),
-            });
-            return ok(shared.grant(id, offset, size).encode());
+            return attach_named(shared, session, id, offset, size, gate);
         }
         names.remove(name);
     }
@@ -138,6 +128,19 @@ pub(crate) fn open(shared: &Shared, session: &mut Session, name: &[u8], size_byt
     names.insert(name.to_vec(), id);
     drop(segs);
     drop(names);
+    attach_named(shared, session, id, offset, size, gate)
+}
+
+/// Binds the session to named segment `id` with every right, and answers with its grant.
+/// Named segments are carved with the shared secret (standalone bricks), which sets no rate.
+fn attach_named(
+    shared: &Shared,
+    session: &mut Session,
+    id: u64,
+    offset: u64,
+    size: u64,
+    gate: crate::pool::Gate,
+) -> Reply {
     session.attached = Some(Attached {
         id,
         offset,
