@@ -137,3 +137,92 @@ fn a_brick_dying_with_several_faults_in_flight_stops_the_program() {
         "the error must say the brick {addr} was lost:\n{err}"
     );
 }
+
+/// A swap file switched on for one test and off again when dropped.
+struct SwapFile(std::path::PathBuf);
+
+impl SwapFile {
+    fn on(mib: u64) -> SwapFile {
+        let path = build_dir().join(format!("swapfile-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let sh = |cmd: &str, args: &[&str]| {
+            let o = Command::new(cmd)
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("this test needs `{cmd}` (util-linux) to make swap: {e}"));
+            assert!(
+                o.status.success(),
+                "this test needs swap it can switch on (root, a file system that holds swap files): {cmd} {args:?}: {}",
+                show(&o)
+            );
+        };
+        let p = path.to_str().expect("build directory path is UTF-8");
+        sh("fallocate", &["-l", &format!("{mib}M"), p]);
+        sh("chmod", &["600", p]);
+        sh("mkswap", &[p]);
+        // Lowest priority: a zram device another test switches on is used first.
+        sh("swapon", &["-p", "-5", p]);
+        SwapFile(path)
+    }
+}
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(&self.0).status();
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The kernel's own reclaim takes pages of the program (window pages and the runtime's staging
+/// slots) to swap while its threads fault: `UFFDIO_MOVE` of a swapped-out page can report it as
+/// not moved when it did move (Linux 6.18), and a runtime that believed it lost that page (wrong
+/// checksums under load, found with this workload). A helper asks the kernel to reclaim the
+/// program's memory every 20 ms (`MADV_PAGEOUT`, what memory pressure does); the results must
+/// equal the native run's, and the program must really have had pages swapped out.
+#[test]
+fn pages_the_kernel_swaps_out_while_threads_fault_come_back_exactly() {
+    require_root();
+    let _swap = SwapFile::on(256);
+    let prog = program("parallel_faults");
+    let pageout = program("pageout");
+    let args = ["32", "4", "shared", "600000"];
+    let n = native(&prog, &args);
+    assert!(n.status.success(), "native parallel_faults {args:?}: {}", show(&n));
+    // Over a socket with two handlers (where it was found) twice, and on the defaults.
+    let socket = &["--no-shared-memory", "--handlers", "2"][..];
+    for extra in [socket, socket, &[][..]] {
+        let reclaim = Command::new(&pageout)
+            .arg(&prog)
+            .arg("60")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start pageout");
+        let (r, stats) = remote(&prog, &args, "25%", extra);
+        // SIGTERM: it stops and says how much of the program it saw in swap.
+        let _ = Command::new("kill").arg(reclaim.id().to_string()).status();
+        let o = reclaim.wait_with_output().expect("pageout");
+        let swapped_kb: u64 = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("swapped_kb_max=")?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("pageout printed no figure: {}", show(&o)));
+        assert!(
+            r.status.success(),
+            "parallel_faults {args:?} {extra:?} under rackmem: {}",
+            show(&r)
+        );
+        let s = busiest(&stats);
+        assert_eq!(
+            checksums(&n),
+            checksums(&r),
+            "parallel_faults {args:?} {extra:?} with its pages reclaimed: results differ from the native run \
+             (moves recounted {})",
+            s.extra("moves_recounted")
+        );
+        assert_used_remote_memory_at(s, 25);
+        assert!(
+            swapped_kb > 0,
+            "the kernel swapped none of the program's memory out {extra:?}, so this run proved nothing: {}",
+            show(&o)
+        );
+    }
+}

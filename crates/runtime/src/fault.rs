@@ -35,6 +35,45 @@ const INSTALL: CopyMode = CopyMode {
     dontwake: false,
 };
 
+/// Where a page ended up after `UFFDIO_MOVE` from `src` to `dst` refused it (see "Swapped pages"
+/// in docs/architecture.md): the kernel (6.18 here) can move a page it found swapped out and
+/// still report it not moved (the count stops before it, or the call fails with `ENOENT` or
+/// `EEXIST`). Only the page table says what happened.
+#[derive(Debug, PartialEq, Eq)]
+enum MoveOutcome {
+    /// At `dst`, and `src` is empty: moved after all.
+    Moved,
+    /// Still at `src`, `dst` empty: not moved; try again.
+    NotMoved,
+    /// Neither: the page was released under us.
+    Gone,
+    /// Both hold a page.
+    Both,
+}
+
+fn outcome(inner: &Inner, src: usize, dst: usize) -> MoveOutcome {
+    let entry = |a: usize| match rackmem_sys::page_entry(a) {
+        Ok(e) => e != rackmem_sys::PageEntry::None,
+        Err(e) => inner.internal_error(&format!("cannot read where a moved page went: {e}")),
+    };
+    match (entry(src), entry(dst)) {
+        (false, true) => MoveOutcome::Moved,
+        (true, false) => MoveOutcome::NotMoved,
+        (false, false) => MoveOutcome::Gone,
+        (true, true) => MoveOutcome::Both,
+    }
+}
+
+/// Counts a move the kernel did without reporting it, and says so once.
+fn recounted(inner: &Inner, src: usize, dst: usize) {
+    if inner.stats.moves_recounted.fetch_add(1, Ordering::Relaxed) == 0 && inner.cfg.verbose {
+        eprintln!(
+            "rackmem: UFFDIO_MOVE {src:#x} -> {dst:#x} moved a page it reported as not moved (a swapped-out \
+             page); found in the page table (counted as moves_recounted in --stats)"
+        );
+    }
+}
+
 /// Moves one window page into its staging slot; false if it was not there to move.
 fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
     let src = inner.page_addr(page as u64);
@@ -47,48 +86,41 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
     loop {
         // SAFETY: a window page (only raw addresses reach the window) into a free staging slot
         // of this eviction, which no slice points into until the move is recorded.
-        match unsafe { inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) } {
+        let e = match unsafe { inner.stage_uffd.move_pages(dst, src, PAGE_SIZE, mode) } {
             Ok(_) => return true,
-            Err(UffdError::Busy { .. }) if tries < 3 => {
+            Err(e) => e,
+        };
+        tries += 1;
+        match e {
+            UffdError::Busy { .. } if tries <= 3 => {
                 // Shared with another process (should not happen: the window is not inherited
                 // by fork); break the sharing and retry.
                 rackmem_sys::break_cow(src);
-                tries += 1;
+                continue;
             }
-            Err(UffdError::Again { .. }) if tries < 1000 => {
+            UffdError::Again { .. } if tries <= 1000 => {
                 std::thread::yield_now();
-                tries += 1;
+                continue;
             }
-            Err(UffdError::Exists { .. }) if tries < 1000 => {
-                // A free slot holding a page: seen under heavy load with two handlers (a slot
-                // written after the write-back freed it; under investigation). Taking the
-                // victim for released, as below, lost its contents; the stray page belongs to
-                // no page of the window, so it goes and the move is made again.
-                if inner
-                    .stats
-                    .staging_conflicts
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                    == 0
-                {
-                    eprintln!(
-                        "rackmem: internal: staging slot {slot} held a page when it was free; \
-                         dropped it (counted as staging_conflicts in --stats)"
-                    );
-                }
-                // SAFETY: a free staging slot of this eviction (the runtime's own area, reached
-                // only through raw addresses while free).
-                if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(dst, PAGE_SIZE) } {
-                    inner.internal_error(&format!("freeing staging slot {slot}: {e}"));
-                }
-                tries += 1;
+            _ => {}
+        }
+        match outcome(inner, src, dst) {
+            MoveOutcome::Moved => {
+                recounted(inner, src, dst);
+                return true;
             }
-            Err(e) => {
+            MoveOutcome::NotMoved if tries <= 1000 => std::thread::yield_now(),
+            MoveOutcome::Gone => {
                 if inner.cfg.verbose {
-                    eprintln!("rackmem: UFFDIO_MOVE of window page {src:#x}: {e}");
+                    eprintln!("rackmem: UFFDIO_MOVE of window page {src:#x}: {e}; released meanwhile");
                 }
-                // Not present: it was released under us; nothing to write back.
                 return false;
             }
+            // A free slot holding a page while its victim is still in the window: the slot
+            // bookkeeping (checked by the pager's simulation) says this cannot happen.
+            other => inner.internal_error(&format!(
+                "evicting window page {src:#x} into staging slot {slot}: {e}; page table: {other:?}"
+            )),
         }
     }
 }
@@ -376,7 +408,19 @@ impl Backend for Handler {
         // SAFETY: the run's spent slots (this handler holds the run; no `recycle` slice of them
         // is alive here) into missing window pages, which only raw addresses reach.
         let r = unsafe { inner.uffd.move_pages(dst, src, (j - i) * PAGE_SIZE, mode) };
-        let done = r.as_ref().map_or_else(UffdError::done, |d| *d) / PAGE_SIZE;
+        let mut done = r.as_ref().map_or_else(UffdError::done, |d| *d) / PAGE_SIZE;
+        if r.is_err() && i + done < j {
+            // The page the kernel stopped at may have moved all the same (see `outcome`); its
+            // waiters are then woken here, as the ioctl wakes only what it reports.
+            let (at, from) = (dst + done * PAGE_SIZE, src + done * PAGE_SIZE);
+            if outcome(&inner, from, at) == MoveOutcome::Moved {
+                recounted(&inner, from, at);
+                if let Err(e) = inner.uffd.wake(at, PAGE_SIZE) {
+                    inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
+                }
+                done += 1;
+            }
+        }
         run.moved[i..i + done].fill(true);
         inner.stats.pages_recycled.fetch_add(done as u64, Ordering::Relaxed);
         match r {
@@ -400,7 +444,9 @@ impl Backend for Handler {
                     Install::Again(k) => Install::Again(done + k),
                 }
             }
-            other => self.installed_pages(dst, other),
+            Ok(d) => Install::Placed(d / PAGE_SIZE),
+            // EAGAIN: queued events first; `done` counts a page found moved above.
+            Err(_) => Install::Again(done),
         }
     }
 

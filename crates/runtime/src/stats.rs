@@ -258,10 +258,10 @@ pub struct Stats {
     /// Times the fault handler moved (`HandlerMode::Auto`): onto a faulting thread's CPU, or
     /// back to floating.
     pub handler_moves: AtomicU64,
-    /// Evictions that found their free staging slot holding a page (it must be empty): the page
-    /// was dropped and the move made again. Not zero means a bug under investigation (a slot
-    /// written after it was freed); the count keeps it visible.
-    pub staging_conflicts: AtomicU64,
+    /// Pages `UFFDIO_MOVE` moved but reported as not moved (pages the kernel had swapped out),
+    /// found in the page table and counted as moved (see "Swapped pages" in
+    /// docs/architecture.md).
+    pub moves_recounted: AtomicU64,
     /// Migrations done (`rackmem_migrate`), and what they carried.
     pub migrations: AtomicU64,
     /// Bytes migrations carried (read from the source and written to the target once each).
@@ -435,9 +435,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::handler_moves`].
     #[serde(default)]
     pub handler_moves: u64,
-    /// See [`Stats::staging_conflicts`].
+    /// See [`Stats::moves_recounted`].
     #[serde(default)]
-    pub staging_conflicts: u64,
+    pub moves_recounted: u64,
     /// See [`Stats::migrations`].
     #[serde(default)]
     pub migrations: u64,
@@ -564,7 +564,7 @@ impl Stats {
             events: g(&self.events),
             watchdog_reports: g(&self.watchdog_reports),
             handler_moves: g(&self.handler_moves),
-            staging_conflicts: g(&self.staging_conflicts),
+            moves_recounted: g(&self.moves_recounted),
             migrations: g(&self.migrations),
             migration_bytes: g(&self.migration_bytes),
             migration_setup_ns: g(&self.migration_setup_ns),

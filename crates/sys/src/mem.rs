@@ -355,3 +355,40 @@ pub unsafe fn move_mapping(from: usize, len: usize, to: usize) -> Result<(), Sys
 pub unsafe fn remap_anonymous(addr: usize, len: usize) -> Result<(), SysError> {
     check("mmap(MAP_FIXED)", addr, len, sys_mmap(addr, len, libc::MAP_FIXED)).map(|_| ())
 }
+
+/// What this process's page table holds for one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageEntry {
+    /// Nothing: touching it would be a missing-page fault.
+    None,
+    /// A page in memory.
+    Present,
+    /// A page the kernel swapped out (the entry holds its place in swap).
+    Swapped,
+}
+
+/// What the page table holds at `addr` in this process, from `/proc/self/pagemap` (bits 63,
+/// present, and 62, swapped: readable without privileges). For the rare moments the runtime
+/// must learn where a page really is because `UFFDIO_MOVE` reported less than it did (see
+/// "Swapped pages" in docs/architecture.md); opened per call, so a forked child reads its own.
+pub fn page_entry(addr: usize) -> Result<PageEntry, SysError> {
+    use std::os::unix::fs::FileExt;
+    let page = addr / PAGE_SIZE;
+    let err = |errno: std::io::Error| SysError::Os {
+        op: "read /proc/self/pagemap",
+        addr,
+        len: PAGE_SIZE,
+        errno,
+    };
+    let f = std::fs::File::open("/proc/self/pagemap").map_err(err)?;
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, page as u64 * 8).map_err(err)?;
+    let e = u64::from_ne_bytes(b);
+    Ok(if e & (1 << 63) != 0 {
+        PageEntry::Present
+    } else if e & (1 << 62) != 0 {
+        PageEntry::Swapped
+    } else {
+        PageEntry::None
+    })
+}
