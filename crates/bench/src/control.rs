@@ -310,7 +310,7 @@ pub fn run(a: &ControlConfig) -> Result<Output, BenchError> {
     );
     Ok(Output {
         text,
-        svg: crate::chart::latency_svg(&title, &bars),
+        chart: Some(crate::chart::latencies(&title, bars)),
         json: serde_json::json!({
             "control": {
                 "bricks": a.bricks,

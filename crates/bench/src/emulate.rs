@@ -162,10 +162,10 @@ fn measure(cfg: &EmulateConfig, pb: &indicatif::ProgressBar) -> Result<Output, B
     }
     Ok(Output {
         text,
-        svg: crate::chart::latency_svg(
+        chart: Some(crate::chart::latencies(
             "Remote 4 KiB fault p50: the link model's prediction beside the emulator (same run)",
-            &bars,
-        ),
+            bars,
+        )),
         json: serde_json::json!({ "plain_p50_us": base, "plain_values_us": plain, "settings": rows, "veth": veth_json }),
     })
 }

@@ -167,7 +167,10 @@ pub fn run(samples: usize) -> Result<Output, BenchError> {
     let f = f?;
     Ok(Output {
         text: crate::summary::table("Floors (same run)", &f),
-        svg: crate::summary::latency_chart("Floors: the best this machine can do (same run)", &f),
+        chart: Some(crate::summary::latency_chart(
+            "Floors: the best this machine can do (same run)",
+            &f,
+        )),
         json: serde_json::json!({ "floors": f }),
     })
 }

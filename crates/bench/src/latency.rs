@@ -175,7 +175,10 @@ fn measure(cfg: &LatencyConfig, bricks: &[LoopbackBrick], pb: &indicatif::Progre
     }
     Ok(Output {
         text,
-        svg: crate::summary::latency_chart("Remote 4 KiB fault latency beside the floors (same run)", &rows),
+        chart: Some(crate::summary::latency_chart(
+            "Remote 4 KiB fault latency beside the floors (same run)",
+            &rows,
+        )),
         json: serde_json::json!({
             "rows": rows,
             "ratio_to_floors": remote / (uffd + link),

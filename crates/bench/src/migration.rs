@@ -131,10 +131,10 @@ pub fn run(cfg: &MigrationConfig) -> Result<Output, BenchError> {
     );
     Ok(Output {
         text,
-        svg: crate::chart::svg(
+        chart: Some(crate::chart::fractions(
             "Migration: on-demand ÷ user-managed time (higher: UMPM faster), beside seed 001",
-            &bars,
-        ),
+            bars,
+        )),
         json: serde_json::json!({ "migration": rows, "rounds": cfg.rounds, "local_mib": LOCAL_MIB }),
     })
 }

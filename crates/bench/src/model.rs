@@ -234,7 +234,7 @@ pub fn predict(links: &[Link], cal: &Calibration) -> Output {
     );
     Output {
         text,
-        svg: String::new(),
+        chart: None,
         json: serde_json::json!({
             "calibration": cal,
             "links": json_links,
@@ -386,7 +386,7 @@ pub fn check(doc: &serde_json::Value, source: &str) -> Result<Output, BenchError
     );
     Ok(Output {
         text,
-        svg: String::new(),
+        chart: None,
         json: serde_json::json!({ "checked": checked, "within_15_percent": within }),
     })
 }

@@ -1,6 +1,7 @@
 //! What a bench part hands back to its caller: the text to print (its tables and the lines
-//! under them), the JSON document and the chart. The caller decides where they go; [`Output::save`]
-//! writes the document and the chart where the command line asked.
+//! under them), the JSON document and the chart's data. The caller decides where they go;
+//! [`Output::save`] writes the document and draws the chart where the command line asked, and
+//! the suite draws every part's chart into one document.
 
 use crate::BenchError;
 use std::path::Path;
@@ -12,17 +13,24 @@ pub struct Output {
     pub text: String,
     /// The JSON document.
     pub json: serde_json::Value,
-    /// The SVG chart.
-    pub svg: String,
+    /// The chart, if the part draws one.
+    pub chart: Option<crate::chart::Chart>,
 }
 
 impl Output {
     /// Writes the chart to `svg` and the document to `json` (each when given), saying so on
     /// standard error.
     pub fn save(&self, json: Option<&Path>, svg: Option<&Path>) -> Result<(), BenchError> {
-        if let Some(p) = svg {
-            write(p, &self.svg)?;
-            eprintln!("rackmem bench: chart written to {}", p.display());
+        match (svg, &self.chart) {
+            (Some(p), Some(c)) => {
+                write(p, &c.svg())?;
+                eprintln!("rackmem bench: chart written to {}", p.display());
+            }
+            (Some(p), None) => eprintln!(
+                "rackmem bench: this command draws no chart; {} not written",
+                p.display()
+            ),
+            (None, _) => {}
         }
         write_json(json, &self.json)
     }

@@ -391,7 +391,10 @@ pub fn run(a: &RatesConfig) -> Result<Output, BenchError> {
     );
     Ok(Output {
         text,
-        svg: crate::chart::svg("Rates the brick enforces: each client's throughput ÷ its share", &bars),
+        chart: Some(crate::chart::fractions(
+            "Rates the brick enforces: each client's throughput ÷ its share",
+            bars,
+        )),
         json: serde_json::json!({
             "rates": {
                 "rounds": rounds,

@@ -117,7 +117,10 @@ fn measure(cfg: &ScanConfig, bricks: &[LoopbackBrick], pb: &indicatif::ProgressB
     text += &format!("Sequential scan, {mib} MiB, {} passes (same run)\n{t}\n", cfg.passes);
     Ok(Output {
         text,
-        svg: crate::chart::svg("Sequential scan under rackmem against all-local (same run)", &bars),
+        chart: Some(crate::chart::fractions(
+            "Sequential scan under rackmem against all-local (same run)",
+            bars,
+        )),
         json: serde_json::json!({ "scan": json, "tls_vs_tcp": ratios }),
     })
 }

@@ -306,13 +306,13 @@ fn measure(
     );
     Ok(Output {
         text,
-        svg: crate::chart::svg(
+        chart: Some(crate::chart::fractions(
             &format!(
                 "Seed 002 Fig. 4 on rackmem over {}: performance against Lmem",
                 cfg.link.name
             ),
-            &bars,
-        ),
+            bars,
+        )),
         json: serde_json::json!({
             "link": cfg.link, "stream_link": cfg.stream_link, "fig4": rows, "stream": stream_rows,
         }),

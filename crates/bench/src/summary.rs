@@ -70,7 +70,7 @@ pub fn table(title: &str, rows: &[Summary]) -> String {
 }
 
 /// Latency summaries as a chart under `title`.
-pub fn latency_chart(title: &str, rows: &[Summary]) -> String {
+pub fn latency_chart(title: &str, rows: &[Summary]) -> crate::chart::Chart {
     let bars: Vec<crate::chart::LatencyBar> = rows
         .iter()
         .map(|s| crate::chart::LatencyBar {
@@ -79,7 +79,7 @@ pub fn latency_chart(title: &str, rows: &[Summary]) -> String {
             p99_us: s.p99_us,
         })
         .collect();
-    crate::chart::latency_svg(title, &bars)
+    crate::chart::latencies(title, bars)
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 //! calibrated engine stays to the better path at every size (the target: within 10%),
 //! and how an 8-byte put or get compares with MPI's over the same kind of link.
 
+use crate::chart::{Chart, Line, LinePanel};
 use crate::{BenchError, Output};
-use plotters::prelude::*;
 use rackmem_brick::{Brick, BrickConfig, BrickHandle, ListenAddr};
 use rackmem_putget::{Engine, EngineConfig, Path as XferPath, Segment, Sharing, Threshold};
 use rackmem_transport::BrickAddr;
@@ -371,95 +371,52 @@ pub fn run(cfg: &TransferConfig) -> Result<Output, BenchError> {
         }
     }
     Ok(Output {
-        svg: chart(&rows),
+        chart: Some(chart(&rows)),
         json: serde_json::json!({ "transfer": rows, "summary": summary }),
         text,
     })
 }
 
 /// Latency against size, log-log: one panel per operation, a line per link and path.
-fn chart(rows: &[Row]) -> String {
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, (1000, 900)).into_drawing_area();
-        let _ = root.fill(&WHITE);
-        let panels = root.split_evenly((2, 1));
-        for (panel, op) in panels.iter().zip(["put", "get"]) {
+fn chart(rows: &[Row]) -> Chart {
+    let panels = ["put", "get"]
+        .into_iter()
+        .map(|op| {
             let sel: Vec<&Row> = rows.iter().filter(|r| r.op == op).collect();
-            let (lo, hi) = sel.iter().fold((f64::MAX, 1.0f64), |(lo, hi), r| {
-                let vals = [
-                    r.inline_ns,
-                    r.bulk_ns,
-                    r.engine_ns,
-                    r.memcpy_ns,
-                    r.mpi_ns.unwrap_or(r.engine_ns),
-                ];
-                let mn = vals.iter().copied().fold(f64::MAX, f64::min);
-                let mx = vals.iter().copied().fold(0.0, f64::max);
-                (lo.min(mn), hi.max(mx))
-            });
-            let maxb = sel.iter().map(|r| r.bytes).max().unwrap_or(8) as f64;
-            let chart = ChartBuilder::on(panel)
-                .caption(
-                    format!("rackmem_{op}: ns per operation against size (same run)"),
-                    ("sans-serif", 18),
-                )
-                .margin(10)
-                .x_label_area_size(30)
-                .y_label_area_size(60)
-                .build_cartesian_2d(
-                    (4.0f64..maxb * 2.0).log_scale(),
-                    (lo.max(1.0) / 2.0..hi * 2.0).log_scale(),
-                );
-            let Ok(mut chart) = chart else { continue };
-            let _ = chart.configure_mesh().x_desc("bytes").y_desc("ns").draw();
-            let links: Vec<String> = {
-                let mut v: Vec<String> = sel.iter().map(|r| r.link.clone()).collect();
-                v.dedup();
-                v
+            let mut links: Vec<&str> = sel.iter().map(|r| r.link.as_str()).collect();
+            links.dedup();
+            let of = |l: &str, f: &dyn Fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
+                sel.iter()
+                    .filter(|r| r.link == l)
+                    .filter_map(|r| f(r).map(|v| (r.bytes as f64, v)))
+                    .collect()
             };
-            let mut color = 0usize;
-            let mut line = |label: String, pts: Vec<(f64, f64)>, chart: &mut ChartContext<'_, _, _>| {
-                let c = Palette99::pick(color).to_rgba();
-                color += 1;
-                if let Ok(a) = chart.draw_series(LineSeries::new(pts, c.stroke_width(2))) {
-                    a.label(label)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
-                }
-            };
-            for l in &links {
-                let of = |f: &dyn Fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
-                    sel.iter()
-                        .filter(|r| &r.link == l)
-                        .filter_map(|r| f(r).map(|v| (r.bytes as f64, v)))
-                        .collect()
-                };
-                line(format!("{l} inline"), of(&|r| Some(r.inline_ns)), &mut chart);
-                line(format!("{l} bulk"), of(&|r| Some(r.bulk_ns)), &mut chart);
-                line(format!("{l} engine"), of(&|r| Some(r.engine_ns)), &mut chart);
-                let mpi = of(&|r| r.mpi_ns);
+            let mut lines = Vec::new();
+            for &l in &links {
+                let line = |label: String, points| Line { label, points };
+                lines.push(line(format!("{l} inline"), of(l, &|r| Some(r.inline_ns))));
+                lines.push(line(format!("{l} bulk"), of(l, &|r| Some(r.bulk_ns))));
+                lines.push(line(format!("{l} engine"), of(l, &|r| Some(r.engine_ns))));
+                let mpi = of(l, &|r| r.mpi_ns);
                 if !mpi.is_empty() {
-                    line(format!("MPI ({l})"), mpi, &mut chart);
+                    lines.push(line(format!("MPI ({l})"), mpi));
                 }
             }
             if let Some(l) = links.first() {
-                let pts = sel
-                    .iter()
-                    .filter(|r| &r.link == l)
-                    .map(|r| (r.bytes as f64, r.memcpy_ns))
-                    .collect();
-                line("local memcpy".into(), pts, &mut chart);
+                lines.push(Line {
+                    label: "local memcpy".into(),
+                    points: of(l, &|r| Some(r.memcpy_ns)),
+                });
             }
-            let _ = chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw();
-        }
-        let _ = root.present();
-    }
-    out
+            LinePanel {
+                title: format!("rackmem_{op}: ns per operation against size (same run)"),
+                x_desc: "bytes".into(),
+                y_desc: "ns".into(),
+                lines,
+            }
+        })
+        .collect();
+    Chart::Lines { panels }
 }
 
 #[cfg(test)]

@@ -467,7 +467,7 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
 /// `rackmem bench` without a subcommand: every part in turn, each as if run alone with the
 /// common options, its JSON and chart gathered into one of each.
 fn run_suite(args: &BenchArgs) -> Result<i32> {
-    let (report, failed) = rackmem_bench::suite::run(|part, json, svg| -> Result<()> {
+    let (report, failed) = rackmem_bench::suite::run(|part| -> Result<Output> {
         let mut argv: Vec<std::ffi::OsString> = vec!["bench".into(), part.into()];
         if ["workloads", "apps"].contains(&part) {
             if let Some(r) = args.repeat {
@@ -477,26 +477,33 @@ fn run_suite(args: &BenchArgs) -> Result<i32> {
                 argv.extend(["--scale".into(), x.to_string().into()]);
             }
         }
-        argv.extend(["--json".into(), json.into(), "--svg".into(), svg.into()]);
         argv.extend(["--bench-dir".into(), args.bench_dir.clone().into()]);
         let cmd = <BenchArgs as clap::Args>::augment_args(clap::Command::new("bench"));
-        let part_args = clap::FromArgMatches::from_arg_matches(&cmd.try_get_matches_from(argv)?)?;
-        run_bench(part_args).map(|_| ())
-    })?;
+        let part_args: BenchArgs = clap::FromArgMatches::from_arg_matches(&cmd.try_get_matches_from(argv)?)?;
+        let which = part_args.which.context("a part of the suite names its subcommand")?;
+        let out = run_in_scratch(which, &part_args.bench_dir)?;
+        print!("{}", out.text);
+        Ok(out)
+    });
     report.save(args.json.as_deref(), args.svg.as_deref())?;
     anyhow::ensure!(failed.is_empty(), "parts failed: {}", failed.join(", "));
     Ok(0)
+}
+
+/// Runs one part with a scratch directory of its own, removed afterwards.
+fn run_in_scratch(which: Which, bench_dir: &Path) -> Result<Output> {
+    let tmp = std::env::temp_dir().join(format!("rackmem-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let out = run_part(which, bench_dir, &tmp);
+    let _ = std::fs::remove_dir_all(&tmp);
+    out
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<i32> {
     let Some(which) = args.which else {
         return run_suite(&args);
     };
-    let tmp = std::env::temp_dir().join(format!("rackmem-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let out = run_part(which, &args.bench_dir, &tmp);
-    let _ = std::fs::remove_dir_all(&tmp);
-    let out = out?;
+    let out = run_in_scratch(which, &args.bench_dir)?;
     print!("{}", out.text);
     out.save(args.json.as_deref(), args.svg.as_deref())?;
     Ok(0)

@@ -106,6 +106,15 @@ pub fn recursive(levels: &[Level], last: f64) -> f64 {
     })
 }
 
+/// C-AMAT of a level made of parts side by side (the bricks of rackmem's second level), from
+/// each part's accesses and C-AMAT: their mean weighted by accesses, the time each part was
+/// active summed over all accesses. Parts active at the same time count once each, so this is
+/// at least the level's Eq. 1 over the union of their active time. `None` with no access.
+pub fn weighted(parts: &[(u64, f64)]) -> Option<f64> {
+    let n: u64 = parts.iter().map(|p| p.0).sum();
+    (n > 0).then(|| parts.iter().map(|&(a, c)| a as f64 * c).sum::<f64>() / n as f64)
+}
+
 /// One access in a [`Trace`]: a hit phase of `hit` from `start`, then, for a miss, a miss phase
 /// of `miss` (0 for a hit). Seed 002 counts a miss's hit phase (the lookup that found nothing)
 /// as part of the access; a page fault's is the touch that trapped.
@@ -356,6 +365,22 @@ mod tests {
     }
     fn miss(start: f64, hit: f64, miss: f64) -> Access {
         Access { start, hit, miss }
+    }
+
+    #[test]
+    fn parts_side_by_side_weigh_by_their_accesses() {
+        assert_eq!(weighted(&[]), None);
+        assert_eq!(weighted(&[(0, 5.0)]), None);
+        // 3 accesses at 10 and 1 at 30: 60 / 4.
+        assert_eq!(weighted(&[(3, 10.0), (1, 30.0), (0, 99.0)]), Some(15.0));
+        // Through Eq. 4 with no hit term: MR × κ × C-AMAT₂.
+        let l = Level {
+            hit_time: 0.0,
+            hit_concurrency: 0.0,
+            miss_ratio: 0.5,
+            kappa: 1.0,
+        };
+        assert_eq!(recursive(&[l], 15.0), 7.5);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub mod concurrency;
 pub mod link;
 
 pub use camat::{Camat, Level, Trace};
-pub use concurrency::MissClock;
+pub use concurrency::{LevelClock, LevelCounts, MissClock};
 pub use link::{Link, LinkSpec, Software, Transfer};
 
 /// Why a model could not be built from what it was given.

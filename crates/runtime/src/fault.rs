@@ -151,6 +151,19 @@ fn move_protected(inner: &Inner, page: u32, slot: u32, prot_byte: u8) -> bool {
     moved
 }
 
+/// Begins the faulting page's access to the brick that holds it (the bricks' level of C-AMAT),
+/// when a brick serves it: its read-ahead's brick, or the segment the table gives its page.
+fn brick_access(inner: &Inner, run: &Run<Ahead>) -> Option<crate::stats::BrickAccess> {
+    if run.kinds.first() != Some(&Source::Brick) {
+        return None;
+    }
+    let seg = match &run.ahead {
+        Some(a) => a.seg,
+        None => inner.table.lookup(run.page)?.0,
+    };
+    Some(inner.stats.bricks.begin(&inner.segment(seg).addr, inner.now_ns()))
+}
+
 /// The remote pages of a run that one brick holds: extents, and where each starts in the run.
 struct BrickReads {
     brick: usize,
@@ -180,8 +193,16 @@ impl Handler {
         self.marks = [t0; 7];
         rackmem_pager::fault::serve(&inner.core, self, page);
         let t1 = inner.now_ns();
+        self.end_brick_access(t1);
         inner.stats.fault_latency.record(t1 - t0);
         inner.fault_started_ns[me].store(0, Ordering::Release);
+    }
+
+    /// Ends the access to a brick left open for the install, if any.
+    fn end_brick_access(&mut self, at_ns: u64) {
+        if let Some(a) = self.brick_access.take() {
+            self.inner.stats.bricks.end(a, at_ns);
+        }
     }
 
     /// Moves each victim out of the window into its staging slot and hands the batch to the
@@ -467,21 +488,28 @@ impl Backend for Handler {
     fn read(&mut self, run: &mut Run<Ahead>) {
         let inner = self.inner.clone();
         self.direct = None;
+        self.end_brick_access(inner.now_ns());
+        let access = brick_access(&inner, run);
         if let Some(a) = run.ahead.take() {
             ReadAheads::collect(&inner, run.page, a, &mut run.spent, &mut self.buf);
-            return;
-        }
-        match run.spent.as_mut() {
-            Some(slots) => fetch_into(&inner, run.page, &run.kinds, recycle::bytes(&inner, slots)),
-            None => {
-                if let Some(d) = direct_source(&inner, run.page, &run.kinds) {
-                    self.direct = Some(d);
-                    return;
+        } else {
+            match run.spent.as_mut() {
+                Some(slots) => fetch_into(&inner, run.page, &run.kinds, recycle::bytes(&inner, slots)),
+                None => {
+                    if let Some(d) = direct_source(&inner, run.page, &run.kinds) {
+                        // The brick's memory is read by the install's copy: the access ends there.
+                        self.direct = Some(d);
+                        self.brick_access = access;
+                        return;
+                    }
+                    self.buf.clear();
+                    self.buf.resize(run.kinds.len() * PAGE_SIZE, 0);
+                    fetch_into(&inner, run.page, &run.kinds, &mut self.buf);
                 }
-                self.buf.clear();
-                self.buf.resize(run.kinds.len() * PAGE_SIZE, 0);
-                fetch_into(&inner, run.page, &run.kinds, &mut self.buf);
             }
+        }
+        if let Some(a) = access {
+            inner.stats.bricks.end(a, inner.now_ns());
         }
     }
 
@@ -542,6 +570,7 @@ impl Backend for Handler {
     /// Mapped bricks populate memory for the next write-backs, and the fault's steps are timed.
     fn installed(&mut self, _plan: &Plan, run: &Run<Ahead>, full: bool) {
         self.direct = None;
+        self.end_brick_access(self.inner.now_ns());
         if full {
             if !self.filled {
                 self.filled = true;

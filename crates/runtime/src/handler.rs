@@ -40,6 +40,9 @@ pub(crate) struct Handler {
     /// straight from it (see `fault.rs`, `direct_source`). Holding the segment keeps its
     /// mapping alive until the install is done.
     pub(crate) direct: Option<(Arc<crate::segment::Segment>, usize)>,
+    /// The faulting page's access to its brick when it ends at the install (a direct one),
+    /// for the bricks' level of C-AMAT (`stats::BrickLevels`).
+    pub(crate) brick_access: Option<crate::stats::BrickAccess>,
     /// Buffers for the evictions done here (see `stage`).
     pub(crate) writes: Vec<writeback::BrickWrites>,
     /// The local buffer has filled since it was last less than half full (see
@@ -63,6 +66,7 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
         zero_hash,
         mapped: Vec::new(),
         direct: None,
+        brick_access: None,
         writes: Vec::new(),
         filled: false,
         placement: None,

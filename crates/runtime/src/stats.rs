@@ -4,6 +4,8 @@
 //! Read by `rackmem run --stats` (through the JSON line the runtime writes at exit) and by the
 //! C API's `rackmem_stats`.
 
+use rackmem_model::{LevelClock, LevelCounts};
+use rackmem_transport::BrickAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Sub-buckets per power of two: 8 gives ~9% resolution, enough for p50/p99 of microseconds.
@@ -281,68 +283,135 @@ pub struct Stats {
     pub refetched: DistinctPages,
     /// The same time split into steps.
     pub breakdown: Breakdown,
-    /// Faults in flight (miss concurrency).
+    /// Faults in flight (miss concurrency): the local buffer's level of C-AMAT.
     pub in_flight: InFlight,
+    /// The bricks' level of C-AMAT, brick by brick.
+    pub bricks: BrickLevels,
 }
 
 /// Faults in flight at once: one is in flight from when a handler reads its message to when its
 /// page is installed and its thread woken. Kept as a time integral (the miss concurrency of
-/// seed 002's C-AMAT: the mean number of faults outstanding over the time at least one is).
-#[derive(Default)]
+/// seed 002's C-AMAT: the mean number of faults outstanding over the time at least one is), with
+/// the pure misses (faults no other fault overlapped) of the local buffer's level.
 pub struct InFlight {
-    state: std::sync::Mutex<InFlightState>,
+    clock: std::sync::Mutex<LevelClock>,
 }
 
-#[derive(Default)]
-struct InFlightState {
-    now: u32,
-    max: u32,
-    /// When `now` last changed, ns.
-    since_ns: u64,
-    /// Integral of `now` over time, fault-ns.
-    area_ns: u128,
-    /// Time with at least one fault in flight, ns.
-    busy_ns: u64,
+impl Default for InFlight {
+    fn default() -> Self {
+        Self {
+            clock: std::sync::Mutex::new(LevelClock::new(1)),
+        }
+    }
 }
 
 impl InFlight {
-    fn change(&self, at_ns: u64, up: bool) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let dt = at_ns.saturating_sub(s.since_ns);
-        s.area_ns += u128::from(s.now) * u128::from(dt);
-        if s.now > 0 {
-            s.busy_ns += dt;
-        }
-        s.since_ns = at_ns;
-        if up {
-            s.now += 1;
-            s.max = s.max.max(s.now);
-        } else {
-            s.now = s.now.saturating_sub(1);
-        }
+    fn clock(&self) -> std::sync::MutexGuard<'_, LevelClock> {
+        self.clock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A handler read a fault at `at_ns` (on the runtime's clock).
     pub fn begin(&self, at_ns: u64) {
-        self.change(at_ns, true);
+        self.clock().begin(0, at_ns);
     }
 
     /// A fault read earlier is served (installed and woken) at `at_ns`.
     pub fn end(&self, at_ns: u64) {
-        self.change(at_ns, false);
+        self.clock().end(0, at_ns);
     }
 
     /// Time-weighted mean of faults in flight over the time at least one was (0 if none ever
     /// was), and the most at once.
     pub fn mean_and_max(&self) -> (f64, u32) {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mean = if s.busy_ns == 0 {
-            0.0
-        } else {
-            s.area_ns as f64 / s.busy_ns as f64
-        };
-        (mean, s.max)
+        let c = self.counts();
+        (c.miss_concurrency(), c.max_outstanding)
     }
+
+    /// The local buffer's level: every fault, its pure misses and concurrency.
+    pub fn counts(&self) -> LevelCounts {
+        self.clock().counts(0)
+    }
+}
+
+/// Bricks told apart in [`BrickLevels`]; faults served by more bricks than this are counted
+/// together under the last one's entry, named `other bricks`.
+pub const MAX_BRICK_LEVELS: usize = 32;
+
+/// The bricks' level of C-AMAT, brick by brick: each fault whose page a brick served is one
+/// access to that brick, from the start of its read to the page's data being here (a read on
+/// the brick's link, a read-ahead's wait, or, for a segment mapped into the process, the copy
+/// out of it at install). Pure misses are judged across all bricks: a read no read of any
+/// brick overlapped.
+pub struct BrickLevels {
+    state: std::sync::Mutex<(Vec<BrickAddr>, LevelClock)>,
+}
+
+impl Default for BrickLevels {
+    fn default() -> Self {
+        Self {
+            state: std::sync::Mutex::new((Vec::new(), LevelClock::new(MAX_BRICK_LEVELS))),
+        }
+    }
+}
+
+/// One brick's access in progress, from [`BrickLevels::begin`] to [`BrickLevels::end`].
+#[derive(Debug)]
+#[must_use = "an access begun is ended"]
+pub struct BrickAccess(usize);
+
+impl BrickLevels {
+    fn state(&self) -> std::sync::MutexGuard<'_, (Vec<BrickAddr>, LevelClock)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A read of the brick at `addr` for a fault began at `at_ns`.
+    pub fn begin(&self, addr: &BrickAddr, at_ns: u64) -> BrickAccess {
+        let mut g = self.state();
+        let (bricks, clock) = &mut *g;
+        let slot = match bricks.iter().position(|b| b == addr) {
+            Some(i) => i,
+            None if bricks.len() < MAX_BRICK_LEVELS => {
+                bricks.push(addr.clone());
+                bricks.len() - 1
+            }
+            None => MAX_BRICK_LEVELS - 1,
+        };
+        clock.begin(slot, at_ns);
+        BrickAccess(slot)
+    }
+
+    /// The read `access` ended at `at_ns`.
+    pub fn end(&self, access: BrickAccess, at_ns: u64) {
+        self.state().1.end(access.0, at_ns);
+    }
+
+    /// Every brick that served a fault, in the order first seen, with its figures.
+    pub fn snapshot(&self) -> Vec<BrickLevel> {
+        let g = self.state();
+        let (bricks, clock) = &*g;
+        bricks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| BrickLevel {
+                brick: if i == MAX_BRICK_LEVELS - 1 && bricks.len() == MAX_BRICK_LEVELS {
+                    format!("{b} and other bricks")
+                } else {
+                    b.to_string()
+                },
+                counts: clock.counts(i),
+            })
+            .collect()
+    }
+}
+
+/// One brick's level of C-AMAT in a [`StatsSnapshot`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BrickLevel {
+    /// The brick's address.
+    pub brick: String,
+    /// What it served (see [`BrickLevels`]).
+    #[serde(flatten)]
+    pub counts: LevelCounts,
 }
 
 /// A plain snapshot of [`Stats`], as written to the stats file and returned by the C API.
@@ -490,6 +559,13 @@ pub struct StatsSnapshot {
     /// Fault handler threads.
     #[serde(default)]
     pub fault_handlers: u32,
+    /// The local buffer's level of C-AMAT: every fault, the pure misses among them (faults no
+    /// other fault overlapped), miss concurrency, pure miss penalty.
+    #[serde(default)]
+    pub local_buffer: LevelCounts,
+    /// The bricks' level, brick by brick (see [`BrickLevels`]).
+    #[serde(default)]
+    pub bricks: Vec<BrickLevel>,
 }
 
 impl Stats {
@@ -527,6 +603,8 @@ impl Stats {
         let g = |a: &AtomicU64| a.load(Relaxed);
         let (faults_in_flight_mean, faults_in_flight_max) = self.in_flight.mean_and_max();
         StatsSnapshot {
+            local_buffer: self.in_flight.counts(),
+            bricks: self.bricks.snapshot(),
             faults_in_flight_mean,
             faults_in_flight_max,
             fault_handlers: 0,
@@ -670,6 +748,41 @@ mod tests {
         let (mean, max) = f.mean_and_max();
         assert!((mean - 1.25).abs() < 1e-9, "mean {mean}");
         assert_eq!(max, 2);
+        // Only the last fault overlapped no other: one pure miss of 200 ns.
+        let c = f.counts();
+        assert_eq!((c.faults, c.pure_misses, c.pure_miss_ns), (3, 1, 200));
+    }
+
+    #[test]
+    fn faults_are_attributed_to_their_bricks() {
+        let b = BrickLevels::default();
+        let (x, y) = (BrickAddr::Unix("/x".into()), BrickAddr::Unix("/y".into()));
+        let a = b.begin(&x, 0);
+        b.end(a, 10);
+        let a = b.begin(&y, 20);
+        let c = b.begin(&x, 25);
+        b.end(c, 30);
+        b.end(a, 40);
+        let s = b.snapshot();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].brick, x.to_string());
+        assert_eq!((s[0].counts.faults, s[0].counts.pure_misses), (2, 1));
+        assert_eq!(
+            (s[1].counts.faults, s[1].counts.pure_misses, s[1].counts.busy_ns),
+            (1, 0, 20)
+        );
+        // More bricks than kept: the rest are counted under the last entry.
+        for i in 0..MAX_BRICK_LEVELS + 5 {
+            let a = b.begin(&BrickAddr::Unix(format!("/b{i}").into()), 100);
+            b.end(a, 101);
+        }
+        let s = b.snapshot();
+        assert_eq!(s.len(), MAX_BRICK_LEVELS);
+        assert!(s[MAX_BRICK_LEVELS - 1].brick.ends_with("and other bricks"));
+        assert_eq!(
+            s.iter().map(|l| l.counts.faults).sum::<u64>(),
+            3 + MAX_BRICK_LEVELS as u64 + 5
+        );
     }
 
     #[test]

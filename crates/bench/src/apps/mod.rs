@@ -241,10 +241,10 @@ pub fn run(cfg: &AppsConfig) -> Result<Output, BenchError> {
     }
     Ok(Output {
         text,
-        svg: crate::chart::svg(
+        chart: Some(crate::chart::fractions(
             "Applications under rackmem and Linux swap against native, same run",
-            &bars(&rows),
-        ),
+            bars(&rows),
+        )),
         json,
     })
 }

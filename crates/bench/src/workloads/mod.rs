@@ -180,10 +180,10 @@ pub fn run(cfg: &WorkloadsConfig) -> Result<Output, BenchError> {
     }
     Ok(Output {
         text,
-        svg: crate::chart::svg(
+        chart: Some(crate::chart::fractions(
             "rackmem and Linux swap against all-local, same run",
-            &report::bars(&rows),
-        ),
+            report::bars(&rows),
+        )),
         json,
     })
 }
