@@ -76,9 +76,10 @@ fn moves_while_writing(listen_a: &str, listen_b: &str, extra: &[&str], path: Pat
     // Which path carried the pages between bricks (the local buffer's moves count in neither).
     let (direct, bounced) = (s.extra("migration_pieces_direct"), s.extra("migration_pieces_bounced"));
     match path {
+        // Pieces under 4 MiB are bounced (faster so); the moves of the whole buffer are not.
         Path::Direct => assert!(
-            direct >= 4 && bounced == 0 && s.extra("migration_direct_fallbacks") == 0,
-            "pieces pulled directly {direct}, bounced {bounced}: every move between bricks should be direct"
+            direct >= 2 && s.extra("migration_direct_fallbacks") == 0,
+            "pieces pulled directly {direct}, bounced {bounced}: the moves between bricks should be direct"
         ),
         Path::Bounce => assert!(
             bounced >= 4 && direct == 0,

@@ -41,6 +41,11 @@ const MIGRATION_SEGMENT_BYTES: u64 = 64 << 20;
 /// Most bytes one pull order asks of the target brick: bounds how long the order's answer
 /// takes, and how long write-backs to the target's segment queue behind it on its link.
 const ORDER_BYTES: u64 = 8 << 20;
+/// Smallest piece a target brick pulls; smaller ones are bounced. Each pull order costs the
+/// target a connection to the source (connect, HELLO, ATTACH_PULL with its MACs): measured on
+/// TCP loopback (`docs/benchmarks.md`, "Direct migration"), direct took 0.2-0.5 x the bounce's
+/// speed up to 128 KiB, 0.9-1.0 x at 1-4 MiB and 1.37 x at 32 MiB.
+const DIRECT_MIN_BYTES: u64 = 4 << 20;
 /// How long a pull grant is valid: far more than an order takes, and no longer.
 const PULL_GRANT_LIFETIME: Duration = Duration::from_secs(60);
 /// Longest a move waits for the write-backs to its old home already in flight.
@@ -351,7 +356,8 @@ impl Runtime {
         // (direct), or bounced through this process when it cannot reach the source.
         let t2 = Instant::now();
         let pages = inner.lock().move_pages(id);
-        let direct = if inner.cfg.migration_direct {
+        let tried = inner.cfg.migration_direct && pages.len() as u64 * PAGE >= DIRECT_MIN_BYTES;
+        let direct = if tried {
             self.pull_direct(&pages, first, index, seg_page, target)
         } else {
             Ok(None)
@@ -362,7 +368,7 @@ impl Runtime {
                 Ok(b)
             }
             Ok(None) => {
-                if inner.cfg.migration_direct {
+                if tried {
                     inner.stats.migration_direct_fallbacks.fetch_add(1, Ordering::Relaxed);
                 }
                 inner.stats.migration_pieces_bounced.fetch_add(1, Ordering::Relaxed);
