@@ -11,6 +11,12 @@
  *           "kill-target" and waits for a line on stdin (the test kills brick B meanwhile),
  *           then migrates the second half to B, which must fail with EIO while the writer goes
  *           on; prints "target-lost errno=EIO" and the checksums.
+ *   srckill: (a third brick C as argument 5, serving slowly) a second buffer V of the same size
+ *           is filled and moved to C, and left to be evicted there while the writer runs on the
+ *           first; then "pulling" is printed and V moves C -> B (pulled by B), while the test
+ *           kills C half-way: the migration must fail with EIO and the writer go on; prints
+ *           "source-lost errno=EIO" and the checksums of the first buffer (V is not touched
+ *           again: its pages died with C).
  *   fork:   moves the buffer to B while the writer runs, stops the writer, forks: the child checks
  *           the whole buffer against the model (it reads the clones of the segments, moved range
  *           included) and rewrites it; the parent checks that its own copy did not change and
@@ -161,6 +167,33 @@ int main(int argc, char **argv) {
         printf("target-lost errno=%s\n", errno == EIO ? "EIO" : strerror(errno));
         fflush(stdout);
         uint64_t p0 = passes;
+        while (passes < p0 + 2) usleep(1000);
+        finish(t);
+        return 0;
+    }
+    if (!strcmp(mode, "srckill")) {
+        if (argc < 6) DIE("srckill needs a third brick");
+        const char *c = argv[5];
+        /* Never touched: keeps the writer's read-ahead past the end of the first buffer off V
+         * (it reads ahead across allocations, and V's pages die with C). */
+        void *spacer = malloc(4 << 20);
+        if (!spacer) DIE("malloc");
+        uint64_t *v = malloc(len);
+        if (!v) DIE("malloc");
+        if (!is_remote(v)) DIE("the second buffer is not in rackmem memory");
+        for (size_t i = 0; i < words; i++) v[i] = pattern(99, i);
+        migrate_or_die(migrate, v, len, c);
+        /* Two passes of the writer over the first buffer evict V to C. */
+        uint64_t p0 = passes;
+        while (passes < p0 + 2) usleep(1000);
+        printf("pulling\n");
+        fflush(stdout);
+        struct rackmem_migration tm;
+        int r = migrate(v, len, b, &tm);
+        if (r != -1) DIE("the migration from a dead brick returned %d", r);
+        printf("source-lost errno=%s\n", errno == EIO ? "EIO" : strerror(errno));
+        fflush(stdout);
+        p0 = passes;
         while (passes < p0 + 2) usleep(1000);
         finish(t);
         return 0;

@@ -20,6 +20,20 @@ pub(crate) struct Attached {
     pub(crate) gate: Gate,
     /// The segment's rate and counters.
     pub(crate) pace: std::sync::Arc<crate::pace::SegmentPace>,
+    /// The one range (offset, length) of the segment a pull grant opened, read-only; `None`
+    /// for a whole-segment grant.
+    pub(crate) only: Option<(u64, u64)>,
+}
+
+impl Attached {
+    /// True if `[off, off + len)` is inside what the connection may touch: the segment, and
+    /// the pull grant's range when it attached with one.
+    pub(crate) fn allows(&self, off: u64, len: u64) -> bool {
+        let Some(end) = off.checked_add(len) else {
+            return false;
+        };
+        end <= self.size && self.only.is_none_or(|(o, l)| off >= o && end <= o + l)
+    }
 }
 
 /// Holds a READ or WRITE of `bytes` back until the segment's rate and the brick's total allow
@@ -78,7 +92,10 @@ pub(crate) fn read_pages(
             true,
         );
     }
-    if let Some(&(o, l)) = ext.iter().find(|&&(o, l)| !in_segment(a.size, o, l as u64)) {
+    if let Some(&(o, l)) = ext
+        .iter()
+        .find(|&&(o, l)| !in_segment(a.size, o, l as u64) || !a.allows(o, l as u64))
+    {
         return out_of_range(a, o, l as u64);
     }
     buf.clear();

@@ -549,7 +549,7 @@ fn finish_frame(shared: &Shared, p: &mut Pending, turn_taken: bool) -> Step {
     };
     let authenticates = matches!(
         req,
-        Request::Alloc { .. } | Request::Open { .. } | Request::Attach { .. }
+        Request::Alloc { .. } | Request::Open { .. } | Request::Attach { .. } | Request::AttachPull { .. }
     );
     if authenticates && !turn_taken {
         match shared.guard.before_check(p.peer, Instant::now()) {

@@ -37,6 +37,7 @@ mod metrics;
 mod onesided;
 mod pace;
 mod pool;
+mod pull;
 mod reply;
 mod server;
 mod session;

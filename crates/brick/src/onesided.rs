@@ -148,6 +148,7 @@ fn attach_named(
         rights: rights::ALL,
         gate,
         pace: crate::pace::SegmentPace::untracked(),
+        only: None,
     });
     ok(shared.grant(id, offset, size).encode())
 }
@@ -165,7 +166,7 @@ fn outside(a: &Attached, offset: u64, len: u64) -> Reply {
 }
 
 fn inside(a: &Attached, offset: u64, len: u64) -> bool {
-    offset.checked_add(len).is_some_and(|end| end <= a.size)
+    a.allows(offset, len)
 }
 
 /// PUT: stores `data` at byte `offset` of the connection's segment (straight from the receive

@@ -51,6 +51,8 @@ pub(crate) fn handle(shared: &Shared, session: &mut Session, req: Request) -> Re
         Request::Stats => ok(shared.stats().encode()),
         Request::Alloc { size_bytes, secret } => alloc(shared, session, size_bytes, &secret),
         Request::Attach { grant: g, proof } => attach(shared, session, &g, &proof),
+        Request::AttachPull { pull, proof } => crate::pull::attach_pull(shared, session, &pull, &proof),
+        Request::Pull(order) => crate::pull::pull(shared, session.attached.as_ref(), &order),
         Request::Open {
             name,
             size_bytes,
@@ -184,6 +186,7 @@ fn alloc(shared: &Shared, session: &mut Session, size_bytes: u64, secret: &[u8])
         rights: rights::ALL,
         gate,
         pace: crate::pace::SegmentPace::untracked(),
+        only: None,
     });
     ok(shared.grant(id, off, size).encode())
 }
@@ -265,6 +268,7 @@ fn attach(shared: &Shared, session: &mut Session, g: &Grant, proof: &[u8; KEY_LE
         } else {
             crate::pace::SegmentPace::untracked()
         },
+        only: None,
     });
     ok(Vec::new())
 }

@@ -90,6 +90,16 @@ pub enum Opcode {
     /// it held the expected one. The response is the word's previous value (u64), so the swap
     /// happened iff it equals the expected value.
     CompareSwap = 18,
+    /// Bind the connection to one range of a segment, read-only, with a
+    /// [`PullGrant`](crate::PullGrant) (a node's delegation) and a proof of its pull key: what
+    /// a brick pulling a migration says to the source brick. Payload: the pull grant, then the
+    /// proof.
+    AttachPull = 19,
+    /// Copy pages from another brick into the attached segment: the payload is a
+    /// [`PullOrder`](crate::PullOrder); the brick connects to its source, attaches with
+    /// ATTACH_PULL and reads with a bounded window in flight. The response is the bytes copied
+    /// (u64).
+    Pull = 20,
 }
 
 impl Opcode {
@@ -115,6 +125,8 @@ impl Opcode {
             16 => Get,
             17 => FetchAdd,
             18 => CompareSwap,
+            19 => AttachPull,
+            20 => Pull,
             _ => return None,
         })
     }
@@ -125,7 +137,7 @@ impl Opcode {
     pub fn allowed_before_auth(self) -> bool {
         matches!(
             self,
-            Opcode::Hello | Opcode::Alloc | Opcode::Open | Opcode::Attach | Opcode::Ping
+            Opcode::Hello | Opcode::Alloc | Opcode::Open | Opcode::Attach | Opcode::Ping | Opcode::AttachPull
         )
     }
 
@@ -148,6 +160,8 @@ impl Opcode {
             Get => 0,
             FetchAdd => 8,
             CompareSwap => 16,
+            AttachPull => (crate::PullGrant::MAX_LEN + KEY_LEN) as u32,
+            Pull => crate::PullOrder::MAX_LEN as u32,
         }
     }
 }
@@ -193,11 +207,18 @@ pub enum Status {
     /// or from this peer), or too many recent authentication failures from this peer. The
     /// message says which and what to do; the connection is closed. Retrying later may work.
     Busy = 14,
+    /// PULL: the target brick could not reach the source brick (no route, refused, or an
+    /// address it cannot use, such as TLS without a CA): nothing was copied; the node moves
+    /// the pages itself.
+    Unreachable = 15,
+    /// PULL: the source brick failed or went away while pages were being pulled: some may have
+    /// been copied, none is valid.
+    SourceLost = 16,
 }
 
 impl Status {
     /// Every status, in code order.
-    pub const ALL: [Status; 15] = [
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotAttached,
@@ -213,6 +234,8 @@ impl Status {
         Status::GrantUnproven,
         Status::Conflict,
         Status::Busy,
+        Status::Unreachable,
+        Status::SourceLost,
     ];
 
     /// The code on the wire.
@@ -238,6 +261,8 @@ impl Status {
             12 => GrantUnproven,
             13 => Conflict,
             14 => Busy,
+            15 => Unreachable,
+            16 => SourceLost,
             _ => Internal,
         }
     }

@@ -16,6 +16,8 @@
 //! - `brick`: what a brick reports about itself, [`BrickInfo`] (HELLO) and [`BrickStats`] (STATS).
 //! - `grant`: [`rights`], signed [`Grant`]s, session keys and ATTACH proofs, [`SegmentGrant`].
 //! - `request`: [`Extent`] lists, [`Request`] encoding and decoding, zero-copy WRITE, request frames.
+//! - `pull`: direct brick-to-brick migration, [`PullGrant`] (a node's read-only delegation of
+//!   one range of a segment) and [`PullOrder`] (what a target brick pulls).
 //! - `response`: response frames, [`encode_response`] and [`decode_response_frame`].
 //! - `report`: the node agent's requests ([`AgentRequest`]) and [`ProcessReport`], what a program's
 //!   runtime reports to its agent while it runs.
@@ -25,6 +27,7 @@ mod brick;
 mod bytes;
 mod grant;
 mod header;
+mod pull;
 mod report;
 mod request;
 mod response;
@@ -37,6 +40,9 @@ pub use grant::{
 pub use header::{
     DecodeError, Header, Opcode, Status, FLAG_RESPONSE, HEADER_LEN, KEY_LEN, MAGIC, MAX_EXTENTS, MAX_EXTENT_LIST,
     MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, MAX_SECRET, NONCE_LEN, PAGE_SIZE, VERSION,
+};
+pub use pull::{
+    pull_key, PullError, PullGrant, PullOrder, PullPiece, MAX_PULL_BYTES, MAX_PULL_LIFETIME_S, MAX_PULL_PIECES,
 };
 pub use report::{AgentRequest, LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_PROGRAM_LEN};
 pub use request::{

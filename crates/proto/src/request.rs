@@ -12,6 +12,16 @@ pub type Extent = (u64, u32);
 /// A decoded request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// ATTACH_PULL with a pull grant and the proof that this connection holds its pull key.
+    AttachPull {
+        /// The delegation.
+        pull: crate::PullGrant,
+        /// [`attach_proof`](crate::attach_proof) made with the pull key, for this connection's
+        /// HELLO nonce and the grant's segment.
+        proof: [u8; KEY_LEN],
+    },
+    /// PULL.
+    Pull(crate::PullOrder),
     /// HELLO.
     Hello,
     /// ALLOC of `size_bytes` with the shared secret.
@@ -184,6 +194,8 @@ impl Request {
             Request::Get { .. } => Opcode::Get,
             Request::FetchAdd { .. } => Opcode::FetchAdd,
             Request::CompareSwap { .. } => Opcode::CompareSwap,
+            Request::AttachPull { .. } => Opcode::AttachPull,
+            Request::Pull(_) => Opcode::Pull,
         }
     }
 
@@ -255,6 +267,11 @@ impl Request {
                 payload.extend_from_slice(&expected.to_le_bytes());
                 payload.extend_from_slice(&desired.to_le_bytes());
             }
+            Request::AttachPull { pull, proof } => {
+                payload = pull.encode();
+                payload.extend_from_slice(proof);
+            }
+            Request::Pull(order) => payload = order.encode(),
         }
         let h = Header {
             opcode: self.opcode(),
@@ -400,6 +417,17 @@ impl Request {
                     desired: u64_at(p, 8),
                 })
             }
+            Opcode::AttachPull => {
+                if p.len() < KEY_LEN {
+                    return Err(DecodeError::MissingProof);
+                }
+                let (pull, proof) = p.split_at(p.len() - KEY_LEN);
+                Ok(Request::AttachPull {
+                    pull: crate::PullGrant::decode(pull)?,
+                    proof: array_at(proof, 0),
+                })
+            }
+            Opcode::Pull => Ok(Request::Pull(crate::PullOrder::decode(p)?)),
         }
     }
 }
@@ -481,6 +509,18 @@ mod tests {
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64))
                 .prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
             (grant(), any::<[u8; 32]>()).prop_map(|(grant, proof)| Request::Attach { grant, proof }),
+            (grant(), any::<(u64, u64, u64)>(), any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(
+                |(grant, (offset, len, expiry_unix_s), mac, proof)| Request::AttachPull {
+                    pull: crate::PullGrant {
+                        grant,
+                        offset,
+                        len,
+                        expiry_unix_s,
+                        mac,
+                    },
+                    proof
+                }
+            ),
             extents().prop_map(Request::Read),
             (extents(), any::<u8>()).prop_map(|(extents, fill)| {
                 let n = extents_bytes(&extents) as usize;

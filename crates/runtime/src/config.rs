@@ -51,6 +51,8 @@ pub mod env {
     pub const NOTICE_DIR: &str = "RACKMEM_NOTICE_DIR";
     /// the eviction policy.
     pub const EVICTION: &str = "RACKMEM_EVICTION";
+    /// how a migration between bricks carries pages: direct (the default) or bounce.
+    pub const MIGRATION: &str = "RACKMEM_MIGRATION";
 }
 
 /// How the fault handler waits for page faults.
@@ -163,6 +165,10 @@ pub struct Config {
     /// `refault` (the default: pages that fault back soon after eviction are protected) or
     /// `fifo` (first in, first out). See [`crate::policy`].
     pub eviction: Eviction,
+    /// `RACKMEM_MIGRATION`: `direct` (the default: the target brick pulls the pages from the
+    /// source brick, and the range is bounced through this process only when the target cannot
+    /// reach the source) or `bounce` (always through this process).
+    pub migration_direct: bool,
 }
 
 /// Whether segments of bricks on this host are mapped into the process.
@@ -309,6 +315,11 @@ impl Config {
             notice_dir: var(env::NOTICE_DIR),
             tls: TlsClient::from_env().transpose().map_err(ConfigError::Tls)?,
             eviction: var(env::EVICTION).map_or(Ok(Eviction::default()), |v| v.parse())?,
+            migration_direct: match var(env::MIGRATION).as_deref().map(str::trim) {
+                None | Some("direct") => true,
+                Some("bounce") => false,
+                Some(v) => return Err(ConfigError::Invalid(env::MIGRATION, v.to_string())),
+            },
             agent,
         }))
     }

@@ -182,6 +182,7 @@ pub fn fork_child() {
                 pages: b.pages,
                 addr: b.addr.clone(),
                 grant: seg.grant,
+                session_key: seg.session_key,
                 fault,
                 writeback,
                 allocation: None,

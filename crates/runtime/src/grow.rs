@@ -49,12 +49,13 @@ impl Runtime {
     fn attach_allocation(&self, agent: &agent::Agent, bytes: u64) -> Result<(), RuntimeError> {
         let inner = &self.inner;
         let a = agent.grow(bytes)?;
-        // Pages, address, grant, fault and write-back links, rate, mapping: a segment ready to
-        // publish.
+        // Pages, address, grant, session key, fault and write-back links, rate, mapping: a
+        // segment ready to publish.
         type Ready = (
             u64,
             BrickAddr,
             rackmem_proto::Grant,
+            [u8; rackmem_proto::KEY_LEN],
             Link,
             Link,
             u64,
@@ -82,18 +83,19 @@ impl Runtime {
                 let writeback = Link::connect_with(&addr, inner.cfg.timeout, inner.cfg.tls.as_ref())?;
                 writeback.attach(&grant, &key)?;
                 let shared = segment::share_if(inner.cfg.shared_memory, &fault)?;
-                out.push((pages, addr, grant, fault, writeback, s.rate_limit_bps, shared));
+                out.push((pages, addr, grant, key, fault, writeback, s.rate_limit_bps, shared));
             }
             Ok(out)
         };
         match attach() {
             Ok(segs) => {
-                for (pages, addr, grant, fault, writeback, rate, shared) in segs {
+                for (pages, addr, grant, session_key, fault, writeback, rate, shared) in segs {
                     inner.table.push(pages, |first_page| Segment {
                         first_page,
                         pages,
                         addr,
                         grant,
+                        session_key,
                         fault,
                         writeback,
                         allocation: Some(a.allocation),

@@ -28,8 +28,8 @@ use crate::inner::Job;
 use crate::segment::{self, Segment};
 use crate::{ratelimit, sys, writeback, Runtime, PAGE, PAGE_SIZE};
 use rackmem_pager::placement::Memory;
-use rackmem_proto::Extent;
-use rackmem_transport::{BrickAddr, Link};
+use rackmem_proto::{Extent, PullGrant, PullOrder, PullPiece, SegmentGrant, Status, MAX_PULL_PIECES};
+use rackmem_transport::{BrickAddr, Link, LinkError};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -38,6 +38,16 @@ use std::time::{Duration, Instant};
 const BATCH_PAGES: usize = 256;
 /// Smallest segment carved on a brick for migrations (later migrations to the brick share it).
 const MIGRATION_SEGMENT_BYTES: u64 = 64 << 20;
+/// Most bytes one pull order asks of the target brick: bounds how long the order's answer
+/// takes, and how long write-backs to the target's segment queue behind it on its link.
+const ORDER_BYTES: u64 = 8 << 20;
+/// Smallest piece a target brick pulls; smaller ones are bounced. Each pull order costs the
+/// target a connection to the source (connect, HELLO, ATTACH_PULL with its MACs): measured on
+/// TCP loopback (`docs/benchmarks.md`, "Direct migration"), direct took 0.2-0.5 x the bounce's
+/// speed up to 128 KiB, 0.9-1.0 x at 1-4 MiB and 1.37 x at 32 MiB.
+const DIRECT_MIN_BYTES: u64 = 4 << 20;
+/// How long a pull grant is valid: far more than an order takes, and no longer.
+const PULL_GRANT_LIFETIME: Duration = Duration::from_secs(60);
 /// Longest a move waits for the write-backs to its old home already in flight.
 const READY_WAIT: Duration = Duration::from_secs(30);
 
@@ -98,6 +108,15 @@ pub enum MigrateError {
         /// What holds them.
         why: String,
     },
+    /// The source brick failed during the migration: the range stays where it was (on a brick
+    /// the program may no longer reach: its next fault there stops it).
+    #[error("source brick {addr} failed during the migration: {err}; the range stays where it was")]
+    SourceLost {
+        /// The source.
+        addr: String,
+        /// What failed.
+        err: String,
+    },
     /// The target brick failed during the migration: the range stays on its source.
     #[error("brick {addr} failed during the migration: {err}; the range stays where it was")]
     TargetLost {
@@ -117,7 +136,7 @@ impl MigrateError {
             MigrateError::NoSpace(_) => libc::ENOSPC,
             MigrateError::Unsupported => libc::ENOTSUP,
             MigrateError::Busy { .. } => libc::EBUSY,
-            MigrateError::TargetLost { .. } => libc::EIO,
+            MigrateError::TargetLost { .. } | MigrateError::SourceLost { .. } => libc::EIO,
         }
     }
 }
@@ -333,14 +352,75 @@ impl Runtime {
             }
         };
         let allocate_ns = t1.elapsed().as_nanos() as u64;
-        // Transfer: the brick-valid pages, old home → target, in batches.
+        // Transfer: the brick-valid pages, old home → target: pulled by the target brick
+        // (direct), or bounced through this process when it cannot reach the source.
         let t2 = Instant::now();
         let pages = inner.lock().move_pages(id);
+        let tried = inner.cfg.migration_direct && pages.len() as u64 * PAGE >= DIRECT_MIN_BYTES;
+        let direct = if tried {
+            self.pull_direct(&pages, first, index, seg_page, target)
+        } else {
+            Ok(None)
+        };
+        let moved = match direct {
+            Ok(Some(b)) => {
+                inner.stats.migration_pieces_direct.fetch_add(1, Ordering::Relaxed);
+                Ok(b)
+            }
+            Ok(None) => {
+                if tried {
+                    inner.stats.migration_direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
+                inner.stats.migration_pieces_bounced.fetch_add(1, Ordering::Relaxed);
+                self.bounce(&pages, first, index, seg_page, target)
+            }
+            Err(e) => Err(e),
+        };
+        let bytes = match moved {
+            Ok(b) => b,
+            Err(e) => {
+                let parked = inner.lock().abort_move(id);
+                self.send_parked(parked);
+                return Err(e);
+            }
+        };
+        let transfer_ns = t2.elapsed().as_nanos() as u64;
+        // Finalize: the core and the segment table point the range at the target together.
+        let t3 = Instant::now();
+        let parked = {
+            let mut c = inner.lock();
+            let parked = c.finish_move(id, index as u32, seg_page);
+            inner.table.set_home(first..end, index, seg_page);
+            parked
+        };
+        self.send_parked(parked);
+        inner.core_cv.notify_all();
+        Ok(MigrationTimes {
+            setup_ns,
+            allocate_ns,
+            transfer_ns,
+            finalize_ns: t3.elapsed().as_nanos() as u64,
+            bytes,
+        })
+    }
+
+    /// Bounces `pages` (window pages from `first` on, brick-valid, of one move) through this
+    /// process into segment `index` from its page `seg_page`: read from their homes, grouped
+    /// by source segment and merged where contiguous there, then written to the target, one
+    /// batch of [`BATCH_PAGES`] at a time. Returns the bytes carried.
+    fn bounce(
+        &self,
+        pages: &[u64],
+        first: u64,
+        index: usize,
+        seg_page: u64,
+        target: &BrickAddr,
+    ) -> Result<u64, MigrateError> {
+        let inner = &self.inner;
         let dst = inner.segment(index);
         let mut bytes = 0u64;
         let mut buf = vec![0u8; BATCH_PAGES * PAGE_SIZE];
         for batch in pages.chunks(BATCH_PAGES) {
-            // Read, grouped by source segment, merged where contiguous there.
             let mut at = 0usize;
             let mut k = 0;
             while k < batch.len() {
@@ -365,11 +445,14 @@ impl Runtime {
                 }
                 let src = inner.segment(src_index);
                 src.limiter.acquire((at - start_at) as u64);
-                if let Err(e) = src.read(&extents, &mut buf[start_at..at]) {
-                    inner.brick_lost(src_index, "reading pages to migrate", &e);
-                }
+                // The move is aborted and the error returned: the program decides what to do
+                // about a brick it may not touch again (its next fault there stops it).
+                src.read(&extents, &mut buf[start_at..at])
+                    .map_err(|e| MigrateError::SourceLost {
+                        addr: src.addr.to_string(),
+                        err: e.to_string(),
+                    })?;
             }
-            // Write, merged where contiguous in the target.
             let mut extents: Vec<Extent> = Vec::new();
             for &p in batch {
                 let off = (seg_page + (p - first)) * PAGE;
@@ -379,34 +462,110 @@ impl Runtime {
                 }
             }
             // Fresh: the target brick, not this process, first touches its memory.
-            if let Err(e) = dst.write(&extents, &buf[..at], true) {
-                let parked = inner.lock().abort_move(id);
-                self.send_parked(parked);
-                return Err(MigrateError::TargetLost {
+            dst.write(&extents, &buf[..at], true)
+                .map_err(|e| MigrateError::TargetLost {
                     addr: target.to_string(),
                     err: e.to_string(),
-                });
-            }
+                })?;
             bytes += at as u64;
         }
-        let transfer_ns = t2.elapsed().as_nanos() as u64;
-        // Finalize: the core and the segment table point the range at the target together.
-        let t3 = Instant::now();
-        let parked = {
-            let mut c = inner.lock();
-            let parked = c.finish_move(id, index as u32, seg_page);
-            inner.table.set_home(first..end, index, seg_page);
-            parked
-        };
-        self.send_parked(parked);
-        inner.core_cv.notify_all();
-        Ok(MigrationTimes {
-            setup_ns,
-            allocate_ns,
-            transfer_ns,
-            finalize_ns: t3.elapsed().as_nanos() as u64,
-            bytes,
-        })
+        Ok(bytes)
+    }
+
+    /// Has the target brick pull `pages` (as for [`Runtime::bounce`]) straight from their source
+    /// bricks: per source segment, orders of at most [`ORDER_BYTES`] (each waited for before
+    /// the next is sent, so one migration has one order in flight), each with a pull grant for
+    /// exactly the source range it reads, signed with the source segment's session key and
+    /// void after [`PULL_GRANT_LIFETIME`]. `Ok(None)`: the target cannot pull from a source
+    /// (no route, or refused): bounce instead; nothing it copied is used.
+    fn pull_direct(
+        &self,
+        pages: &[u64],
+        first: u64,
+        index: usize,
+        seg_page: u64,
+        target: &BrickAddr,
+    ) -> Result<Option<u64>, MigrateError> {
+        let inner = &self.inner;
+        let dst = inner.segment(index);
+        let mut bytes = 0u64;
+        let mut k = 0;
+        while k < pages.len() {
+            let Some((src_index, _)) = inner.table.lookup(pages[k]) else {
+                inner.internal_error(&format!("window page {} has no segment", pages[k]));
+            };
+            let src = inner.segment(src_index);
+            let mut pieces: Vec<PullPiece> = Vec::new();
+            let mut order_bytes = 0u64;
+            while k < pages.len() && order_bytes < ORDER_BYTES {
+                let Some((s, off)) = inner.table.lookup(pages[k]) else {
+                    break;
+                };
+                if s != src_index {
+                    break;
+                }
+                let to = (seg_page + (pages[k] - first)) * PAGE;
+                let full = pieces.len() == MAX_PULL_PIECES;
+                match pieces.last_mut() {
+                    Some(p) if p.src + p.len == off && p.dst + p.len == to => p.len += PAGE,
+                    _ if full => break,
+                    _ => pieces.push(PullPiece {
+                        dst: to,
+                        src: off,
+                        len: PAGE,
+                    }),
+                }
+                order_bytes += PAGE;
+                k += 1;
+            }
+            let lo = pieces.iter().map(|p| p.src).min().unwrap_or(0);
+            let hi = pieces.iter().map(|p| p.src + p.len).max().unwrap_or(0);
+            let sg = SegmentGrant {
+                grant: src.grant.clone(),
+                session_key: src.session_key,
+            };
+            let expiry = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+                + PULL_GRANT_LIFETIME.as_secs();
+            let (pull, key) = PullGrant::issue(&sg, lo, hi - lo, expiry);
+            let order = PullOrder {
+                source: src.addr.to_string(),
+                pull,
+                key,
+                pieces,
+            };
+            match dst.writeback.pull(&order) {
+                Ok(b) => bytes += b,
+                Err(LinkError::Refused {
+                    status: Status::SourceLost,
+                    message,
+                    ..
+                }) => {
+                    return Err(MigrateError::SourceLost {
+                        addr: src.addr.to_string(),
+                        err: message,
+                    })
+                }
+                Err(LinkError::Refused { status, message, .. }) => {
+                    if inner.cfg.verbose {
+                        eprintln!(
+                            "rackmem[{}]: brick {target} cannot pull from {} ({status:?}: {message}); bouncing",
+                            std::process::id(),
+                            src.addr
+                        );
+                    }
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(MigrateError::TargetLost {
+                        addr: target.to_string(),
+                        err: e.to_string(),
+                    })
+                }
+            }
+        }
+        Ok(Some(bytes))
     }
 
     /// Queues the write-backs a move parked (they go to wherever the range lives now).
@@ -472,6 +631,7 @@ impl Runtime {
                 pages,
                 addr,
                 grant: seg.grant,
+                session_key: seg.session_key,
                 fault,
                 writeback,
                 allocation: None,

@@ -41,6 +41,9 @@ pub struct Segment {
     pub addr: BrickAddr,
     /// The grant for the segment (offsets in requests are relative to it).
     pub grant: Grant,
+    /// The grant's session key: a direct migration delegates a read of part of the segment
+    /// with it ([`PullGrant`](rackmem_proto::PullGrant)); it never leaves this process.
+    pub session_key: [u8; rackmem_proto::KEY_LEN],
     /// Link for faults.
     pub fault: Link,
     /// Link for write-back.

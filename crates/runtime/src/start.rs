@@ -72,6 +72,7 @@ impl Runtime {
                 pages,
                 addr,
                 grant: seg.grant,
+                session_key: seg.session_key,
                 fault,
                 writeback,
                 allocation: None,

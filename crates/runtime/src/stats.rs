@@ -276,6 +276,12 @@ pub struct Stats {
     pub migration_transfer_ns: AtomicU64,
     /// Time in the Finalize step, ns.
     pub migration_finalize_ns: AtomicU64,
+    /// Pieces of migrations between bricks the target brick pulled from the source (direct).
+    pub migration_pieces_direct: AtomicU64,
+    /// Pieces of migrations between bricks bounced through this process.
+    pub migration_pieces_bounced: AtomicU64,
+    /// Of the bounced pieces, those bounced because the target could not reach the source.
+    pub migration_direct_fallbacks: AtomicU64,
     /// Handler-side fault service time (message read to page installed).
     pub fault_latency: Histogram,
     /// Pages fetched from bricks (re-fetches of pages evicted earlier) since the watchdog last
@@ -525,6 +531,15 @@ pub struct StatsSnapshot {
     /// See [`Stats::migration_finalize_ns`].
     #[serde(default)]
     pub migration_finalize_ns: u64,
+    /// See [`Stats::migration_pieces_direct`].
+    #[serde(default)]
+    pub migration_pieces_direct: u64,
+    /// See [`Stats::migration_pieces_bounced`].
+    #[serde(default)]
+    pub migration_pieces_bounced: u64,
+    /// See [`Stats::migration_direct_fallbacks`].
+    #[serde(default)]
+    pub migration_direct_fallbacks: u64,
     /// Fault service time, median, ns.
     pub fault_p50_ns: u64,
     /// Fault service time, 90th percentile, ns.
@@ -649,6 +664,9 @@ impl Stats {
             migration_allocate_ns: g(&self.migration_allocate_ns),
             migration_transfer_ns: g(&self.migration_transfer_ns),
             migration_finalize_ns: g(&self.migration_finalize_ns),
+            migration_pieces_direct: g(&self.migration_pieces_direct),
+            migration_pieces_bounced: g(&self.migration_pieces_bounced),
+            migration_direct_fallbacks: g(&self.migration_direct_fallbacks),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),
             fault_p90_ns: self.fault_latency.quantile_ns(0.9),
             fault_p99_ns: self.fault_latency.quantile_ns(0.99),

@@ -6,7 +6,7 @@ use crate::error::LinkError;
 use crate::link::Link;
 use crate::sync::lock;
 use crate::ticket::{DetachedTicket, Ticket};
-use rackmem_proto::{attach_proof, BrickStats, Grant, Opcode, Request, SegmentGrant, KEY_LEN};
+use rackmem_proto::{attach_proof, BrickStats, Grant, Opcode, PullGrant, PullOrder, Request, SegmentGrant, KEY_LEN};
 use rackmem_sys::SharedMemory;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -53,6 +53,27 @@ impl Link {
             proof,
         })
         .map(|_| ())
+    }
+
+    /// Binds this link, read-only, to the range of a segment a [`PullGrant`] delegates (what a
+    /// brick pulling a migration does), proving it holds the pull key `key`. Refused like an
+    /// ATTACH when the delegation is forged, altered, expired or unproven.
+    pub fn attach_pull(&self, pull: &PullGrant, key: &[u8; KEY_LEN]) -> Result<(), LinkError> {
+        let proof = attach_proof(key, &self.info.nonce, pull.grant.segment_id);
+        self.call(&Request::AttachPull {
+            pull: pull.clone(),
+            proof,
+        })
+        .map(|_| ())
+    }
+
+    /// Asks the brick to pull pages into the attached segment from another brick (direct
+    /// migration); returns the bytes it copied. Waits for the whole order (at most
+    /// [`MAX_PULL_BYTES`](rackmem_proto::MAX_PULL_BYTES)).
+    pub fn pull(&self, order: &PullOrder) -> Result<u64, LinkError> {
+        let p = self.call(&Request::Pull(order.clone()))?;
+        let b = <[u8; 8]>::try_from(p.as_slice()).map_err(|_| self.lost("PULL answer is not 8 bytes".into()))?;
+        Ok(u64::from_le_bytes(b))
     }
 
     /// Maps the attached segment into this process: the brick moves it into shared memory and

@@ -1,0 +1,245 @@
+//! Direct brick-to-brick migration (issue 23, seed 001's device-to-device transfer without the
+//! host's bounce buffer).
+//!
+//! Both ends are here. As the *source*, a brick binds a connection with ATTACH_PULL to one
+//! range of one segment, read-only: the credential is a [`PullGrant`], the node's delegation,
+//! checked with the same care as an ATTACH (the segment's grant under this brick's key, the
+//! delegation under the session key derived from it, its expiry, the proof of the pull key
+//! against this connection's nonce; failures count towards the peer's authentication
+//! throttle). Nothing else opens a segment to another brick: deny by default.
+//!
+//! As the *target*, a brick serves PULL on a connection attached with write rights: it
+//! connects to the source, attaches with the order's pull grant, and reads the pieces with at
+//! most [`WINDOW`] reads of at most [`READ_BYTES`] in flight, writing each into its segment
+//! before it asks for another. The receiver drives the transfer, so a target that falls behind
+//! (a slow pool, a busy segment gate) simply asks for nothing until it catches up: the source
+//! never sends what was not asked for, and nothing is dropped or sent twice. A failure ends the
+//! pull with its status (`Unreachable` before anything was read, `SourceLost` after); the node
+//! then decides (bounce, or give up), never the brick.
+
+use crate::data::{with_segment, Attached};
+use crate::reply::{err, ok, Reply};
+use crate::session::{bind, now_unix, Session};
+use crate::state::Shared;
+use rackmem_proto::{
+    rights, verify_attach_proof, Extent, PullError, PullGrant, PullOrder, Status, KEY_LEN, MAX_EXTENTS,
+};
+use rackmem_transport::{BrickAddr, Link, LinkError};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Bytes one read of a pull asks for.
+pub(crate) const READ_BYTES: usize = 256 << 10;
+/// Reads of a pull in flight at once: with [`READ_BYTES`], at most 1 MiB on its way to this
+/// brick per pull.
+pub(crate) const WINDOW: usize = 4;
+/// Longest a pull waits for the source to connect or answer one read.
+const SOURCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// ATTACH_PULL: binds the connection, read-only, to the pull grant's range of its segment.
+pub(crate) fn attach_pull(shared: &Shared, session: &mut Session, pull: &PullGrant, proof: &[u8; KEY_LEN]) -> Reply {
+    let Some(nonce) = session.nonce else {
+        return err(
+            Status::BadRequest,
+            "ATTACH_PULL before HELLO: its proof is bound to the nonce HELLO returns; say HELLO first",
+            true,
+        );
+    };
+    if !std::mem::take(&mut session.turn_taken) {
+        if let Some(busy) = shared.wait_turn(session.peer) {
+            return busy;
+        }
+    }
+    let id = pull.grant.segment_id;
+    let key = match pull.verify(&shared.cfg.key, now_unix()) {
+        Ok(k) => k,
+        Err(e) => {
+            let status = match e {
+                PullError::Grant(rackmem_proto::GrantError::Expired) | PullError::Expired => Status::GrantExpired,
+                PullError::Range => Status::OutOfRange,
+                _ => Status::GrantInvalid,
+            };
+            if status != Status::GrantExpired {
+                shared.guard.failed(session.peer, Instant::now());
+            }
+            return err(status, format!("pull of segment {id} refused: {e}"), true);
+        }
+    };
+    if !verify_attach_proof(&key, &nonce, id, proof) {
+        shared.guard.failed(session.peer, Instant::now());
+        return err(
+            Status::GrantUnproven,
+            format!(
+                "pull of segment {id} is not proven: the proof does not match the pull grant's key \
+                 and this connection's HELLO nonce"
+            ),
+            true,
+        );
+    }
+    shared.guard.succeeded(session.peer);
+    if session.attached.is_some() {
+        return err(Status::BadRequest, "connection already attached to a segment", false);
+    }
+    // A pull reads a segment that exists; it never creates one (a managed brick's ATTACH does).
+    if !shared.store.segs().live.contains_key(&id) {
+        return err(
+            Status::NoSegment,
+            format!("segment {id} does not exist on this brick"),
+            true,
+        );
+    }
+    let gate = match bind(shared, &pull.grant) {
+        Ok(g) => g,
+        Err(reply) => return reply,
+    };
+    session.attached = Some(Attached {
+        id,
+        offset: pull.grant.brick_offset,
+        size: pull.grant.size_bytes,
+        rights: rights::READ,
+        gate,
+        pace: crate::pace::SegmentPace::untracked(),
+        only: Some((pull.offset, pull.len)),
+    });
+    ok(Vec::new())
+}
+
+/// PULL: copies the order's pieces from its source into the attached segment.
+pub(crate) fn pull(shared: &Shared, attached: Option<&Attached>, order: &PullOrder) -> Reply {
+    let Some(a) = attached else {
+        return err(Status::NotAttached, "ATTACH or ALLOC before PULL", true);
+    };
+    if a.rights & rights::WRITE == 0 || a.only.is_some() {
+        return err(Status::Forbidden, "PULL needs a grant that allows writes", false);
+    }
+    if let Some(p) = order
+        .pieces
+        .iter()
+        .find(|p| p.dst.checked_add(p.len).is_none_or(|e| e > a.size))
+    {
+        return crate::data::out_of_range(a, p.dst, p.len);
+    }
+    let unreachable = |what: &str, e: &dyn std::fmt::Display| {
+        err(
+            Status::Unreachable,
+            format!("cannot reach the source brick {}: {what}: {e}", order.source),
+            false,
+        )
+    };
+    let addr: BrickAddr = match order.source.parse() {
+        Ok(a) => a,
+        Err(e) => return unreachable("its address", &e),
+    };
+    if matches!(addr, BrickAddr::Tls(..)) {
+        // This brick has no CA to check the source's certificate with: the node bounces.
+        return unreachable("TLS", &"this brick verifies no peer certificates");
+    }
+    let src = match Link::connect(&addr, SOURCE_TIMEOUT) {
+        Ok(l) => l,
+        Err(e) => return unreachable("connecting", &e),
+    };
+    if let Err(e) = src.attach_pull(&order.pull, &order.key) {
+        // The source refused the credential: not a route problem, and never bounced.
+        return err(
+            Status::Forbidden,
+            format!("the source brick {} refused the pull: {e}", order.source),
+            false,
+        );
+    }
+    let r = copy(shared, a, &src, order);
+    let _ = src.detach();
+    match r {
+        Ok(bytes) => ok(bytes.to_le_bytes().to_vec()),
+        Err(Failed::Source(e)) => err(
+            Status::SourceLost,
+            format!("the source brick {} failed during the pull: {e}", order.source),
+            false,
+        ),
+        Err(Failed::Here(reply)) => reply,
+    }
+}
+
+enum Failed {
+    Source(LinkError),
+    Here(Reply),
+}
+
+/// One read of a pull: its source extents, and where their bytes go here.
+struct Chunk {
+    src: Vec<Extent>,
+    dst: Vec<(u64, usize)>,
+    bytes: usize,
+}
+
+/// Cuts the order into reads of at most [`READ_BYTES`].
+fn chunks(order: &PullOrder) -> Vec<Chunk> {
+    let mut out: Vec<Chunk> = Vec::new();
+    let mut cur = Chunk {
+        src: Vec::new(),
+        dst: Vec::new(),
+        bytes: 0,
+    };
+    for p in &order.pieces {
+        let mut done = 0u64;
+        while done < p.len {
+            let room = READ_BYTES - cur.bytes;
+            let n = (p.len - done).min(room as u64) as usize;
+            cur.src.push((p.src + done, n as u32));
+            cur.dst.push((p.dst + done, n));
+            cur.bytes += n;
+            done += n as u64;
+            if cur.bytes == READ_BYTES || cur.src.len() == MAX_EXTENTS as usize {
+                out.push(std::mem::replace(
+                    &mut cur,
+                    Chunk {
+                        src: Vec::new(),
+                        dst: Vec::new(),
+                        bytes: 0,
+                    },
+                ));
+            }
+        }
+    }
+    if cur.bytes > 0 {
+        out.push(cur);
+    }
+    out
+}
+
+/// The transfer: [`WINDOW`] reads in flight, each written here before the next is asked for.
+fn copy(shared: &Shared, a: &Attached, src: &Link, order: &PullOrder) -> Result<u64, Failed> {
+    let todo = chunks(order);
+    let mut next = 0usize;
+    let mut inflight = VecDeque::with_capacity(WINDOW);
+    let mut buf = vec![0u8; READ_BYTES];
+    let mut bytes = 0u64;
+    loop {
+        while inflight.len() < WINDOW && next < todo.len() {
+            let c = &todo[next];
+            let t = src.submit_read(&c.src).map_err(Failed::Source)?;
+            inflight.push_back((t, next));
+            next += 1;
+        }
+        let Some((t, i)) = inflight.pop_front() else {
+            return Ok(bytes);
+        };
+        let c = &todo[i];
+        t.wait(&mut buf[..c.bytes]).map_err(Failed::Source)?;
+        let reply = with_segment(Some(a), |a, mem| {
+            let mut at = 0usize;
+            for &(off, n) in &c.dst {
+                shared.store.write(mem, a.offset, off, &buf[at..at + n]);
+                at += n;
+            }
+            ok(Vec::new())
+        });
+        if reply.status != Status::Ok {
+            return Err(Failed::Here(reply));
+        }
+        shared
+            .counters
+            .bytes_written
+            .fetch_add(c.bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        bytes += c.bytes as u64;
+    }
+}
