@@ -89,6 +89,17 @@ enum CtlCommand {
         /// idle). Default: the control plane's --placement.
         #[arg(long, value_name = "spread|pack")]
         placement: Option<rackmem_control::api::Objective>,
+        /// Make it a circuit (admins only): every port and switch link of its paths is reserved
+        /// for it alone and the switches on them are configured to connect its ports
+        /// (`rackmem ctl circuits` shows the rules).
+        #[arg(long)]
+        circuit: bool,
+    },
+    /// List the circuits (the links each holds and its switch rules) and what each switch was
+    /// last given; `circuits move ID --avoid LINK` re-routes one.
+    Circuits {
+        #[command(subcommand)]
+        command: Option<CircuitCommand>,
     },
     /// Release an allocation.
     Free {
@@ -128,6 +139,19 @@ enum CtlCommand {
         /// A port: NAME:RATE[:SWITCH]; repeatable.
         #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = parse_port, default_value = "eth0:10GB/s")]
         ports: Vec<PortSpec>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CircuitCommand {
+    /// Move a circuit to other links (same bricks, segments and grants; its programs keep
+    /// running): new paths that avoid the links named, the switches reconfigured at once.
+    Move {
+        /// The circuit's allocation id.
+        id: u64,
+        /// A link id its new paths must not cross (`rackmem ctl graph` lists them); repeatable.
+        #[arg(long = "avoid", value_name = "LINK")]
+        avoid: Vec<String>,
     },
 }
 
@@ -197,6 +221,40 @@ enum CtlError {
     BadInput(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
+}
+
+/// `rackmem ctl circuits`: the circuits and their rules, then each switch's state.
+fn circuits_table(v: &rackmem_control::api::Circuits) -> String {
+    let mut t = table(&["allocation", "node", "switch", "port", "port", "links held"]);
+    for k in &v.circuits {
+        for (i, r) in k.rules.iter().enumerate() {
+            t.add_row(vec![
+                if i == 0 {
+                    k.allocation.to_string()
+                } else {
+                    String::new()
+                },
+                if i == 0 { k.node.to_string() } else { String::new() },
+                r.switch.clone(),
+                r.a.port.clone(),
+                r.b.port.clone(),
+                if i == 0 { k.links.join(", ") } else { String::new() },
+            ]);
+        }
+    }
+    let mut s = table(&["switch", "rules", "applied", "took", "error"]);
+    for sw in &v.switches {
+        s.add_row(vec![
+            sw.switch.clone(),
+            sw.rules.len().to_string(),
+            sw.applied_unix_ms
+                .map_or_else(|| "-".to_string(), |ms| format!("{} s after the epoch", ms / 1000)),
+            sw.apply_us
+                .map_or_else(|| "-".to_string(), |us| format!("{:.1} ms", us as f64 / 1000.0)),
+            sw.error.clone().unwrap_or_default(),
+        ]);
+    }
+    format!("switch driver: {}; {} circuits\n{t}\n{s}", v.driver, v.circuits.len())
 }
 
 pub fn run(args: CtlArgs) -> Result<i32> {
@@ -381,6 +439,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             bandwidth,
             bricks,
             placement,
+            circuit,
         } => {
             let node = resolve_node(c, &node)?;
             let a = c.allocate(&AllocationRequest {
@@ -395,6 +454,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 idempotency_key: None,
                 holder: None,
                 placement,
+                circuit: circuit.then_some(true),
             })?;
             print(json, &a, |a| {
                 let mut t = table(&["segment", "brick", "offset", "size", "rate limit"]);
@@ -415,6 +475,20 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 )
             })?
         }
+        CtlCommand::Circuits { command: None } => print(json, &c.circuits()?, circuits_table)?,
+        CtlCommand::Circuits {
+            command: Some(CircuitCommand::Move { id, avoid }),
+        } => print(
+            json,
+            &c.move_circuit(id, &rackmem_control::api::CircuitMove { avoid })?,
+            |k| {
+                format!(
+                    "circuit of allocation {} now holds {}",
+                    k.allocation,
+                    k.links.join(", ")
+                )
+            },
+        )?,
         CtlCommand::Free { id } => print(json, &c.free(id)?, |r| {
             if r.deferred {
                 format!(

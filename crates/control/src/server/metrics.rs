@@ -72,6 +72,7 @@ impl Metrics {
         );
         if let Some(g) = plane {
             plane_gauges(&mut r, g);
+            circuit_metrics(&mut r, g);
         }
         r.register(
             "connections",
@@ -135,4 +136,21 @@ fn plane_gauges(r: &mut Registry, g: &Gauges) {
         "Bytes in segments, per brick",
         per_brick(|b| b.3),
     );
+}
+
+/// The circuits: how many live, and how long each took to set up (placed, switches configured,
+/// stored; moves included).
+fn circuit_metrics(r: &mut Registry, g: &Gauges) {
+    r.register(
+        "circuits",
+        "Live circuits (allocations holding their links alone)",
+        gauge(g.circuits),
+    );
+    if let Some(h) = &g.circuit_setup {
+        r.register(
+            "circuit_setup_seconds",
+            "Time to set up or move a circuit, switches configured and the allocation stored",
+            h.clone(),
+        );
+    }
 }
