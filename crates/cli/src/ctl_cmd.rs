@@ -56,8 +56,12 @@ pub struct CtlArgs {
 
 #[derive(Subcommand)]
 enum CtlCommand {
-    /// List the bricks: capacity, free space, state.
-    Bricks,
+    /// List the bricks: capacity, free space, state; `bricks rate BRICK RATE|none` sets what a
+    /// brick's memory serves.
+    Bricks {
+        #[command(subcommand)]
+        command: Option<BrickCommand>,
+    },
     /// List the nodes.
     Nodes,
     /// List the allocations and their segments.
@@ -143,6 +147,19 @@ enum CtlCommand {
 }
 
 #[derive(Subcommand)]
+enum BrickCommand {
+    /// Set what a brick's memory serves (admins only): its segments' rates are divided anew
+    /// and reach the brick with its next heartbeat.
+    Rate {
+        /// Brick id or name.
+        brick: String,
+        /// Bytes per second (READ and WRITE together), or `none`.
+        #[arg(value_name = "RATE|none")]
+        rate: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum CircuitCommand {
     /// Move a circuit to other links (same bricks, segments and grants; its programs keep
     /// running): new paths that avoid the links named, the switches reconfigured at once.
@@ -200,6 +217,17 @@ fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce(&T) -> String) 
         println!("{}", human(value));
     }
     Ok(())
+}
+
+fn resolve_brick(c: &Client, brick: &str) -> Result<u64, CtlError> {
+    if let Ok(id) = brick.parse::<u64>() {
+        return Ok(id);
+    }
+    c.bricks()?
+        .into_iter()
+        .find(|b| b.name == brick)
+        .map(|b| b.id)
+        .ok_or_else(|| CtlError::BadInput(format!("no brick is named {brick:?} (rackmem ctl bricks lists them)")))
 }
 
 fn resolve_node(c: &Client, node: &str) -> Result<u64, CtlError> {
@@ -281,7 +309,24 @@ pub fn run(args: CtlArgs) -> Result<i32> {
 
 fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
     match cmd {
-        CtlCommand::Bricks => print(json, &c.bricks()?, |bricks| {
+        CtlCommand::Bricks {
+            command: Some(BrickCommand::Rate { brick, rate: r }),
+        } => {
+            let id = resolve_brick(c, &brick)?;
+            let bps = match r.as_str() {
+                "none" => None,
+                s => Some(parse_rate(s).map_err(CtlError::BadInput)?),
+            };
+            print(json, &c.set_serve_rate(id, bps)?, |b| {
+                format!(
+                    "brick {} serves {}; promised to its segments: {}",
+                    b.name,
+                    b.serve_bps.map_or_else(|| "no set rate".to_string(), rate),
+                    rate(b.promised_bps)
+                )
+            })?
+        }
+        CtlCommand::Bricks { command: None } => print(json, &c.bricks()?, |bricks| {
             let mut t = table(&[
                 "id", "name", "address", "state", "capacity", "free", "segments", "ports",
             ]);

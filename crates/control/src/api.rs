@@ -791,3 +791,11 @@ pub struct CircuitMove {
     #[serde(default)]
     pub avoid: Vec<String>,
 }
+
+/// `PUT /v1/bricks/{id}/serve-rate` (admins): what a brick's memory serves, as an operator says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServeRateRequest {
+    /// Bytes/s (READ and WRITE together); `null`: none (only the ports bound the rates).
+    pub serve_bps: Option<u64>,
+}

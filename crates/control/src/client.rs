@@ -493,6 +493,12 @@ impl Client {
         self.request::<(), _>(Method::Delete, &format!("/v1/bricks/{id}"), None)
     }
 
+    /// `PUT /v1/bricks/{id}/serve-rate` (admins only).
+    pub fn set_serve_rate(&self, id: u64, serve_bps: Option<u64>) -> Result<Brick, ClientError> {
+        let req = crate::api::ServeRateRequest { serve_bps };
+        self.request(Method::Put, &format!("/v1/bricks/{id}/serve-rate"), Some(&req))
+    }
+
     /// `GET /v1/circuits` (admins only).
     pub fn circuits(&self) -> Result<crate::api::Circuits, ClientError> {
         self.get("/v1/circuits")

@@ -901,4 +901,56 @@ mod tests {
         assert!(p.graph().links.iter().all(|l| l.circuit.is_none()));
         assert!(seen.lock().unwrap().values().all(Vec::is_empty));
     }
+
+    #[test]
+    fn an_operator_sets_what_a_brick_serves_and_its_segments_rates_follow() {
+        let mut p = plane();
+        let b = p
+            .register_brick(BrickRegistration {
+                name: "b".into(),
+                address: "tcp://b:7070".into(),
+                capacity_bytes: 64 * M,
+                ports: port(1000),
+                key_hex: hex::encode([7u8; 32]),
+                serve_bps: Some(100),
+            })
+            .unwrap()
+            .id;
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = |bw: Option<u64>| AllocationRequest {
+            node: n,
+            size_bytes: M,
+            bandwidth_bps: bw,
+            ..AllocationRequest::default()
+        };
+        let a = p.allocate(req(None)).unwrap();
+        p.allocate(req(Some(20))).unwrap();
+        assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 80);
+        assert_eq!(p.set_serve_rate(b, Some(60)).unwrap().serve_bps, Some(60));
+        assert_eq!(
+            p.allocation(a.id).unwrap().segments[0].rate_limit_bps,
+            40,
+            "divided anew"
+        );
+        let hb = p.heartbeat(b, None).unwrap();
+        assert!(hb.segments.iter().any(|s| s.rate_bps == Some(40)), "{hb:?}");
+        assert!(
+            matches!(p.set_serve_rate(b, Some(10)), Err(PlaneError::Conflict(_))),
+            "below the reservation"
+        );
+        assert!(
+            matches!(p.set_serve_rate(b, None), Err(PlaneError::Conflict(_))),
+            "segments hold"
+        );
+        assert!(matches!(p.set_serve_rate(b, Some(0)), Err(PlaneError::Invalid(_))));
+        p.reload().unwrap();
+        assert_eq!(p.brick(b).unwrap().serve_bps, Some(60), "stored");
+        assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 40);
+    }
 }

@@ -48,6 +48,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(bricks::register_brick, bricks::list_bricks))
         .routes(routes!(bricks::get_brick, bricks::forget_brick))
         .routes(routes!(bricks::heartbeat))
+        .routes(routes!(bricks::set_serve_rate))
         .routes(routes!(nodes::register_node, nodes::list_nodes))
         .routes(routes!(nodes::get_node))
         .routes(routes!(nodes::node_rates))
