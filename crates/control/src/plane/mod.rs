@@ -139,6 +139,10 @@ struct NodeEntry {
     allocations: BTreeSet<u64>,
 }
 
+/// One brick's rates for `/metrics`: (name, load bytes/s, connections, serve bytes/s, promised
+/// bytes/s).
+pub type BrickRates = (String, Option<u64>, Option<u64>, Option<u64>, u64);
+
 /// Counts for `/metrics`.
 #[derive(Debug, Clone, Default)]
 pub struct Gauges {
@@ -156,6 +160,11 @@ pub struct Gauges {
     pub bricks: Vec<(String, u64, u64, u64)>,
     /// Live circuits.
     pub circuits: u64,
+    /// Per brick: (name, load bytes/s, connections, serve bytes/s, promised bytes/s), the
+    /// first three when known.
+    pub brick_rates: Vec<BrickRates>,
+    /// Per node: (name, pool bytes, pool bytes in use).
+    pub node_pools: Vec<(String, u64, u64)>,
     /// How long circuits took to set up (a handle on the live histogram).
     pub circuit_setup: Option<prometheus_client::metrics::histogram::Histogram>,
 }
@@ -434,6 +443,21 @@ impl ControlPlane {
             ));
         }
         g.bricks.sort();
+        g.brick_rates = self
+            .bricks()
+            .into_iter()
+            .map(|b| {
+                let conns = b.stats.as_ref().and_then(|s| s.connections);
+                (b.name, b.load_bps, conns, b.serve_bps, b.promised_bps)
+            })
+            .collect();
+        g.brick_rates.sort();
+        g.node_pools = self
+            .nodes()
+            .into_iter()
+            .map(|n| (n.name, n.pool_bytes, n.pool_in_use_bytes))
+            .collect();
+        g.node_pools.sort();
         g
     }
 }
