@@ -13,6 +13,8 @@ command -v make >/dev/null || need_pkgs+=(make)
 command -v python3 >/dev/null || need_pkgs+=(python3)
 # ip and tc: `rackmem bench emulate --veth` and its test shape a veth pair between namespaces.
 { command -v ip >/dev/null && command -v tc >/dev/null; } || need_pkgs+=(iproute2)
+# nft: the circuits' test configures a switch namespace with nftables (netdev fwd).
+command -v nft >/dev/null || need_pkgs+=(nftables)
 # A headless browser: the dashboard's test loads /ui/ in it against a real control plane.
 command -v chromium >/dev/null || need_pkgs+=(chromium)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then

@@ -19,6 +19,8 @@ const MIB: u64 = 1 << 20;
 const TARGET_P99_US: f64 = 5000.0;
 /// Nodes the allocations are spread over.
 const NODES: usize = 100;
+/// The target for one circuit set up and applied.
+const CIRCUIT_TARGET_US: f64 = 100_000.0;
 
 /// What `bench control` measures.
 #[derive(Debug, Clone)]
@@ -51,6 +53,12 @@ struct StoreResult {
     /// SQLite only: the target, p99 of one allocation under 5 ms.
     target_p99_us: Option<f64>,
     target_met: Option<bool>,
+    /// A circuit set up (POST /v1/allocations with circuit: true, the switch driver's update
+    /// included) and released, one at a time, beside the same live allocations.
+    circuit: Summary,
+    circuit_release: Summary,
+    /// The target: a circuit set up and applied in under 100 ms (p99).
+    circuit_target_met: Option<bool>,
 }
 
 impl StoreResult {
@@ -68,6 +76,9 @@ impl StoreResult {
             allocate_p99_vs_floor: 0.0,
             target_p99_us: None,
             target_met: None,
+            circuit: Summary::default(),
+            circuit_release: Summary::default(),
+            circuit_target_met: None,
         }
     }
 }
@@ -180,6 +191,7 @@ fn measure(store: &str, url: &str, a: &ControlConfig, pb: &indicatif::ProgressBa
         release_ns.push(ns(s.elapsed()));
     }
     let release_wall = t.elapsed().as_secs_f64();
+    let (circuit_ns, circuit_release_ns) = time_circuits(&client, a.samples, &port)?;
     let mut floor_ns = Vec::with_capacity(a.samples);
     for _ in 0..a.samples {
         let s = Instant::now();
@@ -191,6 +203,8 @@ fn measure(store: &str, url: &str, a: &ControlConfig, pb: &indicatif::ProgressBa
     let allocate = Summary::from_ns(&format!("{store}: allocate (POST /v1/allocations)"), alloc_ns);
     let release = Summary::from_ns(&format!("{store}: release (DELETE /v1/allocations/ID)"), release_ns);
     let floor = Summary::from_ns(&format!("{store}: floor (GET /healthz)"), floor_ns);
+    let circuit = Summary::from_ns(&format!("{store}: circuit (POST, circuit: true)"), circuit_ns);
+    let circuit_release = Summary::from_ns(&format!("{store}: circuit release"), circuit_release_ns);
     let per_s = |n: usize, wall: f64| if wall > 0.0 { n as f64 / wall } else { 0.0 };
     let sqlite = store == "sqlite";
     Ok(StoreResult {
@@ -203,10 +217,59 @@ fn measure(store: &str, url: &str, a: &ControlConfig, pb: &indicatif::ProgressBa
         allocate_p99_vs_floor: allocate.p99_us / floor.p99_us.max(f64::MIN_POSITIVE),
         target_p99_us: sqlite.then_some(TARGET_P99_US),
         target_met: sqlite.then_some(allocate.p99_us < TARGET_P99_US),
+        circuit_target_met: Some(circuit.p99_us < CIRCUIT_TARGET_US),
+        circuit,
+        circuit_release,
         allocate,
         release,
         floor,
     })
+}
+
+/// Times `samples` circuits set up and released one after the other, between a node and a
+/// brick registered for them (their ports held by no other segment), through the control
+/// plane's switch driver (the default, dry-run: the control plane's own share of the time).
+fn time_circuits(
+    client: &Client,
+    samples: usize,
+    port: &dyn Fn(&str) -> PortSpec,
+) -> Result<(Vec<u64>, Vec<u64>), BenchError> {
+    let brick = client
+        .register_brick(&BrickRegistration {
+            name: "circuit-brick".into(),
+            address: "tcp://10.255.255.1:7070".into(),
+            capacity_bytes: 64 << 30,
+            ports: vec![port("p0")],
+            key_hex: hex::encode([0xc1u8; 32]),
+            serve_bps: None,
+        })
+        .context("registering the circuits' brick")?
+        .id;
+    let node = client
+        .register_node(&NodeRegistration {
+            name: "circuit-node".into(),
+            ports: vec![port("eth0")],
+        })
+        .context("registering the circuits' node")?
+        .id;
+    let (mut up, mut down) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for _ in 0..samples {
+        let s = Instant::now();
+        let c = client
+            .allocate(&AllocationRequest {
+                node,
+                size_bytes: MIB,
+                bricks: Some(vec![brick]),
+                circuit: Some(true),
+                ..Default::default()
+            })
+            .context("timed circuit")?;
+        up.push(ns(s.elapsed()));
+        let s = Instant::now();
+        client.free(c.id).context("timed circuit release")?;
+        down.push(ns(s.elapsed()));
+    }
+    Ok((up, down))
 }
 
 /// Measures every store in turn, in a directory of its own under `tmp`.
@@ -273,6 +336,8 @@ pub fn run(a: &ControlConfig) -> Result<Output, BenchError> {
         for (op, s, rate) in [
             ("allocate", &r.allocate, Some(r.allocations_per_s)),
             ("release", &r.release, Some(r.releases_per_s)),
+            ("circuit set up", &r.circuit, None),
+            ("circuit release", &r.circuit_release, None),
             ("floor: GET /healthz", &r.floor, None),
         ] {
             t.add_row(vec![
@@ -302,6 +367,19 @@ pub fn run(a: &ControlConfig) -> Result<Output, BenchError> {
             r.store,
             if r.target_met == Some(true) { "met" } else { "NOT met" },
             r.allocate.p99_us
+        );
+    }
+    for r in results.iter().filter(|r| r.circuit_target_met.is_some()) {
+        text += &format!(
+            "target (p99 of one circuit set up and applied with {} < {:.0} ms): {} (p99 {:.0} µs)\n",
+            r.store,
+            CIRCUIT_TARGET_US / 1000.0,
+            if r.circuit_target_met == Some(true) {
+                "met"
+            } else {
+                "NOT met"
+            },
+            r.circuit.p99_us
         );
     }
     let title = format!(

@@ -117,6 +117,12 @@ pub struct ControlArgs {
     /// worth; keep it well above the clock skew between this host and the bricks'. 0: forever.
     #[arg(long, value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
     grant_lifetime: Duration,
+    /// What configures the switches for circuits: `dry-run` (the rules are recorded and shown
+    /// by `rackmem ctl circuits`, nothing is configured) or `nft:FILE` (Linux hosts acting as
+    /// switches, configured with nftables: FILE names each switch's network namespace and the
+    /// interface of each of its ports; see docs/control-plane.md).
+    #[arg(long, value_name = "dry-run|nft:FILE", default_value = "dry-run")]
+    switch_driver: String,
     /// Time a request has to send its body and be answered (slower: 408).
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
     request_timeout: Duration,
@@ -191,6 +197,10 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.grant_lifetime = args.grant_lifetime;
     config.node_quota = args.node_quota;
     config.placement = args.placement;
+    config.switch_driver = Some(
+        rackmem_control::switch::open(&args.switch_driver)
+            .with_context(|| format!("--switch-driver {}", args.switch_driver))?,
+    );
     config.public = PublicRoutes {
         openapi: args.public_openapi,
         metrics: args.public_metrics,

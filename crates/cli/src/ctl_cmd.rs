@@ -56,8 +56,12 @@ pub struct CtlArgs {
 
 #[derive(Subcommand)]
 enum CtlCommand {
-    /// List the bricks: capacity, free space, state.
-    Bricks,
+    /// List the bricks: capacity, free space, state; `bricks rate BRICK RATE|none` sets what a
+    /// brick's memory serves.
+    Bricks {
+        #[command(subcommand)]
+        command: Option<BrickCommand>,
+    },
     /// List the nodes.
     Nodes,
     /// List the allocations and their segments.
@@ -89,6 +93,17 @@ enum CtlCommand {
         /// idle). Default: the control plane's --placement.
         #[arg(long, value_name = "spread|pack")]
         placement: Option<rackmem_control::api::Objective>,
+        /// Make it a circuit (admins only): every port and switch link of its paths is reserved
+        /// for it alone and the switches on them are configured to connect its ports
+        /// (`rackmem ctl circuits` shows the rules).
+        #[arg(long)]
+        circuit: bool,
+    },
+    /// List the circuits (the links each holds and its switch rules) and what each switch was
+    /// last given; `circuits move ID --avoid LINK` re-routes one.
+    Circuits {
+        #[command(subcommand)]
+        command: Option<CircuitCommand>,
     },
     /// Release an allocation.
     Free {
@@ -128,6 +143,32 @@ enum CtlCommand {
         /// A port: NAME:RATE[:SWITCH]; repeatable.
         #[arg(long = "port", value_name = "NAME:RATE[:SWITCH]", value_parser = parse_port, default_value = "eth0:10GB/s")]
         ports: Vec<PortSpec>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BrickCommand {
+    /// Set what a brick's memory serves (admins only): its segments' rates are divided anew
+    /// and reach the brick with its next heartbeat.
+    Rate {
+        /// Brick id or name.
+        brick: String,
+        /// Bytes per second (READ and WRITE together), or `none`.
+        #[arg(value_name = "RATE|none")]
+        rate: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum CircuitCommand {
+    /// Move a circuit to other links (same bricks, segments and grants; its programs keep
+    /// running): new paths that avoid the links named, the switches reconfigured at once.
+    Move {
+        /// The circuit's allocation id.
+        id: u64,
+        /// A link id its new paths must not cross (`rackmem ctl graph` lists them); repeatable.
+        #[arg(long = "avoid", value_name = "LINK")]
+        avoid: Vec<String>,
     },
 }
 
@@ -178,6 +219,17 @@ fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce(&T) -> String) 
     Ok(())
 }
 
+fn resolve_brick(c: &Client, brick: &str) -> Result<u64, CtlError> {
+    if let Ok(id) = brick.parse::<u64>() {
+        return Ok(id);
+    }
+    c.bricks()?
+        .into_iter()
+        .find(|b| b.name == brick)
+        .map(|b| b.id)
+        .ok_or_else(|| CtlError::BadInput(format!("no brick is named {brick:?} (rackmem ctl bricks lists them)")))
+}
+
 fn resolve_node(c: &Client, node: &str) -> Result<u64, CtlError> {
     if let Ok(id) = node.parse::<u64>() {
         return Ok(id);
@@ -197,6 +249,40 @@ enum CtlError {
     BadInput(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
+}
+
+/// `rackmem ctl circuits`: the circuits and their rules, then each switch's state.
+fn circuits_table(v: &rackmem_control::api::Circuits) -> String {
+    let mut t = table(&["allocation", "node", "switch", "port", "port", "links held"]);
+    for k in &v.circuits {
+        for (i, r) in k.rules.iter().enumerate() {
+            t.add_row(vec![
+                if i == 0 {
+                    k.allocation.to_string()
+                } else {
+                    String::new()
+                },
+                if i == 0 { k.node.to_string() } else { String::new() },
+                r.switch.clone(),
+                r.a.port.clone(),
+                r.b.port.clone(),
+                if i == 0 { k.links.join(", ") } else { String::new() },
+            ]);
+        }
+    }
+    let mut s = table(&["switch", "rules", "applied", "took", "error"]);
+    for sw in &v.switches {
+        s.add_row(vec![
+            sw.switch.clone(),
+            sw.rules.len().to_string(),
+            sw.applied_unix_ms
+                .map_or_else(|| "-".to_string(), |ms| format!("{} s after the epoch", ms / 1000)),
+            sw.apply_us
+                .map_or_else(|| "-".to_string(), |us| format!("{:.1} ms", us as f64 / 1000.0)),
+            sw.error.clone().unwrap_or_default(),
+        ]);
+    }
+    format!("switch driver: {}; {} circuits\n{t}\n{s}", v.driver, v.circuits.len())
 }
 
 pub fn run(args: CtlArgs) -> Result<i32> {
@@ -223,7 +309,24 @@ pub fn run(args: CtlArgs) -> Result<i32> {
 
 fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
     match cmd {
-        CtlCommand::Bricks => print(json, &c.bricks()?, |bricks| {
+        CtlCommand::Bricks {
+            command: Some(BrickCommand::Rate { brick, rate: r }),
+        } => {
+            let id = resolve_brick(c, &brick)?;
+            let bps = match r.as_str() {
+                "none" => None,
+                s => Some(parse_rate(s).map_err(CtlError::BadInput)?),
+            };
+            print(json, &c.set_serve_rate(id, bps)?, |b| {
+                format!(
+                    "brick {} serves {}; promised to its segments: {}",
+                    b.name,
+                    b.serve_bps.map_or_else(|| "no set rate".to_string(), rate),
+                    rate(b.promised_bps)
+                )
+            })?
+        }
+        CtlCommand::Bricks { command: None } => print(json, &c.bricks()?, |bricks| {
             let mut t = table(&[
                 "id", "name", "address", "state", "capacity", "free", "segments", "ports",
             ]);
@@ -381,6 +484,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             bandwidth,
             bricks,
             placement,
+            circuit,
         } => {
             let node = resolve_node(c, &node)?;
             let a = c.allocate(&AllocationRequest {
@@ -395,6 +499,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 idempotency_key: None,
                 holder: None,
                 placement,
+                circuit: circuit.then_some(true),
             })?;
             print(json, &a, |a| {
                 let mut t = table(&["segment", "brick", "offset", "size", "rate limit"]);
@@ -415,6 +520,20 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 )
             })?
         }
+        CtlCommand::Circuits { command: None } => print(json, &c.circuits()?, circuits_table)?,
+        CtlCommand::Circuits {
+            command: Some(CircuitCommand::Move { id, avoid }),
+        } => print(
+            json,
+            &c.move_circuit(id, &rackmem_control::api::CircuitMove { avoid })?,
+            |k| {
+                format!(
+                    "circuit of allocation {} now holds {}",
+                    k.allocation,
+                    k.links.join(", ")
+                )
+            },
+        )?,
         CtlCommand::Free { id } => print(json, &c.free(id)?, |r| {
             if r.deferred {
                 format!(

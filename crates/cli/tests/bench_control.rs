@@ -42,12 +42,13 @@ fn bench_control_on_tiny_sizes_writes_json_and_a_chart() {
     let sqlite = &results[0];
     assert_eq!(sqlite["store"], "sqlite");
     assert!(sqlite["skipped"].is_null());
-    for k in ["allocate", "release", "floor"] {
+    for k in ["allocate", "release", "floor", "circuit", "circuit_release"] {
         assert_eq!(sqlite[k]["samples"].as_u64(), Some(50), "{k}: {sqlite}");
         assert!(sqlite[k]["p99_us"].as_f64().is_some_and(|x| x > 0.0), "{k}: {sqlite}");
     }
     assert!(sqlite["allocations_per_s"].as_f64().is_some_and(|x| x > 0.0));
     assert!(sqlite["target_met"].is_boolean());
+    assert!(sqlite["circuit_target_met"].is_boolean());
     let etcd = &results[1];
     assert_eq!(etcd["store"], "etcd");
     let etcd_ran = cfg!(feature = "etcd") && rackmem_control::etcd_server::binary().is_some();

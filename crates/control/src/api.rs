@@ -301,6 +301,12 @@ pub struct AllocationRequest {
     /// `--placement`, itself `spread` by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Objective>,
+    /// Ask for a circuit (seed 004, section V): every port and switch link of each segment's
+    /// path is reserved for this allocation alone, and the control plane configures the
+    /// switches on it to connect its ports (see `GET /v1/circuits`). Other allocations route
+    /// around it, or are refused saying which circuit holds the links they would need.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<bool>,
 }
 
 /// Longest [`AllocationRequest::idempotency_key`] and [`Holder::agent`].
@@ -395,6 +401,9 @@ pub struct Allocation {
     /// Who holds it on its node (absent: made by hand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+    /// True when its segments' paths are a circuit: their ports and switch links are its alone.
+    #[serde(default)]
+    pub circuit: bool,
 }
 
 /// Brief of the allocation that `DELETE /v1/allocations/{id}` released.
@@ -516,6 +525,9 @@ pub struct Link {
     pub free_bps: u64,
     /// Segments whose path crosses it.
     pub segments: u64,
+    /// The allocation whose circuit holds it alone (absent: shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<u64>,
 }
 
 /// `GET /v1/graph`: the whole resource graph with what is reserved on it.
@@ -698,4 +710,92 @@ pub struct ProcessView {
     /// Share of its run so far during which a fault was outstanding (faults × C-AMAT₂ over its
     /// uptime): how much of its time remote memory took.
     pub stall_share: f64,
+}
+
+/// One port of a switch rule: a cable ending on that switch.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+pub struct RulePort {
+    /// The link id (`node:ID:PORT`, `brick:ID:PORT`, `switch:A:B`).
+    pub link: String,
+    /// How a switch driver names it: `OWNER:PORT` (node or brick name, port name) for a node's
+    /// or a brick's port, `switch:OTHER` for the cable to another switch.
+    pub port: String,
+}
+
+/// A software-defined memory rule (seed 004, section V): on `switch`, frames entering by `a`
+/// leave by `b` and those entering by `b` leave by `a`, and nothing else enters or leaves by
+/// either: a point-to-point circuit through that switch.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+pub struct SwitchRule {
+    /// The switch.
+    pub switch: String,
+    /// The allocation whose circuit it serves.
+    pub allocation: u64,
+    /// One port (the node's side).
+    pub a: RulePort,
+    /// The other port (the brick's side).
+    pub b: RulePort,
+}
+
+/// A circuit: an allocation whose paths are reserved for it alone, and the rules that
+/// connect them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Circuit {
+    /// The allocation.
+    pub allocation: u64,
+    /// Its node.
+    pub node: u64,
+    /// The links it holds alone (ports and switch links of its segments' paths).
+    pub links: Vec<String>,
+    /// The switch rules that connect them.
+    pub rules: Vec<SwitchRule>,
+}
+
+/// What the control plane last applied to one switch (every circuit crossing it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SwitchState {
+    /// The switch.
+    pub switch: String,
+    /// The rules it forwards by, as last applied (all circuits crossing it).
+    pub rules: Vec<SwitchRule>,
+    /// When they were applied (absent: never since this control plane started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_unix_ms: Option<u64>,
+    /// How long applying them took, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply_us: Option<u64>,
+    /// Why the last attempt failed, if it did (retried every second until it succeeds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/circuits`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Circuits {
+    /// The switch driver: `dry-run` (rules recorded, nothing configured) or what configures
+    /// the switches (`nft:FILE`).
+    pub driver: String,
+    /// Every live circuit.
+    pub circuits: Vec<Circuit>,
+    /// Every switch the control plane configured, with what it applied last.
+    pub switches: Vec<SwitchState>,
+}
+
+/// `POST /v1/circuits/{id}/move`: re-route a circuit (same bricks, same segments and grants)
+/// over other links.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitMove {
+    /// Link ids the new paths must not cross (a port or a switch link to free, say for
+    /// maintenance).
+    #[serde(default)]
+    pub avoid: Vec<String>,
+}
+
+/// `PUT /v1/bricks/{id}/serve-rate` (admins): what a brick's memory serves, as an operator says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServeRateRequest {
+    /// Bytes/s (READ and WRITE together); `null`: none (only the ports bound the rates).
+    pub serve_bps: Option<u64>,
 }

@@ -492,6 +492,23 @@ impl Client {
     pub fn forget_brick(&self, id: u64) -> Result<Brick, ClientError> {
         self.request::<(), _>(Method::Delete, &format!("/v1/bricks/{id}"), None)
     }
+
+    /// `PUT /v1/bricks/{id}/serve-rate` (admins only).
+    pub fn set_serve_rate(&self, id: u64, serve_bps: Option<u64>) -> Result<Brick, ClientError> {
+        let req = crate::api::ServeRateRequest { serve_bps };
+        self.request(Method::Put, &format!("/v1/bricks/{id}/serve-rate"), Some(&req))
+    }
+
+    /// `GET /v1/circuits` (admins only).
+    pub fn circuits(&self) -> Result<crate::api::Circuits, ClientError> {
+        self.get("/v1/circuits")
+    }
+
+    /// `POST /v1/circuits/{id}/move`.
+    pub fn move_circuit(&self, id: u64, req: &crate::api::CircuitMove) -> Result<crate::api::Circuit, ClientError> {
+        self.request(Method::Post, &format!("/v1/circuits/{id}/move"), Some(req))
+    }
+
     /// `GET /v1/graph`.
     pub fn graph(&self) -> Result<Graph, ClientError> {
         self.get("/v1/graph")

@@ -150,12 +150,25 @@ pub struct LinkState {
     pub reserved_segments: u64,
     /// Segments crossing it without one (they share `capacity - reserved` equally).
     pub unreserved_segments: u64,
+    /// The allocation whose circuit holds it alone (seed 004: the transceivers and ports of a
+    /// circuit are reserved so that no other path may use them).
+    pub circuit: Option<u64>,
 }
 
 impl LinkState {
     /// Unreserved bandwidth.
     pub fn free_bps(&self) -> u64 {
         self.capacity_bps.saturating_sub(self.reserved_bps)
+    }
+
+    /// True for a port's or a switch link's cable (the ones a circuit holds); false for a
+    /// brick's memory link.
+    fn is_cable(&self) -> bool {
+        matches!(self.b, Endpoint::Switch { .. })
+    }
+
+    fn segments(&self) -> u64 {
+        self.reserved_segments + self.unreserved_segments
     }
 
     fn admits(&self, bandwidth_bps: u64) -> bool {
@@ -166,6 +179,30 @@ impl LinkState {
             self.free_bps() >= bandwidth_bps
         }
     }
+}
+
+/// Who a path is for (see [`Graph::find_path_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathUse {
+    /// A segment sharing its links with others: no circuit's link.
+    Shared,
+    /// A circuit: only cables no segment crosses.
+    Circuit,
+    /// Any link, circuits' included (to tell a refused request which circuits stand in its way).
+    Any,
+}
+
+/// What [`Graph::find_path_with`] looks for.
+#[derive(Debug, Clone, Copy)]
+pub struct PathQuery<'a> {
+    /// Bandwidth every link must have unreserved (0: a fair share must be left).
+    pub bandwidth_bps: u64,
+    /// The only links it may cross, when given.
+    pub allowed: Option<&'a HashSet<String>>,
+    /// Links it must not cross, when given.
+    pub avoid: Option<&'a HashSet<String>>,
+    /// Shared, circuit or any.
+    pub usage: PathUse,
 }
 
 /// The resource graph.
@@ -252,6 +289,7 @@ impl Graph {
                 reserved_bps: 0,
                 reserved_segments: 0,
                 unreserved_segments: 0,
+                circuit: None,
             },
         );
     }
@@ -373,7 +411,7 @@ impl Graph {
     }
 
     /// The shortest path from one of `node_ports` to one of `brick_ports` on which every link
-    /// admits `bandwidth_bps` (and is in `allowed`, when given).
+    /// admits `bandwidth_bps` (and is in `allowed`, when given), crossing no circuit's link.
     pub fn find_path(
         &self,
         node_ports: &[Port],
@@ -381,8 +419,32 @@ impl Graph {
         bandwidth_bps: u64,
         allowed: Option<&HashSet<String>>,
     ) -> Option<Vec<String>> {
+        self.find_path_with(
+            node_ports,
+            brick_ports,
+            &PathQuery {
+                bandwidth_bps,
+                allowed,
+                avoid: None,
+                usage: PathUse::Shared,
+            },
+        )
+    }
+
+    /// [`Graph::find_path`] as `q` asks: shared with others, for a circuit, or regardless of
+    /// circuits; avoiding some links.
+    pub fn find_path_with(&self, node_ports: &[Port], brick_ports: &[Port], q: &PathQuery<'_>) -> Option<Vec<String>> {
         let usable = |id: &str| {
-            allowed.is_none_or(|a| a.contains(id)) && self.links.get(id).is_some_and(|l| l.admits(bandwidth_bps))
+            q.allowed.is_none_or(|a| a.contains(id))
+                && q.avoid.is_none_or(|a| !a.contains(id))
+                && self.links.get(id).is_some_and(|l| {
+                    l.admits(q.bandwidth_bps)
+                        && match q.usage {
+                            PathUse::Shared => l.circuit.is_none(),
+                            PathUse::Circuit => l.circuit.is_none() && (l.segments() == 0 || !l.is_cable()),
+                            PathUse::Any => true,
+                        }
+                })
         };
         let mut best: Option<(usize, u64, Vec<String>)> = None;
         let mut routes: HashMap<&str, HashMap<String, Vec<String>>> = HashMap::new();
@@ -451,7 +513,7 @@ impl Graph {
         }
     }
 
-    /// Undoes [`Graph::reserve`].
+    /// Undoes [`Graph::reserve`]; a circuit's link whose last segment left is free again.
     pub fn release(&mut self, path: &[String], bandwidth_bps: u64) {
         for id in path {
             if let Some(l) = self.links.get_mut(id) {
@@ -461,8 +523,35 @@ impl Graph {
                 } else {
                     l.unreserved_segments = l.unreserved_segments.saturating_sub(1);
                 }
+                if l.segments() == 0 {
+                    l.circuit = None;
+                }
             }
         }
+    }
+
+    /// Marks the cables of `path` (reserved with [`Graph::reserve`]) as held by allocation
+    /// `owner`'s circuit: from now on only its segments may cross them.
+    pub fn claim(&mut self, path: &[String], owner: u64) {
+        for id in path {
+            if let Some(l) = self.links.get_mut(id) {
+                if l.is_cable() {
+                    l.circuit = Some(owner);
+                }
+            }
+        }
+    }
+
+    /// The circuits holding links of `path`: (link, allocation).
+    pub fn held(&self, path: &[String]) -> Vec<(String, u64)> {
+        path.iter()
+            .filter_map(|id| self.links.get(id).and_then(|l| l.circuit.map(|c| (id.clone(), c))))
+            .collect()
+    }
+
+    /// The switch a link's cable ends on, and at its other end the switch or the port's owner.
+    pub fn ends(&self, id: &str) -> Option<(&Endpoint, &Endpoint)> {
+        self.links.get(id).map(|l| (&l.a, &l.b))
     }
 
     /// The rate limit of a segment on `path`: its reservation, or its equal share of what is
@@ -509,6 +598,7 @@ impl Graph {
                 reserved_bps: l.reserved_bps,
                 free_bps: l.free_bps(),
                 segments: l.reserved_segments + l.unreserved_segments,
+                circuit: l.circuit,
             })
             .collect()
     }

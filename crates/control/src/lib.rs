@@ -8,6 +8,7 @@
 //! - [`grant`]: grants signed with a brick's key and their session keys;
 //! - [`serve`]: the accept loop (connection caps, header and request timeouts, HTTPS);
 //! - [`server`]: the REST API (axum) with its OpenAPI document and Prometheus metrics;
+//! - [`switch`]: the drivers that configure switches for circuits (dry-run, nftables);
 //! - [`client`]: a small blocking client of that API, with fail-over between control planes;
 //! - [`heartbeat`]: the thread a managed brick runs to register and send heartbeats;
 //! - [`agent`]: the node agent, which hands segments to the node's processes;
@@ -29,3 +30,4 @@ pub mod plane;
 pub mod serve;
 pub mod server;
 pub mod store;
+pub mod switch;

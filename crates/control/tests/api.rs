@@ -739,6 +739,9 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
         ("/healthz", &["get"]),
         ("/metrics", &["get"]),
         ("/openapi.json", &["get"]),
+        ("/v1/circuits", &["get"]),
+        ("/v1/circuits/{id}/move", &["post"]),
+        ("/v1/bricks/{id}/serve-rate", &["put"]),
     ] {
         let p = paths
             .get(path)
@@ -775,6 +778,10 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
         "rackmem_control_requests_total{route=\"/v1/allocations/{id}\",method=\"GET\",status=\"404\"} 1",
         "rackmem_control_allocation_seconds_count 1",
         "rackmem_control_allocation_seconds_bucket{le=\"+Inf\"} 1",
+        "rackmem_control_circuits 0",
+        "rackmem_control_circuit_setup_seconds_count 0",
+        "rackmem_control_brick_promised_bytes_per_second{brick=\"b\"} ",
+        "rackmem_control_node_pool_bytes{node=\"",
     ] {
         assert!(text.contains(series), "{series} missing from:\n{text}");
     }

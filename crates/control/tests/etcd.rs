@@ -73,6 +73,8 @@ fn allocation(id: u64, node: u64) -> Record {
         idempotency_key: None,
         request_sha256: None,
         holder: None,
+        // Circuits round-trip like the rest of the record.
+        circuit: id % 2 == 1,
     })
 }
 

@@ -126,6 +126,7 @@ mod tests {
             segments: Vec::new(),
             created_unix_ms: 0,
             idempotency_key: None,
+            circuit: false,
             holder: holder.map(|(agent, connection, pid)| Holder {
                 agent: agent.into(),
                 connection,

@@ -119,6 +119,7 @@ impl ControlPlane {
             req.bricks.as_deref(),
         )?;
         pl.objective = req.placement.unwrap_or(self.placement);
+        let circuit = req.circuit.unwrap_or(false);
         let per_segment = pl.per_segment;
         let usable: u64 = self
             .bricks
@@ -137,6 +138,7 @@ impl ControlPlane {
         // The allocation counter moves with the same batch as the segments.
         let mut counters = self.counters;
         let id = next_id(&mut counters.next_allocation);
+        pl.circuit = circuit.then_some(id);
         let view = self.place_allocation(&pl, counters, |segments| AllocationRecord {
             id,
             node: req.node,
@@ -149,6 +151,7 @@ impl ControlPlane {
             idempotency_key: req.idempotency_key.clone(),
             request_sha256,
             holder: req.holder.clone(),
+            circuit,
         })?;
         Ok((view, Allocated::Created))
     }
@@ -177,6 +180,7 @@ impl ControlPlane {
                 None,
             )?;
             pl.objective = self.placement;
+            pl.circuit = cur.circuit.then_some(cur.id);
             return self.place_allocation(&pl, self.counters, move |segments| {
                 let mut r = cur;
                 r.size_bytes = size_bytes;
@@ -202,7 +206,13 @@ impl ControlPlane {
         for s in &dropped {
             self.release_segment(s);
         }
-        Ok(self.keep(rec))
+        let circuit = rec.circuit.then_some(rec.id);
+        let view = self.keep(rec);
+        if let Some(id) = circuit {
+            let touched = self.switches_of(id, dropped.iter().map(|s| &s.links));
+            self.sync_switches(&touched);
+        }
+        Ok(view)
     }
 
     /// Makes `rec` live, new or in place of its earlier version: its bricks list its segments,
@@ -244,6 +254,11 @@ impl ControlPlane {
             self.idempotency.remove(&(rec.node, k.clone()));
         }
         self.deferred.remove(&id);
+        if rec.circuit {
+            // Committed: the switches follow (a failure is retried until it succeeds).
+            let touched = self.switches_of(id, rec.segments.iter().map(|s| &s.links));
+            self.sync_switches(&touched);
+        }
         Ok(api::Released {
             id,
             deferred: false,
@@ -272,6 +287,7 @@ impl ControlPlane {
             created_unix_ms: a.created_unix_ms,
             idempotency_key: a.idempotency_key.clone(),
             holder: a.holder.clone(),
+            circuit: a.circuit,
             segments: a
                 .segments
                 .iter()

@@ -209,6 +209,49 @@ impl ControlPlane {
         down
     }
 
+    /// `PUT /v1/bricks/{id}/serve-rate` (`rackmem ctl bricks rate BRICK RATE|none`): what the
+    /// brick's memory serves, as an operator says. Its segments' rates are divided anew at
+    /// once (they are computed when read, and the brick's next heartbeat reply carries them). A
+    /// brick holding segments keeps a rate or keeps none: their paths end with its memory link
+    /// exactly when it had one when they were placed.
+    pub fn set_serve_rate(&mut self, id: u64, serve_bps: Option<u64>) -> Result<api::Brick, PlaneError> {
+        let b = self
+            .bricks
+            .get(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered")))?;
+        if serve_bps == Some(0) {
+            return Err(PlaneError::Invalid(format!(
+                "brick {} cannot serve 0 bytes/s: give a rate, or none",
+                b.rec.name
+            )));
+        }
+        if b.rec.serve_bps.is_some() != serve_bps.is_some() && !b.segments.is_empty() {
+            return Err(PlaneError::Conflict(format!(
+                "brick {} holds {} segments: its rate can be changed but not given or removed until it holds none",
+                b.rec.name,
+                b.segments.len()
+            )));
+        }
+        if let (Some(new), Some(link)) = (serve_bps, self.graph.link(&crate::graph::memory_link_id(id))) {
+            if link.reserved_bps > new {
+                return Err(PlaneError::Conflict(format!(
+                    "brick {}'s segments have {} bytes/s reserved: it cannot serve less",
+                    b.rec.name, link.reserved_bps
+                )));
+            }
+        }
+        let rec = BrickRecord {
+            serve_bps,
+            ..b.rec.clone()
+        };
+        self.store.commit(&[Op::Put(Record::Brick(rec.clone()))])?;
+        self.graph.set_memory(id, serve_bps);
+        if let Some(b) = self.bricks.get_mut(&id) {
+            b.rec = rec;
+        }
+        self.brick(id)
+    }
+
     /// `DELETE /v1/bricks/{id}`: forgets a brick that holds no segment (its name and key are
     /// free again, e.g. to replace a machine).
     pub fn forget_brick(&mut self, id: u64) -> Result<api::Brick, PlaneError> {

@@ -14,12 +14,15 @@
 //! - `allocations`: allocating, resizing, releasing and showing allocations;
 //! - `placement`: the one path that carves segments on bricks and reserves their links for a
 //!   new or growing allocation, and gives them back;
+//! - `circuits`: ports and switch links held by one allocation, and the switch rules that
+//!   connect them;
 //! - `leases`: how long grants are good for, and renewing them;
 //! - `tokens`: the API tokens kept in the store.
 
 mod allocations;
 mod attach;
 mod bricks;
+mod circuits;
 mod leases;
 mod nodes;
 mod placement;
@@ -66,6 +69,9 @@ pub enum PlaneError {
     /// The store failed; nothing was changed (503).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A switch could not be configured for a circuit; nothing was changed (502).
+    #[error("{0}")]
+    Switch(String),
 }
 
 impl From<GraphError> for PlaneError {
@@ -133,6 +139,10 @@ struct NodeEntry {
     allocations: BTreeSet<u64>,
 }
 
+/// One brick's rates for `/metrics`: (name, load bytes/s, connections, serve bytes/s, promised
+/// bytes/s).
+pub type BrickRates = (String, Option<u64>, Option<u64>, Option<u64>, u64);
+
 /// Counts for `/metrics`.
 #[derive(Debug, Clone, Default)]
 pub struct Gauges {
@@ -148,6 +158,15 @@ pub struct Gauges {
     pub nodes: u64,
     /// Per brick: (name, capacity, free, allocated).
     pub bricks: Vec<(String, u64, u64, u64)>,
+    /// Live circuits.
+    pub circuits: u64,
+    /// Per brick: (name, load bytes/s, connections, serve bytes/s, promised bytes/s), the
+    /// first three when known.
+    pub brick_rates: Vec<BrickRates>,
+    /// Per node: (name, pool bytes, pool bytes in use).
+    pub node_pools: Vec<(String, u64, u64)>,
+    /// How long circuits took to set up (a handle on the live histogram).
+    pub circuit_setup: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 /// The control plane's state.
@@ -185,6 +204,14 @@ pub struct ControlPlane {
     deferred: BTreeSet<u64>,
     /// What the REST server authenticates against: refilled whenever `tokens` changes.
     token_table: Arc<TokenTable>,
+    /// What configures the switches for circuits.
+    switches: Box<dyn crate::switch::SwitchDriver>,
+    /// What each switch was last given (not stored: every switch is given its rules at start).
+    switch_states: BTreeMap<String, api::SwitchState>,
+    /// Switches whose last update failed: retried by [`ControlPlane::retry_switches`].
+    dirty_switches: BTreeSet<String>,
+    /// How long circuits took to set up (placed, switches configured, committed).
+    circuit_setup: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl ControlPlane {
@@ -234,8 +261,13 @@ impl ControlPlane {
         fresh.placement = self.placement;
         fresh.pools = std::mem::take(&mut self.pools);
         fresh.deferred = std::mem::take(&mut self.deferred);
+        std::mem::swap(&mut fresh.switches, &mut self.switches);
+        fresh.switch_states = std::mem::take(&mut self.switch_states);
+        fresh.circuit_setup = self.circuit_setup.clone();
         *self = fresh;
         self.publish_tokens();
+        // Another replica may have made or released circuits meanwhile.
+        self.resync_switches();
         Ok(())
     }
 
@@ -276,6 +308,10 @@ impl ControlPlane {
             pools: HashMap::new(),
             deferred: BTreeSet::new(),
             token_table: Arc::new(TokenTable::default()),
+            switches: Box::new(crate::switch::DryRun::default()),
+            switch_states: BTreeMap::new(),
+            dirty_switches: BTreeSet::new(),
+            circuit_setup: prometheus_client::metrics::histogram::Histogram::new(rackmem_metrics::LATENCY_BUCKETS_S),
         };
         for s in snap.switches {
             p.graph.add_switch(&s.name);
@@ -341,6 +377,9 @@ impl ControlPlane {
                 b.segments.insert(s.segment_id, (s.offset, s.size_bytes));
                 b.paths.insert(s.segment_id, (s.links.clone(), s.bandwidth_bps));
                 p.graph.reserve(&s.links, s.bandwidth_bps);
+                if a.circuit {
+                    p.graph.claim(&s.links, a.id);
+                }
             }
             if let Some(k) = &a.idempotency_key {
                 p.idempotency.insert((a.node, k.clone()), a.id);
@@ -384,6 +423,8 @@ impl ControlPlane {
         let mut g = Gauges {
             allocations: self.allocations.len() as u64,
             nodes: self.nodes.len() as u64,
+            circuits: self.allocations.values().filter(|a| a.circuit).count() as u64,
+            circuit_setup: Some(self.circuit_setup.clone()),
             ..Gauges::default()
         };
         for b in self.bricks.values() {
@@ -402,6 +443,21 @@ impl ControlPlane {
             ));
         }
         g.bricks.sort();
+        g.brick_rates = self
+            .bricks()
+            .into_iter()
+            .map(|b| {
+                let conns = b.stats.as_ref().and_then(|s| s.connections);
+                (b.name, b.load_bps, conns, b.serve_bps, b.promised_bps)
+            })
+            .collect();
+        g.brick_rates.sort();
+        g.node_pools = self
+            .nodes()
+            .into_iter()
+            .map(|n| (n.name, n.pool_bytes, n.pool_in_use_bytes))
+            .collect();
+        g.node_pools.sort();
         g
     }
 }
@@ -715,5 +771,210 @@ mod tests {
         assert_ne!(mine.id, first.id);
         let (again, how) = p.allocate_once(req(a, 24 * M, "k1")).unwrap();
         assert_eq!((again.id, how), (first.id, Allocated::Replayed));
+    }
+
+    /// A switch driver that records what it was given into `seen` and fails while `fail` is set.
+    struct Recorder {
+        seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Vec<api::SwitchRule>>>>,
+        fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl crate::switch::SwitchDriver for Recorder {
+        fn describe(&self) -> String {
+            "recorder".into()
+        }
+        fn apply(&mut self, switch: &str, rules: &[api::SwitchRule]) -> Result<(), crate::switch::SwitchError> {
+            if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(crate::switch::SwitchError::Apply {
+                    switch: switch.into(),
+                    message: "cable unplugged".into(),
+                });
+            }
+            self.seen.lock().unwrap().insert(switch.to_string(), rules.to_vec());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_circuit_holds_its_links_alone_configures_its_switches_and_survives_a_reload() {
+        let topology = Topology::parse(
+            r#"{"switches": ["a", "b", "spine"],
+                "links": [{"a": "a", "b": "spine", "bandwidth_bps": 1000},
+                          {"a": "b", "b": "spine", "bandwidth_bps": 1000},
+                          {"a": "a", "b": "b", "bandwidth_bps": 1000}],
+                "ports": {"n:e0": "a", "n:e1": "a", "m:p0": "b", "m:p1": "b"}}"#,
+        )
+        .unwrap();
+        let mut p = ControlPlane::open(
+            Box::new(MemoryStore::default()),
+            Some(topology),
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        p.set_node_quota(NodeQuota::PercentOfPool(100));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        p.set_switch_driver(Box::new(Recorder {
+            seen: seen.clone(),
+            fail: fail.clone(),
+        }));
+        let two = |a: &str, b: &str| {
+            vec![
+                PortSpec {
+                    name: a.into(),
+                    bandwidth_bps: 1000,
+                    switch: None,
+                },
+                PortSpec {
+                    name: b.into(),
+                    bandwidth_bps: 1000,
+                    switch: None,
+                },
+            ]
+        };
+        let m = p
+            .register_brick(BrickRegistration {
+                name: "m".into(),
+                address: "tcp://m:7070".into(),
+                capacity_bytes: 64 * M,
+                ports: two("p0", "p1"),
+                key_hex: hex::encode([7u8; 32]),
+                serve_bps: None,
+            })
+            .unwrap()
+            .id;
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: two("e0", "e1"),
+            })
+            .unwrap()
+            .id;
+        let req = |circuit: bool| AllocationRequest {
+            node: n,
+            size_bytes: M,
+            circuit: circuit.then_some(true),
+            ..AllocationRequest::default()
+        };
+        let c = p.allocate(req(true)).unwrap();
+        assert!(c.circuit);
+        let path = c.segments[0].links.clone();
+        assert_eq!(
+            path,
+            vec![
+                format!("node:{n}:e0"),
+                "switch:a:b".to_string(),
+                format!("brick:{m}:p0")
+            ]
+        );
+        // The rules: one per switch crossed, each joining the cable in to the cable out.
+        let rules = seen.lock().unwrap().clone();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert_eq!(
+            (rules["a"][0].a.port.as_str(), rules["a"][0].b.port.as_str()),
+            ("n:e0", "switch:b")
+        );
+        assert_eq!(
+            (rules["b"][0].a.port.as_str(), rules["b"][0].b.port.as_str()),
+            ("switch:a", "m:p0")
+        );
+        // Another allocation routes around the circuit's links.
+        let other = p.allocate(req(false)).unwrap();
+        let around = &other.segments[0].links;
+        assert!(around.iter().all(|l| !path.contains(l)), "{around:?} crosses {path:?}");
+        // A second circuit cannot share the links the shared allocation uses, but the rest make
+        // one; a third finds none, and is told why.
+        let c2 = p.allocate(req(true)).unwrap_err();
+        assert!(matches!(c2, PlaneError::InsufficientBandwidth(_)), "{c2}");
+        p.free(other.id).unwrap();
+        let c2 = p.allocate(req(true)).unwrap();
+        assert_eq!(c2.segments[0].links[0], format!("node:{n}:e1"));
+        match p.allocate(req(false)) {
+            Err(PlaneError::InsufficientBandwidth(m)) => assert!(m.contains("circuit of allocation"), "{m}"),
+            other => panic!("expected a refusal naming the circuits, got {other:?}"),
+        }
+        // A switch that cannot be configured: refused, nothing reserved.
+        p.free(c2.id).unwrap();
+        fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        let before = p.graph();
+        assert!(matches!(p.allocate(req(true)), Err(PlaneError::Switch(_))));
+        assert_eq!(p.graph(), before);
+        fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        // Moved off e0: new paths, the old rules gone, the new ones in.
+        let moved = p.move_circuit(c.id, &[format!("node:{n}:e0")]).unwrap();
+        assert!(moved.links.contains(&format!("node:{n}:e1")), "{moved:?}");
+        assert!(!moved.links.contains(&format!("node:{n}:e0")));
+        let rules = seen.lock().unwrap().clone();
+        assert!(rules.values().flatten().all(|r| r.a.port != "n:e0"), "{rules:?}");
+        // Reloaded from the store (a restart): still a circuit holding the same links.
+        p.reload().unwrap();
+        let g = p.graph();
+        let held: Vec<&str> = g
+            .links
+            .iter()
+            .filter(|l| l.circuit == Some(c.id))
+            .map(|l| l.id.as_str())
+            .collect();
+        let mut want = moved.links.clone();
+        want.sort();
+        assert_eq!(held, want);
+        assert_eq!(p.circuits().circuits.len(), 1);
+        // Released: its links are free and no switch forwards for it.
+        p.free(c.id).unwrap();
+        assert!(p.graph().links.iter().all(|l| l.circuit.is_none()));
+        assert!(seen.lock().unwrap().values().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn an_operator_sets_what_a_brick_serves_and_its_segments_rates_follow() {
+        let mut p = plane();
+        let b = p
+            .register_brick(BrickRegistration {
+                name: "b".into(),
+                address: "tcp://b:7070".into(),
+                capacity_bytes: 64 * M,
+                ports: port(1000),
+                key_hex: hex::encode([7u8; 32]),
+                serve_bps: Some(100),
+            })
+            .unwrap()
+            .id;
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = |bw: Option<u64>| AllocationRequest {
+            node: n,
+            size_bytes: M,
+            bandwidth_bps: bw,
+            ..AllocationRequest::default()
+        };
+        let a = p.allocate(req(None)).unwrap();
+        p.allocate(req(Some(20))).unwrap();
+        assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 80);
+        assert_eq!(p.set_serve_rate(b, Some(60)).unwrap().serve_bps, Some(60));
+        assert_eq!(
+            p.allocation(a.id).unwrap().segments[0].rate_limit_bps,
+            40,
+            "divided anew"
+        );
+        let hb = p.heartbeat(b, None).unwrap();
+        assert!(hb.segments.iter().any(|s| s.rate_bps == Some(40)), "{hb:?}");
+        assert!(
+            matches!(p.set_serve_rate(b, Some(10)), Err(PlaneError::Conflict(_))),
+            "below the reservation"
+        );
+        assert!(
+            matches!(p.set_serve_rate(b, None), Err(PlaneError::Conflict(_))),
+            "segments hold"
+        );
+        assert!(matches!(p.set_serve_rate(b, Some(0)), Err(PlaneError::Invalid(_))));
+        p.reload().unwrap();
+        assert_eq!(p.brick(b).unwrap().serve_bps, Some(60), "stored");
+        assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 40);
     }
 }

@@ -36,6 +36,9 @@ pub(super) struct Placement<'a> {
     allowed: Option<HashSet<String>>,
     /// How to pick bricks the request does not name.
     pub(super) objective: api::Objective,
+    /// The allocation whose circuit the segments are part of, if it is one: their paths must
+    /// cross only cables no other segment uses, and become its alone.
+    pub(super) circuit: Option<u64>,
 }
 
 impl<'a> Placement<'a> {
@@ -63,6 +66,7 @@ impl<'a> Placement<'a> {
             bricks,
             allowed: links.map(|l| l.iter().cloned().collect()),
             objective: api::Objective::default(),
+            circuit: None,
         })
     }
 }
@@ -86,16 +90,36 @@ impl ControlPlane {
                 return Err(e);
             }
         };
+        let start = std::time::Instant::now();
         let rec = build(segments);
+        // A circuit's switches are configured before it is stored: if they cannot be, nothing
+        // is reserved and the request is refused saying why.
+        let touched = match pl.circuit {
+            Some(id) => {
+                let paths: Vec<Vec<String>> = rec.segments.iter().map(|s| s.links.clone()).collect();
+                let touched = self.switches_of(id, &paths);
+                if let Err(e) = self.apply_switches(&touched, Some((id, Some(&paths)))) {
+                    self.undo(log);
+                    self.sync_switches(&touched);
+                    return Err(e);
+                }
+                touched
+            }
+            None => Default::default(),
+        };
         let ops = [
             Op::Put(Record::Allocation(rec.clone())),
             Op::Put(Record::Counters(counters)),
         ];
         if let Err(e) = self.store.commit(&ops) {
             self.undo(log);
+            self.sync_switches(&touched);
             return Err(e.into());
         }
         self.counters = counters;
+        if pl.circuit.is_some() {
+            self.circuit_setup.observe(start.elapsed().as_secs_f64());
+        }
         Ok(self.keep(rec))
     }
 
@@ -154,6 +178,9 @@ impl ControlPlane {
             });
             self.set_largest(brick, old_largest);
             self.graph.reserve(&path, pl.bandwidth_bps);
+            if let Some(owner) = pl.circuit {
+                self.graph.claim(&path, owner);
+            }
             log.push(Undo::Reserved {
                 links: path.clone(),
                 bandwidth_bps: pl.bandwidth_bps,
@@ -214,20 +241,26 @@ impl ControlPlane {
                         b.extents.free_bytes()
                     )));
                 }
-                let path = self
-                    .graph
-                    .find_path(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
-                    .ok_or_else(|| {
-                        PlaneError::InsufficientBandwidth(format!(
-                            "no path from node {} to brick {} ({id}) with {} bytes/s unreserved on every link",
-                            pl.node, b.rec.name, pl.bandwidth_bps
-                        ))
-                    })?;
+                let path = self.path_to(pl, node_ports, id, &b.rec.ports).ok_or_else(|| {
+                    PlaneError::InsufficientBandwidth(format!(
+                        "no path from node {} to brick {} ({id}) with {} bytes/s unreserved on every link{}{}",
+                        pl.node,
+                        b.rec.name,
+                        pl.bandwidth_bps,
+                        if pl.circuit.is_some() {
+                            " and no other segment on its ports and switch links (a circuit)"
+                        } else {
+                            ""
+                        },
+                        self.held_by_circuits(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
+                    ))
+                })?;
                 Ok((id, path))
             }
             None => {
                 let mut with_space = 0usize;
                 let mut found = None;
+                let mut blocked = String::new();
                 for id in self.ranked(pl.per_segment, pl.objective) {
                     if used.contains(&id) {
                         continue;
@@ -243,12 +276,13 @@ impl ControlPlane {
                     {
                         continue;
                     }
-                    if let Some(path) =
-                        self.graph
-                            .find_path(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref())
-                    {
+                    if let Some(path) = self.path_to(pl, node_ports, id, &b.rec.ports) {
                         found = Some((id, path));
                         break;
+                    }
+                    if blocked.is_empty() {
+                        blocked =
+                            self.held_by_circuits(node_ports, &b.rec.ports, pl.bandwidth_bps, pl.allowed.as_ref());
                     }
                 }
                 match found {
@@ -262,12 +296,51 @@ impl ControlPlane {
                     ))),
                     None => Err(PlaneError::InsufficientBandwidth(format!(
                         "{with_space} more up bricks have room for {} bytes but none has a path from node {} \
-                             with {} bytes/s unreserved on every link",
-                        pl.per_segment, pl.node, pl.bandwidth_bps
+                             with {} bytes/s unreserved on every link{}{blocked}",
+                        pl.per_segment,
+                        pl.node,
+                        pl.bandwidth_bps,
+                        if pl.circuit.is_some() {
+                            " and no other segment on its ports and switch links (a circuit)"
+                        } else {
+                            ""
+                        }
                     ))),
                 }
             }
         }
+    }
+
+    /// A path from the node to `brick` for a segment of `pl`: shared, or for a circuit one whose
+    /// cables no other segment uses (or the path the circuit already holds to that brick).
+    fn path_to(
+        &self,
+        pl: &Placement<'_>,
+        node_ports: &[Port],
+        brick: u64,
+        brick_ports: &[Port],
+    ) -> Option<Vec<String>> {
+        let Some(owner) = pl.circuit else {
+            return self
+                .graph
+                .find_path(node_ports, brick_ports, pl.bandwidth_bps, pl.allowed.as_ref());
+        };
+        let memory = crate::graph::memory_link_id(brick);
+        let held = self
+            .allocations
+            .get(&owner)
+            .and_then(|a| a.segments.iter().find(|s| s.brick_id == brick))
+            .map(|s| s.links.iter().filter(|l| **l != memory).cloned().collect::<Vec<_>>())
+            .filter(|p| p.iter().all(|l| self.graph.admits(l, pl.bandwidth_bps)));
+        held.or_else(|| {
+            let q = crate::graph::PathQuery {
+                bandwidth_bps: pl.bandwidth_bps,
+                allowed: pl.allowed.as_ref(),
+                avoid: None,
+                usage: crate::graph::PathUse::Circuit,
+            };
+            self.graph.find_path_with(node_ports, brick_ports, &q)
+        })
     }
 
     /// The up bricks with a free extent of `size` bytes, in the order `objective` prefers

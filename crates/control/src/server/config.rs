@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub node_quota: crate::plane::NodeQuota,
     /// How bricks are picked when an allocation does not say (`--placement`).
     pub placement: crate::api::Objective,
+    /// What configures the switches for circuits (`None`: [`crate::switch::DryRun`]).
+    pub switch_driver: Option<Box<dyn crate::switch::SwitchDriver>>,
 }
 
 impl ServerConfig {
@@ -79,6 +81,7 @@ impl ServerConfig {
             grant_lifetime: crate::plane::DEFAULT_GRANT_LIFETIME,
             node_quota: crate::plane::NodeQuota::default(),
             placement: crate::api::Objective::default(),
+            switch_driver: None,
         }
     }
 }

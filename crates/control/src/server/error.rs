@@ -50,6 +50,7 @@ impl From<PlaneError> for ApiError {
             PlaneError::InsufficientBandwidth(_) => (StatusCode::CONFLICT, "insufficient_bandwidth"),
             PlaneError::QuotaExceeded(_) => (StatusCode::CONFLICT, "quota_exceeded"),
             PlaneError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
+            PlaneError::Switch(_) => (StatusCode::BAD_GATEWAY, "switch"),
         };
         ApiError::new(status, code, e.to_string())
     }

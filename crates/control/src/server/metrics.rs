@@ -26,6 +26,11 @@ struct BrickLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: &'static str,
 }
@@ -72,6 +77,8 @@ impl Metrics {
         );
         if let Some(g) = plane {
             plane_gauges(&mut r, g);
+            circuit_metrics(&mut r, g);
+            rack_metrics(&mut r, g);
         }
         r.register(
             "connections",
@@ -134,5 +141,76 @@ fn plane_gauges(r: &mut Registry, g: &Gauges) {
         "brick_allocated_bytes",
         "Bytes in segments, per brick",
         per_brick(|b| b.3),
+    );
+}
+
+/// The circuits: how many live, and how long each took to set up (placed, switches configured,
+/// stored; moves included).
+fn circuit_metrics(r: &mut Registry, g: &Gauges) {
+    r.register(
+        "circuits",
+        "Live circuits (allocations holding their links alone)",
+        gauge(g.circuits),
+    );
+    if let Some(h) = &g.circuit_setup {
+        r.register(
+            "circuit_setup_seconds",
+            "Time to set up or move a circuit, switches configured and the allocation stored",
+            h.clone(),
+        );
+    }
+}
+
+/// The rack's annotations (seed 004, section V): each brick's load and connections from its
+/// heartbeats, what its memory serves and what is promised to its segments; each node's pool.
+fn rack_metrics(r: &mut Registry, g: &Gauges) {
+    type Row = crate::plane::BrickRates;
+    let per_brick = |f: fn(&Row) -> Option<u64>| {
+        let fam = Family::<BrickLabels, Gauge>::default();
+        for b in &g.brick_rates {
+            if let Some(v) = f(b) {
+                let labels = BrickLabels { brick: b.0.clone() };
+                fam.get_or_create(&labels).set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+        }
+        fam
+    };
+    r.register(
+        "brick_load_bytes_per_second",
+        "Bytes per second a brick served between its last two heartbeats",
+        per_brick(|b| b.1),
+    );
+    r.register(
+        "brick_connections",
+        "Connections a brick had open at its last heartbeat",
+        per_brick(|b| b.2),
+    );
+    r.register(
+        "brick_serve_bytes_per_second",
+        "What a brick's memory serves, as registered or set by an operator",
+        per_brick(|b| b.3),
+    );
+    r.register(
+        "brick_promised_bytes_per_second",
+        "The rates of a brick's segments added up",
+        per_brick(|b| Some(b.4)),
+    );
+    let per_node = |f: fn(&(String, u64, u64)) -> u64| {
+        let fam = Family::<NodeLabels, Gauge>::default();
+        for n in &g.node_pools {
+            let labels = NodeLabels { node: n.0.clone() };
+            fam.get_or_create(&labels).set(i64::try_from(f(n)).unwrap_or(i64::MAX));
+        }
+        fam
+    };
+    r.register(
+        "node_pool_bytes",
+        "Bytes pushed to a node's pool (allocations without a holder)",
+        per_node(|n| n.1),
+    );
+    r.register(
+        "node_pool_in_use_bytes",
+        "Bytes of a node's pool its processes use, as its agent last reported",
+        per_node(|n| n.2),
     );
 }

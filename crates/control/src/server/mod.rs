@@ -178,6 +178,12 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
     plane.set_grant_lifetime(config.grant_lifetime);
     plane.set_node_quota(config.node_quota);
     plane.set_placement(config.placement);
+    if let Some(d) = config.switch_driver.take() {
+        plane.set_switch_driver(d);
+    }
+    // The circuits stored are configured again (a switch may have restarted meanwhile, or kept
+    // rules of a circuit whose release it missed).
+    plane.resync_switches();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("rackmem-control")

@@ -7,7 +7,7 @@ use super::config::PublicRoutes;
 use super::error::ApiError;
 use super::error::{method_not_allowed, not_found};
 use super::metrics::Metrics;
-use super::routes::{allocations, bricks, graph, meta, nodes, processes, tokens, ui};
+use super::routes::{allocations, bricks, circuits, graph, meta, nodes, processes, tokens, ui};
 use super::state::AppState;
 use crate::api::{BrickState, Endpoint, ErrorBody, ErrorDetail, LeaderInfo, LiveSegment, Port, PortSpec, Segment};
 use crate::auth::TokenTable;
@@ -34,6 +34,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
         (name = "nodes", description = "Nodes (compute bricks) and their rate limits"),
         (name = "allocations", description = "Segments of bricks granted to nodes"),
         (name = "graph", description = "The resource graph"),
+        (name = "circuits", description = "Circuits: links held by one allocation, and the switch rules connecting them"),
         (name = "tokens", description = "API tokens (admins only)"),
         (name = "meta", description = "Health, metrics, this document"),
     ),
@@ -47,6 +48,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(bricks::register_brick, bricks::list_bricks))
         .routes(routes!(bricks::get_brick, bricks::forget_brick))
         .routes(routes!(bricks::heartbeat))
+        .routes(routes!(bricks::set_serve_rate))
         .routes(routes!(nodes::register_node, nodes::list_nodes))
         .routes(routes!(nodes::get_node))
         .routes(routes!(nodes::node_rates))
@@ -62,6 +64,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(allocations::renew_allocation))
         .routes(routes!(graph::get_graph))
+        .routes(routes!(circuits::list_circuits))
+        .routes(routes!(circuits::move_circuit))
         .routes(routes!(tokens::create_token, tokens::list_tokens))
         .routes(routes!(tokens::revoke_token))
         .routes(routes!(meta::healthz))

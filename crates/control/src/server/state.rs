@@ -94,9 +94,14 @@ pub(crate) async fn expire_bricks(plane: Arc<Mutex<ControlPlane>>, period: Durat
         tick.tick().await;
         // The lock may be held by a commit in progress: wait for it off the async workers.
         let p = plane.clone();
-        let down = tokio::task::spawn_blocking(move || lock(&p).expire_bricks(Instant::now()))
-            .await
-            .unwrap_or_default();
+        let down = tokio::task::spawn_blocking(move || {
+            let mut p = lock(&p);
+            // A switch whose update failed is retried here, once a period, until it takes.
+            p.retry_switches();
+            p.expire_bricks(Instant::now())
+        })
+        .await
+        .unwrap_or_default();
         for name in down {
             tracing::warn!(brick = %name, "brick missed its heartbeats: marked down");
         }

@@ -159,6 +159,9 @@ pub struct AllocationRecord {
     /// Who holds it on its node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<crate::api::Holder>,
+    /// True when its paths are a circuit (their ports and switch links are its alone).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub circuit: bool,
 }
 
 /// An API token, as stored: only the SHA-256 of its secret, never the secret itself.

@@ -22,6 +22,7 @@ use std::time::Instant;
         (status = 404, description = "Unknown node or brick", body = ErrorBody),
         (status = 409, description = "Not enough free memory or bandwidth now, or the idempotency key made an allocation from a different request", body = ErrorBody),
         (status = 422, description = "Can never succeed as written", body = ErrorBody),
+        (status = 502, description = "A circuit's switches could not be configured; nothing was reserved", body = ErrorBody),
     ))]
 pub(crate) async fn create_allocation(
     State(st): State<AppState>,
@@ -29,6 +30,14 @@ pub(crate) async fn create_allocation(
     ApiJson(req): ApiJson<AllocationRequest>,
 ) -> Result<(StatusCode, Json<Allocation>), ApiError> {
     let start = Instant::now();
+    if req.circuit == Some(true) && c.role != Role::Admin {
+        // A circuit holds ports and switch links alone: a node asking for its own could take
+        // every path from the others.
+        return Err(ApiError::from(crate::plane::PlaneError::Forbidden(format!(
+            "{} may not ask for a circuit (admins only: it holds ports and switch links alone)",
+            c.describe()
+        ))));
+    }
     let r = authorized(&st, c, Target::Node(req.node), move |p| p.allocate_once(req)).await;
     st.metrics.observe_allocation(start.elapsed());
     r.map(|(a, how)| match how {

@@ -1,6 +1,8 @@
 //! `/v1/bricks`: registration, heartbeats, reading and forgetting bricks.
 
-use crate::api::{Brick, BrickRegistered, BrickRegistration, ErrorBody, HeartbeatReply, HeartbeatStats};
+use crate::api::{
+    Brick, BrickRegistered, BrickRegistration, ErrorBody, HeartbeatReply, HeartbeatStats, ServeRateRequest,
+};
 use crate::server::authz::{authorized, Target};
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, Caller, Id};
@@ -84,6 +86,22 @@ pub(crate) async fn heartbeat(
         )
     };
     authorized(&st, c, Target::Brick(id), move |p| p.heartbeat(id, stats))
+        .await
+        .map(Json)
+}
+
+/// Sets what a brick's memory serves (admins): its segments' rates are divided anew and reach
+/// the brick with its next heartbeat reply.
+#[utoipa::path(put, path = "/v1/bricks/{id}/serve-rate", tag = "bricks", request_body = ServeRateRequest,
+    params(("id" = u64, Path, description = "Brick id")),
+    responses((status = 200, body = Brick), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(crate) async fn set_serve_rate(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+    ApiJson(req): ApiJson<ServeRateRequest>,
+) -> Result<Json<Brick>, ApiError> {
+    authorized(&st, c, Target::Admin, move |p| p.set_serve_rate(id, req.serve_bps))
         .await
         .map(Json)
 }

@@ -3,6 +3,7 @@
 
 pub(crate) mod allocations;
 pub(crate) mod bricks;
+pub(crate) mod circuits;
 pub(crate) mod graph;
 pub(crate) mod meta;
 pub(crate) mod nodes;
