@@ -25,8 +25,8 @@
 //! still be reading them.
 
 use crate::inner::Job;
-use crate::segment::{self, Segment};
-use crate::{ratelimit, sys, writeback, Runtime, PAGE, PAGE_SIZE};
+use crate::segment;
+use crate::{sys, writeback, Runtime, PAGE, PAGE_SIZE};
 use rackmem_pager::placement::Memory;
 use rackmem_proto::{Extent, PullGrant, PullOrder, PullPiece, SegmentGrant, Status, MAX_PULL_PIECES};
 use rackmem_transport::{BrickAddr, Link, LinkError};
@@ -617,27 +617,11 @@ impl Runtime {
                 lost(&e)
             }
         })?;
-        let writeback = Link::connect_with(target, cfg.timeout, cfg.tls.as_ref()).map_err(|e| lost(&e))?;
-        writeback.attach(&seg.grant, &seg.session_key).map_err(|e| lost(&e))?;
-        fault.set_receive_spin(cfg.link_spin);
-        let shared = segment::share_if(cfg.shared_memory, &fault).map_err(|e| lost(&e))?;
-        let pages = seg.grant.size_bytes / PAGE;
-        let addr = target.clone();
+        let (pages, build) = segment::standalone(target.clone(), seg, fault, cfg).map_err(|e| lost(&e))?;
         let _change = inner.table.change_lock();
         let index = inner
             .table
-            .push(pages, |first_page| Segment {
-                first_page,
-                pages,
-                addr,
-                grant: seg.grant,
-                session_key: seg.session_key,
-                fault,
-                writeback,
-                allocation: None,
-                limiter: ratelimit::RateLimiter::new(0),
-                shared,
-            })
+            .push(pages, build)
             .ok_or_else(|| MigrateError::NoSpace(format!("{} segments attached already", segment::MAX_SEGMENTS)))?;
         list.push(MigrationSegment {
             index,

@@ -94,6 +94,35 @@ impl Segment {
     }
 }
 
+/// A standalone segment `seg` that `fault` carved on `addr`: opens and attaches its write-back
+/// link, maps it where `cfg` allows, and returns its size in pages and the segment for
+/// [`SegmentTable::push`] to place at its first window page. One place for start-up and
+/// migration targets.
+pub(crate) fn standalone(
+    addr: BrickAddr,
+    seg: rackmem_proto::SegmentGrant,
+    fault: Link,
+    cfg: &crate::config::Config,
+) -> Result<(u64, impl FnOnce(u64) -> Segment), LinkError> {
+    let writeback = Link::connect_with(&addr, cfg.timeout, cfg.tls.as_ref())?;
+    writeback.attach(&seg.grant, &seg.session_key)?;
+    fault.set_receive_spin(cfg.link_spin);
+    let shared = share_if(cfg.shared_memory, &fault)?;
+    let pages = seg.grant.size_bytes / crate::PAGE;
+    Ok((pages, move |first_page| Segment {
+        first_page,
+        pages,
+        addr,
+        grant: seg.grant,
+        session_key: seg.session_key,
+        fault,
+        writeback,
+        allocation: None,
+        limiter: RateLimiter::new(0),
+        shared,
+    }))
+}
+
 /// Maps the segment `fault` is attached to, if `choice` allows and the brick is on this host.
 /// Under [`ShareChoice::Auto`] a brick that cannot share (refuses, or its memory cannot be
 /// mapped) keeps its link: the default must never stop a program that would run without it.

@@ -6,10 +6,10 @@ use crate::error::RuntimeError;
 use crate::inner::{EventGate, Inner};
 use crate::process::{RUNTIME_THREAD, SPAWNING};
 use crate::readahead::ReadAheads;
-use crate::segment::{self, Segment, SegmentTable};
+use crate::segment::{self, SegmentTable};
 use crate::stats::Stats;
 use crate::{
-    agent, handler, ratelimit, size, sys, watchdog, writeback, Runtime, DEFAULT_AGENT_WINDOW, DEFAULT_SEGMENT_CAP,
+    agent, handler, size, sys, watchdog, writeback, Runtime, DEFAULT_AGENT_WINDOW, DEFAULT_SEGMENT_CAP,
     DEFAULT_SEGMENT_DIVISOR, PAGE, PAGE_SIZE, STAGING_SLOTS,
 };
 use rackmem_pager::Core;
@@ -62,23 +62,8 @@ impl Runtime {
                     Err(e) => return Err(e.into()),
                 }
             };
-            let writeback = Link::connect_with(&addr, cfg.timeout, cfg.tls.as_ref())?;
-            writeback.attach(&seg.grant, &seg.session_key)?;
-            fault.set_receive_spin(cfg.link_spin);
-            let shared = segment::share_if(cfg.shared_memory, &fault)?;
-            let pages = seg.grant.size_bytes / PAGE;
-            table.push(pages, |first_page| Segment {
-                first_page,
-                pages,
-                addr,
-                grant: seg.grant,
-                session_key: seg.session_key,
-                fault,
-                writeback,
-                allocation: None,
-                limiter: ratelimit::RateLimiter::new(0),
-                shared,
-            });
+            let (pages, build) = segment::standalone(addr, seg, fault, &cfg)?;
+            table.push(pages, build);
         }
         let window_pages = table.total_pages();
         if window_pages == 0 {
