@@ -27,6 +27,9 @@ struct Cluster {
     metrics: String,
     /// Each brick's `--metrics` address.
     brick_metrics: Vec<String>,
+    /// Each brick's standard error, drained (so a full pipe never blocks a brick) and shown
+    /// when a wait on the bricks fails.
+    _brick_logs: Vec<std::sync::mpsc::Receiver<String>>,
     /// Between agent and control plane, when asked for.
     proxy: Option<LossyProxy>,
 }
@@ -55,11 +58,42 @@ fn free_port() -> String {
     l.local_addr().expect("addr").to_string()
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    wait_for_or(what, &[], ok)
+}
+
+/// [`wait_for`], failing with what the processes behind `logs` printed.
+fn wait_for_or(what: &str, logs: &[std::sync::mpsc::Receiver<String>], mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + START_LIMIT;
     while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            let printed: Vec<String> = logs.iter().flat_map(|l| l.try_iter()).collect();
+            panic!(
+                "timed out waiting for {what}; the processes printed:\n{}",
+                printed.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The address a process's "metrics at http://ADDR/metrics" line names.
+fn metrics_address(log: &std::sync::mpsc::Receiver<String>, who: &str) -> String {
+    let deadline = Instant::now() + START_LIMIT;
+    let mut printed = Vec::new();
+    loop {
+        match log.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                if let Some(rest) = line.split("metrics at http://").nth(1) {
+                    return rest.trim_end_matches("/metrics").to_string();
+                }
+                printed.push(line);
+            }
+            Err(e) => panic!(
+                "{who} did not say where its metrics are ({e}); it printed:\n{}",
+                printed.join("\n")
+            ),
+        }
     }
 }
 
@@ -86,6 +120,7 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
     let (control, url) = start_control_on(&dir.path().join("control.db"), &listen);
     let mut bricks = Vec::new();
     let mut brick_metrics = Vec::new();
+    let mut brick_logs = Vec::new();
     let tls_files = tls.then(|| tls_files(dir.path()));
     for i in 0..2 {
         let mut cmd = Command::new(rackmem());
@@ -94,16 +129,21 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
             None => cmd.arg(format!("unix:{}", dir.path().join(format!("b{i}.sock")).display())),
             Some((_, cert, key)) => cmd.args(["tls://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]),
         };
-        let metrics = free_port();
+        // Port 0, and the address read back from the brick: a port picked here and released
+        // could be taken by another process's connection before the brick binds it (a brick
+        // that failed that way once left this test waiting for its registration, unexplained).
         cmd.args(["--size", "1GiB", "--control", &url, "--name", &format!("b{i}")])
-            .args(["--heartbeat-ms", "100", "--metrics", &metrics])
+            .args(["--heartbeat-ms", "100", "--metrics", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        bricks.push(Guard::spawn(&mut cmd));
-        brick_metrics.push(metrics);
+            .stderr(Stdio::piped());
+        let mut g = Guard::spawn(&mut cmd);
+        let log = lines_of(g.child().stderr.take().expect("stderr"));
+        brick_metrics.push(metrics_address(&log, &format!("brick b{i}")));
+        bricks.push(g);
+        brick_logs.push(log);
     }
-    wait_for("two bricks to register", || {
+    wait_for_or("two bricks to register", &brick_logs, || {
         ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) == 2
     });
     let socket = dir.path().join("agent.sock");
@@ -138,6 +178,7 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
         socket,
         metrics,
         brick_metrics,
+        _brick_logs: brick_logs,
         proxy,
     };
     c.start_agent();
