@@ -174,10 +174,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "srckill")) {
         if (argc < 6) DIE("srckill needs a third brick");
         const char *c = argv[5];
-        /* Never touched: keeps the writer's read-ahead past the end of the first buffer off V
-         * (it reads ahead across allocations, and V's pages die with C). */
-        void *spacer = malloc(4 << 20);
-        if (!spacer) DIE("malloc");
         uint64_t *v = malloc(len);
         if (!v) DIE("malloc");
         if (!is_remote(v)) DIE("the second buffer is not in rackmem memory");

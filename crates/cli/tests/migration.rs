@@ -175,6 +175,13 @@ fn a_source_brick_killed_half_way_through_a_pull_fails_the_migration_only() {
         0,
         "the failed pull must not fall back to a bounce from a dead brick"
     );
+    // The writer's sweeps read ahead past the end of its buffer into V (the next block of the
+    // same heap), whose brick is dead: those reads fail and are dropped, and the program,
+    // which never touches V again, goes on (above).
+    assert!(
+        busiest(&s).extra("reads_ahead_unsent") > 0,
+        "no read-ahead reached the dead brick's pages, so this run did not check that a failed one is dropped"
+    );
 }
 
 #[test]

@@ -47,6 +47,10 @@ pub(crate) struct ReadAheads {
     /// Sending order.
     seq: u64,
     spare_bufs: Vec<Vec<u8>>,
+    /// Spent slots of read-aheads that could not be sent, given back to the core by the next
+    /// caller holding it (the sender has unlocked the core, and may not lock it again under
+    /// the read-aheads' lock).
+    unsent: Vec<SpentRun>,
 }
 
 impl ReadAheads {
@@ -110,6 +114,7 @@ impl ReadAheads {
     /// Drops the read-aheads that can no longer be used at the fault at `page`
     /// ([`fault::ahead_stale`]).
     pub(crate) fn drop_stale(&mut self, inner: &Inner, c: &mut Core, page: u64) {
+        self.give_back_unsent(inner, c);
         let mut i = 0;
         while i < self.list.len() {
             let a = &self.list[i];
@@ -219,11 +224,25 @@ impl ReadAheads {
                 });
                 true
             }
-            Err(e) => inner.brick_lost(
-                seg,
-                &format!("reading ahead at window page {:#x}", inner.page_addr(page)),
-                &e,
-            ),
+            Err(_) => {
+                // A read the program did not ask for: its failure stops nothing. Those pages may
+                // never be touched (freed, or the next allocation's in the same arena, whose
+                // brick may be gone), and a fault on one reports the loss with the page the
+                // program needed (exit 112 there, as always).
+                inner.stats.reads_ahead_unsent.fetch_add(1, Ordering::Relaxed);
+                if let Some(v) = own {
+                    self.keep_buf(v);
+                }
+                self.unsent.extend(spent);
+                false
+            }
+        }
+    }
+
+    /// Gives the spent slots of read-aheads that could not be sent back to the core.
+    fn give_back_unsent(&mut self, inner: &Inner, c: &mut Core) {
+        while let Some(run) = self.unsent.pop() {
+            drop_ahead_slots(inner, c, run);
         }
     }
 
@@ -265,6 +284,7 @@ pub(crate) fn keep_stream_ahead(inner: &Inner, stream: usize, next: u64, run: us
     loop {
         let mut c = inner.lock();
         let mut list = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
+        list.give_back_unsent(inner, &mut c);
         let mine = list.list.iter().filter(|a| a.stream == stream);
         let (count, next) = mine.fold((0, next), |(k, e), a| (k + 1, e.max(a.page + a.n as u64)));
         if count >= AHEAD_DEPTH {

@@ -225,6 +225,9 @@ pub struct Stats {
     /// Pages that arrived by read-ahead: sent at the previous fault of a sequential stream, in
     /// flight while the program worked.
     pub pages_read_ahead: AtomicU64,
+    /// Read-aheads whose request could not be sent (their brick's link failed): dropped, since
+    /// only a fault on one of those pages means the program needs them.
+    pub reads_ahead_unsent: AtomicU64,
     /// Resident pages now.
     pub resident_pages: AtomicU64,
     /// Largest number of resident pages seen.
@@ -457,6 +460,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::pages_read_ahead`].
     #[serde(default)]
     pub pages_read_ahead: u64,
+    /// See [`Stats::reads_ahead_unsent`].
+    #[serde(default)]
+    pub reads_ahead_unsent: u64,
     /// Read-ahead accuracy: of the pages fetched beyond the faulting page (prefetch and
     /// read-ahead), the share the program then used, estimated on a sample left remote
     /// (`rackmem_pager::probe`); `None` until a sampled page has an outcome.
@@ -638,6 +644,7 @@ impl Stats {
             evictions_protected: g(&self.evictions_protected),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
+            reads_ahead_unsent: g(&self.reads_ahead_unsent),
             readahead_accuracy: None,
             readahead_sample_used: 0,
             readahead_sample_wasted: 0,
