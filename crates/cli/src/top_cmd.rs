@@ -88,6 +88,10 @@ pub fn run(args: TopArgs) -> Result<i32> {
             out.push('\n');
             out.push_str(&processes_table(&processes, Some((&seen, now))).to_string());
             out.push('\n');
+            if processes.iter().any(|p| !p.bricks.is_empty()) {
+                out.push_str(&brick_levels_table(&processes).to_string());
+                out.push('\n');
+            }
         }
         let mut stdout = std::io::stdout().lock();
         stdout.write_all(out.as_bytes())?;
@@ -158,6 +162,40 @@ fn micros(ns: f64) -> String {
     } else {
         format!("{:.0} µs", ns / 1e3)
     }
+}
+
+/// Each process's bricks' level, brick by brick (seed 002's C-AMAT terms): which brick a
+/// program waits on, and how much of that waiting overlaps.
+pub(crate) fn brick_levels_table(processes: &[ProcessView]) -> comfy_table::Table {
+    let mut t = table(&[
+        "node",
+        "pid",
+        "program",
+        "brick",
+        "faults",
+        "pure misses",
+        "C_M",
+        "pure miss penalty",
+        "C-AMAT",
+    ]);
+    for p in processes {
+        let r = &p.report;
+        let program = r.program.rsplit('/').next().unwrap_or(&r.program).to_string();
+        for b in &p.bricks {
+            t.add_row(vec![
+                p.node_name.clone(),
+                r.pid.to_string(),
+                program.clone(),
+                b.brick.clone(),
+                b.faults.to_string(),
+                b.pure_misses.to_string(),
+                format!("{:.2}", b.miss_concurrency),
+                micros(b.pure_miss_penalty_ns),
+                micros(b.camat_ns),
+            ]);
+        }
+    }
+    t
 }
 
 /// The processes, with per-second rates against `before` (the previous refresh) when given.

@@ -476,6 +476,29 @@ fn a_running_programs_figures_reach_the_agent_the_control_plane_and_the_bricks_m
         "{p}"
     );
     assert!(r["budget_bytes"].as_u64().is_some_and(|b| b > 0), "{p}");
+    // The bricks' level brick by brick: the program's pages come from the two bricks.
+    let levels = p["bricks"].as_array().expect("bricks' levels").clone();
+    assert!(!levels.is_empty(), "no brick's level reported: {p}");
+    for l in &levels {
+        let brick = l["brick"].as_str().expect("brick");
+        assert!(brick.ends_with("b0.sock") || brick.ends_with("b1.sock"), "{l}");
+        let faults = l["faults"].as_u64().expect("faults");
+        assert!(l["pure_misses"].as_u64().is_some_and(|m| m <= faults), "{l}");
+        if faults > 0 {
+            assert!(l["camat_ns"].as_f64().is_some_and(|v| v > 0.0), "{l}");
+            assert!(l["miss_concurrency"].as_f64().is_some_and(|v| v >= 1.0), "{l}");
+        }
+    }
+    assert!(levels.iter().any(|l| l["faults"].as_u64() > Some(0)), "{p}");
+    // The agent's metrics carry them too, per process and brick.
+    wait_for("the bricks' levels in the agent's metrics", || {
+        m = scrape(&c.metrics);
+        sample(&m, "rackmem_agent_process_brick_faults_total", &[&prog, "brick=\""]).is_some_and(|v| v > 0.0)
+    });
+    assert!(
+        sample(&m, "rackmem_agent_process_brick_camat_seconds", &[&prog, "brick=\""]).is_some(),
+        "{m}"
+    );
     // `rackmem top --once` shows it too.
     let o = Command::new(rackmem())
         .args(["top", "--once", "--control", &c.url])
@@ -486,6 +509,10 @@ fn a_running_programs_figures_reach_the_agent_the_control_plane_and_the_bricks_m
         o.status.success() && top.contains("grow") && top.contains("b0"),
         "{top}{}",
         show(&o)
+    );
+    assert!(
+        top.contains("pure miss penalty") && top.contains(".sock"),
+        "the per-brick table: {top}"
     );
     // The bricks: requests served to it, timed per opcode, and its segments.
     let bricks: Vec<String> = c.brick_metrics.iter().map(|a| scrape(a)).collect();
@@ -1158,6 +1185,31 @@ fn the_dashboard_shows_what_the_api_says() {
         "no fault count in 1..={faults_after} shown: {row}"
     );
     assert!(row.contains("class=\"hist\""), "{row}");
+    // The bricks' level brick by brick: a brick the program's runtime reported, with at most the
+    // faults the API reports for it after the page loaded.
+    let brick_faults_after: Vec<(String, u64)> = ctl_json(&c.url, &["processes"])
+        .as_array()
+        .and_then(|a| a.iter().find(|v| v["report"]["program"] == grow.as_str()).cloned())
+        .and_then(|p| p["bricks"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|l| Some((l["brick"].as_str()?.to_string(), l["faults"].as_u64()?)))
+        .collect();
+    let level = row
+        .split("data-brick=\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no brick's level shown: {row}"));
+    let shown_brick = level.split('"').next().expect("brick");
+    let shown_faults: u64 = level
+        .split("data-faults=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next()?.parse().ok())
+        .expect("a brick's faults");
+    let api = brick_faults_after.iter().find(|(b, _)| b == shown_brick);
+    assert!(
+        api.is_some_and(|(_, f)| shown_faults <= *f),
+        "brick {shown_brick} with {shown_faults} faults shown, the API has {brick_faults_after:?}"
+    );
     // A screenshot, for people (docs/img/dashboard.png is one).
     let shot = c.dir.path().join("dashboard.png");
     let o = chromium(

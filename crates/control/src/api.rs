@@ -710,6 +710,41 @@ pub struct ProcessView {
     /// Share of its run so far during which a fault was outstanding (faults × C-AMAT₂ over its
     /// uptime): how much of its time remote memory took.
     pub stall_share: f64,
+    /// The bricks' level brick by brick, derived from the report's counts (empty for a runtime
+    /// that does not report them).
+    #[serde(default)]
+    pub bricks: Vec<BrickLevelView>,
+}
+
+/// One brick's level of C-AMAT for a process (seed 002, section 2.2): which brick a program
+/// waits on, and how much of that waiting overlaps.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BrickLevelView {
+    /// The brick's address, as the program's runtime names it.
+    pub brick: String,
+    /// Faults whose page it served.
+    pub faults: u64,
+    /// Of those, faults no other outstanding fault overlapped.
+    pub pure_misses: u64,
+    /// Its faults outstanding at once, time-weighted over the time any was.
+    pub miss_concurrency: f64,
+    /// Mean time of its pure misses, nanoseconds.
+    pub pure_miss_penalty_ns: f64,
+    /// Its C-AMAT: time any fault it serves is outstanding, per fault, nanoseconds.
+    pub camat_ns: f64,
+}
+
+impl From<&rackmem_proto::BrickLevelReport> for BrickLevelView {
+    fn from(b: &rackmem_proto::BrickLevelReport) -> Self {
+        BrickLevelView {
+            brick: b.brick.clone(),
+            faults: b.faults,
+            pure_misses: b.pure_misses,
+            miss_concurrency: b.miss_concurrency(),
+            pure_miss_penalty_ns: b.pure_avg_miss_penalty_ns(),
+            camat_ns: b.camat_ns(),
+        }
+    }
 }
 
 /// One port of a switch rule: a cable ending on that switch.

@@ -5,7 +5,9 @@
 
 use crate::inner::Inner;
 use crate::PAGE;
-use rackmem_proto::{LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_PROGRAM_LEN};
+use rackmem_proto::{
+    BrickLevelReport, LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_BRICK_NAME_LEN, MAX_PROGRAM_LEN,
+};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// The process's figures now.
@@ -18,14 +20,7 @@ pub(crate) fn report(inner: &Inner) -> ProcessReport {
     let s = &inner.stats;
     let g = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
     let (miss_concurrency, faults_in_flight_max) = s.in_flight.mean_and_max();
-    let mut program = std::env::args().next().unwrap_or_default();
-    if program.len() > MAX_PROGRAM_LEN {
-        let mut cut = MAX_PROGRAM_LEN;
-        while !program.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        program.truncate(cut);
-    }
+    let program = cut(std::env::args().next().unwrap_or_default(), MAX_PROGRAM_LEN);
     ProcessReport {
         pid: std::process::id(),
         program,
@@ -51,5 +46,31 @@ pub(crate) fn report(inner: &Inner) -> ProcessReport {
             count: s.fault_latency.count(),
             sum_ns: s.fault_latency.sum_ns(),
         },
+        bricks: s
+            .bricks
+            .snapshot()
+            .into_iter()
+            .map(|b| BrickLevelReport {
+                brick: cut(b.brick, MAX_BRICK_NAME_LEN),
+                faults: b.counts.faults,
+                pure_misses: b.counts.pure_misses,
+                pure_miss_ns: b.counts.pure_miss_ns,
+                busy_ns: b.counts.busy_ns,
+                accum_ns: b.counts.accum_ns,
+                max_outstanding: b.counts.max_outstanding,
+            })
+            .collect(),
     }
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s
 }

@@ -344,7 +344,7 @@ impl InFlight {
 
 /// Bricks told apart in [`BrickLevels`]; faults served by more bricks than this are counted
 /// together under the last one's entry, named `other bricks`.
-pub const MAX_BRICK_LEVELS: usize = 32;
+pub const MAX_BRICK_LEVELS: usize = rackmem_proto::MAX_REPORTED_BRICKS;
 
 /// The bricks' level of C-AMAT, brick by brick: each fault whose page a brick served is one
 /// access to that brick, from the start of its read to the page's data being here (a read on

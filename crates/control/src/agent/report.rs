@@ -11,7 +11,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
-use rackmem_proto::{ProcessReport, FAULT_LATENCY_BOUNDS_NS};
+use rackmem_proto::{BrickLevelReport, ProcessReport, FAULT_LATENCY_BOUNDS_NS};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -116,6 +116,25 @@ impl ProcessCollector {
 }
 
 type Figure = fn(&ProcessReport) -> u64;
+type BrickFigure = fn(&BrickLevelReport) -> u64;
+type BrickRatio = fn(&BrickLevelReport) -> f64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BrickLabels {
+    pid: u32,
+    uid: u32,
+    program: String,
+    brick: String,
+}
+
+fn brick_labels(p: &ProcessLabels, b: &BrickLevelReport) -> BrickLabels {
+    BrickLabels {
+        pid: p.pid,
+        uid: p.uid,
+        program: p.program.clone(),
+        brick: b.brick.clone(),
+    }
+}
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -171,6 +190,51 @@ impl Collector for ProcessCollector {
         )?;
         for (labels, r) in &self.0 {
             ConstGauge::new(r.miss_concurrency).encode(m.encode_family(labels)?)?;
+        }
+        // The bricks' level of C-AMAT, brick by brick: what a researcher reads to see which
+        // brick a program waits on, while it runs.
+        let brick_counters: [(&str, &str, BrickFigure); 2] = [
+            ("process_brick_faults", "Faults whose page this brick served", |b| {
+                b.faults
+            }),
+            (
+                "process_brick_pure_misses",
+                "Of those, faults no other outstanding fault overlapped (seed 002's pure misses)",
+                |b| b.pure_misses,
+            ),
+        ];
+        for (name, help, f) in brick_counters {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (labels, r) in &self.0 {
+                for b in &r.bricks {
+                    ConstCounter::new(f(b)).encode(m.encode_family(&brick_labels(labels, b))?)?;
+                }
+            }
+        }
+        let brick_gauges: [(&str, &str, BrickRatio); 3] = [
+            (
+                "process_brick_camat_seconds",
+                "C-AMAT of this brick's level: time any fault it serves is outstanding, per fault",
+                |b| b.camat_ns() / 1e9,
+            ),
+            (
+                "process_brick_miss_concurrency",
+                "Faults this brick serves outstanding at once, time-weighted over the time any was",
+                BrickLevelReport::miss_concurrency,
+            ),
+            (
+                "process_brick_pure_miss_penalty_seconds",
+                "Mean time of this brick's pure misses (seed 002's pAMP)",
+                |b| b.pure_avg_miss_penalty_ns() / 1e9,
+            ),
+        ];
+        for (name, help, f) in brick_gauges {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, r) in &self.0 {
+                for b in &r.bricks {
+                    ConstGauge::new(f(b)).encode(m.encode_family(&brick_labels(labels, b))?)?;
+                }
+            }
         }
         let mut m = encoder.encode_descriptor(
             "process_fault_seconds",

@@ -120,6 +120,7 @@ fn view(node: u64, node_name: String, age_ms: u64, report: ProcessReport) -> Pro
         age_ms,
         bricks_camat_ns: c.bricks_camat_s() * 1e9,
         stall_share: c.stall_share(),
+        bricks: report.bricks.iter().map(Into::into).collect(),
         report,
     }
 }

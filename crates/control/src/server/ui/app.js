@@ -91,6 +91,27 @@ function duration(ns) {
   return ns >= 1e6 ? (ns / 1e6).toFixed(1) + " ms" : (ns / 1e3).toFixed(1) + " µs";
 }
 
+// One line per brick that served the program: its C-AMAT, its miss concurrency and its faults
+// (the pure misses and their penalty in the tooltip): which brick the program waits on.
+function brickLevels(levels) {
+  const td = document.createElement("td");
+  td.className = "levels";
+  if (!levels || levels.length === 0) {
+    td.textContent = "–";
+    return td;
+  }
+  for (const l of levels) {
+    const div = document.createElement("div");
+    div.dataset.brick = l.brick;
+    div.dataset.faults = String(l.faults);
+    const name = l.brick.split("/").pop();
+    div.textContent = name + ": " + duration(l.camat_ns) + " · " + l.miss_concurrency.toFixed(2) + " · " + l.faults;
+    div.title = l.brick + ": " + l.pure_misses + " pure misses, " + duration(l.pure_miss_penalty_ns) + " each";
+    td.appendChild(div);
+  }
+  return td;
+}
+
 // A small bar per latency bucket (its own count, not the cumulative one), the last bar for the
 // faults above the highest bound.
 function histogram(h) {
@@ -193,6 +214,7 @@ function draw(bricks, nodes, allocations, processes) {
       cell(r.miss_concurrency.toFixed(2), r.miss_concurrency, "num"),
       cell(duration(p.bricks_camat_ns), p.bricks_camat_ns, "num"),
       cell((100 * p.stall_share).toFixed(0) + "%", p.stall_share, "num"),
+      brickLevels(p.bricks),
     ];
   });
   previous = new Map(processes.map((p) => [p.node + "/" + p.report.pid, {
