@@ -708,13 +708,23 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8]) {
         }
     }
     let s = &inner.stats;
-    if kinds[0] != Source::Zeros {
-        s.faults_remote.fetch_add(1, Ordering::Relaxed);
-        s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
-        s.bytes_prefetched
-            .fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
-    } else {
-        s.faults_zero.fetch_add(1, Ordering::Relaxed);
-        s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
+    match kinds[0] {
+        Source::Brick => {
+            s.faults_remote.fetch_add(1, Ordering::Relaxed);
+            s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
+            s.bytes_prefetched
+                .fetch_add((fetched_pages.saturating_sub(1)) * PAGE, Ordering::Relaxed);
+        }
+        // A same-filled page is filled here, with no brick asked: not a remote fault (the
+        // bricks' level of C-AMAT counts only what a brick served).
+        first => {
+            let counter = if matches!(first, Source::Fill(_)) {
+                &s.faults_filled
+            } else {
+                &s.faults_zero
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            s.bytes_prefetched.fetch_add(fetched_pages * PAGE, Ordering::Relaxed);
+        }
     }
 }

@@ -203,6 +203,8 @@ pub struct Stats {
     pub faults_remote: AtomicU64,
     /// Faults served with a zero page (never written to a brick).
     pub faults_zero: AtomicU64,
+    /// Faults served by filling a same-filled page with its word (no brick asked).
+    pub faults_filled: AtomicU64,
     /// Bytes read from bricks for faulting pages.
     pub bytes_fetched: AtomicU64,
     /// Bytes read from bricks ahead of use (sequential prefetch).
@@ -438,6 +440,9 @@ pub struct StatsSnapshot {
     pub faults_remote: u64,
     /// See [`Stats::faults_zero`].
     pub faults_zero: u64,
+    /// See [`Stats::faults_filled`].
+    #[serde(default)]
+    pub faults_filled: u64,
     /// See [`Stats::bytes_fetched`].
     pub bytes_fetched: u64,
     /// See [`Stats::bytes_prefetched`].
@@ -635,6 +640,7 @@ impl Stats {
             faults_duplicate: g(&self.faults_duplicate),
             faults_remote: g(&self.faults_remote),
             faults_zero: g(&self.faults_zero),
+            faults_filled: g(&self.faults_filled),
             bytes_fetched: g(&self.bytes_fetched),
             bytes_prefetched: g(&self.bytes_prefetched),
             bytes_written_back: g(&self.bytes_written_back),
