@@ -141,7 +141,8 @@ fn brick(s: &Setup, name: &str, serve_bps: Option<u64>) -> Result<(BrickHandle, 
             serve_bps,
         },
         Duration::from_millis(100),
-        move |segs, listed_at| {
+        move |reply: &rackmem_control::api::HeartbeatReply, listed_at| {
+            let segs = &reply.segments;
             let live: Vec<(u64, u64, u64)> = segs.iter().map(|s| (s.id, s.offset, s.size_bytes)).collect();
             manager.retain_segments_as_of(&live, listed_at);
             let rates: Vec<(u64, u64)> = segs.iter().map(|s| (s.id, s.rate_bps.unwrap_or(0))).collect();

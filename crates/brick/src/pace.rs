@@ -203,6 +203,13 @@ impl Pacer {
             .clone()
     }
 
+    /// Sets the brick's total rate (0: unpaced).
+    pub(crate) fn set_total(&self, serve_bps: u64) {
+        if self.total.rate() != serve_bps {
+            self.total.set_rate(serve_bps);
+        }
+    }
+
     /// Applies the rates of a heartbeat reply (`(segment id, rate)`, 0: unpaced) sent at
     /// `listed_at`; forgets the segments it no longer lists, unless they are newer than it.
     pub(crate) fn set_rates(&self, rates: &[(u64, u64)], listed_at: Instant) {

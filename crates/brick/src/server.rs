@@ -60,6 +60,13 @@ impl BrickManager {
     pub fn pace_stats(&self) -> crate::PaceStats {
         self.0.pacer.stats()
     }
+
+    /// Sets the brick's total rate (bytes/s; 0: unpaced), as the control plane's heartbeat
+    /// replies carry it: an operator's rate reaches the brick's own pacing, not only its
+    /// segments' grants.
+    pub fn set_serve_rate(&self, serve_bps: u64) {
+        self.0.pacer.set_total(serve_bps);
+    }
 }
 
 /// A running brick. Dropping it stops the brick, as [`BrickHandle::shutdown`] does.

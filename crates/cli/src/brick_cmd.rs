@@ -458,15 +458,21 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                     std::time::Duration::from_millis(args.heartbeat_ms),
                     move || {
                         let s = stats_of.stats();
+                        let pace = conns_of.pace_stats();
                         rackmem_control::api::HeartbeatStats {
                             resident_bytes: Some(s.resident_bytes),
                             segments: Some(s.segments),
                             bytes_served: Some(s.bytes_read.saturating_add(s.bytes_written)),
                             connections: Some(s.connections),
-                            requests_delayed: Some(conns_of.pace_stats().delayed),
+                            requests_delayed: Some(pace.delayed),
+                            enforced_serve_bps: Some(pace.serve_bps),
                         }
                     },
-                    move |segs: &[LiveSegment], listed_at| {
+                    move |reply: &rackmem_control::api::HeartbeatReply, listed_at| {
+                        let segs: &[LiveSegment] = &reply.segments;
+                        if let Some(bps) = reply.serve_bps {
+                            manager.set_serve_rate(bps);
+                        }
                         let live: Vec<(u64, u64, u64)> = segs.iter().map(|s| (s.id, s.offset, s.size_bytes)).collect();
                         // Segments the control plane no longer lists are dropped; one created
                         // since the request went out may be newer than the list and stays.

@@ -148,8 +148,9 @@ enum CtlCommand {
 
 #[derive(Subcommand)]
 enum BrickCommand {
-    /// Set what a brick's memory serves (admins only): its segments' rates are divided anew
-    /// and reach the brick with its next heartbeat.
+    /// Set what a brick's memory serves (admins only): its segments' rates are divided anew,
+    /// and they and the brick's own total pacing reach the brick with its next heartbeat. The
+    /// rate outlives the brick's restarts (its own --serve-rate no longer replaces it).
     Rate {
         /// Brick id or name.
         brick: String,

@@ -148,6 +148,73 @@ fn a_brick_holds_clients_that_ignore_their_limits_to_the_rates_the_control_plane
     }
 }
 
+/// An operator's rate (`rackmem ctl bricks rate`) reaches the brick's own total pacing, which
+/// the brick reports with its heartbeats, and outlives the brick's restart with a rate of its
+/// own on the command line: the control plane keeps the operator's, the brick enforces it, and
+/// a segment placed afterwards is granted it.
+#[test]
+fn an_operators_rate_reaches_the_bricks_own_pacing_and_outlives_its_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let key = dir.path().join("mem1.key");
+    let start = |own_rate: Option<&str>| {
+        start_managed_brick(&url, "tcp://127.0.0.1:0", "64MiB", "mem1", |c| {
+            c.arg("--key-file").arg(&key).args(["--port", "p0:10GB/s"]);
+            if let Some(r) = own_rate {
+                c.args(["--serve-rate", r]);
+            }
+        })
+    };
+    let enforced_after = |since_ms: u64, want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let b = ctl_json(&url, &["bricks"])[0].clone();
+            let fresh = b["last_heartbeat_unix_ms"].as_u64().is_some_and(|t| t > since_ms);
+            if fresh && b["stats"]["enforced_serve_bps"].as_u64() == Some(want) {
+                return b;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the brick never reported enforcing {want} bytes/s: {b}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let mut brick = start(None);
+    let b = enforced_after(0, 0);
+    assert!(b["serve_bps"].is_null() && b["serve_rate_by_operator"] == false, "{b}");
+
+    let set = ctl_json(&url, &["bricks", "rate", "mem1", "16MiB"]);
+    assert_eq!(set["serve_bps"], 16 * MIB, "{set}");
+    assert_eq!(set["serve_rate_by_operator"], true, "{set}");
+    enforced_after(now_ms(), 16 * MIB);
+
+    // Restarted with a rate of its own: the operator's stays, and the brick enforces it once
+    // a heartbeat reply has told it (the replies before were the old process's).
+    brick.kill_group();
+    let _ = brick.wait_until(Duration::from_secs(10));
+    let restarted = now_ms();
+    let _brick = start(Some("64MiB/s"));
+    let b = enforced_after(restarted + 500, 16 * MIB);
+    assert_eq!(b["serve_bps"], 16 * MIB, "the operator's rate was replaced: {b}");
+    assert_eq!(b["serve_rate_by_operator"], true, "{b}");
+
+    ctl_json(&url, &["add-node", "--name", "web1", "--port", "eth0:10GB/s"]);
+    let a = ctl_json(&url, &["alloc", "--node", "web1", "--size", "8MiB"]);
+    let g = Grant::decode(&hex::decode(a["segments"][0]["grant_hex"].as_str().expect("grant")).expect("hex"))
+        .expect("grant");
+    assert_eq!(
+        g.rate_bps,
+        16 * MIB,
+        "a segment alone on the brick gets all the operator allows"
+    );
+}
+
 /// `rackmem bench rates` on a short run: it runs, writes well-formed JSON with a round per
 /// `--rounds` and a figure per client, and a chart. Figures are never asserted.
 #[test]

@@ -106,6 +106,10 @@ pub struct Brick {
     /// What its memory can serve (bytes/s), as registered; absent: not bounded but by its ports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_bps: Option<u64>,
+    /// True when an operator set `serve_bps` (`rackmem ctl bricks rate`): the brick's own
+    /// figure at its next registration does not replace it.
+    #[serde(default)]
+    pub serve_rate_by_operator: bool,
     /// The rates the control plane set for its segments now, added up (bytes/s): at most
     /// `serve_bps`.
     #[serde(default)]
@@ -138,6 +142,10 @@ pub struct HeartbeatStats {
     /// Requests the brick held back to keep a segment or itself within its rate, since it started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_delayed: Option<u64>,
+    /// The total rate the brick enforces now (bytes/s; 0: unpaced): its own `--serve-rate`
+    /// until a heartbeat reply carries the control plane's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforced_serve_bps: Option<u64>,
 }
 
 /// One segment the control plane believes lives on a brick.
@@ -160,6 +168,11 @@ pub struct LiveSegment {
 pub struct HeartbeatReply {
     /// Live segments on this brick, by id.
     pub segments: Vec<LiveSegment>,
+    /// The total rate the brick is to enforce (bytes/s; 0: unpaced): what it registered, or
+    /// what an operator set since (`PUT /v1/bricks/{id}/serve-rate`), which outlives the
+    /// brick's restarts. Absent from an older control plane's replies: the brick keeps its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_bps: Option<u64>,
 }
 
 /// `POST /v1/nodes`: an agent announces its node. Re-registering a name returns the same id and

@@ -6,7 +6,7 @@
 //! segments through a control-plane outage and releases only what a reply no longer lists. A
 //! heartbeat answered with 404 (the control plane lost its state) registers again.
 
-use crate::api::{BrickRegistration, HeartbeatStats, LiveSegment};
+use crate::api::{BrickRegistration, HeartbeatReply, HeartbeatStats};
 use crate::client::{Client, ClientError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -72,20 +72,15 @@ impl Drop for BrickHeartbeat {
 }
 
 /// Registers `registration` and sends heartbeats every `interval` on a thread of its own,
-/// calling `on_live_segments` with every reply and the instant its request was sent.
+/// calling `on_reply` with every reply (the segments the brick must keep, its rate) and the
+/// instant its request was sent.
 pub fn spawn_brick_heartbeat(
     client: Client,
     registration: BrickRegistration,
     interval: Duration,
-    on_live_segments: impl FnMut(&[LiveSegment], std::time::Instant) + Send + 'static,
+    on_reply: impl FnMut(&HeartbeatReply, std::time::Instant) + Send + 'static,
 ) -> std::io::Result<BrickHeartbeat> {
-    spawn_brick_heartbeat_with_stats(
-        client,
-        registration,
-        interval,
-        HeartbeatStats::default,
-        on_live_segments,
-    )
+    spawn_brick_heartbeat_with_stats(client, registration, interval, HeartbeatStats::default, on_reply)
 }
 
 /// [`spawn_brick_heartbeat`], with `stats` called before each heartbeat for the numbers to
@@ -95,7 +90,7 @@ pub fn spawn_brick_heartbeat_with_stats(
     registration: BrickRegistration,
     interval: Duration,
     stats: impl FnMut() -> HeartbeatStats + Send + 'static,
-    on_live_segments: impl FnMut(&[LiveSegment], std::time::Instant) + Send + 'static,
+    on_reply: impl FnMut(&HeartbeatReply, std::time::Instant) + Send + 'static,
 ) -> std::io::Result<BrickHeartbeat> {
     let stop = Arc::new(Stop {
         stopped: Mutex::new(false),
@@ -105,7 +100,7 @@ pub fn spawn_brick_heartbeat_with_stats(
     let (s, i) = (stop.clone(), id.clone());
     let thread = std::thread::Builder::new()
         .name("rackmem-heartbeat".to_string())
-        .spawn(move || run(&client, &registration, interval, &s, &i, stats, on_live_segments))?;
+        .spawn(move || run(&client, &registration, interval, &s, &i, stats, on_reply))?;
     Ok(BrickHeartbeat {
         stop,
         id,
@@ -153,7 +148,7 @@ fn run(
     stop: &Stop,
     id_cell: &OnceLock<u64>,
     mut stats: impl FnMut() -> HeartbeatStats,
-    mut on_live_segments: impl FnMut(&[LiveSegment], std::time::Instant),
+    mut on_reply: impl FnMut(&HeartbeatReply, std::time::Instant),
 ) {
     let Some(mut id) = register(client, reg, stop) else {
         return;
@@ -170,7 +165,7 @@ fn run(
                     tracing::info!(brick = %reg.name, "control plane reachable again");
                     lost = false;
                 }
-                on_live_segments(&reply.segments, sent);
+                on_reply(&reply, sent);
             }
             Err(ClientError::Server { status: 404, .. }) => {
                 tracing::warn!(brick = %reg.name, id, "control plane does not know this brick: registering again");

@@ -611,7 +611,7 @@ fn silent_bricks_go_down_and_are_avoided() {
         Client::new(&urls).unwrap().with_token(Some(ADMIN.to_string())),
         brick_reg("live", 64 * MIB, GBPS),
         Duration::from_millis(50),
-        move |segs, _| s2.lock().unwrap().push(segs.to_vec()),
+        move |reply: &HeartbeatReply, _| s2.lock().unwrap().push(reply.segments.to_vec()),
     )
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -94,6 +94,18 @@ impl ControlPlane {
             self.check_kept_ports(&owner, &format!("brick {}", reg.name), &ports)?;
             old_ports = b.rec.ports.clone();
         }
+        if reg.serve_bps == Some(0) {
+            return Err(PlaneError::Invalid(format!(
+                "brick {} serves 0 bytes/s: give its rate, or leave serve_bps out",
+                reg.name
+            )));
+        }
+        // An operator's rate outlives the brick's restarts: the brick learns it from its next
+        // heartbeat reply, whatever its own `--serve-rate` says.
+        let operator = existing
+            .and_then(|id| self.bricks.get(&id))
+            .filter(|b| b.rec.serve_rate_by_operator)
+            .map(|b| b.rec.serve_bps);
         let rec = BrickRecord {
             id,
             name: reg.name.clone(),
@@ -101,14 +113,9 @@ impl ControlPlane {
             capacity_bytes: reg.capacity_bytes,
             ports: ports.clone(),
             key_hex: hex::encode(&key),
-            serve_bps: reg.serve_bps,
+            serve_bps: operator.unwrap_or(reg.serve_bps),
+            serve_rate_by_operator: operator.is_some(),
         };
-        if reg.serve_bps == Some(0) {
-            return Err(PlaneError::Invalid(format!(
-                "brick {} serves 0 bytes/s: give its rate, or leave serve_bps out",
-                reg.name
-            )));
-        }
         self.commit_registration(&owner, Record::Brick(rec.clone()), counters, &old_ports, &mut ports)?;
         self.graph.set_memory(id, rec.serve_bps);
         let now = Instant::now();
@@ -192,7 +199,10 @@ impl ControlPlane {
             self.index.update(id, None, largest);
             tracing::info!(brick = id, "brick is up again");
         }
-        Ok(api::HeartbeatReply { segments })
+        Ok(api::HeartbeatReply {
+            segments,
+            serve_bps: Some(b.rec.serve_bps.unwrap_or(0)),
+        })
     }
 
     /// Marks down the bricks whose last heartbeat is older than the brick timeout; returns
@@ -242,6 +252,7 @@ impl ControlPlane {
         }
         let rec = BrickRecord {
             serve_bps,
+            serve_rate_by_operator: true,
             ..b.rec.clone()
         };
         self.store.commit(&[Op::Put(Record::Brick(rec.clone()))])?;
@@ -292,6 +303,7 @@ impl ControlPlane {
             last_heartbeat_unix_ms: b.last_heartbeat_unix_ms,
             stats: b.stats.clone(),
             serve_bps: b.rec.serve_bps,
+            serve_rate_by_operator: b.rec.serve_rate_by_operator,
             promised_bps: b
                 .paths
                 .values()

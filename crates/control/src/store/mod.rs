@@ -83,9 +83,12 @@ pub struct BrickRecord {
     pub ports: Vec<Port>,
     /// Hex of its grant key.
     pub key_hex: String,
-    /// What its memory can serve (bytes/s), as registered.
+    /// What its memory can serve (bytes/s), as registered or as an operator set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_bps: Option<u64>,
+    /// `serve_bps` was set by an operator: kept when the brick registers again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serve_rate_by_operator: bool,
 }
 
 /// A registered node, as stored.
