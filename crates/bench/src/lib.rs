@@ -35,6 +35,7 @@ pub mod baseline;
 pub mod chart;
 pub mod control;
 pub mod emulate;
+pub mod floods;
 pub mod floors;
 pub mod kvload;
 pub mod latency;

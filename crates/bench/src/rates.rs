@@ -56,14 +56,16 @@ struct Round {
     delayed: u64,
 }
 
-struct Setup {
-    server: ServerHandle,
-    client: Client,
-    token: String,
-    node: u64,
+pub(crate) struct Setup {
+    pub(crate) server: ServerHandle,
+    pub(crate) client: Client,
+    pub(crate) token: String,
+    pub(crate) node: u64,
 }
 
-fn serve() -> Result<Setup, BenchError> {
+/// A control plane in this process (SQLite in a temporary directory, heartbeats every 100 ms)
+/// with one node registered.
+pub(crate) fn serve() -> Result<Setup, BenchError> {
     let dir = std::env::temp_dir().join(format!("rackmem-bench-rates-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let url = format!("sqlite:{}", dir.join("control.db").display());
@@ -110,7 +112,11 @@ fn port(name: &str) -> PortSpec {
 
 /// A managed brick registered as `name`, serving `serve_bps` in total, with its heartbeat
 /// applying the control plane's segment list and rates (as `rackmem brick --control` does).
-fn brick(s: &Setup, name: &str, serve_bps: Option<u64>) -> Result<(BrickHandle, BrickHeartbeat, u64), BenchError> {
+pub(crate) fn brick(
+    s: &Setup,
+    name: &str,
+    serve_bps: Option<u64>,
+) -> Result<(BrickHandle, BrickHeartbeat, u64), BenchError> {
     // 64 hex characters, as `rackmem brick` keeps its key.
     let new_key = rackmem_control::client::new_idempotency_key;
     let key = format!("{}{}", new_key(), new_key()).into_bytes();

@@ -165,6 +165,22 @@ enum Which {
         #[arg(long, default_value_t = 256 << 10)]
         request: u32,
     },
+    /// A legitimate client under the security probe's floods (640 idle connections to the
+    /// control plane from one /24, thousands of silent ones to a brick, 200 from each /24): p50/p99
+    /// of an allocation and of a new program's first fault (connect, attach, one 4 KiB read),
+    /// quiet and flooded batches alternating (target: p99 flooded under 2 x quiet).
+    Floods {
+        /// Rounds, each a quiet batch then a flooded one.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+        rounds: u64,
+        /// Samples per batch.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        samples: u64,
+        /// Silent connections to the brick during a flooded batch (both ends are in this
+        /// process: twice as many open files).
+        #[arg(long, default_value_t = 8_000, value_parser = clap::value_parser!(u64).range(0..=40_000))]
+        brick_flood: u64,
+    },
     /// Sequential read+write scan: native, and under `rackmem run` (its defaults) with 25%, 50%, 100% local buffers.
     Scan {
         /// Footprint.
@@ -454,6 +470,15 @@ fn run_part(which: Which, bench_dir: &Path, tmp: &Path) -> Result<Output> {
             seconds,
             fraction,
             request_bytes: request,
+        })?,
+        Which::Floods {
+            rounds,
+            samples,
+            brick_flood,
+        } => rackmem_bench::floods::run(&rackmem_bench::floods::FloodsConfig {
+            rounds: rounds as usize,
+            samples: samples as usize,
+            brick_flood: brick_flood as usize,
         })?,
         Which::Control(a) => control::run(&control::ControlConfig {
             bricks: a.bricks,

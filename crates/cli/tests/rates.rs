@@ -264,3 +264,50 @@ fn bench_rates_on_a_short_run_writes_json_and_a_chart() {
     let chart = std::fs::read_to_string(&svg).expect("chart written");
     assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
 }
+
+/// `rackmem bench floods` on a short run: every legitimate sample succeeds under the floods,
+/// the control plane keeps no more of the flood's connections than its per-prefix cap, the
+/// brick keeps the silent ones without refusing the client, and the JSON and chart are
+/// written. Latencies are never asserted.
+#[test]
+fn bench_floods_serves_the_legitimate_client_under_both_floods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (json, svg) = (dir.path().join("floods.json"), dir.path().join("floods.svg"));
+    let mut c = std::process::Command::new(rackmem());
+    c.args([
+        "bench",
+        "floods",
+        "--rounds",
+        "1",
+        "--samples",
+        "20",
+        "--brick-flood",
+        "2000",
+    ])
+    .args([
+        "--json",
+        json.to_str().expect("path"),
+        "--svg",
+        svg.to_str().expect("path"),
+    ]);
+    let o = run_with_deadline(c, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", show(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("well-formed JSON");
+    let f = &v["floods"];
+    for batch in ["quiet", "flooded"] {
+        assert_eq!(f[batch]["failed"], 0, "{batch} samples failed: {f}");
+        assert_eq!(f[batch]["allocation_us"].as_array().map(Vec::len), Some(20), "{f}");
+        assert_eq!(f[batch]["first_fault_us"].as_array().map(Vec::len), Some(20), "{f}");
+    }
+    // The control plane's cap per /24 (128 by default) holds however many the flood opens.
+    let control_held = f["control_held"].as_u64().expect("control_held");
+    assert!(
+        control_held <= 128,
+        "the control plane kept {control_held} of one /24's connections: {f}"
+    );
+    assert_eq!(f["brick_held"], 2000, "the brick holds silent connections apart: {f}");
+    assert!(f["allocation"]["p99_ratio"].as_f64().is_some_and(f64::is_finite), "{f}");
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+}
