@@ -121,12 +121,7 @@ pub(crate) fn serve_connection(
                 // Answer with the tag and opcode the frame claims, if any, so a client that
                 // merely speaks another version learns why; then close.
                 shared.counters.errors.fetch_add(1, Relaxed);
-                let tag = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]);
-                let op = Opcode::from_u8(hdr[5]).unwrap_or(Opcode::Ping);
-                let status = match e {
-                    rackmem_proto::DecodeError::BadVersion(_) => Status::BadVersion,
-                    _ => Status::BadRequest,
-                };
+                let (op, tag, status) = Header::refusal(&hdr, &e);
                 let _ = conn.send(op, tag, &err(status, format!("malformed frame: {e}"), true), true);
                 break;
             }
@@ -216,8 +211,7 @@ pub(crate) fn serve_connection(
 
 /// True if `buf` starts with a complete frame (header and payload).
 pub(crate) fn whole_frame_buffered(buf: &[u8]) -> bool {
-    buf.len() >= HEADER_LEN
-        && HEADER_LEN as u64 + u64::from(u32::from_le_bytes([buf[28], buf[29], buf[30], buf[31]])) <= buf.len() as u64
+    Header::claimed_payload_len(buf).is_some_and(|n| HEADER_LEN as u64 + u64::from(n) <= buf.len() as u64)
 }
 
 /// One connection's buffered input and queued output (the same socket: requests are served

@@ -494,13 +494,7 @@ fn take_header(shared: &Shared, p: &mut Pending) -> Option<Step> {
         Ok(h) => h,
         Err(e) => {
             shared.counters.errors.fetch_add(1, Relaxed);
-            let hdr = &p.hdr;
-            let tag = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]);
-            let op = Opcode::from_u8(hdr[5]).unwrap_or(Opcode::Ping);
-            let status = match e {
-                DecodeError::BadVersion(_) => Status::BadVersion,
-                _ => Status::BadRequest,
-            };
+            let (op, tag, status) = Header::refusal(&p.hdr, &e);
             send_now(
                 &mut *p.stream,
                 op,

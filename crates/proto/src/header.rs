@@ -400,11 +400,52 @@ impl Header {
     pub fn is_response(&self) -> bool {
         self.flags & FLAG_RESPONSE != 0
     }
+
+    /// What a header that [`Header::decode`] refused claims to be, for the answer that tells its
+    /// sender why: the opcode it names (`Ping` if none) and its tag, with the status that fits
+    /// the error (`BadVersion` for a client of another version, `BadRequest` otherwise).
+    pub fn refusal(b: &[u8; HEADER_LEN], e: &DecodeError) -> (Opcode, u32, Status) {
+        let status = match e {
+            DecodeError::BadVersion(_) => Status::BadVersion,
+            _ => Status::BadRequest,
+        };
+        (Opcode::from_u8(b[5]).unwrap_or(Opcode::Ping), u32_at(b, 8), status)
+    }
+
+    /// The payload length a buffered header claims, unchecked (`None` while fewer than
+    /// [`HEADER_LEN`] bytes are buffered): how much a reader must buffer before the frame is
+    /// whole. [`Header::decode`] checks it.
+    pub fn claimed_payload_len(b: &[u8]) -> Option<u32> {
+        (b.len() >= HEADER_LEN).then(|| u32_at(b, 28))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_header_is_answered_with_what_it_claims() {
+        let h = Header {
+            opcode: Opcode::Read,
+            flags: 0,
+            tag: 77,
+            status: 0,
+            offset: 0,
+            length: 4096,
+            payload_len: 5,
+        };
+        let mut b = h.encode();
+        assert_eq!(Header::claimed_payload_len(&b), Some(5));
+        assert_eq!(Header::claimed_payload_len(&b[..HEADER_LEN - 1]), None);
+        b[4] = VERSION + 1;
+        let e = Header::decode(&b).unwrap_err();
+        assert_eq!(Header::refusal(&b, &e), (Opcode::Read, 77, Status::BadVersion));
+        b[4] = VERSION;
+        b[5] = 0xee;
+        let e = Header::decode(&b).unwrap_err();
+        assert_eq!(Header::refusal(&b, &e), (Opcode::Ping, 77, Status::BadRequest));
+    }
 
     #[test]
     fn header_validation() {
