@@ -101,8 +101,8 @@ impl Rackmem {
             .args(args);
         if self.build == Build::Baseline {
             match &self.preload {
-                Some(p) => c.env("RACKMEM_PRELOAD", p),
-                None => c.env_remove("RACKMEM_PRELOAD"),
+                Some(p) => c.env(rackmem_runtime::config::env::PRELOAD, p),
+                None => c.env_remove(rackmem_runtime::config::env::PRELOAD),
             };
         }
         c
@@ -138,7 +138,10 @@ mod tests {
         let lib = dir.join("bin/librackmem.so").canonicalize().expect("lib");
         assert_eq!(
             env,
-            vec![(std::ffi::OsStr::new("RACKMEM_PRELOAD"), Some(lib.as_os_str()))]
+            vec![(
+                std::ffi::OsStr::new(rackmem_runtime::config::env::PRELOAD),
+                Some(lib.as_os_str())
+            )]
         );
         let args: Vec<_> = c.get_args().collect();
         assert_eq!(args, ["run", "--local", "25%", "--stats", "--", "/bin/true"]);

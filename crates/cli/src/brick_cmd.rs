@@ -32,7 +32,7 @@ pub struct BrickArgs {
     #[arg(
         long,
         value_name = "SECRET",
-        env = "RACKMEM_SECRET",
+        env = rackmem_runtime::config::env::SECRET,
         hide_env_values = true,
         conflicts_with = "secret_file"
     )]

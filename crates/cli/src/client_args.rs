@@ -5,6 +5,11 @@ use clap::Args;
 use rackmem_control::client::{Client, ClientConfig};
 use std::path::PathBuf;
 
+/// The environment variable naming the control plane's URL(s) for `ctl` and `top`.
+pub const CONTROL_ENV: &str = "RACKMEM_CONTROL";
+/// Where `ctl` and `top` go when neither --control nor [`CONTROL_ENV`] says.
+pub const DEFAULT_CONTROL: &str = "http://127.0.0.1:7080";
+
 /// Credentials for the control plane's REST API.
 #[derive(Args, Clone, Debug)]
 pub struct ControlAuthArgs {

@@ -61,10 +61,10 @@ pub struct RunArgs {
     /// The node agent's socket: memory then comes from the control plane, attached as the
     /// program's allocations grow and returned when they shrink or the program exits. Without
     /// --agent or --brick, an embedded brick serves this run.
-    #[arg(long, value_name = "SOCKET", env = "RACKMEM_AGENT", conflicts_with = "bricks")]
+    #[arg(long, value_name = "SOCKET", env = env::AGENT, conflicts_with = "bricks")]
     agent: Option<PathBuf>,
     /// Shared secret of the bricks given with --brick.
-    #[arg(long, value_name = "SECRET", env = "RACKMEM_SECRET", hide_env_values = true)]
+    #[arg(long, value_name = "SECRET", env = env::SECRET, hide_env_values = true)]
     secret: Option<String>,
     /// File holding the shared secret (first line).
     #[arg(long, value_name = "PATH")]
@@ -72,7 +72,7 @@ pub struct RunArgs {
     /// PEM file of the CA certificates that tls:// bricks' certificates must chain to (the
     /// program's links verify each brick's certificate against them, for the host in its
     /// address). Needed for tls:// bricks, given with --brick or by the control plane.
-    #[arg(long, value_name = "PEM", env = "RACKMEM_TLS_CA")]
+    #[arg(long, value_name = "PEM", env = rackmem_transport::TLS_CA_ENV)]
     tls_ca: Option<PathBuf>,
     /// Allocations of at least this size go to remote memory.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
@@ -166,7 +166,7 @@ fn parse_eviction(s: &str) -> Result<Eviction, String> {
 }
 
 fn find_preload() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("RACKMEM_PRELOAD") {
+    if let Some(p) = std::env::var_os(env::PRELOAD) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe().context("locating the rackmem executable")?;
@@ -276,7 +276,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
         .env(env::NOTICE_DIR, &tmp);
     if let Some(ca) = &args.tls_ca {
         // Absolute: the program may change directory before it connects (fork, exec).
-        cmd.env("RACKMEM_TLS_CA", std::path::absolute(ca).unwrap_or_else(|_| ca.clone()));
+        cmd.env(
+            rackmem_transport::TLS_CA_ENV,
+            std::path::absolute(ca).unwrap_or_else(|_| ca.clone()),
+        );
     }
     if let Budget::Bytes(b) = args.local {
         cmd.env(env::LOCAL, b.to_string());

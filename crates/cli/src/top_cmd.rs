@@ -29,8 +29,8 @@ pub struct TopArgs {
     #[arg(
         long,
         value_name = "URL[,URL...]",
-        env = "RACKMEM_CONTROL",
-        default_value = "http://127.0.0.1:7080"
+        env = crate::client_args::CONTROL_ENV,
+        default_value = crate::client_args::DEFAULT_CONTROL
     )]
     control: String,
     #[command(flatten)]

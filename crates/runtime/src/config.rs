@@ -53,6 +53,8 @@ pub mod env {
     pub const EVICTION: &str = "RACKMEM_EVICTION";
     /// how a migration between bricks carries pages: direct (the default) or bounce.
     pub const MIGRATION: &str = "RACKMEM_MIGRATION";
+    /// where `rackmem run` finds the runtime library (default: next to its own binary).
+    pub const PRELOAD: &str = "RACKMEM_PRELOAD";
 }
 
 /// How the fault handler waits for page faults.
