@@ -135,6 +135,13 @@ impl Plan {
     /// machine's noise decides), or never (`u64::MAX`) if it does not win at the largest. A
     /// bulk path that wins at the smallest probe wins from 0 on a mapped segment, where its
     /// cost does not grow with anything but the bytes.
+    ///
+    /// Where the bulk path has not won by the largest probe (TCP loopback: its crossover lies
+    /// near 16 MiB, and probing that far would take far more than milliseconds), each path is
+    /// taken as a fixed cost plus a cost per byte through its two largest probes (seed 003's
+    /// model: the fixed cost decides below the crossover), and the threshold is where the
+    /// lines cross, if the bulk path's cost per byte is the lower one by 5% and they cross
+    /// within [`MAX_EXTRAPOLATED`].
     pub fn threshold(probes: &[Probe], mapped: bool) -> u64 {
         let wins = |p: &Probe| p.bulk.as_nanos() * 100 <= p.inline.as_nanos() * 95;
         let mut threshold = u64::MAX;
@@ -144,8 +151,35 @@ impl Plan {
             }
             threshold = if i == 0 && mapped { 0 } else { p.bytes };
         }
+        if threshold == u64::MAX && !mapped {
+            if let [.., a, b] = probes {
+                return crossing(a, b).unwrap_or(u64::MAX);
+            }
+        }
         threshold
     }
+}
+
+/// The farthest an extrapolated threshold may lie: beyond it the two lines are too nearly
+/// parallel for two probes to place their crossing.
+pub const MAX_EXTRAPOLATED: u64 = 1 << 30;
+
+/// Where the lines through probes `a` and `b` (smaller first) of the two paths cross, rounded
+/// up to a power of two, if the bulk path's cost per byte is lower by 5% and the crossing lies
+/// beyond `b` and within [`MAX_EXTRAPOLATED`].
+fn crossing(a: &Probe, b: &Probe) -> Option<u64> {
+    let span = b.bytes.checked_sub(a.bytes).filter(|&s| s > 0)? as f64;
+    let line = |ta: Duration, tb: Duration| {
+        let slope = (tb.as_secs_f64() - ta.as_secs_f64()) / span;
+        (tb.as_secs_f64() - slope * b.bytes as f64, slope)
+    };
+    let (fi, si) = line(a.inline, b.inline);
+    let (fb, sb) = line(a.bulk, b.bulk);
+    if !(sb > 0.0 && sb * 100.0 <= si * 95.0) {
+        return None;
+    }
+    let x = (fb - fi) / (si - sb);
+    (x.is_finite() && x > b.bytes as f64 && x <= MAX_EXTRAPOLATED as f64).then(|| (x.ceil() as u64).next_power_of_two())
 }
 
 /// Sizes probed on a mapped segment: the bulk path is a memory copy there, so the question is
@@ -238,6 +272,21 @@ mod tests {
         );
         // Within 5%: noise, not a win.
         assert_eq!(Plan::threshold(&[p(1, 100, 97)], false), u64::MAX);
+        // Not won by the largest probe, but cheaper per byte: inline 100 + 1/byte, bulk
+        // 400 + 0.5/byte cross at 600 bytes, rounded up to 1024 (TCP's shape, scaled down).
+        assert_eq!(
+            Plan::threshold(&[p(100, 200, 450), p(200, 300, 500), p(400, 500, 600)], false),
+            1024
+        );
+        // Parallel lines, a bulk path dearer per byte, or a crossing too far: never.
+        assert_eq!(Plan::threshold(&[p(100, 200, 450), p(200, 300, 550)], false), u64::MAX);
+        assert_eq!(Plan::threshold(&[p(100, 200, 450), p(200, 300, 600)], false), u64::MAX);
+        assert_eq!(
+            Plan::threshold(&[p(1 << 20, 1000, 30000), p(2 << 20, 1100, 30094)], false),
+            u64::MAX
+        );
+        // Extrapolation is for sockets: on a mapping the probes reach far enough.
+        assert_eq!(Plan::threshold(&[p(100, 200, 450), p(200, 300, 500)], true), u64::MAX);
         let plan = Plan {
             get_threshold_bytes: u64::MAX,
             ..Plan::pinned(0)
