@@ -140,6 +140,27 @@ struct Follow {
 }
 
 static FOLLOW: Mutex<Option<Follow>> = Mutex::new(None);
+/// When following last stopped because the program started a thread. A decision to follow
+/// that the handler reached before the thread was born can arrive after the watchdog let go
+/// (on a loaded machine the handler may wait for a CPU that long); it is refused for
+/// [`SPAWN_FENCE`] so the followed thread does not stay confined for [`QUIET_TICKS`] ticks
+/// after the program went multi-threaded.
+static SPAWNED: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+/// How long after a thread was started a lone faulting thread is not followed: as long as a
+/// followed thread would stay confined without faults, so no decision from before the start
+/// outlives it.
+const SPAWN_FENCE: std::time::Duration = std::time::Duration::from_millis(250 * QUIET_TICKS as u64);
+
+fn note_spawn() {
+    *SPAWNED.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+}
+
+fn spawned_recently() -> bool {
+    SPAWNED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some_and(|at| at.elapsed() < SPAWN_FENCE)
+}
 /// Mirrors `FOLLOW.is_some()` for the handler's idle loop, which must not take a lock.
 static FOLLOWING: AtomicBool = AtomicBool::new(false);
 
@@ -164,7 +185,18 @@ pub(crate) fn followed() -> Option<u32> {
 /// own mask does not allow the CPU the handler may use).
 pub(crate) fn follow(tid: u32, handler_cpus: &[usize]) -> Option<usize> {
     let mut state = follow_state();
+    // A thread born since following began: stop, as the watchdog would, and do not follow
+    // again from a decision that may predate it.
+    if state
+        .as_ref()
+        .is_some_and(|f| threads().iter().any(|t| f.threads.binary_search(t).is_err()))
+    {
+        note_spawn();
+    }
     release(&mut state);
+    if spawned_recently() {
+        return None;
+    }
     let cpu = cpu_of_thread(tid).filter(|c| handler_cpus.contains(c))?;
     let saved = sys::thread_cpus(tid);
     if !saved.contains(&cpu) || saved.len() < 2 {
@@ -239,7 +271,11 @@ pub(crate) fn watch(faults: u64) -> bool {
     } else {
         f.quiet_ticks += 1;
     }
-    if f.quiet_ticks >= QUIET_TICKS || threads().iter().any(|t| f.threads.binary_search(t).is_err()) {
+    if threads().iter().any(|t| f.threads.binary_search(t).is_err()) {
+        note_spawn();
+        return release(&mut state);
+    }
+    if f.quiet_ticks >= QUIET_TICKS {
         return release(&mut state);
     }
     false
