@@ -66,6 +66,124 @@ impl AgentRequest {
     pub const OPS: [&'static str; 5] = ["hello", "grow", "release", "rates", "report"];
 }
 
+/// One segment of an allocation, as the agent hands it to a process (the control plane's
+/// allocation segment, the fields a process uses).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSegment {
+    /// The brick's id.
+    #[serde(default)]
+    pub brick_id: u64,
+    /// Brick address (`tcp://H:P`, `tls://H:P` or `unix:PATH`).
+    pub brick_address: String,
+    /// Segment id.
+    pub segment_id: u64,
+    /// Offset in the brick's pool.
+    #[serde(default)]
+    pub offset: u64,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// `Grant::encode`, hex.
+    pub grant_hex: String,
+    /// Session key, hex.
+    pub session_key_hex: String,
+    /// Rate limit in bytes per second (0: none).
+    #[serde(default)]
+    pub rate_limit_bps: u64,
+    /// When the grant expires (Unix seconds; 0: never).
+    #[serde(default)]
+    pub grant_expires_unix_s: u64,
+}
+
+/// A segment's current rate limit, in a [`AgentReply`] to `rates`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRate {
+    /// Segment id.
+    pub segment_id: u64,
+    /// Bytes per second (0: none).
+    pub rate_limit_bps: u64,
+}
+
+/// Why the agent refused a request: a code a program can act on, and a message for people.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRefusal {
+    /// Error code (the control plane's, when it refused).
+    pub code: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// The agent's answer to one [`AgentRequest`], one JSON object per line: `ok`, and what the
+/// request asked for (`hello`: `node`; `grow`: `allocation` and `segments`; `rates`: `rates`),
+/// or `ok: false` with `error`. One definition for the agent that writes it and the runtime
+/// that reads it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentReply {
+    /// True if the request was carried out.
+    pub ok: bool,
+    /// Why not, when `ok` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<AgentRefusal>,
+    /// `hello`: the node's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u64>,
+    /// `grow`: the allocation's id (to release it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<u64>,
+    /// `grow`: its segments, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Vec<AgentSegment>>,
+    /// `rates`: the rate of each segment the process holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<Vec<AgentRate>>,
+}
+
+impl AgentReply {
+    /// Done, nothing to return (`release`, `report`).
+    pub fn done() -> AgentReply {
+        AgentReply {
+            ok: true,
+            ..AgentReply::default()
+        }
+    }
+
+    /// The answer to `hello`.
+    pub fn hello(node: u64) -> AgentReply {
+        AgentReply {
+            node: Some(node),
+            ..AgentReply::done()
+        }
+    }
+
+    /// The answer to `grow`.
+    pub fn grown(allocation: u64, segments: Vec<AgentSegment>) -> AgentReply {
+        AgentReply {
+            allocation: Some(allocation),
+            segments: Some(segments),
+            ..AgentReply::done()
+        }
+    }
+
+    /// The answer to `rates`.
+    pub fn rates(rates: Vec<AgentRate>) -> AgentReply {
+        AgentReply {
+            rates: Some(rates),
+            ..AgentReply::done()
+        }
+    }
+
+    /// A refusal.
+    pub fn refused(code: impl Into<String>, message: impl Into<String>) -> AgentReply {
+        AgentReply {
+            ok: false,
+            error: Some(AgentRefusal {
+                code: code.into(),
+                message: message.into(),
+            }),
+            ..AgentReply::default()
+        }
+    }
+}
+
 /// A histogram of fault service times: cumulative counts at [`FAULT_LATENCY_BOUNDS_NS`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -273,6 +391,41 @@ mod tests {
             assert!(serde_json::to_string(&AgentRequest::OPS).unwrap().contains(op));
         }
         assert!(serde_json::from_str::<AgentRequest>(r#"{"op":"grow","bytes":1,"x":2}"#).is_err());
+    }
+
+    #[test]
+    fn replies_have_the_wire_shapes_the_agent_documents() {
+        assert_eq!(
+            serde_json::to_value(AgentReply::done()).unwrap(),
+            serde_json::json!({"ok": true})
+        );
+        assert_eq!(
+            serde_json::to_value(AgentReply::hello(3)).unwrap(),
+            serde_json::json!({"ok": true, "node": 3})
+        );
+        let r = AgentReply::rates(vec![AgentRate {
+            segment_id: 9,
+            rate_limit_bps: 100,
+        }]);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::json!({"ok": true, "rates": [{"segment_id": 9, "rate_limit_bps": 100}]})
+        );
+        assert_eq!(
+            serde_json::to_value(AgentReply::refused("not_found", "no")).unwrap(),
+            serde_json::json!({"ok": false, "error": {"code": "not_found", "message": "no"}})
+        );
+        let g = AgentReply::grown(
+            5,
+            vec![AgentSegment {
+                brick_address: "unix:/b".into(),
+                segment_id: 2,
+                size_bytes: 4096,
+                ..AgentSegment::default()
+            }],
+        );
+        let back: AgentReply = serde_json::from_str(&serde_json::to_string(&g).unwrap()).unwrap();
+        assert_eq!(back, g);
     }
 
     #[test]

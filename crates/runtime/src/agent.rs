@@ -4,8 +4,7 @@
 //! The connection stays open for the life of the process: the agent returns every allocation
 //! of a connection that closes, so memory comes back even when the program is killed.
 
-use rackmem_proto::{AgentRequest, Grant, KEY_LEN};
-use serde::Deserialize;
+use rackmem_proto::{AgentRefusal, AgentReply, AgentRequest, Grant, KEY_LEN};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
@@ -42,71 +41,29 @@ pub enum AgentError {
     },
 }
 
-/// One segment of an allocation, as the agent hands it over.
-#[derive(Debug, Clone, Deserialize)]
-pub struct AgentSegment {
-    /// Brick address (`tcp://H:P`, `tls://H:P` or `unix:PATH`).
-    pub brick_address: String,
-    /// Segment id.
-    pub segment_id: u64,
-    /// Size in bytes.
-    pub size_bytes: u64,
-    /// `Grant::encode`, hex.
-    pub grant_hex: String,
-    /// Session key, hex.
-    pub session_key_hex: String,
-    /// Rate limit in bytes per second (0: none).
-    #[serde(default)]
-    pub rate_limit_bps: u64,
-}
+pub use rackmem_proto::{AgentRate, AgentSegment};
 
-impl AgentSegment {
-    /// The decoded grant and session key.
-    pub fn credentials(&self) -> Result<(Grant, [u8; KEY_LEN]), String> {
-        let g = hex::decode(&self.grant_hex).map_err(|e| format!("grant is not hex: {e}"))?;
-        let grant = Grant::decode(&g).map_err(|e| format!("grant does not decode: {e}"))?;
-        let k = hex::decode(&self.session_key_hex).map_err(|e| format!("session key is not hex: {e}"))?;
-        let key: [u8; KEY_LEN] = k
-            .try_into()
-            .map_err(|_| format!("session key is not {KEY_LEN} bytes"))?;
-        if grant.segment_id != self.segment_id || grant.size_bytes != self.size_bytes {
-            return Err("grant does not match the segment it came with".into());
-        }
-        Ok((grant, key))
+/// The decoded grant and session key of a segment the agent handed over, checked against it.
+pub fn credentials(s: &AgentSegment) -> Result<(Grant, [u8; KEY_LEN]), String> {
+    let g = hex::decode(&s.grant_hex).map_err(|e| format!("grant is not hex: {e}"))?;
+    let grant = Grant::decode(&g).map_err(|e| format!("grant does not decode: {e}"))?;
+    let k = hex::decode(&s.session_key_hex).map_err(|e| format!("session key is not hex: {e}"))?;
+    let key: [u8; KEY_LEN] = k
+        .try_into()
+        .map_err(|_| format!("session key is not {KEY_LEN} bytes"))?;
+    if grant.segment_id != s.segment_id || grant.size_bytes != s.size_bytes {
+        return Err("grant does not match the segment it came with".into());
     }
+    Ok((grant, key))
 }
 
 /// A granted allocation.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct AgentAllocation {
     /// Allocation id (to release it).
     pub allocation: u64,
     /// Its segments, in order.
     pub segments: Vec<AgentSegment>,
-}
-
-/// A segment's current rate limit.
-#[derive(Debug, Clone, Deserialize)]
-pub struct AgentRate {
-    /// Segment id.
-    pub segment_id: u64,
-    /// Bytes per second (0: none).
-    pub rate_limit_bps: u64,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    code: String,
-    message: String,
-}
-
-#[derive(Deserialize)]
-struct Reply {
-    ok: bool,
-    #[serde(default)]
-    error: Option<ErrorBody>,
-    #[serde(flatten)]
-    rest: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A connection to the node agent.
@@ -135,14 +92,14 @@ impl Agent {
             node: 0,
         };
         let program = std::env::args().next().unwrap_or_default();
-        let rest = a.call(
+        let r = a.call(
             "hello",
             AgentRequest::Hello {
                 pid: std::process::id(),
                 program,
             },
         )?;
-        a.node = rest.get("node").and_then(|v| v.as_u64()).ok_or(AgentError::Malformed {
+        a.node = r.node.ok_or(AgentError::Malformed {
             op: "hello",
             why: "no node id".into(),
         })?;
@@ -160,11 +117,7 @@ impl Agent {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).0.as_raw_fd()
     }
 
-    fn call(
-        &self,
-        op: &'static str,
-        req: AgentRequest,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, AgentError> {
+    fn call(&self, op: &'static str, req: AgentRequest) -> Result<AgentReply, AgentError> {
         let broken = |cause: String| AgentError::Unreachable {
             path: self.path.clone(),
             cause,
@@ -181,9 +134,10 @@ impl Agent {
             Err(e) => return Err(broken(format!("waiting for the answer to {op}: {e}"))),
         }
         drop(c);
-        let r: Reply = serde_json::from_str(&answer).map_err(|e| AgentError::Malformed { op, why: e.to_string() })?;
+        let r: AgentReply =
+            serde_json::from_str(&answer).map_err(|e| AgentError::Malformed { op, why: e.to_string() })?;
         if !r.ok {
-            let e = r.error.unwrap_or(ErrorBody {
+            let e = r.error.unwrap_or(AgentRefusal {
                 code: "unknown".into(),
                 message: "no error given".into(),
             });
@@ -193,16 +147,19 @@ impl Agent {
                 message: e.message,
             });
         }
-        Ok(r.rest)
+        Ok(r)
     }
 
     /// Asks for an allocation of at least `bytes`.
     pub fn grow(&self, bytes: u64) -> Result<AgentAllocation, AgentError> {
-        let rest = self.call("grow", AgentRequest::Grow { bytes })?;
-        serde_json::from_value(serde_json::Value::Object(rest)).map_err(|e| AgentError::Malformed {
-            op: "grow",
-            why: e.to_string(),
-        })
+        let r = self.call("grow", AgentRequest::Grow { bytes })?;
+        match (r.allocation, r.segments) {
+            (Some(allocation), Some(segments)) => Ok(AgentAllocation { allocation, segments }),
+            _ => Err(AgentError::Malformed {
+                op: "grow",
+                why: "no allocation and segments in the answer".into(),
+            }),
+        }
     }
 
     /// Returns an allocation.
@@ -218,11 +175,6 @@ impl Agent {
 
     /// The current rate limits of this node's segments.
     pub fn rates(&self) -> Result<Vec<AgentRate>, AgentError> {
-        let rest = self.call("rates", AgentRequest::Rates)?;
-        let v = rest.get("rates").cloned().unwrap_or(serde_json::Value::Array(vec![]));
-        serde_json::from_value(v).map_err(|e| AgentError::Malformed {
-            op: "rates",
-            why: e.to_string(),
-        })
+        Ok(self.call("rates", AgentRequest::Rates)?.rates.unwrap_or_default())
     }
 }

@@ -67,7 +67,7 @@ impl Runtime {
             let mut end = inner.table.total_pages();
             for s in &a.segments {
                 let bad = |why: String| agent::AgentError::Malformed { op: "grow", why };
-                let (grant, key) = s.credentials().map_err(bad)?;
+                let (grant, key) = agent::credentials(s).map_err(bad)?;
                 let addr: BrickAddr = s.brick_address.parse().map_err(|e: LinkError| bad(e.to_string()))?;
                 let pages = grant.size_bytes / PAGE;
                 end += pages;

@@ -4,7 +4,7 @@
 
 use super::node::for_node;
 use super::protocol::{
-    client_refusal, parse_request, read_request, refusal, reply, Line, Request, MAX_LINE, WRITE_TIMEOUT,
+    client_refusal, parse_request, read_request, refusal, reply, Line, Reply, Request, MAX_LINE, WRITE_TIMEOUT,
 };
 use super::reconcile::process_start_ticks;
 use super::{lock, Shared};
@@ -14,6 +14,21 @@ use std::collections::HashMap;
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
+
+/// A segment of an allocation as a process receives it.
+fn agent_segment(s: &crate::api::Segment) -> rackmem_proto::AgentSegment {
+    rackmem_proto::AgentSegment {
+        brick_id: s.brick_id,
+        brick_address: s.brick_address.clone(),
+        segment_id: s.segment_id,
+        offset: s.offset,
+        size_bytes: s.size_bytes,
+        grant_hex: s.grant_hex.clone(),
+        session_key_hex: s.session_key_hex.clone(),
+        rate_limit_bps: s.rate_limit_bps,
+        grant_expires_unix_s: s.grant_expires_unix_s,
+    }
+}
 
 /// Per-connection state.
 struct Connection<'a> {
@@ -28,13 +43,13 @@ struct Connection<'a> {
 }
 
 impl Connection<'_> {
-    fn grow(&mut self, bytes: u64) -> serde_json::Value {
+    fn grow(&mut self, bytes: u64) -> Reply {
         let shared = self.shared;
         // Memory pushed to the node first: it is attached already and counts to no quota (an
         // admin gave it to the node).
         if let Some((id, _, segments)) = super::pool::take(shared, self.id, bytes) {
             self.pooled.insert(id);
-            return serde_json::json!({"ok": true, "allocation": id, "segments": segments});
+            return Reply::grown(id, segments.iter().map(agent_segment).collect());
         }
         let cfg = &shared.cfg;
         let (uid, pid) = (self.cred.uid, self.cred.pid);
@@ -72,7 +87,7 @@ impl Connection<'_> {
                 self.mine.insert(a.id, size);
                 shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
                 shared.counters.bytes.fetch_add(size, Ordering::Relaxed);
-                serde_json::json!({"ok": true, "allocation": a.id, "segments": a.segments})
+                Reply::grown(a.id, a.segments.iter().map(agent_segment).collect())
             }
             Err(e) => {
                 drop(h);
@@ -92,20 +107,20 @@ impl Connection<'_> {
         self.shared.counters.bytes.fetch_sub(size, Ordering::Relaxed);
     }
 
-    fn answer(&mut self, req: Request, hello: &mut bool, who: &mut String) -> serde_json::Value {
+    fn answer(&mut self, req: Request, hello: &mut bool, who: &mut String) -> Reply {
         let shared = self.shared;
         match req {
             Request::Hello { pid, program } => {
                 *hello = true;
                 // The pid the process claims is only for the log; the kernel's is used.
                 *who = format!("pid {} ({program}, says pid {pid})", self.cred.pid);
-                serde_json::json!({"ok": true, "node": shared.node.load(Ordering::Acquire)})
+                Reply::hello(shared.node.load(Ordering::Acquire))
             }
             _ if !*hello => refusal("bad_request", "say hello first"),
             Request::Grow { bytes } => self.grow(bytes),
             Request::Release { allocation } if self.pooled.remove(&allocation) => {
                 super::pool::give_back(shared, allocation);
-                serde_json::json!({"ok": true})
+                Reply::done()
             }
             Request::Release { allocation } => {
                 if !self.mine.contains_key(&allocation) {
@@ -114,7 +129,7 @@ impl Connection<'_> {
                     match shared.client.free(allocation) {
                         Ok(_) | Err(ClientError::Server { status: 404, .. }) => {
                             self.forget(allocation);
-                            serde_json::json!({"ok": true})
+                            Reply::done()
                         }
                         Err(e) => client_refusal(&e),
                     }
@@ -122,13 +137,16 @@ impl Connection<'_> {
             }
             Request::Rates => match for_node(shared, |node| shared.client.rates(node)) {
                 Ok(r) => {
-                    let rates: Vec<serde_json::Value> = r
+                    let rates = r
                         .segments
                         .iter()
                         .filter(|s| self.mine.contains_key(&s.allocation) || self.pooled.contains(&s.allocation))
-                        .map(|s| serde_json::json!({"segment_id": s.segment_id, "rate_limit_bps": s.rate_limit_bps}))
+                        .map(|s| rackmem_proto::AgentRate {
+                            segment_id: s.segment_id,
+                            rate_limit_bps: s.rate_limit_bps,
+                        })
                         .collect();
-                    serde_json::json!({"ok": true, "rates": rates})
+                    Reply::rates(rates)
                 }
                 Err(e) => client_refusal(&e),
             },
@@ -138,7 +156,7 @@ impl Connection<'_> {
                     // The pid the process claims is not trusted: the kernel's is stored.
                     r.pid = self.cred.pid;
                     super::report::store(shared, self.id, self.cred.uid, r);
-                    serde_json::json!({"ok": true})
+                    Reply::done()
                 }
                 Err(why) => refusal("bad_request", format!("report: {why}")),
             },
@@ -195,7 +213,7 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
             }
             Line::Got => match parse_request(&line) {
                 Ok(req) => c.answer(req, &mut hello, &mut who),
-                Err(refused) => refused,
+                Err(refused) => *refused,
             },
         };
         if reply(&mut out, &answer).is_err() {

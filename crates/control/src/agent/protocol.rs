@@ -3,7 +3,6 @@
 //! and writing one reply line, refusals included.
 
 use crate::client::ClientError;
-use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -21,19 +20,16 @@ pub(super) use rackmem_proto::AgentRequest as Request;
 /// The operations of the protocol.
 const OPS: [&str; 5] = Request::OPS;
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    code: &'a str,
-    message: String,
-}
+/// A reply (one definition, shared with the runtime that reads it).
+pub(super) use rackmem_proto::AgentReply as Reply;
 
 /// A refusal reply with its error code and message.
-pub(super) fn refusal(code: &str, message: impl Into<String>) -> serde_json::Value {
-    serde_json::json!({"ok": false, "error": ErrorBody { code, message: message.into() }})
+pub(super) fn refusal(code: &str, message: impl Into<String>) -> Reply {
+    Reply::refused(code, message)
 }
 
 /// The refusal that passes on why the control plane failed or refused.
-pub(super) fn client_refusal(e: &ClientError) -> serde_json::Value {
+pub(super) fn client_refusal(e: &ClientError) -> Reply {
     match e {
         ClientError::Server { code, message, .. } => refusal(code, message.clone()),
         ClientError::Unreachable { .. } => refusal("control_plane_unreachable", e.to_string()),
@@ -112,30 +108,30 @@ pub(super) fn read_request(reader: &mut BufReader<UnixStream>, buf: &mut Vec<u8>
 }
 
 /// Parses one request line, or says why it is not one.
-pub(super) fn parse_request(line: &[u8]) -> Result<Request, serde_json::Value> {
+pub(super) fn parse_request(line: &[u8]) -> Result<Request, Box<Reply>> {
     let v: serde_json::Value = serde_json::from_slice(line)
-        .map_err(|e| refusal("bad_request", format!("not a JSON object on one line: {e}")))?;
+        .map_err(|e| Box::new(refusal("bad_request", format!("not a JSON object on one line: {e}"))))?;
     let op = match v.get("op") {
         Some(serde_json::Value::String(op)) => op.clone(),
         Some(_) | None => {
-            return Err(refusal(
+            return Err(Box::new(refusal(
                 "bad_request",
                 format!("a request is a JSON object with \"op\": one of {}", OPS.join(", ")),
-            ))
+            )))
         }
     };
     if !OPS.contains(&op.as_str()) {
-        return Err(refusal(
+        return Err(Box::new(refusal(
             "unknown_op",
             format!("unknown op {op:?}: this agent knows {}", OPS.join(", ")),
-        ));
+        )));
     }
-    serde_json::from_value(v).map_err(|e| refusal("bad_request", format!("{op}: {e}")))
+    serde_json::from_value(v).map_err(|e| Box::new(refusal("bad_request", format!("{op}: {e}"))))
 }
 
 /// Writes one reply line.
-pub(super) fn reply(out: &mut UnixStream, v: &serde_json::Value) -> std::io::Result<()> {
-    let mut s = v.to_string();
+pub(super) fn reply(out: &mut UnixStream, v: &Reply) -> std::io::Result<()> {
+    let mut s = serde_json::to_string(v).map_err(std::io::Error::other)?;
     s.push('\n');
     out.write_all(s.as_bytes())
 }
