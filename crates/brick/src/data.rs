@@ -3,7 +3,7 @@
 //! segment's gate so that a release waits for it.
 
 use crate::config::CLONE_GRACE;
-use crate::pool::{in_segment, Gate, GateState, CHUNK};
+use crate::pool::{in_segment, Gate, GateState, ShareError, CHUNK};
 use crate::reply::{err, ok, Reply};
 use crate::state::Shared;
 use rackmem_proto::{extents_bytes, rights, Request, Status, MAX_PAYLOAD, PAGE_SIZE};
@@ -204,8 +204,15 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
             };
             match &mem.shared {
                 // Shared memory has no copy-on-write chunks: the clone gets a copy now, without
-                // the pages that are all zeros (the pool reads those as zeros anyway).
-                Some(m) => store.copy_into_pool(m, off, a.size),
+                // the pages that are all zeros (holes read as zeros), in a memory file of its
+                // own; in the pool if no memory file can be had (the pool reads missing pages
+                // as zeros too).
+                Some(m) => {
+                    // Released: swept before its grant was even sent; nothing to fill.
+                    if let Err(ShareError::Memory(_)) = store.clone_shared(m, id, a.size) {
+                        store.copy_into_pool(m, off, a.size);
+                    }
+                }
                 None => store.pool.share(a.offset, off, a.size),
             }
             ok(shared.grant(id, off, a.size).encode())

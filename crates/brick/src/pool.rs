@@ -576,6 +576,59 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Makes the clone `id` (just carved, `size` bytes) of a segment that lives in memory file
+    /// `m` a memory file of its own holding a copy of `m`'s data: a node that maps the clone
+    /// (SHARE, what a forked child on this host does first) then gets it as it is. Copying into
+    /// the pool instead, as [`Store::copy_into_pool`] does, cost a second copy at the child's
+    /// SHARE (the pool's pages moved into a memory file): two thirds of a fork's time in the
+    /// brick for a 16 MiB segment. Only the file's data ranges are read and only pages that are
+    /// not all zeros are written, through the file (no page fault per page here).
+    pub fn clone_shared(&self, m: &SharedMemory, id: u64, size: u64) -> Result<(), ShareError> {
+        let clone =
+            SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?;
+        let page = PAGE_SIZE as usize;
+        let mut buf = vec![0u8; CHUNK as usize];
+        for (start, end) in m.data_ranges() {
+            let end = end.min(size as usize);
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(CHUNK as usize);
+                m.read_file(at, &mut buf[..n]);
+                // Runs of pages that are not all zeros, each written with one call.
+                let mut run: Option<usize> = None;
+                for (i, p) in buf[..n].chunks(page).enumerate() {
+                    let zero = p.iter().all(|&b| b == 0);
+                    match (run, zero) {
+                        (None, false) => run = Some(i * page),
+                        (Some(r), true) => {
+                            clone
+                                .write_file(at + r, &buf[r..i * page])
+                                .map_err(ShareError::Memory)?;
+                            run = None;
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(r) = run {
+                    clone.write_file(at + r, &buf[r..n]).map_err(ShareError::Memory)?;
+                }
+                at += n;
+            }
+        }
+        let gate = match self.segs().live.get(&id) {
+            Some(s) => s.gate.clone(),
+            None => return Err(ShareError::Released),
+        };
+        let mut g = lock_w(&gate);
+        if !g.alive {
+            return Err(ShareError::Released);
+        }
+        g.shared = Some(Arc::new(clone));
+        Ok(())
+    }
+}
+
 /// The pages of `bytes` that are not all zeros, with their byte offsets in `bytes`.
 fn nonzero_pages(bytes: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
     let page = PAGE_SIZE as usize;

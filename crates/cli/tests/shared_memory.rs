@@ -65,6 +65,28 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
     }
 }
 
+/// Each child's clone is a memory file of its own, filled at the CLONE (docs/architecture.md,
+/// "fork"): every child must see the parent's memory as of its own fork, and the parent none of
+/// the children's writes.
+#[test]
+fn a_loop_of_forks_over_shared_memory_gives_each_child_the_memory_as_of_its_fork() {
+    require_root();
+    for touch in ["0", "16"] {
+        let s = same_as_native("fork_many", &["32", "12", touch]);
+        assert!(
+            s.len() >= 13,
+            "expected the parent's and 12 children's statistics: {s:?}"
+        );
+        assert_used_remote_memory(busiest(&s));
+        // Children that touch pages read their mapped clones, as the parent reads its segment.
+        let want = if touch == "0" { 1 } else { 13 };
+        assert!(
+            s.iter().filter(|p| p.extra("bytes_fetched_shared") > 0).count() >= want,
+            "fewer than {want} processes read a mapped segment: {s:?}"
+        );
+    }
+}
+
 #[test]
 fn a_program_in_a_memory_cgroup_the_size_of_its_local_buffer_runs_on_shared_memory() {
     require_root();
