@@ -2,7 +2,7 @@
 //! CLONE): each checked against the grant's rights and the segment's bounds, served under the
 //! segment's gate so that a release waits for it.
 
-use crate::config::CLONE_GRACE;
+use crate::config::{CLONE_GRACE, CLONE_SPACE_WAIT};
 use crate::pool::{in_segment, Gate, GateState, ShareError, CHUNK};
 use crate::reply::{err, ok, Reply};
 use crate::state::Shared;
@@ -195,7 +195,9 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
             if !need(rights::CLONE) {
                 return err(Status::Forbidden, "grant does not allow clones", true);
             }
-            let Some((id, off, _)) = store.segs().carve(a.size, 0, Some(Instant::now() + CLONE_GRACE)) else {
+            let Some((id, off, _)) =
+                store.carve_waiting(a.size, 0, Some(Instant::now() + CLONE_GRACE), CLONE_SPACE_WAIT)
+            else {
                 return err(
                     Status::NoSpace,
                     format!("no free extent of {} bytes for the clone", a.size),

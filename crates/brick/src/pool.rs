@@ -343,6 +343,8 @@ impl Segments {
 pub(crate) struct Store {
     pub pool: Pool,
     pub segments: Mutex<Segments>,
+    /// Signalled when a segment's range goes back to the free list ([`Store::carve_waiting`]).
+    freed: std::sync::Condvar,
 }
 
 impl Store {
@@ -350,6 +352,33 @@ impl Store {
         Store {
             pool: Pool::new(size),
             segments: Mutex::new(Segments::new(size, first_id)),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// [`Segments::carve`], waiting up to `wait` for a range freed meanwhile when none is free.
+    /// A forking server's children that exit give their clones' ranges back only once the
+    /// brick has seen both of their connections close; a fork right behind them (PostgreSQL
+    /// forks a backend per connection, `pgbench -C`) found the embedded brick's sixteen
+    /// window-sized ranges all taken and the child stopped (exit 111).
+    pub fn carve_waiting(
+        &self,
+        size: u64,
+        attached: u32,
+        deadline: Option<Instant>,
+        wait: std::time::Duration,
+    ) -> Option<(u64, u64, u64)> {
+        let until = Instant::now() + wait;
+        let mut segs = self.segs();
+        loop {
+            if let Some(r) = segs.carve(size, attached, deadline) {
+                return Some(r);
+            }
+            let left = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())?;
+            segs = match self.freed.wait_timeout(segs, left) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
         }
     }
 
@@ -370,6 +399,7 @@ impl Store {
         }
         self.pool.discard(seg.offset, seg.size);
         self.segs().give_back(seg.offset, seg.size);
+        self.freed.notify_all();
     }
 
     /// Drops one attachment of segment `id` (the attachment that holds `gate`: a connection of a
@@ -713,6 +743,25 @@ mod tests {
         st.sweep(now + std::time::Duration::from_millis(1));
         assert!(!st.segs().live.contains_key(&c));
         assert_eq!(st.segs().free_bytes(), 4 * CHUNK);
+    }
+
+    #[test]
+    fn a_clone_waits_for_a_range_being_freed_and_gives_up_when_none_is() {
+        let st = Store::new(2 * CHUNK, 1);
+        let (a, _, _) = st.segs().carve(CHUNK, 1, None).unwrap();
+        let (_, bo, _) = st.segs().carve(CHUNK, 1, None).unwrap();
+        let short = std::time::Duration::from_millis(20);
+        assert!(st.carve_waiting(CHUNK, 0, None, short).is_none(), "nothing is freed");
+        let gate = st.segs().live[&a].gate.clone();
+        let got = std::thread::scope(|sc| {
+            let waiter = sc.spawn(|| st.carve_waiting(CHUNK, 0, None, std::time::Duration::from_secs(60)));
+            std::thread::sleep(short);
+            st.detach(a, &gate);
+            waiter.join().unwrap()
+        });
+        let (_, off, size) = got.expect("the range freed meanwhile");
+        assert_eq!(size, CHUNK);
+        assert_ne!(off, bo, "not the range still in use");
     }
 
     #[test]

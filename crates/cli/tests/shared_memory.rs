@@ -232,3 +232,19 @@ fn the_handler_follows_a_lone_faulting_thread_and_never_confines_new_threads() {
         show(&r)
     );
 }
+
+/// A server keeping 14 children and forking short-lived ones one after the other: the embedded
+/// brick holds sixteen window-sized ranges, and an exited child's clone gives its range back a
+/// moment after the exit, so a CLONE right behind it found none free and the child stopped
+/// (exit 111, about half of the forks under load). A CLONE now waits for that range.
+#[test]
+fn a_server_forking_beside_long_lived_children_gets_a_clone_for_every_child() {
+    require_root();
+    let s = same_as_native("fork_hold", &["14", "100"]);
+    assert!(
+        s.len() >= 115,
+        "expected the parent's and 114 children's statistics: {}",
+        s.len()
+    );
+    assert_used_remote_memory(busiest(&s));
+}
