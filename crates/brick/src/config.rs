@@ -16,6 +16,11 @@ pub const DEFAULT_SPIN_US: u64 = 100;
 /// Grace period for a cloned segment to be attached by its new owner.
 pub const CLONE_GRACE: Duration = Duration::from_secs(60);
 
+/// Longest a CLONE waits for a range of the pool that a segment being freed gives back, when
+/// none is free (a forking server's exited children still hold theirs for a moment). Well
+/// under a node's link timeout (10 s), which the parent's fork waits on.
+pub const CLONE_SPACE_WAIT: Duration = Duration::from_secs(2);
+
 /// Where a brick listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenAddr {

@@ -2,8 +2,8 @@
 //! CLONE): each checked against the grant's rights and the segment's bounds, served under the
 //! segment's gate so that a release waits for it.
 
-use crate::config::CLONE_GRACE;
-use crate::pool::{in_segment, Gate, GateState, CHUNK};
+use crate::config::{CLONE_GRACE, CLONE_SPACE_WAIT};
+use crate::pool::{in_segment, Gate, GateState, ShareError, CHUNK};
 use crate::reply::{err, ok, Reply};
 use crate::state::Shared;
 use rackmem_proto::{extents_bytes, rights, Request, Status, MAX_PAYLOAD, PAGE_SIZE};
@@ -195,7 +195,9 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
             if !need(rights::CLONE) {
                 return err(Status::Forbidden, "grant does not allow clones", true);
             }
-            let Some((id, off, _)) = store.segs().carve(a.size, 0, Some(Instant::now() + CLONE_GRACE)) else {
+            let Some((id, off, _)) =
+                store.carve_waiting(a.size, 0, Some(Instant::now() + CLONE_GRACE), CLONE_SPACE_WAIT)
+            else {
                 return err(
                     Status::NoSpace,
                     format!("no free extent of {} bytes for the clone", a.size),
@@ -204,8 +206,15 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
             };
             match &mem.shared {
                 // Shared memory has no copy-on-write chunks: the clone gets a copy now, without
-                // the pages that are all zeros (the pool reads those as zeros anyway).
-                Some(m) => store.copy_into_pool(m, off, a.size),
+                // the pages that are all zeros (holes read as zeros), in a memory file of its
+                // own; in the pool if no memory file can be had (the pool reads missing pages
+                // as zeros too).
+                Some(m) => {
+                    // Released: swept before its grant was even sent; nothing to fill.
+                    if let Err(ShareError::Memory(_)) = store.clone_shared(m, id, a.size) {
+                        store.copy_into_pool(m, off, a.size);
+                    }
+                }
                 None => store.pool.share(a.offset, off, a.size),
             }
             ok(shared.grant(id, off, a.size).encode())

@@ -965,11 +965,31 @@ fn chown_to(path: &Path, user: &str) {
 }
 
 /// Lets user postgres open /dev/userfaultfd while it lives (the access `rackmem run` asks an
-/// administrator to grant a user other than root), and takes the access back on drop.
-struct UffdAccess(&'static str);
+/// administrator to grant a user other than root), and takes the access back when the last
+/// one is dropped, in this process and in any other: each holds a shared lock on a file for
+/// the user while it lives, and the access goes only with the exclusive lock (tests of the same
+/// user run at the same time, and test processes too: a measuring run beside the test suite).
+struct UffdAccess {
+    user: &'static str,
+    held: std::fs::File,
+}
+
+/// The lock file of `user`'s access.
+fn uffd_access_lock(user: &str) -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("rackmem-test-uffd-access-{user}.lock"));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
 
 impl UffdAccess {
     fn grant(user: &'static str) -> UffdAccess {
+        let held = uffd_access_lock(user);
+        // Waits while another test takes the access back, then keeps it from doing so.
+        held.lock_shared().expect("lock the userfaultfd access file");
         let setfacl = need("setfacl", "acl");
         let o = Command::new(setfacl)
             .args(["-m", &format!("u:{user}:rw"), "/dev/userfaultfd"])
@@ -980,15 +1000,20 @@ impl UffdAccess {
             "cannot let {user} open /dev/userfaultfd: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        UffdAccess(user)
+        UffdAccess { user, held }
     }
 }
 
 impl Drop for UffdAccess {
     fn drop(&mut self) {
-        let _ = Command::new("setfacl")
-            .args(["-x", &format!("u:{}", self.0), "/dev/userfaultfd"])
-            .status();
+        let _ = self.held.unlock();
+        // Exclusive only if no other grant of this user lives, here or in another process.
+        let last = uffd_access_lock(self.user);
+        if last.try_lock().is_ok() {
+            let _ = Command::new("setfacl")
+                .args(["-x", &format!("u:{}", self.user), "/dev/userfaultfd"])
+                .status();
+        }
     }
 }
 
@@ -1015,11 +1040,19 @@ fn psql(socket_dir: &Path, port: u16, sql: &str) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
-/// PostgreSQL, as user postgres: initdb and the server under the same `rackmem run` setup;
-/// pgbench's tables, then sorts, a hash join and aggregates with a large work_mem.
-fn postgres(run: &mut Run) -> String {
+/// A PostgreSQL server of a workload: stopped (fast shutdown) by [`Postgres::stop`].
+struct Postgres {
+    server: Server,
+    sock: PathBuf,
+    port: u16,
+    data: PathBuf,
+    _access: Option<UffdAccess>,
+}
+
+/// PostgreSQL, as user postgres: initdb and the server under the same `rackmem run` setup.
+fn start_postgres(run: &mut Run) -> Postgres {
     need(&format!("{PG_BIN}/postgres"), "postgresql");
-    let _access = matches!(run.mode, Mode::Rackmem(_)).then(|| UffdAccess::grant("postgres"));
+    let access = matches!(run.mode, Mode::Rackmem(_)).then(|| UffdAccess::grant("postgres"));
     chown_to(run.dir.path(), "postgres");
     let data = run.path("data");
     let mut initdb = Command::new(format!("{PG_BIN}/initdb"));
@@ -1058,23 +1091,53 @@ fn postgres(run: &mut Run) -> String {
             .status()
             .is_ok_and(|s| s.success())
     });
-    let o = Command::new(need("pgbench", "postgresql-client"))
-        .arg("-h")
-        .arg(&sock)
-        .args([
-            "-p",
-            &port.to_string(),
-            "-U",
-            "postgres",
-            "-i",
-            "-q",
-            "-s",
-            "1",
-            "postgres",
-        ])
-        .output()
-        .expect("run pgbench");
-    assert!(o.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&o.stderr));
+    Postgres {
+        server,
+        sock,
+        port,
+        data,
+        _access: access,
+    }
+}
+
+impl Postgres {
+    fn pgbench(&self, args: &[&str]) -> String {
+        let o = Command::new(need("pgbench", "postgresql-client"))
+            .arg("-h")
+            .arg(&self.sock)
+            .args(["-p", &self.port.to_string(), "-U", "postgres"])
+            .args(args)
+            .arg("postgres")
+            .output()
+            .expect("run pgbench");
+        assert!(
+            o.status.success(),
+            "pgbench {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn stop(self) {
+        // Fast shutdown: SIGINT to the postmaster, whose pid is the first line of postmaster.pid.
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid")).expect("read postmaster.pid");
+        signal_pid(
+            pid.lines()
+                .next()
+                .and_then(|l| l.trim().parse().ok())
+                .expect("postmaster pid"),
+            "INT",
+        );
+        self.server.wait_stopped();
+    }
+}
+
+/// PostgreSQL: pgbench's tables, then sorts, a hash join and aggregates with a large work_mem.
+fn postgres(run: &mut Run) -> String {
+    let pg = start_postgres(run);
+    let (sock, port) = (pg.sock.clone(), pg.port);
+    pg.pgbench(&["-i", "-q", "-s", "1"]);
     let queries = [
         "select count(*), sum(abalance), sum(bid) from pgbench_accounts",
         "select md5(string_agg(aid::text, ',' order by md5(aid::text))) from pgbench_accounts",
@@ -1083,16 +1146,45 @@ fn postgres(run: &mut Run) -> String {
         "select bid, count(distinct md5(aid::text)) from pgbench_accounts group by bid order by bid",
     ];
     let out: Vec<String> = queries.iter().map(|q| psql(&sock, port, q)).collect();
-    // Fast shutdown: SIGINT to the postmaster, whose pid is the first line of postmaster.pid.
-    let pid = std::fs::read_to_string(data.join("postmaster.pid")).expect("read postmaster.pid");
-    signal_pid(
-        pid.lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .expect("postmaster pid"),
-        "INT",
-    );
-    server.wait_stopped();
+    pg.stop();
+    out.join("\n")
+}
+
+/// PostgreSQL under pgbench after `pgbench -i -s 4`: select-only with 4 clients, select-only
+/// with a new connection (a forked backend) per transaction, and TPC-B-like with 4 clients.
+/// The output is what does not depend on timing: the transactions processed and TPC-B's
+/// invariants (every account, teller and branch balance sums to the same; one history row per
+/// transaction).
+fn pgbench(run: &mut Run) -> String {
+    let pg = start_postgres(run);
+    // Each phase's time goes to stderr: where a slow run loses its time.
+    let t = Instant::now();
+    pg.pgbench(&["-i", "-q", "-s", "4"]);
+    eprintln!("pgbench ({}) -i: {:.2} s", run.mode, t.elapsed().as_secs_f64());
+    let mut out = Vec::new();
+    for args in [
+        &["-S", "-c", "4", "-j", "2", "-t", "5000"][..],
+        &["-S", "-C", "-c", "4", "-j", "2", "-t", "150"][..],
+        &["-c", "4", "-j", "2", "-t", "1000"][..],
+    ] {
+        let t = Instant::now();
+        let o = pg.pgbench(args);
+        eprintln!("pgbench ({}) {args:?}: {:.2} s", run.mode, t.elapsed().as_secs_f64());
+        let done = o
+            .lines()
+            .find(|l| l.starts_with("number of transactions actually processed"))
+            .unwrap_or("no transaction count")
+            .to_string();
+        out.push(format!("{args:?}: {done}"));
+    }
+    out.push(psql(
+        &pg.sock,
+        pg.port,
+        "select (select sum(abalance) from pgbench_accounts) = (select sum(tbalance) from pgbench_tellers) \
+         and (select sum(tbalance) from pgbench_tellers) = (select sum(bbalance) from pgbench_branches), \
+         (select count(*) from pgbench_history)",
+    ));
+    pg.stop();
     out.join("\n")
 }
 
@@ -1490,6 +1582,11 @@ fn sqlite_large_cache() {
 }
 
 #[test]
+fn postgresql_pgbench_clients_and_connections() {
+    compat("postgres (pgbench clients)", pgbench, Expect::Works);
+}
+
+#[test]
 fn postgresql_pgbench_and_large_sorts() {
     compat("postgres", postgres, Expect::Works);
 }
@@ -1583,6 +1680,11 @@ const PROGRAMS: &[(&str, Workload, &[&str])] = &[
     (
         "PostgreSQL (pgbench -i, sorts)",
         postgres,
+        &["/usr/lib/postgresql/15/bin/postgres", "--version"],
+    ),
+    (
+        "PostgreSQL pgbench (select-only, per-connection, TPC-B-like; 4 clients)",
+        pgbench,
         &["/usr/lib/postgresql/15/bin/postgres", "--version"],
     ),
     ("memcached -m 2048", memcached, &["memcached", "-V"]),
@@ -1703,6 +1805,12 @@ fn compat_table() {
         let mut rm = Run::new(Mode::Rackmem(25));
         let remote = timed(name, workload, &mut rm);
         let stats = rm.stats();
+        if std::env::var_os("COMPAT_STATS").is_some() {
+            // Every process's statistics, for a breakdown of where the time went.
+            for s in &stats {
+                eprintln!("stats {name}: {}", s.raw);
+            }
+        }
         let window = stats.iter().map(ProcStats::footprint_bytes).max().unwrap_or(0);
         let works = match &remote {
             Some((_, out)) if *out == expected => "yes",

@@ -201,6 +201,21 @@ fn signals_sent_to_the_program_never_pass_for_a_lost_brick() {
 }
 
 #[test]
+fn a_loop_of_forks_gives_each_child_the_memory_as_of_its_fork() {
+    require_root();
+    // Children that exit at once, then children that read and write 16 pages each: the parent
+    // changes a page before every fork and checks its whole buffer at the end.
+    for touch in ["0", "16"] {
+        let s = same_as_native_with("fork_many", &["32", "12", touch], SOCKET);
+        assert!(
+            s.len() >= 13,
+            "expected the parent's and 12 children's statistics: {s:?}"
+        );
+        assert_used_remote_memory(busiest(&s));
+    }
+}
+
+#[test]
 fn daemonized_child_keeps_using_remote_memory() {
     require_root();
     let prog = program("daemonize");
