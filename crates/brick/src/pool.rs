@@ -17,9 +17,15 @@ pub const CHUNK: u64 = 1 << 20;
 
 type Chunk = Option<Arc<Vec<u8>>>;
 
-/// The pool's bytes.
+/// Chunks per leaf of the pool's chunk table: a leaf covers 1 GiB and is made when the first
+/// chunk in it is written, so an idle pool costs 16 bytes per GiB, not per MiB (an embedded
+/// brick of 4 TiB, room for 255 forked children's clones of a 16 GiB window, would otherwise
+/// hold 100 MiB of empty slots).
+const LEAF: usize = 1024;
+
+/// The pool's bytes: a two-level table of chunks.
 pub(crate) struct Pool {
-    chunks: Vec<RwLock<Chunk>>,
+    leaves: Vec<std::sync::OnceLock<Box<[RwLock<Chunk>]>>>,
 }
 
 fn lock_r<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -33,8 +39,19 @@ impl Pool {
     pub fn new(size: u64) -> Pool {
         let n = size.div_ceil(CHUNK) as usize;
         Pool {
-            chunks: (0..n).map(|_| RwLock::new(None)).collect(),
+            leaves: (0..n.div_ceil(LEAF)).map(|_| std::sync::OnceLock::new()).collect(),
         }
+    }
+
+    /// Chunk `ci`'s slot, if its leaf was ever made (a slot of a leaf never made holds no
+    /// chunk: its bytes read as zeros).
+    fn slot(&self, ci: usize) -> Option<&RwLock<Chunk>> {
+        self.leaves[ci / LEAF].get().map(|l| &l[ci % LEAF])
+    }
+
+    /// Chunk `ci`'s slot, its leaf made if needed (for a write).
+    fn slot_mut(&self, ci: usize) -> &RwLock<Chunk> {
+        &self.leaves[ci / LEAF].get_or_init(|| (0..LEAF).map(|_| RwLock::new(None)).collect())[ci % LEAF]
     }
 
     /// Calls `f(chunk index, offset in chunk, range in the caller's buffer)` for each chunk piece.
@@ -53,8 +70,10 @@ impl Pool {
     /// Copies `out.len()` bytes at pool offset `off` (bounds checked by the caller).
     pub fn read(&self, off: u64, out: &mut [u8]) {
         Self::pieces(off, out.len(), |ci, co, r| {
-            let g = lock_r(&self.chunks[ci]);
-            match &*g {
+            // The copy is made under the chunk's read lock (a clone of the chunk would make a
+            // concurrent write copy all of it).
+            let g = self.slot(ci).map(lock_r);
+            match g.as_deref().and_then(Option::as_ref) {
                 Some(c) => out[r.clone()].copy_from_slice(&c[co..co + r.len()]),
                 None => out[r].fill(0),
             }
@@ -64,7 +83,7 @@ impl Pool {
     /// Stores `data` at pool offset `off` (bounds checked by the caller).
     pub fn write(&self, off: u64, data: &[u8]) {
         Self::pieces(off, data.len(), |ci, co, r| {
-            let mut g = lock_w(&self.chunks[ci]);
+            let mut g = lock_w(self.slot_mut(ci));
             let c = g.get_or_insert_with(|| Arc::new(vec![0u8; CHUNK as usize]));
             Arc::make_mut(c)[co..co + r.len()].copy_from_slice(&data[r]);
         });
@@ -75,7 +94,7 @@ impl Pool {
     /// which every other access to the chunk takes too: atomic with respect to all of them.
     pub fn update_u64(&self, off: u64, f: impl FnOnce(u64) -> u64) -> u64 {
         let (ci, co) = ((off / CHUNK) as usize, (off % CHUNK) as usize);
-        let mut g = lock_w(&self.chunks[ci]);
+        let mut g = lock_w(self.slot_mut(ci));
         let c = Arc::make_mut(g.get_or_insert_with(|| Arc::new(vec![0u8; CHUNK as usize])));
         let mut w = [0u8; 8];
         w.copy_from_slice(&c[co..co + 8]);
@@ -92,11 +111,13 @@ impl Pool {
             let ci = (at / CHUNK) as usize;
             let co = at % CHUNK;
             let n = (CHUNK - co).min(end - at);
-            let mut g = lock_w(&self.chunks[ci]);
-            if n == CHUNK {
-                *g = None;
-            } else if let Some(c) = g.as_mut() {
-                Arc::make_mut(c)[co as usize..(co + n) as usize].fill(0);
+            if let Some(slot) = self.slot(ci) {
+                let mut g = lock_w(slot);
+                if n == CHUNK {
+                    *g = None;
+                } else if let Some(c) = g.as_mut() {
+                    Arc::make_mut(c)[co as usize..(co + n) as usize].fill(0);
+                }
             }
             at += n;
         }
@@ -106,7 +127,8 @@ impl Pool {
     /// an allocated chunk (unallocated chunks read as zeros and are skipped).
     pub fn export(&self, off: u64, len: u64, mut f: impl FnMut(usize, &[u8])) {
         Self::pieces(off, len as usize, |ci, co, r| {
-            if let Some(c) = &*lock_r(&self.chunks[ci]) {
+            let g = self.slot(ci).map(lock_r);
+            if let Some(c) = g.as_deref().and_then(Option::as_ref) {
                 f(r.start, &c[co..co + r.len()]);
             }
         });
@@ -115,17 +137,24 @@ impl Pool {
     /// Makes chunks `[dst, dst+len)` share the chunks of `[src, src+len)` (chunk aligned).
     pub fn share(&self, src: u64, dst: u64, len: u64) {
         for i in 0..(len / CHUNK) as usize {
-            let s = lock_r(&self.chunks[(src / CHUNK) as usize + i]).clone();
-            *lock_w(&self.chunks[(dst / CHUNK) as usize + i]) = s;
+            let s = self.slot((src / CHUNK) as usize + i).and_then(|s| lock_r(s).clone());
+            let d = (dst / CHUNK) as usize + i;
+            match (s, self.slot(d)) {
+                // Nothing to share into a leaf that holds nothing.
+                (None, None) => {}
+                (s, _) => *lock_w(self.slot_mut(d)) = s,
+            }
         }
     }
 
     /// Bytes of chunk memory allocated; a chunk shared by clones counts once.
     pub fn resident_bytes(&self) -> u64 {
         let mut seen = std::collections::HashSet::new();
-        for c in &self.chunks {
-            if let Some(a) = &*lock_r(c) {
-                seen.insert(Arc::as_ptr(a) as usize);
+        for leaf in self.leaves.iter().filter_map(std::sync::OnceLock::get) {
+            for c in leaf.iter() {
+                if let Some(a) = &*lock_r(c) {
+                    seen.insert(Arc::as_ptr(a) as usize);
+                }
             }
         }
         seen.len() as u64 * CHUNK

@@ -80,8 +80,10 @@ pub struct RunArgs {
     /// Window (remote address space) per process; default: a quarter of each brick, at most 16 GiB each.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     window: Option<u64>,
-    /// Size of the embedded brick (lazily backed).
-    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = parse_size_arg)]
+    /// Size of the embedded brick (lazily backed: address space until written). Each forked
+    /// child's copy-on-write clone takes a range the size of the window (16 GiB by default), so
+    /// the default holds 255 children alive at once beside their parent.
+    #[arg(long, value_name = "SIZE", default_value = "4TiB", value_parser = parse_size_arg)]
     embedded_size: u64,
     /// How the fault handler waits: auto (the default: placed by the runtime, see below),
     /// blocking, busy-poll, or hybrid[:MICROSECONDS].

@@ -240,10 +240,12 @@ fn the_handler_follows_a_lone_faulting_thread_and_never_confines_new_threads() {
 #[test]
 fn a_server_forking_beside_long_lived_children_gets_a_clone_for_every_child() {
     require_root();
-    let s = same_as_native("fork_hold", &["14", "100"]);
+    // 40 children alive at once: more than an embedded brick of 256 GiB held (fifteen 16 GiB
+    // clones beside the parent's window), which stopped the sixteenth with exit 111.
+    let s = same_as_native("fork_hold", &["40", "100"]);
     assert!(
-        s.len() >= 115,
-        "expected the parent's and 114 children's statistics: {}",
+        s.len() >= 141,
+        "expected the parent's and 140 children's statistics: {}",
         s.len()
     );
     assert_used_remote_memory(busiest(&s));
