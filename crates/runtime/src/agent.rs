@@ -198,7 +198,14 @@ impl Agent {
 
     /// Asks for an allocation of at least `bytes`.
     pub fn grow(&self, bytes: u64) -> Result<AgentAllocation, AgentError> {
-        let rest = self.call("grow", AgentRequest::Grow { bytes })?;
+        self.grow_on(bytes, None)
+    }
+
+    /// Asks for an allocation of at least `bytes`, on `brick` (its address) when given, in one
+    /// segment there.
+    pub fn grow_on(&self, bytes: u64, brick: Option<&str>) -> Result<AgentAllocation, AgentError> {
+        let brick = brick.map(str::to_string);
+        let rest = self.call("grow", AgentRequest::Grow { bytes, brick })?;
         serde_json::from_value(serde_json::Value::Object(rest)).map_err(|e| AgentError::Malformed {
             op: "grow",
             why: e.to_string(),
