@@ -150,17 +150,21 @@ uint64_t rackmem_atomic_compare_swap(rackmem_seg *seg, uint64_t offset, uint64_t
  * program allocated from rackmem) to `target` and returns when they are there:
  *   "local"        fetch the range and pin it in the local buffer until rackmem_unpin or until
  *                  it is freed (pins may take at most half the local buffer);
- *   a brick        an address as given in RACKMEM_BRICKS ("unix:/path", "tcp://host:port"):
- *                  the range's pages move to that brick, through this process, and later
- *                  evictions of the range write there. A pinned range is unpinned.
+ *   a brick        an address as given in RACKMEM_BRICKS ("unix:/path", "tcp://host:port"),
+ *                  or with a node agent as the control plane lists it (rackmem ctl bricks):
+ *                  the range's pages move to that brick (pulled by it from the source brick,
+ *                  or through this process), and later evictions of the range write there.
+ *                  With a node agent the control plane places and accounts the room there.
+ *                  A pinned range is unpinned.
  * The program keeps running meanwhile: other threads may read and write the range, and no write
  * is lost. Returns 0, or -1 with errno:
  *   EINVAL  the range is empty or not inside rackmem memory;
- *   ENOENT  `target` is neither "local" nor a brick of RACKMEM_BRICKS;
- *   ENOSPC  the target has no room (the brick cannot carve a segment, or the pin is too large);
+ *   ENOENT  `target` is neither "local" nor a brick of RACKMEM_BRICKS (with a node agent: of
+ *           the control plane);
+ *   ENOSPC  the target has no room (the brick cannot carve a segment, the control plane or the
+ *           agent's quotas refuse it, or the pin is too large);
  *   EIO     the target brick failed during the move: the range stays where it was;
  *   EBUSY   part of the range is being moved by another call;
- *   ENOTSUP brick targets with a node agent (the control plane places memory there);
  *   ENOSYS  rackmem is not active in this process.
  * Each migration is timed in four steps (seed 001's Table III), also summed in --stats-json. */
 struct rackmem_migration {

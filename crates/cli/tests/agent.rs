@@ -1409,3 +1409,100 @@ fn memory_pushed_to_a_node_serves_its_programs_and_is_released_once_unused() {
     assert_eq!(r["deferred"], false, "{r}");
     assert!(live_allocations(&c.url).is_empty());
 }
+
+/// A migration's target: a grow on a named brick is one segment there, placed and accounted by
+/// the control plane like any allocation; a brick the control plane does not know is refused.
+#[test]
+fn a_grow_on_a_named_brick_places_one_segment_there() {
+    require_root();
+    let c = cluster();
+    let bricks = ctl_json(&c.url, &["bricks"]);
+    let list = bricks.as_array().expect("bricks");
+    let b1 = list.iter().find(|b| b["name"] == "b1").expect("brick b1");
+    let (b1_id, b1_address) = (
+        b1["id"].as_u64().expect("id"),
+        b1["address"].as_str().expect("address").to_string(),
+    );
+    let s = UnixStream::connect(&c.socket).expect("connect");
+    let mut conn = (s.try_clone().expect("clone"), BufReader::new(s));
+    let r = ask(&mut conn, r#"{"op":"hello","pid":1,"program":"test"}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    let grow = serde_json::json!({"op": "grow", "bytes": 8u64 << 20, "brick": b1_address});
+    let r = ask(&mut conn, &grow.to_string());
+    assert_eq!(r["ok"], true, "{r}");
+    let segments = r["segments"].as_array().expect("segments");
+    assert_eq!(segments.len(), 1, "one segment, though the agent stripes over 2: {r}");
+    assert_eq!(segments[0]["brick_address"], b1_address.as_str(), "{r}");
+    let id = r["allocation"].as_u64().expect("allocation id");
+    let live = live_allocations(&c.url);
+    assert_eq!(live.len(), 1, "{live:?}");
+    let placed: Vec<u64> = live[0]["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .filter_map(|s| s["brick_id"].as_u64())
+        .collect();
+    assert_eq!(placed, vec![b1_id], "accounted on b1: {live:?}");
+    let r = ask(
+        &mut conn,
+        r#"{"op":"grow","bytes":8388608,"brick":"unix:/nonexistent/brick.sock"}"#,
+    );
+    assert_eq!(code_of(&r), "not_found", "{r}");
+    let r = ask(&mut conn, &format!(r#"{{"op":"release","allocation":{id}}}"#));
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(live_allocations(&c.url).is_empty());
+}
+
+/// Migration on managed memory (issue 23): a program on agent memory moves its buffer between
+/// the control plane's two bricks and its local buffer while another of its threads keeps
+/// writing it; the targets are segments the control plane places on the named brick; the buffer
+/// ends equal to the program's model, and every allocation goes back when it exits.
+#[test]
+fn a_buffer_on_agent_memory_moves_between_bricks_while_written() {
+    require_root();
+    let c = cluster();
+    let bricks = ctl_json(&c.url, &["bricks"]);
+    let address = |name: &str| -> String {
+        let list = bricks.as_array().expect("bricks");
+        let b = list.iter().find(|b| b["name"] == name).expect("brick");
+        b["address"].as_str().expect("address").to_string()
+    };
+    let (a, b) = (address("b0"), address("b1"));
+    let stats = c.dir.path().join("stats.jsonl");
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("run")
+        .arg("--agent")
+        .arg(&c.socket)
+        .args(["--local", "8MiB", "--stats-json"])
+        .arg(&stats)
+        .arg("--")
+        .arg(program("migrate_rw"))
+        .args(["moves", "32", &a, &b, "2"]);
+    let o = run_with_deadline(cmd, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("checksum "))
+        .unwrap_or_else(|| panic!("no checksum line in:\n{out}"));
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w[1], w[3], "the buffer differs from the program's model:\n{out}");
+    let moved_to_b = out
+        .lines()
+        .filter(|l| l.starts_with(&format!("migrated 32 MiB to {b}:")))
+        .count();
+    assert_eq!(moved_to_b, 2, "two moves to brick b1:\n{out}");
+    let s = read_stats(&stats);
+    let s = busiest(&s);
+    assert_eq!(s.extra("migrations"), 7, "migrations counted in --stats-json");
+    assert!(s.extra("migration_bytes") >= 32 << 20, "{}", s.extra("migration_bytes"));
+    assert!(
+        s.extra("migration_pieces_direct") >= 2,
+        "the moves of the whole buffer between bricks are pulled directly: {} direct, {} bounced",
+        s.extra("migration_pieces_direct"),
+        s.extra("migration_pieces_bounced")
+    );
+    wait_for("the program's allocations to go back", || {
+        live_allocations(&c.url).is_empty()
+    });
+}

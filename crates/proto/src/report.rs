@@ -49,6 +49,10 @@ pub enum AgentRequest {
     Grow {
         /// Bytes asked for.
         bytes: u64,
+        /// Only on this brick (its address), in one segment: a migration's target. Unset: where
+        /// the control plane picks.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        brick: Option<String>,
     },
     /// Return an allocation this connection holds.
     Release {
@@ -378,7 +382,7 @@ mod tests {
 
     #[test]
     fn requests_have_the_wire_names_the_agent_documents() {
-        let grow = serde_json::to_value(AgentRequest::Grow { bytes: 7 }).unwrap();
+        let grow = serde_json::to_value(AgentRequest::Grow { bytes: 7, brick: None }).unwrap();
         assert_eq!(grow, serde_json::json!({"op": "grow", "bytes": 7}));
         let rates = serde_json::to_value(AgentRequest::Rates).unwrap();
         assert_eq!(rates, serde_json::json!({"op": "rates"}));

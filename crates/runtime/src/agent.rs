@@ -152,7 +152,14 @@ impl Agent {
 
     /// Asks for an allocation of at least `bytes`.
     pub fn grow(&self, bytes: u64) -> Result<AgentAllocation, AgentError> {
-        let r = self.call("grow", AgentRequest::Grow { bytes })?;
+        self.grow_on(bytes, None)
+    }
+
+    /// Asks for an allocation of at least `bytes`, on `brick` (its address) when given, in one
+    /// segment there.
+    pub fn grow_on(&self, bytes: u64, brick: Option<&str>) -> Result<AgentAllocation, AgentError> {
+        let brick = brick.map(str::to_string);
+        let r = self.call("grow", AgentRequest::Grow { bytes, brick })?;
         match (r.allocation, r.segments) {
             (Some(allocation), Some(segments)) => Ok(AgentAllocation { allocation, segments }),
             _ => Err(AgentError::Malformed {

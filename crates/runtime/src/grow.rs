@@ -144,6 +144,11 @@ impl Runtime {
             let Some(last) = inner.table.get(n.wrapping_sub(1)) else {
                 return;
             };
+            // A migration target (pushed aside) holds moved ranges: it stays, and so do the
+            // allocations before it.
+            if inner.table.is_aside(n - 1) {
+                return;
+            }
             let Some(id) = last.allocation else {
                 return;
             };

@@ -87,17 +87,12 @@ pub enum MigrateError {
         len: usize,
     },
     /// The target names no brick of `RACKMEM_BRICKS`.
-    #[error("no brick {0:?} among RACKMEM_BRICKS (give \"local\" or one of its addresses)")]
+    #[error("no brick {0:?} to migrate to (give \"local\", an address of RACKMEM_BRICKS, or with a node agent one the control plane lists)")]
     UnknownBrick(String),
     /// The target has no room: the brick cannot carve a segment, or the local buffer cannot pin
     /// that much.
     #[error("{0}")]
     NoSpace(String),
-    /// Moving to a brick with a node agent (the control plane places memory; a later slice).
-    #[error(
-        "migration to a brick needs bricks given by RACKMEM_BRICKS; with a node agent the control plane places memory"
-    )]
-    Unsupported,
     /// Part of the range is moving already, or write-backs to it did not end in time.
     #[error("window pages {first}..{end} are busy: {why}")]
     Busy {
@@ -134,7 +129,6 @@ impl MigrateError {
             MigrateError::Outside { .. } => libc::EINVAL,
             MigrateError::UnknownBrick(_) => libc::ENOENT,
             MigrateError::NoSpace(_) => libc::ENOSPC,
-            MigrateError::Unsupported => libc::ENOTSUP,
             MigrateError::Busy { .. } => libc::EBUSY,
             MigrateError::TargetLost { .. } | MigrateError::SourceLost { .. } => libc::EIO,
         }
@@ -167,10 +161,8 @@ impl Runtime {
         let addr: BrickAddr = target
             .parse()
             .map_err(|_| MigrateError::UnknownBrick(target.to_string()))?;
-        if self.inner.agent.is_some() {
-            return Err(MigrateError::Unsupported);
-        }
-        if !self.inner.cfg.bricks.contains(&addr) {
+        // With an agent, the control plane says which bricks the node may use (at Allocate).
+        if self.inner.agent.is_none() && !self.inner.cfg.bricks.contains(&addr) {
             return Err(MigrateError::UnknownBrick(target.to_string()));
         }
         Ok(Target::Brick(addr))
@@ -605,8 +597,11 @@ impl Runtime {
             err: e.to_string(),
         };
         let cfg = &inner.cfg;
-        let fault = Link::connect_with(target, cfg.timeout, cfg.tls.as_ref()).map_err(|e| lost(&e))?;
         let bytes = (n * PAGE).max(MIGRATION_SEGMENT_BYTES).div_ceil(2 << 20) * (2 << 20);
+        if let Some(agent) = &inner.agent {
+            return self.room_from_agent(agent, &mut list, target, bytes, n);
+        }
+        let fault = Link::connect_with(target, cfg.timeout, cfg.tls.as_ref()).map_err(|e| lost(&e))?;
         let seg = fault.alloc_segment(&cfg.secret, bytes).map_err(|e| {
             if e.is_no_space() {
                 MigrateError::NoSpace(format!(
@@ -623,6 +618,77 @@ impl Runtime {
             .table
             .push(pages, build)
             .ok_or_else(|| MigrateError::NoSpace(format!("{} segments attached already", segment::MAX_SEGMENTS)))?;
+        list.push(MigrationSegment {
+            index,
+            addr: target.clone(),
+            pages,
+            next_page: n,
+        });
+        Ok((index, 0))
+    }
+
+    /// Allocate on managed memory: the control plane places a segment of `bytes` on `target`
+    /// (accounted to this process like any grow, refused when the brick is full or unknown),
+    /// attached outside the window's concatenation as a migration segment.
+    fn room_from_agent(
+        &self,
+        agent: &crate::agent::Agent,
+        list: &mut Vec<MigrationSegment>,
+        target: &BrickAddr,
+        bytes: u64,
+        n: u64,
+    ) -> Result<(usize, u64), MigrateError> {
+        let inner = &self.inner;
+        let cfg = &inner.cfg;
+        let lost = |e: &dyn std::fmt::Display| MigrateError::TargetLost {
+            addr: target.to_string(),
+            err: e.to_string(),
+        };
+        let name = target.to_string();
+        let a = agent.grow_on(bytes, Some(&name)).map_err(|e| match &e {
+            crate::agent::AgentError::Refused { code, .. } if code == "not_found" => {
+                MigrateError::UnknownBrick(name.clone())
+            }
+            crate::agent::AgentError::Refused { .. } => MigrateError::NoSpace(format!("brick {name}: {e}")),
+            _ => lost(&e),
+        })?;
+        let give_back = |e: MigrateError| {
+            // Not attached: return it, or it stays accounted to this process until it exits.
+            let _ = agent.release(a.allocation);
+            e
+        };
+        let [s] = a.segments.as_slice() else {
+            return Err(give_back(lost(&format!(
+                "the agent answered {} segments for a migration target, not one",
+                a.segments.len()
+            ))));
+        };
+        let (grant, session_key) = crate::agent::credentials(s).map_err(|e| give_back(lost(&e)))?;
+        if s.brick_address != name {
+            return Err(give_back(lost(&format!("the agent placed it on {}", s.brick_address))));
+        }
+        let fault = Link::connect_with(target, cfg.timeout, cfg.tls.as_ref()).map_err(|e| give_back(lost(&e)))?;
+        fault.attach(&grant, &session_key).map_err(|e| give_back(lost(&e)))?;
+        let seg = rackmem_proto::SegmentGrant { grant, session_key };
+        let (pages, build) = segment::standalone(target.clone(), seg, fault, cfg).map_err(|e| give_back(lost(&e)))?;
+        if pages < n {
+            return Err(give_back(lost(&"the agent's segment is smaller than asked")));
+        }
+        let allocation = a.allocation;
+        let _change = inner.table.change_lock();
+        let index = inner
+            .table
+            .push_aside(pages, move |first_page| {
+                let mut seg = build(first_page);
+                seg.allocation = Some(allocation);
+                seg
+            })
+            .ok_or_else(|| {
+                give_back(MigrateError::NoSpace(format!(
+                    "{} segments attached already",
+                    segment::MAX_SEGMENTS
+                )))
+            })?;
         list.push(MigrationSegment {
             index,
             addr: target.clone(),

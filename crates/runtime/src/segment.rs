@@ -208,6 +208,29 @@ impl SegmentTable {
         Some(n)
     }
 
+    /// Appends a segment of `pages` pages that takes no window pages in the concatenation: a
+    /// migration target on memory that grows (the node agent's), where a segment pushed into
+    /// the concatenation would back the window pages the next allocation takes. Only moved
+    /// ranges ([`SegmentTable::set_home`]) reach it. Returns its index, or `None` if full.
+    pub fn push_aside(&self, pages: u64, make: impl FnOnce(u64) -> Segment) -> Option<usize> {
+        let n = self.len();
+        if n >= MAX_SEGMENTS {
+            return None;
+        }
+        let first = self.total_pages();
+        let seg = make(first);
+        debug_assert_eq!((seg.first_page, seg.pages), (first, pages));
+        *self.slots[n].write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(seg));
+        self.ends[n].store(first, Ordering::Release);
+        self.count.store(n + 1, Ordering::Release);
+        Some(n)
+    }
+
+    /// Whether segment `index` was pushed aside ([`SegmentTable::push_aside`]).
+    pub fn is_aside(&self, index: usize) -> bool {
+        self.bounds(index).is_some_and(|(first, end)| first == end)
+    }
+
     /// Detaches the last segment and returns it.
     pub fn pop(&self) -> Option<Arc<Segment>> {
         let n = self.len();

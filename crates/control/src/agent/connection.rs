@@ -43,13 +43,27 @@ struct Connection<'a> {
 }
 
 impl Connection<'_> {
-    fn grow(&mut self, bytes: u64) -> Reply {
+    fn grow(&mut self, bytes: u64, brick: Option<&str>) -> Reply {
         let shared = self.shared;
+        // A migration's target: one segment on that brick, placed and accounted by the control
+        // plane like any allocation (it refuses a brick that is full or not the node's to use).
+        let on = match brick {
+            None => None,
+            Some(address) => match shared.client.bricks() {
+                Ok(list) => match list.iter().find(|b| b.address == address) {
+                    Some(b) => Some(b.id),
+                    None => return refusal("not_found", format!("no brick at {address}")),
+                },
+                Err(e) => return client_refusal(&e),
+            },
+        };
         // Memory pushed to the node first: it is attached already and counts to no quota (an
         // admin gave it to the node).
-        if let Some((id, _, segments)) = super::pool::take(shared, self.id, bytes) {
-            self.pooled.insert(id);
-            return Reply::grown(id, segments.iter().map(agent_segment).collect());
+        if on.is_none() {
+            if let Some((id, _, segments)) = super::pool::take(shared, self.id, bytes) {
+                self.pooled.insert(id);
+                return Reply::grown(id, segments.iter().map(agent_segment).collect());
+            }
         }
         let cfg = &shared.cfg;
         let (uid, pid) = (self.cred.uid, self.cred.pid);
@@ -71,7 +85,8 @@ impl Connection<'_> {
         let req = |node| AllocationRequest {
             node,
             size_bytes: bytes,
-            stripe: Some(cfg.stripe.max(1)),
+            stripe: Some(if on.is_some() { 1 } else { cfg.stripe.max(1) }),
+            bricks: on.map(|b| vec![b]),
             idempotency_key: Some(key.clone()),
             holder: Some(holder.clone()),
             ..Default::default()
@@ -117,7 +132,7 @@ impl Connection<'_> {
                 Reply::hello(shared.node.load(Ordering::Acquire))
             }
             _ if !*hello => refusal("bad_request", "say hello first"),
-            Request::Grow { bytes } => self.grow(bytes),
+            Request::Grow { bytes, brick } => self.grow(bytes, brick.as_deref()),
             Request::Release { allocation } if self.pooled.remove(&allocation) => {
                 super::pool::give_back(shared, allocation);
                 Reply::done()
