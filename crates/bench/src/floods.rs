@@ -14,12 +14,11 @@
 //! alternate quiet and flooded batches, so both see the same machine. Control plane, brick and
 //! attackers run in this process on TCP loopback.
 
-use crate::rates::{brick, serve};
+use crate::rates::{brick, first_segment, serve};
 use crate::{BenchError, Context, Output};
 use rackmem_control::api::AllocationRequest;
 use rackmem_control::client::Client;
-use rackmem_proto::Grant;
-use rackmem_transport::{BrickAddr, Link};
+use rackmem_transport::Link;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -131,16 +130,7 @@ fn sample(url: &str, token: &str, node: u64, brick_id: u64) -> Result<(f64, f64)
         .context("allocating")?;
     let alloc_us = t0.elapsed().as_secs_f64() * 1e6;
     let result = (|| -> Result<f64, BenchError> {
-        let seg = a
-            .segments
-            .first()
-            .ok_or_else(|| BenchError::Workload("an allocation without segments".into()))?;
-        let addr: BrickAddr = seg.brick_address.parse().context("the brick's address")?;
-        let grant = Grant::decode(&hex::decode(&seg.grant_hex).context("grant hex")?).context("the grant")?;
-        let key: [u8; 32] = hex::decode(&seg.session_key_hex)
-            .context("session key hex")?
-            .try_into()
-            .map_err(|_| BenchError::Workload("a session key of the wrong length".into()))?;
+        let (addr, grant, key) = first_segment(&a)?;
         let t1 = Instant::now();
         let link = Link::connect(&addr, Duration::from_secs(30)).context("connecting to the brick")?;
         link.attach(&grant, &key).context("attaching")?;

@@ -171,6 +171,22 @@ pub(crate) fn brick(
     Ok((handle, hb, id))
 }
 
+/// What a client needs to attach to an allocation's first segment: its brick's address, the
+/// grant and the session key.
+pub(crate) fn first_segment(a: &rackmem_control::api::Allocation) -> Result<(BrickAddr, Grant, [u8; 32]), BenchError> {
+    let seg = a
+        .segments
+        .first()
+        .ok_or_else(|| BenchError::Workload("an allocation without segments".into()))?;
+    let addr: BrickAddr = seg.brick_address.parse().context("the brick's address")?;
+    let grant = Grant::decode(&hex::decode(&seg.grant_hex).context("grant hex")?).context("the grant")?;
+    let key: [u8; 32] = hex::decode(&seg.session_key_hex)
+        .context("session key hex")?
+        .try_into()
+        .map_err(|_| BenchError::Workload("a session key of the wrong length".into()))?;
+    Ok((addr, grant, key))
+}
+
 /// A segment as a client attaches to it: the brick's address, the grant, its session key, and
 /// the rate the control plane set.
 type Attachable = (BrickAddr, Grant, [u8; 32], u64);
@@ -190,17 +206,7 @@ fn allocate_two(s: &Setup, id: u64) -> Result<(Vec<Attachable>, Vec<u64>), Bench
             })
             .context("allocating a segment")?;
         ids.push(a.id);
-        let seg = a
-            .segments
-            .first()
-            .ok_or_else(|| BenchError::Workload("an allocation without segments".into()))?;
-        let addr: BrickAddr = seg.brick_address.parse().context("the brick's address")?;
-        let grant = Grant::decode(&hex::decode(&seg.grant_hex).context("grant hex")?).context("the grant")?;
-        let key: [u8; 32] = hex::decode(&seg.session_key_hex)
-            .context("session key hex")?
-            .try_into()
-            .map_err(|_| BenchError::Workload("a session key of the wrong length".into()))?;
-        out.push((addr, grant, key));
+        out.push(first_segment(&a)?);
     }
     // The second allocation lowered the first segment's share: read the rates now.
     let rates = ids

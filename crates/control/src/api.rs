@@ -747,15 +747,28 @@ pub struct BrickLevelView {
     pub camat_ns: f64,
 }
 
+/// A reported brick level's counts, for the model's C-AMAT terms.
+pub fn level_counts(b: &rackmem_proto::BrickLevelReport) -> rackmem_model::LevelCounts {
+    rackmem_model::LevelCounts {
+        faults: b.faults,
+        pure_misses: b.pure_misses,
+        pure_miss_ns: b.pure_miss_ns,
+        busy_ns: b.busy_ns,
+        accum_ns: b.accum_ns,
+        max_outstanding: b.max_outstanding,
+    }
+}
+
 impl From<&rackmem_proto::BrickLevelReport> for BrickLevelView {
     fn from(b: &rackmem_proto::BrickLevelReport) -> Self {
+        let c = level_counts(b);
         BrickLevelView {
             brick: b.brick.clone(),
             faults: b.faults,
             pure_misses: b.pure_misses,
-            miss_concurrency: b.miss_concurrency(),
-            pure_miss_penalty_ns: b.pure_avg_miss_penalty_ns(),
-            camat_ns: b.camat_ns(),
+            miss_concurrency: c.miss_concurrency(),
+            pure_miss_penalty_ns: c.pure_avg_miss_penalty_ns(),
+            camat_ns: c.camat_ns(),
         }
     }
 }

@@ -262,8 +262,8 @@ pub const MAX_REPORTED_BRICKS: usize = 32;
 pub const MAX_BRICK_NAME_LEN: usize = 512;
 
 /// One brick's level of C-AMAT in a [`ProcessReport`] (seed 002, section 2.2, hits invisible):
-/// plain counts, from which a receiver derives the figures ([`BrickLevelReport::camat_ns`] and
-/// the rest), so no float crosses the wire. Each fault whose page the brick served is one
+/// plain counts, from which a receiver derives the figures (as `rackmem_model::LevelCounts`
+/// does), so no float crosses the wire. Each fault whose page the brick served is one
 /// access, from the start of its read to the page's data being here.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -282,31 +282,6 @@ pub struct BrickLevelReport {
     pub accum_ns: u64,
     /// Most accesses to this brick outstanding at once.
     pub max_outstanding: u32,
-}
-
-impl BrickLevelReport {
-    /// Miss concurrency `C_M`: accesses outstanding at once, time-weighted over the time any was.
-    pub fn miss_concurrency(&self) -> f64 {
-        ratio(self.accum_ns, self.busy_ns)
-    }
-
-    /// `pAMP`: mean time of a pure miss, nanoseconds.
-    pub fn pure_avg_miss_penalty_ns(&self) -> f64 {
-        ratio(self.pure_miss_ns, self.pure_misses)
-    }
-
-    /// The level's C-AMAT (Eq. 1): its active time per access, nanoseconds.
-    pub fn camat_ns(&self) -> f64 {
-        ratio(self.busy_ns, self.faults)
-    }
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
 }
 
 impl ProcessReport {
@@ -473,14 +448,7 @@ mod tests {
     }
 
     #[test]
-    fn a_brick_level_gives_its_c_amat_terms() {
-        let b = &report().bricks[0];
-        // 4 accesses, busy 60 us with 90 us of accesses outstanding: C_M 1.5, C-AMAT 15 us.
-        assert_eq!(b.miss_concurrency(), 1.5);
-        assert_eq!(b.camat_ns(), 15_000.0);
-        assert_eq!(b.pure_avg_miss_penalty_ns(), 20_000.0);
-        assert_eq!(BrickLevelReport::default().camat_ns(), 0.0);
-        // A report without the field (an older runtime's) reads as no bricks.
+    fn a_report_of_an_older_runtime_has_no_bricks() {
         let mut v = serde_json::to_value(report()).unwrap();
         v.as_object_mut().unwrap().remove("bricks");
         assert!(serde_json::from_value::<ProcessReport>(v).unwrap().bricks.is_empty());

@@ -5,7 +5,7 @@
 //! Bounded: one entry per connection (at most `--max-connections`), dropped when it closes.
 
 use super::{lock, Shared};
-use crate::api::ProcessReports;
+use crate::api::{level_counts, ProcessReports};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -215,17 +215,17 @@ impl Collector for ProcessCollector {
             (
                 "process_brick_camat_seconds",
                 "C-AMAT of this brick's level: time any fault it serves is outstanding, per fault",
-                |b| b.camat_ns() / 1e9,
+                |b| level_counts(b).camat_ns() / 1e9,
             ),
             (
                 "process_brick_miss_concurrency",
                 "Faults this brick serves outstanding at once, time-weighted over the time any was",
-                BrickLevelReport::miss_concurrency,
+                |b| level_counts(b).miss_concurrency(),
             ),
             (
                 "process_brick_pure_miss_penalty_seconds",
                 "Mean time of this brick's pure misses (seed 002's pAMP)",
-                |b| b.pure_avg_miss_penalty_ns() / 1e9,
+                |b| level_counts(b).pure_avg_miss_penalty_ns() / 1e9,
             ),
         ];
         for (name, help, f) in brick_gauges {
