@@ -220,29 +220,11 @@ fn an_operators_rate_reaches_the_bricks_own_pacing_and_outlives_its_restarts() {
 #[test]
 fn bench_rates_on_a_short_run_writes_json_and_a_chart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (json, svg) = (dir.path().join("rates.json"), dir.path().join("rates.svg"));
-    let mut c = std::process::Command::new(rackmem());
-    c.args([
-        "bench",
-        "rates",
-        "--rounds",
-        "2",
-        "--seconds",
-        "0.3",
-        "--fraction",
-        "0.5",
-    ])
-    .args([
-        "--json",
-        json.to_str().expect("path"),
-        "--svg",
-        svg.to_str().expect("path"),
-    ]);
-    let o = run_with_deadline(c, Duration::from_secs(300));
-    assert!(o.status.success(), "{}", show(&o));
+    let (o, v, chart) = bench_part(
+        dir.path(),
+        &["rates", "--rounds", "2", "--seconds", "0.3", "--fraction", "0.5"],
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("÷ share"), "{}", show(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("well-formed JSON");
     let rounds = v["rates"]["rounds"].as_array().expect("rounds");
     assert_eq!(rounds.len(), 2, "{v}");
     for r in rounds {
@@ -261,7 +243,6 @@ fn bench_rates_on_a_short_run_writes_json_and_a_chart() {
         assert!(shares <= serve, "more promised than the brick serves: {r}");
     }
     assert!(v["rates"]["target_met"].is_boolean());
-    let chart = std::fs::read_to_string(&svg).expect("chart written");
     assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
 }
 
@@ -272,28 +253,10 @@ fn bench_rates_on_a_short_run_writes_json_and_a_chart() {
 #[test]
 fn bench_floods_serves_the_legitimate_client_under_both_floods() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (json, svg) = (dir.path().join("floods.json"), dir.path().join("floods.svg"));
-    let mut c = std::process::Command::new(rackmem());
-    c.args([
-        "bench",
-        "floods",
-        "--rounds",
-        "1",
-        "--samples",
-        "20",
-        "--brick-flood",
-        "2000",
-    ])
-    .args([
-        "--json",
-        json.to_str().expect("path"),
-        "--svg",
-        svg.to_str().expect("path"),
-    ]);
-    let o = run_with_deadline(c, Duration::from_secs(300));
-    assert!(o.status.success(), "{}", show(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("well-formed JSON");
+    let (_, v, chart) = bench_part(
+        dir.path(),
+        &["floods", "--rounds", "1", "--samples", "20", "--brick-flood", "2000"],
+    );
     let f = &v["floods"];
     for batch in ["quiet", "flooded"] {
         assert_eq!(f[batch]["failed"], 0, "{batch} samples failed: {f}");
@@ -308,6 +271,5 @@ fn bench_floods_serves_the_legitimate_client_under_both_floods() {
     );
     assert_eq!(f["brick_held"], 2000, "the brick holds silent connections apart: {f}");
     assert!(f["allocation"]["p99_ratio"].as_f64().is_some_and(f64::is_finite), "{f}");
-    let chart = std::fs::read_to_string(&svg).expect("chart written");
     assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
 }

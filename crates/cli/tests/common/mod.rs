@@ -622,3 +622,21 @@ pub fn start_managed_brick(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Runs `rackmem bench ARGS --json DIR/bench.json --svg DIR/bench.svg` within 300 s and fails,
+/// showing what it printed, unless it succeeds; returns its output, its JSON and its chart.
+pub fn bench_part(dir: &Path, args: &[&str]) -> (Output, serde_json::Value, String) {
+    let (json, svg) = (dir.join("bench.json"), dir.join("bench.svg"));
+    let mut c = Command::new(rackmem());
+    c.arg("bench")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg);
+    let o = run_with_deadline(c, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", show(&o));
+    let v = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("well-formed JSON");
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    (o, v, chart)
+}
