@@ -8,6 +8,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+/// The tests that switch a swap peer on take turns: each compares the machine before and after
+/// itself (swap, zram, cgroups), and a second one running beside it (`--test-threads=2`) would
+/// find the first one's zram device set up and fail, or reset it under the first.
+static SWAP_PEERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn swap_turn() -> std::sync::MutexGuard<'static, ()> {
+    SWAP_PEERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn machine_state() -> (String, String, Vec<String>) {
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
     let zram = std::fs::read_to_string("/sys/block/zram0/disksize").unwrap_or_default();
@@ -121,6 +130,7 @@ fn floors_latency_and_scan_write_json() {
 #[test]
 fn held_out_sysbench_runs_natively_under_rackmem_and_under_zram() {
     require_root();
+    let _turn = swap_turn();
     assert!(
         Path::new("/usr/bin/sysbench").exists(),
         "this test needs sysbench (apt-get install sysbench; ./scripts/programs.sh does)"
@@ -165,6 +175,7 @@ fn held_out_sysbench_runs_natively_under_rackmem_and_under_zram() {
 #[test]
 fn workloads_with_swap_peers_clean_up_on_success_and_on_failure() {
     require_root();
+    let _turn = swap_turn();
     let before = machine_state();
     assert_eq!(
         before.0.lines().count(),
@@ -545,6 +556,7 @@ fn papers_kinds_of_work_compute_what_they_compute_natively() {
 #[test]
 fn apps_against_swap_peers_leave_the_machine_as_found() {
     need_root("bench apps with swap peers");
+    let _turn = swap_turn();
     let before = machine_state();
     assert_eq!(
         before.0.lines().count(),
