@@ -131,7 +131,7 @@ enum Which {
     /// with a memory cgroup limited to the same budget. Needs root for the swap peers.
     Workloads(WorkloadArgs),
     /// Real applications (Redis under redis-benchmark, memcached, SQLite building an index, K-means, Graph500
-    /// BFS, zstd --long, NumPy linear algebra and K-means, qsort, a Python dict, random updates
+    /// BFS, zstd --long, xz -T2, NumPy linear algebra and K-means, qsort, a Python dict, random updates
     /// from 1, 2 and all CPUs) natively, under `rackmem run --local P%` and under Linux swap to zram and
     /// to a swap file with a memory cgroup limited to P% of the footprint measured natively.
     /// Needs root for the swap peers.
@@ -248,14 +248,14 @@ pub struct WorkloadArgs {
 
 #[derive(Args)]
 pub struct AppArgs {
-    /// Applications to run: redis, memcached, sqlite, kmeans, bfs, zstd, and the far-memory
+    /// Applications to run: redis, memcached, sqlite, kmeans, bfs, zstd, xz, and the far-memory
     /// papers' kinds of work: numpy-linalg (NumPy matrix multiply and solve), numpy-kmeans, qsort
     /// (the C library's), pydict (a Python dict of small objects), updates-1, updates-2,
     /// updates-all (random 8-byte updates from 1, 2 and every CPU's thread, the same total work).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "redis,memcached,sqlite,kmeans,bfs,zstd,numpy-linalg,numpy-kmeans,qsort,pydict,updates-1,updates-2,updates-all"
+        default_value = "redis,memcached,sqlite,kmeans,bfs,zstd,xz,numpy-linalg,numpy-kmeans,qsort,pydict,updates-1,updates-2,updates-all"
     )]
     only: Vec<String>,
     /// Local buffers, in percent of each application's footprint (rackmem and the swap peers).

@@ -455,7 +455,7 @@ fn apps_under_rackmem_compute_what_they_compute_natively() {
         "--scale",
         "0.02",
         "--only",
-        "kmeans,memcached,sqlite",
+        "kmeans,memcached,sqlite,xz",
         "--locals",
         "25,50",
         "--peers",
@@ -470,7 +470,7 @@ fn apps_under_rackmem_compute_what_they_compute_natively() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows = apps_json(&j);
     // Per application: native and rackmem at two local buffers.
-    check_rows(&rows, &["memcached", "sqlite", "kmeans"], 3);
+    check_rows(&rows, &["memcached", "sqlite", "kmeans", "xz"], 3);
     for r in &rows {
         assert_eq!(
             r["values"].as_array().map(Vec::len),

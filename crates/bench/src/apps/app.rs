@@ -5,7 +5,8 @@
 use super::launch::{fail, Failure, Launch, Outcome};
 use super::process::{run_deadline, Done};
 use super::{
-    bfs, kmeans, memcached, numpy_kmeans, numpy_linalg, pydict, qsort, redis, sqlite, updates, zstd, AppsConfig, APPS,
+    bfs, kmeans, memcached, numpy_kmeans, numpy_linalg, pydict, qsort, redis, sqlite, updates, xz, zstd, AppsConfig,
+    APPS,
 };
 use crate::BenchError;
 use std::collections::BTreeMap;
@@ -30,6 +31,8 @@ pub struct Sizes {
     pub bfs_scale: u32,
     /// zstd input bytes.
     pub zstd_bytes: u64,
+    /// xz input bytes.
+    pub xz_bytes: u64,
     /// NumPy matrix multiply and solve: the matrices' order (n × n doubles).
     pub linalg_n: u64,
     /// NumPy K-means points (16 dimensions, 16 clusters, 8 iterations).
@@ -61,6 +64,10 @@ impl Sizes {
             // rackmem run on this 2-vCPU VM, beyond the whole bench's budget.
             bfs_scale: (19.0 + scale.max(1e-6).log2()).round().clamp(8.0, 26.0) as u32,
             zstd_bytes: sz(256.0 * 1048576.0, 1 << 20),
+            // 8 MiB: natively about a second; xz's footprint (two match finders, ~100 MiB) does
+            // not grow with its input, but the time under a 25% local buffer does, at a fault
+            // every few bytes.
+            xz_bytes: sz(8.0 * 1048576.0, 1 << 20),
             // 4000 × 4000 doubles, as issue 21 measured it: five such matrices live at once
             // (A, B, A·B, the LU copy, the solution), ≈ 790 MiB. The work grows as n³, the
             // footprint as n², so n moves by the square root of the scale.
@@ -119,6 +126,7 @@ pub(super) fn prepare(name: &str, cfg: &AppsConfig) -> Result<Prepared, BenchErr
         "kmeans" => kmeans::prepare(cfg, sizes, dir),
         "bfs" => bfs::prepare(cfg, sizes, dir),
         "zstd" => zstd::prepare(sizes, dir),
+        "xz" => xz::prepare(sizes, dir),
         "numpy-linalg" => numpy_linalg::prepare(cfg, sizes, dir),
         "numpy-kmeans" => numpy_kmeans::prepare(cfg, sizes, dir),
         "qsort" => qsort::prepare(cfg, sizes, dir),
@@ -162,6 +170,7 @@ fn run_batch(p: &Prepared, launch: &mut Launch) -> Result<Outcome, Failure> {
         "bfs" => bfs::measured(&d)?,
         "sqlite" => sqlite::measured(p, &d)?,
         "zstd" => zstd::measured(p, &d)?,
+        "xz" => xz::measured(p, &d)?,
         other => return Err(fail(format!("{other} is not a batch application"))),
     };
     Ok(Outcome {

@@ -1,6 +1,6 @@
 //! Real applications against Linux swap: `rackmem bench apps`.
 //!
-//! Thirteen applications, each with a footprint of a few hundred MiB at `scale` 1, run natively,
+//! Fourteen applications, each with a footprint of a few hundred MiB at `scale` 1, run natively,
 //! under `rackmem run --local P%` and, with root, under Linux swap to zram and to a swap file
 //! with a memory cgroup limited to the same P% of the footprint measured natively:
 //!
@@ -17,6 +17,8 @@
 //! - `bfs`: `bench/bfs.c`, Graph500-style BFS on a Kronecker graph; TEPS.
 //! - `zstd`: `zstd --long=27` over a generated input whose repeats lie up to 120 MiB apart, so
 //!   the 128 MiB window is used; MB/s; the hash of the compressed output is the result.
+//! - `xz`: `xz -T2 -3` over the same kind of input in two blocks: two threads, each with a
+//!   match finder read and written at random; MB/s; the hash of the compressed output.
 //!
 //! And the far-memory papers' kinds of work (issue 21; seed 002 §4.3 ran DGEMM, Graph500 and
 //! GUPS), each checking its own output:
@@ -37,7 +39,7 @@
 //!
 //! This module is the runner: the configuration, the rounds, the swap peers, the rows. Each
 //! application is a module of its own (`redis`, `memcached`, `sqlite`, `kmeans`, `bfs`, `zstd`,
-//! `numpy_linalg`, `numpy_kmeans`, `qsort`, `pydict`, `updates`):
+//! `xz`, `numpy_linalg`, `numpy_kmeans`, `qsort`, `pydict`, `updates`):
 //! what it prepares once, how one run goes and what is read from it. `app` hands a run to them
 //! and holds what they share; `launch` is where a run's program runs and what the run gives;
 //! `process` starts, times and stops the processes.
@@ -56,6 +58,7 @@ mod redis;
 pub mod report;
 mod sqlite;
 mod updates;
+mod xz;
 mod zstd;
 
 pub use app::Sizes;
@@ -79,13 +82,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The applications, in the order they run.
-pub const APPS: [&str; 13] = [
+pub const APPS: [&str; 14] = [
     "redis",
     "memcached",
     "sqlite",
     "kmeans",
     "bfs",
     "zstd",
+    "xz",
     "numpy-linalg",
     "numpy-kmeans",
     "qsort",
@@ -131,6 +135,8 @@ struct Series {
     results: Vec<String>,
     error: Option<String>,
     oom: Option<crate::oom::OomReport>,
+    /// Runs that failed (the first one's reason is `error`).
+    failures: usize,
 }
 
 impl Series {
@@ -146,6 +152,7 @@ impl Series {
                 Some(o)
             }
             Err(f) => {
+                self.failures += 1;
                 self.error.get_or_insert(f.reason);
                 if self.oom.is_none() {
                     self.oom = f.oom.map(|b| *b);
@@ -153,6 +160,19 @@ impl Series {
                 None
             }
         }
+    }
+
+    /// Why the setup failed, if it did. One that finished some runs and failed others says how
+    /// many of each, so that the figure beside the error is not read as every run's.
+    fn error_text(&self) -> Option<String> {
+        self.error.as_ref().map(|e| match self.values.len() {
+            0 => e.clone(),
+            ok => format!(
+                "{} of {} runs failed, the first: {e}",
+                self.failures,
+                self.failures + ok
+            ),
+        })
     }
 }
 
@@ -350,7 +370,7 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
         let expect = native.results.first().cloned().unwrap_or_default();
         let row = |setup: &str, pct: u32, s: &Series, limit: Option<u64>| -> AppRow {
             let matches = s.results.iter().all(|r| *r == expect);
-            let mut error = s.error.clone();
+            let mut error = s.error_text();
             if !matches {
                 let bad = s.results.iter().find(|r| **r != expect).cloned().unwrap_or_default();
                 error.get_or_insert(format!("result differs from native: {bad} ≠ {expect}"));
@@ -416,4 +436,40 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
     // A run cut short by the signal is recorded as a failure; the bench as a whole failed.
     interrupted()?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::launch::{fail, Outcome};
+    use super::Series;
+
+    fn ok(v: f64) -> Result<Outcome, super::launch::Failure> {
+        Ok(Outcome {
+            metric: v,
+            p99_ms: None,
+            result: "r".into(),
+            peak_rss_bytes: None,
+        })
+    }
+
+    #[test]
+    fn a_setup_that_failed_some_runs_says_how_many() {
+        let mut s = Series::default();
+        assert_eq!(s.error_text(), None);
+        s.push(0.0, ok(3.7));
+        assert_eq!(s.error_text(), None, "every run so far finished");
+        s.push(1.0, Err(fail("OOM-killed")));
+        s.push(2.0, Err(fail("something else")));
+        assert_eq!(
+            s.error_text().as_deref(),
+            Some("2 of 3 runs failed, the first: OOM-killed")
+        );
+        let mut all = Series::default();
+        all.push(0.0, Err(fail("OOM-killed")));
+        assert_eq!(
+            all.error_text().as_deref(),
+            Some("OOM-killed"),
+            "no count when none finished"
+        );
+    }
 }

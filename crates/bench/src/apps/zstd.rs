@@ -58,25 +58,34 @@ pub fn zstd_input(bytes: u64) -> Vec<u8> {
 
 /// `zstd` reading the generated input from a file (removed when the [`Prepared`] is dropped).
 pub(super) fn prepare(sizes: Sizes, dir: PathBuf) -> Result<Prepared, BenchError> {
+    let bytes = sizes.zstd_bytes;
+    let args = ["-T1", "-3", "--long=27", "-q", "-c"].map(String::from).to_vec();
+    prepare_compressor("zstd", bytes, args, sizes, dir)
+}
+
+/// A compressor `name` (the program of that name) run with `args` and then the path of a
+/// generated input of `bytes` ([`zstd_input`]), which is removed when the [`Prepared`] is
+/// dropped.
+pub(super) fn prepare_compressor(
+    name: &'static str,
+    bytes: u64,
+    mut args: Vec<String>,
+    sizes: Sizes,
+    dir: PathBuf,
+) -> Result<Prepared, BenchError> {
     // On tmpfs when there is one: the input's pages are then charged to the bench, not
-    // to the cgroup of the zstd that reads it, and reading it costs no disk.
+    // to the cgroup of the compressor that reads it, and reading it costs no disk.
     let shm = Path::new("/dev/shm");
     let at = if shm.is_dir() { shm.to_path_buf() } else { dir.clone() };
-    let input = at.join(format!("rackmem-bench-zstd-{}.in", std::process::id()));
-    std::fs::write(&input, zstd_input(sizes.zstd_bytes))
+    let input = at.join(format!("rackmem-bench-{name}-{}.in", std::process::id()));
+    std::fs::write(&input, zstd_input(bytes))
         .map_err(|e| BenchError::Workload(format!("writing {}: {e}", input.display())))?;
+    args.push(input.to_string_lossy().into_owned());
     Ok(Prepared {
-        name: "zstd",
+        name,
         metric: "mb_per_s",
-        prog: which("zstd")?,
-        args: vec![
-            "-T1".into(),
-            "-3".into(),
-            "--long=27".into(),
-            "-q".into(),
-            "-c".into(),
-            input.to_string_lossy().into_owned(),
-        ],
+        prog: which(name)?,
+        args,
         input: Some(input),
         stdin: None,
         sizes,
@@ -87,13 +96,15 @@ pub(super) fn prepare(sizes: Sizes, dir: PathBuf) -> Result<Prepared, BenchError
 
 /// Input MB per second of wall time and the hash of the compressed output.
 pub(super) fn measured(p: &Prepared, d: &Done) -> Result<(f64, String), Failure> {
+    measured_compressor(p, p.sizes.zstd_bytes, d)
+}
+
+/// A compressor's input MB (of `bytes`) per second of wall time and the hash of its output.
+pub(super) fn measured_compressor(p: &Prepared, bytes: u64, d: &Done) -> Result<(f64, String), Failure> {
     if d.stdout.is_empty() {
-        return Err(fail("zstd wrote no output"));
+        return Err(fail(format!("{} wrote no output", p.name)));
     }
-    Ok((
-        p.sizes.zstd_bytes as f64 / 1e6 / d.wall.as_secs_f64(),
-        hash_hex(&d.stdout),
-    ))
+    Ok((bytes as f64 / 1e6 / d.wall.as_secs_f64(), hash_hex(&d.stdout)))
 }
 
 #[cfg(test)]
