@@ -149,8 +149,9 @@ pub struct Config {
     pub agent: Option<String>,
     /// `RACKMEM_GROW`: smallest allocation asked of the agent (default 256 MiB).
     pub grow_bytes: u64,
-    /// `RACKMEM_LINK_SPIN_US`: how long the fault handler polls a link for an answer before it
-    /// sleeps (default 50; 0 = sleep at once).
+    /// `RACKMEM_LINK_SPIN_US`: the longest the fault handler polls a link for an answer before
+    /// it sleeps (default 50; 0 = sleep at once). Each link measures whether polling pays and
+    /// polls only while it does (`rackmem_transport`'s `Link::set_receive_spin`).
     pub link_spin: Duration,
     /// `RACKMEM_SHARED_MEMORY`: whether to map the segments of bricks on this host (Unix-socket
     /// addresses) into the process, so faults and write-back copy memory instead of using the

@@ -114,6 +114,7 @@ impl Link {
                 RxSock {
                     sock,
                     spin: Duration::ZERO,
+                    spin_choice: Default::default(),
                     fds: received_fds.clone(),
                     deadline: None,
                     tls: tls_conn,

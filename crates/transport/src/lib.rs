@@ -41,6 +41,7 @@ mod reader;
 mod requests;
 mod sender;
 mod socket;
+mod spin;
 mod sync;
 mod ticket;
 mod tls;

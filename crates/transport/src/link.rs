@@ -95,8 +95,9 @@ impl Link {
         ]
     }
 
-    /// Makes reads on this link poll for up to `spin` before sleeping (0: sleep at once). For a
-    /// link whose answers come within tens of microseconds and whose reader has a CPU to spare.
+    /// Lets reads on this link poll for up to `spin` before sleeping (0: sleep at once). Whether
+    /// a read polls is measured on the link as it runs (module `spin`): polling is kept only
+    /// while polled reads wait less than sleeping ones, so a busy machine turns it off.
     pub fn set_receive_spin(&self, spin: Duration) {
         lock(&self.rx_sock).get_mut().spin = spin;
     }

@@ -72,7 +72,10 @@ impl Read for Sock {
 /// file descriptors that came with the bytes (a brick sends one with its SHARE answer).
 pub(crate) struct RxSock {
     pub(crate) sock: Sock,
+    /// The longest a read polls (0: reads always sleep at once).
     pub(crate) spin: Duration,
+    /// Whether polling pays on this link now (measured: see the `spin` module).
+    pub(crate) spin_choice: crate::spin::SpinChoice,
     pub(crate) fds: Arc<Mutex<Vec<OwnedFd>>>,
     /// The deadline of the wait this read serves: a read that would block waits only until
     /// then, however the bytes trickle in (the socket's own timeout bounds one read only).
@@ -174,27 +177,47 @@ impl RxSock {
     }
 
     pub(crate) fn read_raw(&mut self, b: &mut [u8]) -> io::Result<usize> {
-        if !self.spin.is_zero() && self.sock.set_nonblocking(true).is_ok() {
-            // Poll before sleeping: a sleeping reader costs a cross-CPU wake-up when the
-            // answer comes, often more than the brick takes to answer. Only the reader uses the
-            // socket meanwhile (its sends are its own, between reads).
-            let start = Instant::now();
-            let r = loop {
-                match self.recv(b) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if start.elapsed() > self.spin {
-                            break None;
-                        }
-                        std::hint::spin_loop();
-                    }
-                    other => break Some(other),
-                }
-            };
-            let _ = self.sock.set_nonblocking(false);
-            if let Some(r) = r {
-                return r;
-            }
+        if self.spin.is_zero() {
+            return self.read_sleeping(b);
         }
+        let start = Instant::now();
+        let poll = self.spin_choice.poll_next();
+        let r = if poll { self.read_polling(b, start) } else { None };
+        let r = match r {
+            Some(r) => r,
+            None => self.read_sleeping(b),
+        };
+        if r.is_ok() {
+            self.spin_choice.record(poll, start.elapsed());
+        }
+        r
+    }
+
+    /// Polls for up to `spin` from `start`; `None` if nothing came by then.
+    fn read_polling(&mut self, b: &mut [u8], start: Instant) -> Option<io::Result<usize>> {
+        if self.sock.set_nonblocking(true).is_err() {
+            return None;
+        }
+        // Poll before sleeping: a sleeping reader costs a cross-CPU wake-up when the answer
+        // comes, often more than the brick takes to answer. Only the reader uses the socket
+        // meanwhile (its sends are its own, between reads).
+        let r = loop {
+            match self.recv(b) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if start.elapsed() > self.spin {
+                        break None;
+                    }
+                    std::hint::spin_loop();
+                }
+                other => break Some(other),
+            }
+        };
+        let _ = self.sock.set_nonblocking(false);
+        r
+    }
+
+    /// Sleeps until bytes come (or the wait's deadline passes).
+    fn read_sleeping(&mut self, b: &mut [u8]) -> io::Result<usize> {
         if let Some(deadline) = self.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             let fd = match &self.sock {
