@@ -8,18 +8,26 @@
 //! brick's thread needs. No fixed setting is right on both machines, nor on one machine whose
 //! load comes and goes, so a link measures: each read's wait (from the read's start to its
 //! first bytes) enters a moving average of its kind, and the next read takes the kind that
-//! waited less. The other kind is tried again now and then, more rarely the worse it did, so a
-//! change of load is noticed within a few hundred reads at the most.
+//! waited less. The other kind is tried again now and then in a short run of reads (a trial),
+//! more rarely while trials change nothing, so a change of load is noticed within a few
+//! thousand reads at the most.
 
 use std::time::Duration;
 
 /// Weight of the newest wait in a kind's moving average.
 const WEIGHT: f64 = 1.0 / 8.0;
-/// One read in this many tries the kind out of favour while the two are within 2× ...
-const EXPLORE_CLOSE: u64 = 32;
-/// ... and one in this many once it waited over twice as long (a poller beside busy CPUs
-/// can wait 10× longer: trying it every 32nd read would cost more than polling ever saves).
-const EXPLORE_FAR: u64 = 256;
+/// Reads in a trial of the kind out of favour, and how many of its last ones count: a single
+/// polled read among slept ones is slow even where polling pays (the reader and the brick's
+/// thread have settled on one CPU, and a poller holds the brick off), so a trial polls several
+/// times in a row and judges polling by the reads after the first few.
+const TRIAL: u32 = 8;
+const TRIAL_COUNTED: u32 = 4;
+/// Reads between trials: from this many ...
+const EVERY_MIN: u64 = 64;
+/// ... doubling after each trial that did not change the choice, up to this many (a trial
+/// of polling beside busy CPUs costs eight reads of 100–300 µs: at 4096 reads apart, about
+/// 2% of the time).
+const EVERY_MAX: u64 = 4096;
 
 /// The measured waits of polling and sleeping reads on one link, and the choice they make.
 #[derive(Debug, Default, Clone)]
@@ -27,44 +35,101 @@ pub(crate) struct SpinChoice {
     /// Moving averages of the wait, ns; `None` until a read of that kind was measured.
     polled: Option<f64>,
     slept: Option<f64>,
-    reads: u64,
+    /// Reads since the last trial, and how many there are to be between trials (0: the least).
+    since_trial: u64,
+    every: u64,
+    trial: Option<Trial>,
+}
+
+/// A run of reads of the kind out of favour.
+#[derive(Debug, Clone)]
+struct Trial {
+    poll: bool,
+    left: u32,
+    sum: f64,
+    counted: u32,
+}
+
+impl Trial {
+    fn new(poll: bool) -> Trial {
+        Trial {
+            poll,
+            left: TRIAL,
+            sum: 0.0,
+            counted: 0,
+        }
+    }
 }
 
 impl SpinChoice {
     /// Whether the next read should poll first.
     pub(crate) fn poll_next(&mut self) -> bool {
-        self.reads += 1;
-        let (p, s) = match (self.polled, self.slept) {
-            // Each kind is measured once before any choice.
-            (None, _) => return true,
+        if let Some(t) = &self.trial {
+            return t.poll;
+        }
+        let favour_poll = match (self.polled, self.slept) {
+            // Polling is tried first, as a trial; then sleeping is measured.
+            (None, _) => {
+                self.trial = Some(Trial::new(true));
+                return true;
+            }
             (_, None) => return false,
-            (Some(p), Some(s)) => (p, s),
+            (Some(p), Some(s)) => p <= s,
         };
-        let favour_poll = p <= s;
-        let (best, worst) = if favour_poll { (p, s) } else { (s, p) };
-        let every = if worst > 2.0 * best { EXPLORE_FAR } else { EXPLORE_CLOSE };
-        if self.reads % every == 0 {
-            !favour_poll
+        self.since_trial += 1;
+        if self.since_trial >= self.every.max(EVERY_MIN) {
+            self.since_trial = 0;
+            self.trial = Some(Trial::new(!favour_poll));
+            return !favour_poll;
+        }
+        favour_poll
+    }
+
+    /// Records how long a read of the given kind waited for its first bytes. A trial's reads
+    /// replace their kind's average when the trial ends (the latest news of a kind seldom
+    /// measured: an average built when the machine was busy would otherwise take thousands of
+    /// reads to forget); other reads move the average.
+    pub(crate) fn record(&mut self, polled: bool, wait: Duration) {
+        let w = wait.as_nanos() as f64;
+        if let Some(t) = self.trial.as_mut().filter(|t| t.poll == polled) {
+            t.left -= 1;
+            if t.left < TRIAL_COUNTED {
+                t.sum += w;
+                t.counted += 1;
+            }
+            if t.left > 0 {
+                return;
+            }
+            let mean = t.sum / f64::from(t.counted.max(1));
+            let before = self.favours_polling();
+            *self.average(polled) = Some(mean);
+            self.trial = None;
+            // Back off while trials change nothing; start again from the least when one does.
+            self.every = if self.favours_polling() == before {
+                (self.every.max(EVERY_MIN) * 2).min(EVERY_MAX)
+            } else {
+                EVERY_MIN
+            };
+            return;
+        }
+        let avg = self.average(polled);
+        *avg = Some(match *avg {
+            Some(a) => a + WEIGHT * (w - a),
+            None => w,
+        });
+    }
+
+    fn average(&mut self, polled: bool) -> &mut Option<f64> {
+        if polled {
+            &mut self.polled
         } else {
-            favour_poll
+            &mut self.slept
         }
     }
 
-    /// Records how long a read of the given kind waited for its first bytes. A read of the
-    /// kind out of favour replaces its average instead of moving it: those reads are rare, so
-    /// each is the latest news of that kind, and an average built when the machine was busy
-    /// would otherwise take thousands of reads to forget it.
-    pub(crate) fn record(&mut self, polled: bool, wait: Duration) {
-        let w = wait.as_nanos() as f64;
-        let out_of_favour = match (self.polled, self.slept) {
-            (Some(p), Some(s)) => (p <= s) != polled,
-            _ => true,
-        };
-        let avg = if polled { &mut self.polled } else { &mut self.slept };
-        *avg = Some(match *avg {
-            Some(a) if !out_of_favour => a + WEIGHT * (w - a),
-            _ => w,
-        });
+    /// Which kind is in favour now (`None` before both were measured).
+    fn favours_polling(&self) -> Option<bool> {
+        Some(self.polled? <= self.slept?)
     }
 }
 
@@ -72,27 +137,31 @@ impl SpinChoice {
 mod tests {
     use super::*;
 
-    fn run(c: &mut SpinChoice, reads: usize, poll_wait_us: u64, sleep_wait_us: u64) -> usize {
+    /// `reads` reads, polled ones waiting `poll_us`, slept ones `sleep_us`; returns the polls.
+    fn run(c: &mut SpinChoice, reads: usize, poll_us: u64, sleep_us: u64) -> usize {
         let mut polls = 0;
         for _ in 0..reads {
             let poll = c.poll_next();
             polls += poll as usize;
-            let us = if poll { poll_wait_us } else { sleep_wait_us };
+            let us = if poll { poll_us } else { sleep_us };
             c.record(poll, Duration::from_micros(us));
         }
         polls
     }
 
     #[test]
-    fn each_kind_is_measured_first_then_the_faster_is_kept() {
+    fn polling_is_tried_first_then_sleeping_then_the_faster_is_kept() {
         let mut c = SpinChoice::default();
-        assert!(c.poll_next(), "the first read polls");
-        c.record(true, Duration::from_micros(4));
-        assert!(!c.poll_next(), "the second sleeps");
+        assert_eq!(
+            run(&mut c, TRIAL as usize, 4, 14),
+            TRIAL as usize,
+            "a trial of polling first"
+        );
+        assert!(!c.poll_next(), "then a slept read");
         c.record(false, Duration::from_micros(14));
-        let polls = run(&mut c, 1000, 4, 14);
-        // Polling wins; sleeping is tried one read in 256 (14 > 2 × 4).
-        assert!(polls >= 995, "{polls}");
+        let polls = run(&mut c, 10_000, 4, 14);
+        // Polling wins; sleeping is tried in trials that back off to one in 4096 reads.
+        assert!(polls >= 10_000 - 8 * 10, "{polls}");
     }
 
     #[test]
@@ -100,19 +169,38 @@ mod tests {
         let mut c = SpinChoice::default();
         run(&mut c, 1000, 4, 14);
         // The machine gets busy: polling now waits 200 µs, sleeping 30.
-        let polls = run(&mut c, 2000, 200, 30);
-        assert!(polls < 2000 / 100, "polling kept although it lost: {polls}");
-        // Quiet again: the occasional poll notices and polling comes back.
-        run(&mut c, 2000, 4, 14);
+        let polls = run(&mut c, 20_000, 200, 30);
+        assert!(polls < 20_000 / 50, "polling kept although it lost: {polls}");
+        // Quiet again: a trial notices within the longest back-off, and polling comes back.
+        run(&mut c, EVERY_MAX as usize + TRIAL as usize, 4, 14);
         let polls = run(&mut c, 1000, 4, 14);
         assert!(polls >= 990, "{polls}");
     }
 
     #[test]
-    fn close_waits_are_both_kept_measured() {
+    fn a_trial_judges_by_its_last_reads() {
         let mut c = SpinChoice::default();
-        let polls = run(&mut c, 3200, 10, 11);
-        // Polling wins narrowly; sleeping is still tried one read in 32.
-        assert!((3000..3200).contains(&polls), "{polls}");
+        // Sleeping wins at first: polled reads wait 200 µs.
+        run(&mut c, 100, 200, 14);
+        assert!(!c.poll_next());
+        // Then polling's first reads of a trial are slow (threads on one CPU) and its later
+        // ones fast: the trial's last reads decide, and polling is taken up.
+        let mut saw_trial = false;
+        for _ in 0..EVERY_MAX as usize * 2 {
+            let poll = c.poll_next();
+            let us = match (poll, c.trial.as_ref().map(|t| t.left)) {
+                (true, Some(left)) if left > TRIAL_COUNTED => 160,
+                (true, _) => 4,
+                (false, _) => 14,
+            };
+            saw_trial |= poll;
+            c.record(poll, Duration::from_micros(us));
+        }
+        assert!(saw_trial);
+        let polls = run(&mut c, 100, 4, 14);
+        assert!(
+            polls >= 100 - TRIAL as usize,
+            "polling taken up after a trial: {polls} {c:?}"
+        );
     }
 }
