@@ -13,6 +13,7 @@ use crate::prot;
 use crate::regions::RegionAllocator;
 use crate::slots::{Slots, SpentRun};
 use crate::state::{Evicted, Location, PageState, PageTable};
+use crate::unit::{Check, Unit};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 
@@ -154,11 +155,30 @@ pub struct Core {
     /// Test-only planted bug: write-backs of a moving range are not parked (see
     /// `plant_unparked_writeback`).
     unparked_writeback: bool,
+    /// What the core's entries are: pages, or huge units (every "page" argument and entry is
+    /// then a unit index; see [`crate::unit`]).
+    unit: Unit,
+    /// Per resident huge unit, the check of each subpage taken at its install (or its last
+    /// write to its brick): what its eviction compares with to send only changed subpages.
+    sums: HashMap<u32, Box<[Check]>>,
+    /// The same for units chosen for eviction, until their write-back ends.
+    staged_sums: HashMap<u32, Box<[Check]>>,
+    /// Test-only planted bug: a unit's new install checks do not replace older ones (see
+    /// `plant_stale_sums`).
+    stale_sums: bool,
 }
 
 impl Core {
     /// A window of `window_pages` pages, all empty and free, with `slots` staging slots.
     pub fn new(window_pages: u64, slots: u32, policy: Box<dyn EvictionPolicy>) -> Core {
+        Core::with_unit(window_pages, Unit::Page, slots, policy)
+    }
+
+    /// A window of `window_units` units of `unit` each, all empty and free, with `slots`
+    /// staging slots (of one unit each). Every page index the core takes and gives is then a
+    /// unit index.
+    pub fn with_unit(window_units: u64, unit: Unit, slots: u32, policy: Box<dyn EvictionPolicy>) -> Core {
+        let window_pages = window_units;
         Core {
             pages: PageTable::new(window_pages),
             hashes: HashMap::new(),
@@ -185,7 +205,55 @@ impl Core {
             moves: Vec::new(),
             next_move: 1,
             unparked_writeback: false,
+            unit,
+            sums: HashMap::new(),
+            staged_sums: HashMap::new(),
+            stale_sums: false,
         }
+    }
+
+    /// The window's unit.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// Bytes the resident units (and the room reserved for faults) charge the local buffer.
+    pub fn resident_bytes(&self) -> u64 {
+        (self.resident + self.reserved) * self.unit.bytes()
+    }
+
+    /// Records the subpage checks of a freshly installed (or freshly written back) huge unit,
+    /// if it is still resident.
+    pub fn record_sums(&mut self, unit: u64, checks: Box<[Check]>) {
+        if self.location(unit) != Location::Resident {
+            return;
+        }
+        let checks = match self.staged_sums.get(&(unit as u32)) {
+            Some(old) if self.stale_sums => old.clone(),
+            _ => checks,
+        };
+        self.sums.insert(unit as u32, checks);
+    }
+
+    /// The subpage checks of a resident unit.
+    pub fn sums_of(&self, unit: u64) -> Option<&[Check]> {
+        self.sums.get(&(unit as u32)).map(|b| &b[..])
+    }
+
+    /// The subpage checks a unit being evicted was installed with (`None`: none were taken,
+    /// its brick holds nothing valid to compare with). Taken once, by its write-back.
+    pub fn take_staged_sums(&mut self, unit: u64) -> Option<Box<[Check]>> {
+        if self.stale_sums {
+            return self.staged_sums.get(&(unit as u32)).cloned();
+        }
+        self.staged_sums.remove(&(unit as u32))
+    }
+
+    /// Plants a bug for the simulation to catch: the checks staged at a unit's eviction are not
+    /// dropped when its write-back ends, and its next install keeps them instead of its new
+    /// ones, so a later eviction compares with contents its brick no longer holds.
+    pub fn plant_stale_sums(&mut self) {
+        self.stale_sums = true;
     }
 
     /// Samples read-ahead accuracy with one read-ahead page in `one_in` left remote as a probe
@@ -742,6 +810,11 @@ impl Core {
             self.unmoved.insert(p, id);
             self.resident -= 1;
             let hash = self.hashes.remove(&p).unwrap_or(zero_hash);
+            if let Some(sums) = self.sums.remove(&p) {
+                self.staged_sums.insert(p, sums);
+            } else {
+                self.staged_sums.remove(&p);
+            }
             out.push(Victim {
                 page: p,
                 slot,
@@ -763,6 +836,9 @@ impl Core {
             return false;
         }
         self.evicting.remove(&page);
+        if !self.stale_sums {
+            self.staged_sums.remove(&page);
+        }
         if self.pages.finish_eviction(page as u64, how) == Location::Remote {
             if let Evicted::Filled(w) = how {
                 self.fills.insert(page, w);
@@ -798,12 +874,14 @@ impl Core {
                         self.policy.removed(p as u32);
                     }
                     self.hashes.remove(&(p as u32));
+                    self.sums.remove(&(p as u32));
                     self.resident -= 1;
                     dropped += 1;
                     self.probes.partner_left(p);
                 }
                 Location::Evicting => {
                     self.evicting.remove(&(p as u32));
+                    self.staged_sums.remove(&(p as u32));
                 }
                 Location::Remote => {
                     self.fills.remove(&(p as u32));
@@ -839,7 +917,7 @@ impl Core {
             "fork with {} moves in progress",
             self.moves.len()
         );
-        let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
+        let mut c = Core::with_unit(self.pages.len(), self.unit, self.slots.total(), policy);
         c.pages = self.pages.forked();
         c.fills = self.fills.clone();
         c.alloc = self.alloc.clone();
@@ -912,6 +990,24 @@ impl Core {
                 "page {p} has an install checksum but is {:?}",
                 self.state(*p as u64)
             ));
+        }
+        if let Some(u) = self
+            .sums
+            .keys()
+            .find(|&&u| self.location(u as u64) != Location::Resident)
+        {
+            return Err(format!(
+                "unit {u} has subpage checks but is {:?}",
+                self.state(*u as u64)
+            ));
+        }
+        if !self.stale_sums {
+            if let Some(u) = self.staged_sums.keys().find(|&&u| !self.evicting.contains_key(&u)) {
+                return Err(format!(
+                    "unit {u} has staged subpage checks but is {:?}",
+                    self.state(*u as u64)
+                ));
+            }
         }
         if let Some(p) = self
             .fills
