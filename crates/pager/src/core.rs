@@ -176,7 +176,9 @@ impl Core {
 
     /// A window of `window_units` units of `unit` each, all empty and free, with `slots`
     /// staging slots (of one unit each). Every page index the core takes and gives is then a
-    /// unit index.
+    /// unit index, the regions', protections' and placement's too: right for residency, not
+    /// yet for a program's window, whose protections and regions are per 4 KiB page
+    /// (docs/architecture.md, "Huge pages").
     pub fn with_unit(window_units: u64, unit: Unit, slots: u32, policy: Box<dyn EvictionPolicy>) -> Core {
         let window_pages = window_units;
         Core {
