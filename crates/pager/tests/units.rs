@@ -147,7 +147,7 @@ impl Sim {
         } else {
             Eviction::Refault
         };
-        let mut core = Core::with_unit(window, Unit::Huge, slots, policy.build());
+        let mut core = Core::with_unit(window * HUGE_PAGES, Unit::Huge, slots, policy.build());
         if planted {
             core.plant_stale_sums();
         }
@@ -301,7 +301,7 @@ impl Sim {
                 // MADV_DONTNEED of whole units.
                 let u = self.rng.below(self.window);
                 let n = 1 + self.rng.below(3).min(self.window - u - 1);
-                self.core.lock().expect("core").release(u, n);
+                self.core.lock().expect("core").release(u * HUGE_PAGES, n * HUGE_PAGES);
                 for x in u..u + n {
                     self.world.window.remove(&x);
                     self.world.model.retain(|k, _| k.0 != x);
