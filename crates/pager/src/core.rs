@@ -13,6 +13,7 @@ use crate::prot;
 use crate::regions::RegionAllocator;
 use crate::slots::{Slots, SpentRun};
 use crate::state::{Evicted, Location, PageState, PageTable};
+use crate::unit::{Check, Unit};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 
@@ -154,13 +155,40 @@ pub struct Core {
     /// Test-only planted bug: write-backs of a moving range are not parked (see
     /// `plant_unparked_writeback`).
     unparked_writeback: bool,
+    /// What the core's entries are: pages, or huge units (every "page" argument and entry is
+    /// then a unit index; see [`crate::unit`]).
+    unit: Unit,
+    /// Pages in the window (the units' table has `window_pages / unit.pages()` entries, rounded
+    /// up): protections, regions, blocks and placement are per page.
+    window_pages: u64,
+    /// Per resident huge unit, the check of each subpage taken at its install (or its last
+    /// write to its brick): what its eviction compares with to send only changed subpages.
+    sums: HashMap<u32, Box<[Check]>>,
+    /// The same for units chosen for eviction, until their write-back ends.
+    staged_sums: HashMap<u32, Box<[Check]>>,
+    /// Test-only planted bug: a unit's new install checks do not replace older ones (see
+    /// `plant_stale_sums`).
+    stale_sums: bool,
 }
 
 impl Core {
     /// A window of `window_pages` pages, all empty and free, with `slots` staging slots.
     pub fn new(window_pages: u64, slots: u32, policy: Box<dyn EvictionPolicy>) -> Core {
+        Core::with_unit(window_pages, Unit::Page, slots, policy)
+    }
+
+    /// A window of `window_pages` pages in units of `unit`, all empty and free, with `slots`
+    /// staging slots (of one unit each).
+    ///
+    /// Two index spaces: residency is per unit (states, the policy, claims, evictions,
+    /// checksums, fills, read-ahead, staging slots: their `page` arguments are unit indices),
+    /// while protections, regions, blocks, placement, pins and moves are per 4 KiB page (glibc
+    /// protects single guard pages; malloc blocks are a few KiB). A unit is movable only if all
+    /// its pages have one evictable protection and none is pinned; [`Core::release`] releases
+    /// the units it covers whole.
+    pub fn with_unit(window_pages: u64, unit: Unit, slots: u32, policy: Box<dyn EvictionPolicy>) -> Core {
         Core {
-            pages: PageTable::new(window_pages),
+            pages: PageTable::new(unit.units_for(window_pages)),
             hashes: HashMap::new(),
             fills: HashMap::new(),
             policy,
@@ -185,7 +213,108 @@ impl Core {
             moves: Vec::new(),
             next_move: 1,
             unparked_writeback: false,
+            unit,
+            window_pages,
+            sums: HashMap::new(),
+            staged_sums: HashMap::new(),
+            stale_sums: false,
         }
+    }
+
+    /// The window's unit.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// Units in the window (its pages, for a window of 4 KiB units).
+    pub fn units(&self) -> u64 {
+        self.pages.len()
+    }
+
+    /// The window pages of unit `u` (the last unit may be short).
+    fn pages_of(&self, u: u64) -> Range<u64> {
+        let r = self.unit.page_range(u);
+        r.start.min(self.window_pages)..r.end.min(self.window_pages)
+    }
+
+    /// The units any page of `[first, end)` lies in.
+    fn units_touching(&self, first: u64, end: u64) -> Range<u64> {
+        if end <= first {
+            return 0..0;
+        }
+        self.unit.of_page(first)..self.unit.of_page(end - 1) + 1
+    }
+
+    /// True if any page of unit `u` is pinned.
+    fn unit_pinned(&self, u: u64) -> bool {
+        self.placement.any_pinned() && self.pages_of(u).any(|p| self.placement.pinned(p))
+    }
+
+    /// True if unit `u` may leave the window whole: all its pages have one evictable
+    /// protection (`UFFDIO_MOVE` needs its slot to have the same).
+    fn unit_movable(&self, u: u64) -> bool {
+        let mut pages = self.pages_of(u);
+        let Some(first) = pages.next() else {
+            return false;
+        };
+        let b = self.prot_of(first);
+        prot::evictable(b) && (self.prot.is_empty() || pages.all(|p| self.prot_of(p) == b))
+    }
+
+    /// True if unit `u` belongs in the eviction policy now.
+    fn policy_member(&self, u: u64) -> bool {
+        self.in_policy(u) && !self.unit_pinned(u)
+    }
+
+    /// Puts units into the policy or takes them out as their membership changed from `before`
+    /// (one entry per unit of `units`).
+    fn refresh_policy(&mut self, units: Range<u64>, before: &[bool]) {
+        for (u, &was) in units.zip(before) {
+            match (was, self.policy_member(u)) {
+                (false, true) => self.policy.inserted(u as u32),
+                (true, false) => self.policy.removed(u as u32),
+                _ => {}
+            }
+        }
+    }
+
+    /// Bytes the resident units (and the room reserved for faults) charge the local buffer.
+    pub fn resident_bytes(&self) -> u64 {
+        (self.resident + self.reserved) * self.unit.bytes()
+    }
+
+    /// Records the subpage checks of a freshly installed (or freshly written back) huge unit,
+    /// if it is still resident.
+    pub fn record_sums(&mut self, unit: u64, checks: Box<[Check]>) {
+        if self.location(unit) != Location::Resident {
+            return;
+        }
+        let checks = match self.staged_sums.get(&(unit as u32)) {
+            Some(old) if self.stale_sums => old.clone(),
+            _ => checks,
+        };
+        self.sums.insert(unit as u32, checks);
+    }
+
+    /// The subpage checks of a resident unit.
+    pub fn sums_of(&self, unit: u64) -> Option<&[Check]> {
+        self.sums.get(&(unit as u32)).map(|b| &b[..])
+    }
+
+    /// The subpage checks a unit being evicted was installed with (`None`: none were taken,
+    /// its brick holds nothing valid to compare with). Taken once, by its write-back.
+    pub fn take_staged_sums(&mut self, unit: u64) -> Option<Box<[Check]>> {
+        if self.stale_sums {
+            return self.staged_sums.get(&(unit as u32)).cloned();
+        }
+        self.staged_sums.remove(&(unit as u32))
+    }
+
+    /// Plants a bug for the simulation to catch: the checks staged at a unit's eviction are not
+    /// dropped when its write-back ends, and its next install keeps them instead of its new
+    /// ones, so a later eviction compares with contents its brick no longer holds.
+    pub fn plant_stale_sums(&mut self) {
+        self.stale_sums = true;
     }
 
     /// Samples read-ahead accuracy with one read-ahead page in `one_in` left remote as a probe
@@ -254,28 +383,23 @@ impl Core {
     /// Pins `[first, first+count)` in the local buffer: its resident pages are no victims until
     /// unpinned or released. The caller faults the range in and keeps the pins within budget.
     pub fn pin(&mut self, first: u64, count: u64) {
-        let end = (first + count).min(self.pages.len());
-        for p in first..end {
-            if !self.placement.pinned(p) && self.in_policy(p) {
-                self.policy.removed(p as u32);
-            }
-        }
+        let end = (first + count).min(self.window_pages);
+        let units = self.units_touching(first, end);
+        let before: Vec<bool> = units.clone().map(|u| self.policy_member(u)).collect();
         self.placement.pin(first..end);
+        self.refresh_policy(units, &before);
     }
 
     /// Unpins `[first, first+count)`: its resident pages are victims again.
     pub fn unpin(&mut self, first: u64, count: u64) {
-        let end = (first + count).min(self.pages.len());
+        let end = (first + count).min(self.window_pages);
         if !self.placement.any_pinned() {
             return;
         }
-        let was: Vec<u64> = (first..end).filter(|&p| self.placement.pinned(p)).collect();
+        let units = self.units_touching(first, end);
+        let before: Vec<bool> = units.clone().map(|u| self.policy_member(u)).collect();
         self.placement.unpin(first..end);
-        for p in was {
-            if self.in_policy(p) {
-                self.policy.inserted(p as u32);
-            }
-        }
+        self.refresh_policy(units, &before);
     }
 
     /// True if `page` is pinned in the local buffer.
@@ -283,10 +407,10 @@ impl Core {
         self.placement.pinned(page)
     }
 
-    /// True if a resident `page` belongs in the eviction policy (installed, movable), pins
+    /// True if a resident unit belongs in the eviction policy (installed, movable), pins
     /// aside.
-    fn in_policy(&self, page: u64) -> bool {
-        self.location(page) == Location::Resident && !self.is_in_flight(page) && self.movable(page)
+    fn in_policy(&self, u: u64) -> bool {
+        self.location(u) == Location::Resident && !self.is_in_flight(u) && self.unit_movable(u)
     }
 
     /// Begins moving the brick copy of `pages` to another memory (seed 001's migration, its
@@ -297,7 +421,7 @@ impl Core {
     /// move copies; a write lands on a resident page, which leaves only by an eviction whose
     /// write-back is parked, then sent to the new home.
     pub fn begin_move(&mut self, pages: Range<u64>) -> Result<u64, MoveError> {
-        let window = self.pages.len();
+        let window = self.window_pages;
         if pages.is_empty() || pages.end > window {
             return Err(MoveError::Outside {
                 first: pages.start,
@@ -351,12 +475,12 @@ impl Core {
     /// evicting page of it is parked): what the old home holds now is what the move copies.
     pub fn move_ready(&self, id: u64) -> bool {
         let m = &self.moves[self.move_index(id)];
-        m.pages.clone().all(|p| {
-            self.location(p) != Location::Evicting
+        self.units_touching(m.pages.start, m.pages.end).all(|u| {
+            self.location(u) != Location::Evicting
                 || self
                     .evicting
-                    .get(&(p as u32))
-                    .is_some_and(|&job| m.parked_set.contains(&(job, p as u32)))
+                    .get(&(u as u32))
+                    .is_some_and(|&job| m.parked_set.contains(&(job, u as u32)))
         })
     }
 
@@ -365,7 +489,10 @@ impl Core {
     /// parked), so the list only grows stale by releases, whose pages read zeros anyway.
     pub fn move_pages(&self, id: u64) -> Vec<u64> {
         let m = &self.moves[self.move_index(id)];
-        m.pages.clone().filter(|&p| self.state(p).brick_valid()).collect()
+        m.pages
+            .clone()
+            .filter(|&p| self.state(self.unit.of_page(p)).brick_valid())
+            .collect()
     }
 
     /// The write-back of job `job` reached victim `v`, moved out and still the job's: if its
@@ -375,7 +502,7 @@ impl Core {
         if self.moves.is_empty() || self.unparked_writeback {
             return false;
         }
-        let page = u64::from(v.page);
+        let page = self.unit.page_range(u64::from(v.page)).start;
         let Some(m) = self.moves.iter_mut().find(|m| m.pages.contains(&page)) else {
             return false;
         };
@@ -474,7 +601,7 @@ impl Core {
 
     /// Pages in the window.
     pub fn window_pages(&self) -> u64 {
-        self.pages.len()
+        self.window_pages
     }
 
     /// Resident pages (the local buffer's use).
@@ -616,10 +743,12 @@ impl Core {
         if self.prot.is_empty() && b == 0 {
             return;
         }
-        if (self.prot.len() as u64) < self.pages.len() {
-            self.prot.resize(self.pages.len() as usize, 0);
+        if (self.prot.len() as u64) < self.window_pages {
+            self.prot.resize(self.window_pages as usize, 0);
         }
-        let end = (first + count).min(self.pages.len());
+        let end = (first + count).min(self.window_pages);
+        let units = self.units_touching(first, end);
+        let before: Vec<bool> = units.clone().map(|u| self.policy_member(u)).collect();
         for p in first..end {
             let old = self.prot[p as usize];
             if old == b || (old & prot::FOREIGN != 0 && !force) {
@@ -631,14 +760,8 @@ impl Core {
                 (true, false) => self.uncommitted -= 1,
                 _ => {}
             }
-            if self.location(p) == Location::Resident && !self.is_in_flight(p) && !self.placement.pinned(p) {
-                match (prot::evictable(old), prot::evictable(b)) {
-                    (false, true) => self.policy.inserted(p as u32),
-                    (true, false) => self.policy.removed(p as u32),
-                    _ => {}
-                }
-            }
         }
+        self.refresh_policy(units, &before);
     }
 
     /// Every page's protection byte (empty if all are read-write).
@@ -648,8 +771,11 @@ impl Core {
 
     /// True if any page of `[first, first+count)` is being evicted.
     pub fn any_evicting(&self, first: u64, count: u64) -> bool {
-        let end = (first + count).min(self.pages.len());
-        !self.evicting.is_empty() && (first..end).any(|p| self.location(p) == Location::Evicting)
+        let end = (first + count).min(self.window_pages);
+        !self.evicting.is_empty()
+            && self
+                .units_touching(first, end)
+                .any(|u| self.location(u) == Location::Evicting)
     }
 
     /// A fault claims `page` for install and installs it at once (no other fault in flight):
@@ -698,7 +824,7 @@ impl Core {
             return false;
         }
         self.claims.remove(&(page as u32));
-        if self.movable(page) && !self.placement.pinned(page) {
+        if self.unit_movable(page) && !self.unit_pinned(page) {
             self.policy.inserted(page as u32);
         }
         true
@@ -742,13 +868,18 @@ impl Core {
             self.unmoved.insert(p, id);
             self.resident -= 1;
             let hash = self.hashes.remove(&p).unwrap_or(zero_hash);
+            if let Some(sums) = self.sums.remove(&p) {
+                self.staged_sums.insert(p, sums);
+            } else {
+                self.staged_sums.remove(&p);
+            }
             out.push(Victim {
                 page: p,
                 slot,
                 brick_valid: old.brick_valid(),
                 backed: false,
                 hash,
-                prot: self.prot_of(p as u64),
+                prot: self.prot_of(self.unit.page_range(p as u64).start),
                 moved: false,
             });
         }
@@ -763,6 +894,9 @@ impl Core {
             return false;
         }
         self.evicting.remove(&page);
+        if !self.stale_sums {
+            self.staged_sums.remove(&page);
+        }
         if self.pages.finish_eviction(page as u64, how) == Location::Remote {
             if let Evicted::Filled(w) = how {
                 self.fills.insert(page, w);
@@ -785,25 +919,36 @@ impl Core {
         self.hashes.get(&(page as u32)).copied()
     }
 
-    /// Marks `[first, first+count)` released: any contents are gone, the next touch reads zeros.
-    /// Returns the resident pages dropped.
+    /// Marks `[first, first+count)` (pages) released: any contents are gone, the next touch
+    /// reads zeros. Units it covers whole are released; a unit it covers in part keeps its
+    /// state (the caller zeroes those pages: resident, they became missing in the window).
+    /// Returns the resident units dropped.
     pub fn release(&mut self, first: u64, count: u64) -> u64 {
         let mut dropped = 0;
-        let end = (first + count).min(self.pages.len());
-        for p in first..end {
+        let end = (first + count).min(self.window_pages);
+        let up = self.unit.pages();
+        let u_first = first.div_ceil(up);
+        let u_end = if end == self.window_pages {
+            self.pages.len()
+        } else {
+            end / up
+        };
+        for p in u_first..u_end.max(u_first) {
             let old = self.pages.release(p);
             match old.location() {
                 Location::Resident => {
-                    if self.claims.remove(&(p as u32)).is_none() && !self.placement.pinned(p) {
+                    if self.claims.remove(&(p as u32)).is_none() && !self.unit_pinned(p) {
                         self.policy.removed(p as u32);
                     }
                     self.hashes.remove(&(p as u32));
+                    self.sums.remove(&(p as u32));
                     self.resident -= 1;
                     dropped += 1;
                     self.probes.partner_left(p);
                 }
                 Location::Evicting => {
                     self.evicting.remove(&(p as u32));
+                    self.staged_sums.remove(&(p as u32));
                 }
                 Location::Remote => {
                     self.fills.remove(&(p as u32));
@@ -814,8 +959,10 @@ impl Core {
                 Location::Empty => {}
             }
         }
+        if u_end > u_first {
+            self.policy.released(u_first as u32, (u_end - u_first) as u32);
+        }
         if end > first {
-            self.policy.released(first as u32, (end - first) as u32);
             // A pin lasts until the program releases the memory.
             self.placement.unpin(first..end);
         }
@@ -839,7 +986,7 @@ impl Core {
             "fork with {} moves in progress",
             self.moves.len()
         );
-        let mut c = Core::new(self.pages.len(), self.slots.total(), policy);
+        let mut c = Core::with_unit(self.window_pages, self.unit, self.slots.total(), policy);
         c.pages = self.pages.forked();
         c.fills = self.fills.clone();
         c.alloc = self.alloc.clone();
@@ -849,7 +996,7 @@ impl Core {
         // The child's segments are clones of the parent's, in the same order; its pins are its
         // own to make.
         c.placement = self.placement.clone();
-        c.placement.unpin(0..self.pages.len());
+        c.placement.unpin(0..self.window_pages);
         // The child measures its own read-ahead; the parent's probes stay the parent's.
         c.probes = Probes::new(self.probes.one_in());
         c
@@ -865,7 +1012,7 @@ impl Core {
             match s.location() {
                 Location::Resident => {
                     resident += 1;
-                    if self.movable(p as u64) && !self.is_in_flight(p as u64) && !self.placement.pinned(p as u64) {
+                    if self.policy_member(p as u64) {
                         movable += 1;
                     }
                 }
@@ -913,6 +1060,24 @@ impl Core {
                 self.state(*p as u64)
             ));
         }
+        if let Some(u) = self
+            .sums
+            .keys()
+            .find(|&&u| self.location(u as u64) != Location::Resident)
+        {
+            return Err(format!(
+                "unit {u} has subpage checks but is {:?}",
+                self.state(*u as u64)
+            ));
+        }
+        if !self.stale_sums {
+            if let Some(u) = self.staged_sums.keys().find(|&&u| !self.evicting.contains_key(&u)) {
+                return Err(format!(
+                    "unit {u} has staged subpage checks but is {:?}",
+                    self.state(*u as u64)
+                ));
+            }
+        }
         if let Some(p) = self
             .fills
             .keys()
@@ -930,8 +1095,8 @@ impl Core {
         for m in &self.moves {
             for (job, v) in &m.parked {
                 let page = u64::from(v.page);
-                if !m.pages.contains(&page) {
-                    return Err(format!("page {page} is parked by move {} of {:?}", m.id, m.pages));
+                if !m.pages.contains(&self.unit.page_range(page).start) {
+                    return Err(format!("unit {page} is parked by move {} of {:?}", m.id, m.pages));
                 }
                 if self.is_evicting_for(*job, v.page) && self.location(page) != Location::Evicting {
                     return Err(format!("parked page {page} of job {job} is {:?}", self.state(page)));
@@ -972,6 +1137,50 @@ mod tests {
 
     fn core(pages: u64) -> Core {
         Core::new(pages, 8, Box::new(Fifo::default()))
+    }
+
+    /// A window of 3.5 huge units: residency per unit, protections, pins, regions and releases
+    /// per page.
+    #[test]
+    fn huge_units_keep_residency_per_unit_and_the_rest_per_page() {
+        let up = Unit::Huge.pages();
+        let mut c = Core::with_unit(3 * up + up / 2, Unit::Huge, 4, Box::new(Fifo::default()));
+        assert_eq!(c.units(), 4);
+        assert_eq!(c.window_pages(), 3 * up + up / 2);
+        // Regions are pages: a 3-page block fits anywhere.
+        assert_eq!(c.alloc_region(3, 1), Some(0));
+        for u in 0..3 {
+            c.claim(u);
+        }
+        assert_eq!(c.resident(), 3);
+        assert_eq!(c.resident_bytes(), 3 * Unit::Huge.bytes());
+        c.check().expect("consistent");
+        // One read-only page (a guard page) makes its unit unmovable: UFFDIO_MOVE of the unit
+        // would need one protection for all of it.
+        c.set_prot(up + 5, 1, prot::encode(1), false);
+        // A pinned page pins its unit.
+        c.pin(2 * up + 9, 1);
+        c.check().expect("consistent after prot and pin");
+        let mut v = Vec::new();
+        c.choose_victims(4, 4, 0, &mut v).expect("a victim");
+        assert_eq!(v.iter().map(|v| v.page).collect::<Vec<_>>(), [0]);
+        c.set_prot(up + 5, 1, 0, false);
+        c.unpin(2 * up + 9, 1);
+        c.check().expect("consistent after unprot and unpin");
+        let mut v2 = Vec::new();
+        c.choose_victims(4, 4, 0, &mut v2).expect("victims");
+        assert_eq!(v2.iter().map(|v| v.page).collect::<Vec<_>>(), [1, 2]);
+        // A release of part of a unit leaves it as it is; of all of it, empties it.
+        c.finish_eviction(2, 1, Evicted::Written);
+        c.release(up, 10);
+        assert_eq!(c.location(1), Location::Remote);
+        c.release(up, up);
+        assert_eq!(c.location(1), Location::Empty);
+        // The short last unit is released whole by a release reaching the window's end.
+        c.claim(3);
+        assert_eq!(c.release(3 * up, up / 2), 1);
+        assert_eq!(c.location(3), Location::Empty);
+        c.check().expect("consistent at the end");
     }
 
     #[test]

@@ -37,8 +37,10 @@ pub mod prot;
 pub mod regions;
 pub mod slots;
 pub mod state;
+pub mod unit;
 pub mod writeback;
 
 pub use crate::core::{Core, Source, Victim};
 pub use slots::{Slots, SpentRun};
 pub use state::{Evicted, Location, PageState, PageTable};
+pub use unit::{Check, Unit};

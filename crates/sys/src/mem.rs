@@ -110,6 +110,19 @@ impl Mapping {
         Ok(m)
     }
 
+    /// Reserves `len` bytes (rounded up to 2 MiB) aligned to 2 MiB and advised
+    /// `MADV_HUGEPAGE`, for a window or staging area of huge units: each 2 MiB unit can then be
+    /// one transparent huge page, moved whole by one `UFFDIO_MOVE`. Whether the kernel gives
+    /// huge pages at all is [`thp_mode`]'s to say.
+    pub fn reserve_huge(len: usize) -> Result<Mapping, SysError> {
+        let len = len
+            .checked_next_multiple_of(HUGE_PAGE_SIZE)
+            .ok_or_else(|| invalid("mmap", 0, len, "the length overflows"))?;
+        let m = Mapping::reserve(len, HUGE_PAGE_SIZE)?;
+        madvise(m.addr, m.len, libc::MADV_HUGEPAGE, "madvise(HUGEPAGE)")?;
+        Ok(m)
+    }
+
     fn nohugepage(&self) -> Result<(), SysError> {
         madvise(self.addr, self.len, libc::MADV_NOHUGEPAGE, "madvise(NOHUGEPAGE)")
     }
@@ -247,7 +260,7 @@ impl Drop for Mapping {
 }
 
 fn madvise(addr: usize, len: usize, advice: libc::c_int, op: &'static str) -> Result<(), SysError> {
-    // SAFETY: madvise(2) with the advice values this module uses (NOHUGEPAGE, DONTNEED,
+    // SAFETY: madvise(2) with the advice values this module uses (NOHUGEPAGE, HUGEPAGE, DONTNEED,
     // DONTFORK, POPULATE_WRITE) touches no memory through a pointer; the kernel validates the
     // range and returns an error for unmapped addresses. What DONTNEED does to the contents is
     // the caller's business (see `madvise_dontneed`).
@@ -391,4 +404,86 @@ pub fn page_entry(addr: usize) -> Result<PageEntry, SysError> {
     } else {
         PageEntry::None
     })
+}
+
+/// Bytes in a transparent huge page (a PMD mapping with 4 KiB pages on x86-64 and arm64).
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// The kernel's transparent huge page setting (`/sys/kernel/mm/transparent_hugepage/enabled`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThpMode {
+    /// Every anonymous mapping large enough gets huge pages.
+    Always,
+    /// Mappings advised `MADV_HUGEPAGE` get huge pages (what rackmem's huge units need).
+    Madvise,
+    /// No huge pages, whatever the advice.
+    Never,
+}
+
+impl ThpMode {
+    /// True if a mapping advised `MADV_HUGEPAGE` gets huge pages.
+    pub fn advised_gets_huge(self) -> bool {
+        self != ThpMode::Never
+    }
+
+    /// Parses the file's text (`always [madvise] never`: the bracketed word is the setting).
+    pub fn parse(text: &str) -> Option<ThpMode> {
+        let start = text.find('[')?;
+        let end = start + text[start..].find(']')?;
+        match &text[start + 1..end] {
+            "always" => Some(ThpMode::Always),
+            "madvise" => Some(ThpMode::Madvise),
+            "never" => Some(ThpMode::Never),
+            _ => None,
+        }
+    }
+}
+
+/// The kernel's transparent huge page setting; `Never` if the file is missing (a kernel built
+/// without THP) or says something else.
+pub fn thp_mode() -> ThpMode {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|t| ThpMode::parse(&t))
+        .unwrap_or(ThpMode::Never)
+}
+
+/// Bytes of `[addr, addr + len)`'s mapping that are mapped as transparent huge pages (its
+/// `AnonHugePages` in `/proc/self/smaps`), summed over the mappings that start inside the range
+/// or contain its start.
+pub fn anon_huge_bytes(addr: usize, len: usize) -> io::Result<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut inside = false;
+    let mut total = 0u64;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = a < addr + len && b > addr;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(rest) = line.strip_prefix("AnonHugePages:") {
+                let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+                total += kb * 1024;
+            }
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod thp_tests {
+    use super::ThpMode;
+
+    #[test]
+    fn the_bracketed_word_is_the_setting() {
+        assert_eq!(ThpMode::parse("always [madvise] never\n"), Some(ThpMode::Madvise));
+        assert_eq!(ThpMode::parse("[always] madvise never"), Some(ThpMode::Always));
+        assert_eq!(ThpMode::parse("always madvise [never]"), Some(ThpMode::Never));
+        assert_eq!(ThpMode::parse("always madvise never"), None);
+        assert!(!ThpMode::Never.advised_gets_huge());
+        assert!(ThpMode::Madvise.advised_gets_huge());
+    }
 }

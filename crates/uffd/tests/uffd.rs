@@ -539,3 +539,102 @@ fn reserve_aligns_and_reserve_at_refuses_to_replace_a_mapping() {
     let (addr, len) = m.leak();
     assert_eq!((addr % (1 << 21), len), (0, 5 * PAGE_SIZE));
 }
+
+/// The mechanism of huge units (docs/architecture.md, "Huge pages"): a 2 MiB transparent huge
+/// page moves whole between a window and a staging area, both 2 MiB-aligned and advised
+/// `MADV_HUGEPAGE`, with one `UFFDIO_MOVE` each way, and stays one huge page on both sides
+/// (`AnonHugePages`); the destination is registered with the uffd the move is called on (the
+/// staging area has its own, as in the runtime). A unit the kernel split (a subpage released
+/// with `MADV_DONTNEED`) still moves whole with `allow_src_holes`, its hole left a hole.
+#[test]
+fn a_huge_page_moves_whole_both_ways_and_a_split_one_with_holes() {
+    use rackmem_sys::{anon_huge_bytes, thp_mode, HUGE_PAGE_SIZE};
+    let _serial = serial();
+    let mode = thp_mode();
+    assert!(
+        mode.advised_gets_huge(),
+        "transparent huge pages are {mode:?} on this machine: this test needs `madvise` or `always` in /sys/kernel/mm/transparent_hugepage/enabled"
+    );
+    let win_u = open(Features::MOVE);
+    let stage_u = open(Features::MOVE);
+    let win = Mapping::reserve_huge(2 * HUGE_PAGE_SIZE).expect("map window");
+    let stage = Mapping::reserve_huge(2 * HUGE_PAGE_SIZE).expect("map staging");
+    assert_eq!(win.addr() % HUGE_PAGE_SIZE, 0);
+    assert_eq!(stage.addr() % HUGE_PAGE_SIZE, 0);
+    // A staging slot gets its huge page the way a fetch fills it: written in place, before the
+    // staging area is registered (afterwards its missing pages would fault to its uffd).
+    let data: Vec<u8> = (0..HUGE_PAGE_SIZE / PAGE_SIZE).flat_map(pattern).collect();
+    stage.write(0, &data);
+    let huge_staged = anon_huge_bytes(stage.addr(), stage.len()).expect("smaps");
+    assert_eq!(
+        huge_staged, HUGE_PAGE_SIZE as u64,
+        "the written staging slot is not one huge page (defrag setting?)"
+    );
+    win_u.register(win.addr(), win.len(), MISSING).expect("register window");
+    stage_u
+        .register(stage.addr(), stage.len(), MISSING)
+        .expect("register staging");
+
+    // Install: one 2 MiB move into the window.
+    let moved = move_pages(&win_u, win.addr(), stage.addr(), HUGE_PAGE_SIZE, MoveMode::default()).expect("move in");
+    assert_eq!(moved, HUGE_PAGE_SIZE);
+    let mut back = vec![0u8; HUGE_PAGE_SIZE];
+    win.read(0, &mut back);
+    assert!(back == data, "the unit's contents changed on the way in");
+    assert_eq!(
+        anon_huge_bytes(win.addr(), win.len()).expect("smaps"),
+        HUGE_PAGE_SIZE as u64
+    );
+    assert_eq!(anon_huge_bytes(stage.addr(), stage.len()).expect("smaps"), 0);
+
+    // Evict: one 2 MiB move out into the second slot, still one huge page there.
+    let out = move_pages(
+        &stage_u,
+        stage.addr() + HUGE_PAGE_SIZE,
+        win.addr(),
+        HUGE_PAGE_SIZE,
+        MoveMode::default(),
+    )
+    .expect("move out");
+    assert_eq!(out, HUGE_PAGE_SIZE);
+    assert!(present(&win).is_empty());
+    assert_eq!(
+        anon_huge_bytes(stage.addr(), stage.len()).expect("smaps"),
+        HUGE_PAGE_SIZE as u64
+    );
+    stage.read(HUGE_PAGE_SIZE, &mut back);
+    assert!(back == data, "the unit's contents changed on the way out");
+
+    // Split: back into the window, one subpage released there (the kernel splits the huge
+    // page), then out again whole, the hole allowed.
+    move_pages(
+        &win_u,
+        win.addr(),
+        stage.addr() + HUGE_PAGE_SIZE,
+        HUGE_PAGE_SIZE,
+        MoveMode::default(),
+    )
+    .expect("move in again");
+    // SAFETY: the window is reached only through raw addresses here.
+    unsafe { rackmem_sys::madvise_dontneed(win.addr() + 7 * PAGE_SIZE, PAGE_SIZE) }.expect("dontneed");
+    // The release queued nothing on this uffd (REMOVE events were not asked for).
+    let holes = MoveMode {
+        dontwake: false,
+        allow_src_holes: true,
+    };
+    let out = move_pages(&stage_u, stage.addr(), win.addr(), HUGE_PAGE_SIZE, holes).expect("move split unit out");
+    assert_eq!(out, HUGE_PAGE_SIZE);
+    assert!(present(&win).is_empty());
+    let staged = present(&stage);
+    assert_eq!(
+        staged.len(),
+        HUGE_PAGE_SIZE / PAGE_SIZE - 1,
+        "every subpage but the hole"
+    );
+    assert!(!staged.contains(&7));
+    for p in (0..HUGE_PAGE_SIZE / PAGE_SIZE).filter(|&p| p != 7) {
+        let mut b = vec![0u8; PAGE_SIZE];
+        stage.read(p * PAGE_SIZE, &mut b);
+        assert!(b == pattern(p), "subpage {p} of the split unit changed");
+    }
+}
