@@ -136,6 +136,18 @@ impl Runtime {
             .peak_committed_pages
             .store(core.committed_pages(), Ordering::Relaxed);
         let handlers = cfg.handlers.max(1);
+        // Every runtime of a run (a forked child's too, built here again) takes a slot of the
+        // run's budget; without one the process keeps a budget of its own and says why.
+        let run = cfg.run_budget.as_deref().and_then(|path| {
+            crate::run_budget::RunBudget::attach(std::path::Path::new(path))
+                .map_err(|e| {
+                    eprintln!(
+                        "rackmem: this process (pid {}) has a local buffer of its own, not a share of the run's: {e}",
+                        std::process::id()
+                    )
+                })
+                .ok()
+        });
         let inner = Arc::new(Inner {
             cfg,
             window,
@@ -167,6 +179,7 @@ impl Runtime {
             helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
             migrations: Default::default(),
+            run,
         });
         {
             let c = inner.lock();
