@@ -35,11 +35,13 @@ const W_PROCESSES: usize = 48;
 /// Milliseconds since the epoch of the last sweep for dead processes.
 const W_SWEPT_MS: usize = 56;
 const HEADER: usize = 128;
-const SLOT: usize = 32;
+const SLOT: usize = 40;
 const S_PID: usize = 0;
 const S_COMMITTED: usize = 8;
 const S_RESIDENT: usize = 16;
 const S_RSS: usize = 24;
+/// All committed pages, inherited ones included: the weight of the process's share.
+const S_WEIGHT: usize = 32;
 /// Processes of one run with a runtime alive at once (more go on with a budget of their own).
 pub const SLOTS: usize = (FILE_LEN - HEADER) / SLOT;
 
@@ -49,6 +51,8 @@ pub struct RunBudget {
     mem: SharedMemory,
     slot: usize,
     pid: u64,
+    /// Committed pages this process inherited at fork, not counted in the run's footprint.
+    inherited: u64,
 }
 
 /// The run's figures, for `--stats`.
@@ -73,14 +77,20 @@ fn slot_off(i: usize) -> usize {
 impl RunBudget {
     /// Maps the run's file and takes a slot: the one this pid already holds (a program that
     /// exec'd), else the lowest free one.
-    pub fn attach(path: &Path) -> Result<RunBudget, String> {
+    /// `inherited`: the committed pages of a forked child's inherited window (0 at exec).
+    pub fn attach(path: &Path, inherited: u64) -> Result<RunBudget, String> {
         let mem = SharedMemory::open_file(path, FILE_LEN).map_err(|e| e.to_string())?;
         let m = mem.compare_swap_u64(W_MAGIC, 0, MAGIC);
         if m != 0 && m != MAGIC {
             return Err(format!("{} is not a run's budget file", path.display()));
         }
         let pid = u64::from(std::process::id());
-        let mut rb = RunBudget { mem, slot: 0, pid };
+        let mut rb = RunBudget {
+            mem,
+            slot: 0,
+            pid,
+            inherited,
+        };
         let high = (rb.mem.load_u64(W_HIGH) as usize).min(SLOTS);
         if let Some(i) = (0..high).find(|&i| rb.mem.load_u64(slot_off(i) + S_PID) == pid) {
             rb.slot = i;
@@ -91,7 +101,7 @@ impl RunBudget {
                 let o = slot_off(i);
                 if rb.mem.load_u64(o + S_PID) == 0 && rb.mem.compare_swap_u64(o + S_PID, 0, pid) == 0 {
                     rb.mem.fetch_max_u64(W_HIGH, i as u64 + 1);
-                    for w in [S_COMMITTED, S_RESIDENT, S_RSS] {
+                    for w in [S_COMMITTED, S_RESIDENT, S_RSS, S_WEIGHT] {
                         rb.mem.store_u64(o + w, 0);
                     }
                     rb.mem.fetch_add_u64(W_PROCESSES, 1);
@@ -109,16 +119,22 @@ impl RunBudget {
     /// This process's budget in pages, given its committed and resident window pages now;
     /// publishes both.
     pub fn budget_pages(&self, budget: &Budget, committed: u64, resident: u64, min_pages: u64) -> u64 {
+        // What the process committed beyond what it inherited: a parent's pages shared at fork
+        // count once, in the parent, as a cgroup charges them.
+        let weight = committed;
+        let committed = committed.saturating_sub(self.inherited);
         let me = slot_off(self.slot);
         self.mem.store_u64(me + S_COMMITTED, committed);
         self.mem.store_u64(me + S_RESIDENT, resident);
-        let (mut tree_committed, mut others_resident) = (0u64, 0u64);
+        self.mem.store_u64(me + S_WEIGHT, weight);
+        let (mut tree_committed, mut others_resident, mut weights) = (0u64, 0u64, 0u64);
         for i in 0..(self.mem.load_u64(W_HIGH) as usize).min(SLOTS) {
             let o = slot_off(i);
             if self.mem.load_u64(o + S_PID) == 0 {
                 continue;
             }
             tree_committed += self.mem.load_u64(o + S_COMMITTED);
+            weights += self.mem.load_u64(o + S_WEIGHT);
             if i != self.slot {
                 others_resident += self.mem.load_u64(o + S_RESIDENT);
             }
@@ -130,10 +146,12 @@ impl RunBudget {
         let tree = budget.pages(peak * PAGE, PAGE, min_pages);
         self.mem.fetch_max_u64(W_BUDGET, tree);
         self.mem.fetch_max_u64(W_PEAK_RESIDENT, others_resident + resident);
-        let share = if tree_committed == 0 {
+        // A forked child's share weighs its whole window, inherited pages included: it uses
+        // them, though the run's footprint counts them once, in the parent.
+        let share = if weights == 0 {
             tree
         } else {
-            (u128::from(tree) * u128::from(committed) / u128::from(tree_committed)) as u64
+            (u128::from(tree) * u128::from(weight) / u128::from(weights)) as u64
         };
         tree.saturating_sub(others_resident).max(share).max(min_pages)
     }
@@ -168,7 +186,7 @@ impl RunBudget {
             if pid == 0 || pid == self.pid || rackmem_sys::process::process_alive(pid as u32) {
                 continue;
             }
-            for w in [S_COMMITTED, S_RESIDENT, S_RSS] {
+            for w in [S_COMMITTED, S_RESIDENT, S_RSS, S_WEIGHT] {
                 self.mem.store_u64(o + w, 0);
             }
             self.mem.compare_swap_u64(o + S_PID, pid, 0);
@@ -178,7 +196,7 @@ impl RunBudget {
     /// Gives the slot back (at exit): the others may use its room at once.
     pub fn leave(&self) {
         let o = slot_off(self.slot);
-        for w in [S_COMMITTED, S_RESIDENT, S_RSS] {
+        for w in [S_COMMITTED, S_RESIDENT, S_RSS, S_WEIGHT] {
             self.mem.store_u64(o + w, 0);
         }
         self.mem.compare_swap_u64(o + S_PID, self.pid, 0);
@@ -231,9 +249,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("budget");
         create(&path).unwrap();
-        let a = RunBudget::attach(&path).unwrap();
+        let a = RunBudget::attach(&path, 0).unwrap();
         // The same pid attaches to its own slot again (an exec).
-        let again = RunBudget::attach(&path).unwrap();
+        let again = RunBudget::attach(&path, 0).unwrap();
         assert_eq!(a.slot, again.slot);
         // A second process of the run (pid 1, which is alive, so no sweep clears it).
         let b = {
@@ -242,7 +260,12 @@ mod tests {
                 .find(|&i| mem.compare_swap_u64(slot_off(i) + S_PID, 0, 1) == 0)
                 .unwrap();
             mem.fetch_max_u64(W_HIGH, slot as u64 + 1);
-            RunBudget { mem, slot, pid: 1 }
+            RunBudget {
+                mem,
+                slot,
+                pid: 1,
+                inherited: 0,
+            }
         };
         assert_ne!(a.slot, b.slot);
         let pct = Budget::Percent(25.0);
