@@ -55,7 +55,9 @@ Defaults (each can be overridden):
 pub struct RunArgs {
     /// Local buffer: bytes (512MiB), or a percentage of the program's peak footprint in remote
     /// memory so far (25%). A percentage is a limit, like a memory cgroup's: it grows with the
-    /// footprint and never shrinks when the program frees memory. A size stays that size.
+    /// footprint and never shrinks when the program frees memory. A size stays that size. It is
+    /// the limit of the whole run, like a cgroup's: every process the program forks or execs
+    /// shares it (the footprint is theirs together).
     #[arg(long, value_name = "SIZE|PCT", default_value = "50%")]
     local: Budget,
     /// A memory brick to use (tcp://HOST:PORT, tls://HOST:PORT or unix:PATH); repeat for several. Without one, an
@@ -263,6 +265,17 @@ pub fn run(args: RunArgs) -> Result<i32> {
         (None, false) => None,
     };
 
+    // One budget for every process of the run: see rackmem_runtime::run_budget.
+    let run_budget = tmp.join("budget");
+    rackmem_runtime::run_budget::create(&run_budget)
+        .with_context(|| format!("creating the run's budget file {}", run_budget.display()))?;
+    // The program may switch user (PostgreSQL's server does): the directory must let it in.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("opening {} to the program", tmp.display()))?;
+    }
+
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     let ld_preload = match std::env::var("LD_PRELOAD") {
@@ -279,7 +292,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
         .env(env::LOCAL, args.local.to_string().replace(' ', ""))
         .env(env::THRESHOLD, args.threshold.to_string())
         // Notices such as "this program outruns its link" come once per run, not per child.
-        .env(env::NOTICE_DIR, &tmp);
+        .env(env::NOTICE_DIR, &tmp)
+        .env(env::RUN_BUDGET, &run_budget);
     if let Some(ca) = &args.tls_ca {
         // Absolute: the program may change directory before it connects (fork, exec).
         cmd.env(
@@ -398,6 +412,17 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(f) = &stats_file {
         if args.stats {
             print_stats(f);
+            if let Some(r) = rackmem_runtime::run_budget::read_summary(&run_budget) {
+                eprintln!(
+                    "rackmem: the run ({} process{}): budget {} of a peak footprint of {}; local at most {} of window pages, {} RssAnon (summed over its processes, sampled)",
+                    r.processes,
+                    if r.processes == 1 { "" } else { "es" },
+                    format_size(r.budget_bytes),
+                    format_size(r.peak_footprint_bytes),
+                    format_size(r.peak_resident_bytes),
+                    format_size(r.peak_rss_anon_bytes),
+                );
+            }
         }
         if let Some(accesses) = page_accesses {
             crate::camat::report(f, child.id(), accesses, wall, args.stats_json.is_some());

@@ -462,12 +462,15 @@ fn budget_ok(s: &ProcStats, pct: u32) {
         s.peak_resident_bytes,
         s.budget_bytes
     );
-    // The budget is PCT of the footprint (plus the rounding of a few pages).
+    // The budget is PCT of the footprint (plus the rounding of a few pages): of the run's
+    // footprint, all its processes together, with the run's shared budget.
+    let (budget, footprint) = match s.extra("run_budget_bytes") {
+        0 => (s.budget_bytes, s.footprint_bytes()),
+        run => (run.max(s.budget_bytes), s.extra("run_peak_footprint_bytes")),
+    };
     assert!(
-        s.budget_bytes * 100 <= s.footprint_bytes() * u64::from(pct) + 100 * MIB,
-        "local buffer {} is more than {pct}% of the footprint {}: {s:?}",
-        s.budget_bytes,
-        s.footprint_bytes()
+        budget * 100 <= footprint * u64::from(pct) + 100 * MIB,
+        "local buffer {budget} is more than {pct}% of the footprint {footprint}: {s:?}"
     );
 }
 

@@ -10,8 +10,7 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 const MIB: u64 = 1 << 20;
 
@@ -21,86 +20,10 @@ const MIB: u64 = 1 << 20;
 /// for pages on their way to the brick (4 MiB). docs/architecture.md states it.
 const ALLOWANCE_BYTES: u64 = 16 * MIB;
 
-/// The descendants of `pid` (itself included).
-fn tree_of(pid: u32) -> Vec<u32> {
-    let mut parents: Vec<(u32, u32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...: comm may hold spaces, so split after its closing paren.
-        if let Some(pp) = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().nth(1))
-            .and_then(|s| s.parse().ok())
-        {
-            parents.push((p, pp));
-        }
-    }
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() {
-        let cur = out[i];
-        out.extend(parents.iter().filter(|(_, pp)| *pp == cur).map(|(p, _)| *p));
-        i += 1;
-    }
-    out
-}
-
-/// `RssAnon` of `pid` in bytes (0 if it is gone), unless it is `rackmem` itself.
-fn rss_anon(pid: u32) -> u64 {
-    if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "rackmem") {
-        return 0;
-    }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
-/// Runs `cmd` to completion (within [`LIMIT`]), sampling the largest `RssAnon` of any process
-/// it starts (not `rackmem run` itself) every 10 ms.
-fn run_sampled(mut cmd: Command) -> (Output, u64) {
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
-    cmd.stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).expect("create stdout file"))
-        .stderr(std::fs::File::create(&err).expect("create stderr file"));
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let deadline = Instant::now() + LIMIT;
-    let mut peak = 0;
-    let status = loop {
-        for q in tree_of(child.id()) {
-            peak = peak.max(rss_anon(q));
-        }
-        if let Some(st) = child.try_wait().expect("wait for the program") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} did not finish within {LIMIT:?}; killed. stderr:\n{}",
-                std::fs::read_to_string(&err).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let read = |p: &Path| std::fs::read(p).unwrap_or_default();
-    (
-        Output {
-            status,
-            stdout: read(&out),
-            stderr: read(&err),
-        },
-        peak,
-    )
+/// Runs `cmd` to completion, sampling the largest `RssAnon` of any process it starts.
+fn run_sampled(cmd: Command) -> (Output, u64) {
+    let (o, s) = run_sampled_tree(cmd);
+    (o, s.largest_process)
 }
 
 /// A program's results natively and at 25% local, with the checks above. `cmd` makes the

@@ -243,7 +243,7 @@ extern "C" fn on_load() {
 
 extern "C" fn on_unload() {
     if let Some(rt) = rackmem_runtime::global() {
-        rt.write_stats();
+        rt.at_exit();
     }
 }
 

@@ -49,6 +49,9 @@ pub mod env {
     pub const SHARED_MEMORY: &str = "RACKMEM_SHARED_MEMORY";
     /// where once-per-run notices are recorded, so children do not repeat them.
     pub const NOTICE_DIR: &str = "RACKMEM_NOTICE_DIR";
+    /// A file shared by the processes of one `rackmem run` holding the run's budget (see
+    /// `run_budget`): `--local` is then the whole process tree's limit, as a memory cgroup's is.
+    pub const RUN_BUDGET: &str = "RACKMEM_RUN_BUDGET";
     /// the eviction policy.
     pub const EVICTION: &str = "RACKMEM_EVICTION";
     /// how a migration between bricks carries pages: direct (the default) or bounce.
@@ -157,6 +160,9 @@ pub struct Config {
     /// addresses) into the process, so faults and write-back copy memory instead of using the
     /// socket (default: yes, see [`ShareChoice::Auto`]; TCP bricks always use their links).
     pub shared_memory: ShareChoice,
+    /// `RACKMEM_RUN_BUDGET`: the run's shared budget file; without it each process has its own
+    /// budget.
+    pub run_budget: Option<String>,
     /// `RACKMEM_NOTICE_DIR`: a directory shared by the processes of one `rackmem run`, where
     /// one-time notices are marked as given, so that forked and exec'd children do not repeat
     /// them (unset: once per process).
@@ -316,6 +322,7 @@ impl Config {
                 Some(v) => return Err(ConfigError::Invalid(env::SHARED_MEMORY, v.to_string())),
             },
             notice_dir: var(env::NOTICE_DIR),
+            run_budget: var(env::RUN_BUDGET),
             tls: TlsClient::from_env().transpose().map_err(ConfigError::Tls)?,
             eviction: var(env::EVICTION).map_or(Ok(Eviction::default()), |v| v.parse())?,
             migration_direct: match var(env::MIGRATION).as_deref().map(str::trim) {

@@ -73,6 +73,8 @@ pub(crate) struct Inner {
     pub clock: Instant,
     /// Segments carved for migrations (`migrate.rs`).
     pub migrations: crate::migrate::Migrations,
+    /// The run's shared budget, when the launcher made one (`run_budget.rs`).
+    pub run: Option<crate::run_budget::RunBudget>,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one
@@ -198,7 +200,8 @@ impl Inner {
         self.staging.addr() + slot as usize * PAGE_SIZE
     }
 
-    /// The local buffer's budget now, in pages: a byte budget as it is, a percentage of the
+    /// The local buffer's budget now, in pages: with a run's shared budget, what the run leaves
+    /// this process (`run_budget.rs`); else a byte budget as it is, a percentage of the
     /// peak committed footprint so far (never of the footprint now: a program that frees memory
     /// keeps its local buffer, as it keeps a memory cgroup's limit).
     pub fn budget_pages(&self, core: &Core) -> u64 {
@@ -210,7 +213,10 @@ impl Inner {
             .peak_committed_pages
             .fetch_max(committed, Ordering::Relaxed)
             .max(committed);
-        let b = self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES);
+        let b = match &self.run {
+            Some(run) => run.budget_pages(&self.cfg.budget, committed, core.resident(), MIN_BUDGET_PAGES),
+            None => self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES),
+        };
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
     }

@@ -35,6 +35,7 @@ mod ratelimit;
 mod readahead;
 mod recycle;
 mod report;
+pub mod run_budget;
 pub mod segment;
 pub mod size;
 mod start;

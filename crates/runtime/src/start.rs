@@ -115,6 +115,7 @@ impl Runtime {
         )?;
         // A forked child's core comes from the parent with nothing staged: the staging area is
         // not inherited (MADV_DONTFORK), so every slot is free.
+        let forked = inherited.is_some();
         let core = inherited.unwrap_or_else(|| {
             let mut c = Core::new(window_pages, STAGING_SLOTS as u32, cfg.eviction.build());
             c.set_probe_rate(cfg.readahead_sample);
@@ -136,6 +137,21 @@ impl Runtime {
             .peak_committed_pages
             .store(core.committed_pages(), Ordering::Relaxed);
         let handlers = cfg.handlers.max(1);
+        // Every runtime of a run (a forked child's too, built here again) takes a slot of the
+        // run's budget; without one the process keeps a budget of its own and says why.
+        let run = cfg.run_budget.as_deref().and_then(|path| {
+            // A forked child's inherited window is not counted in the run's footprint: natively
+            // it is the parent's pages shared copy-on-write, which a cgroup charges once.
+            let inherited_pages = if forked { core.committed_pages() } else { 0 };
+            crate::run_budget::RunBudget::attach(std::path::Path::new(path), inherited_pages)
+                .map_err(|e| {
+                    eprintln!(
+                        "rackmem: this process (pid {}) has a local buffer of its own, not a share of the run's: {e}",
+                        std::process::id()
+                    )
+                })
+                .ok()
+        });
         let inner = Arc::new(Inner {
             cfg,
             window,
@@ -167,6 +183,7 @@ impl Runtime {
             helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
             migrations: Default::default(),
+            run,
         });
         {
             let c = inner.lock();

@@ -498,6 +498,19 @@ pub struct StatsSnapshot {
     /// See [`Stats::peak_rss_anon_bytes`].
     #[serde(default)]
     pub peak_rss_anon_bytes: u64,
+    /// The whole run's budget (every process of one `rackmem run`), bytes, as this process
+    /// last saw it; 0 without a run's budget.
+    #[serde(default)]
+    pub run_budget_bytes: u64,
+    /// Peak of the run's processes' committed window footprints summed, bytes.
+    #[serde(default)]
+    pub run_peak_footprint_bytes: u64,
+    /// Peak of the run's processes' resident window pages summed, bytes.
+    #[serde(default)]
+    pub run_peak_resident_bytes: u64,
+    /// Peak of the run's processes' sampled `RssAnon` summed, bytes.
+    #[serde(default)]
+    pub run_peak_rss_anon_bytes: u64,
     /// Shared anonymous memory the program mapped (pieces of at least the threshold), which
     /// stays local: see `crate::note_shared_local`.
     #[serde(default)]
@@ -617,6 +630,14 @@ impl Stats {
 
     /// Reads the process's `RssAnon` now and keeps the peak; returns the peak (0 if
     /// `/proc/self/status` cannot be read, as in a sandbox without procfs).
+    /// Samples `RssAnon` into the peak, returning the value now (`None` if /proc cannot say).
+    pub fn sample_rss_anon_now(&self) -> Option<u64> {
+        let now = rss_anon_bytes()?;
+        self.peak_rss_anon_bytes.fetch_max(now, Relaxed);
+        Some(now)
+    }
+
+    /// Samples `RssAnon` into the peak, returning the peak.
     pub fn sample_rss_anon(&self) -> u64 {
         if let Some(now) = rss_anon_bytes() {
             self.peak_rss_anon_bytes.fetch_max(now, Relaxed);
@@ -661,6 +682,10 @@ impl Stats {
             budget_bytes: g(&self.budget_pages) * page_size,
             peak_footprint_bytes: g(&self.peak_committed_pages) * page_size,
             peak_rss_anon_bytes: self.sample_rss_anon(),
+            run_budget_bytes: 0,
+            run_peak_footprint_bytes: 0,
+            run_peak_resident_bytes: 0,
+            run_peak_rss_anon_bytes: 0,
             shared_local_bytes: crate::process::shared_local_bytes(),
             window_bytes_allocated: g(&self.window_bytes_allocated),
             peak_window_bytes: g(&self.peak_window_bytes),

@@ -16,7 +16,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
     loop {
         std::thread::sleep(Duration::from_millis(250));
         // The local memory the program really holds, for --stats (a read of /proc per tick).
-        inner.stats.sample_rss_anon();
+        let rss = inner.stats.sample_rss_anon_now();
+        if let (Some(run), Some(rss)) = (&inner.run, rss) {
+            run.note_rss_anon(rss);
+        }
         placement::watch(inner.stats.faults.load(Ordering::Relaxed));
         outrun.tick(&inner);
         if !inner.cfg.keepalive.is_zero()

@@ -443,12 +443,31 @@ impl Runtime {
         s.readahead_accuracy = probes.accuracy();
         s.readahead_sample_used = probes.used;
         s.readahead_sample_wasted = probes.wasted;
+        if let Some(run) = &self.inner.run {
+            if let Some(rss) = self.inner.stats.sample_rss_anon_now() {
+                run.note_rss_anon(rss);
+            }
+            let r = run.summary();
+            s.run_budget_bytes = r.budget_bytes;
+            s.run_peak_footprint_bytes = r.peak_footprint_bytes;
+            s.run_peak_resident_bytes = r.peak_resident_bytes;
+            s.run_peak_rss_anon_bytes = r.peak_rss_anon_bytes;
+        }
         if let Some(a) = s.readahead_accuracy {
             let pages = s.bytes_prefetched / PAGE;
             s.readahead_pages_used = (pages as f64 * a).round() as u64;
             s.readahead_pages_wasted = pages - s.readahead_pages_used.min(pages);
         }
         s
+    }
+
+    /// At the process's exit: writes its statistics and gives its share of the run's budget
+    /// back, so the run's other processes may use the room at once.
+    pub fn at_exit(&self) {
+        self.write_stats();
+        if let Some(run) = &self.inner.run {
+            run.leave();
+        }
     }
 
     /// Appends this process's statistics as one JSON line to the configured stats file.

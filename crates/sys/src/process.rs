@@ -170,6 +170,29 @@ pub fn send_signal(pid: u32, signal: i32) {
     }
 }
 
+/// Whether process `pid` still exists (a zombie not yet reaped counts as gone: it holds no
+/// memory). Any process may be asked: a process of another user answers EPERM to kill(2), which
+/// still says it exists.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the process exists.
+    let r = unsafe { libc::kill(p, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // A zombie still answers kill(2): its state in /proc says it is dead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(
+            s.rsplit_once(')').map(|(_, r)| r.trim_start().as_bytes().first()),
+            Some(Some(b'Z' | b'X'))
+        ),
+        // Hidden (hidepid) or just gone: kill(2) said it existed; the next look decides.
+        Err(_) => true,
+    }
+}
+
 /// The largest resident set of any child process reaped so far (and of their reaped
 /// descendants), in bytes: `getrusage(RUSAGE_CHILDREN)`'s `ru_maxrss`.
 pub fn children_max_rss_bytes() -> std::io::Result<u64> {

@@ -86,6 +86,29 @@ impl SharedMemory {
         Self::map(fd, len)
     }
 
+    /// Maps the first `len` bytes of an ordinary file shared between the processes of one run
+    /// (a regular file cannot be sealed: whoever creates it must keep it at least `len` bytes,
+    /// which is checked here once).
+    pub fn open_file(path: &std::path::Path, len: usize) -> Result<SharedMemory, SysError> {
+        let bad = |why| invalid("mmap(shared file)", 0, len, why);
+        if len == 0 || len % PAGE_SIZE != 0 {
+            return Err(bad("the length is not a whole number of pages"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| os_error("open(shared file)", 0, len, e))?;
+        let fd = OwnedFd::from(file);
+        let size = fstat(fd.as_fd())
+            .map_err(|e| os_error("fstat(shared file)", 0, len, e))?
+            .st_size;
+        if size < len as libc::off_t {
+            return Err(bad("the file is shorter than asked"));
+        }
+        Self::map(fd, len)
+    }
+
     fn map(fd: OwnedFd, len: usize) -> Result<SharedMemory, SysError> {
         // SAFETY: a new shared mapping of a file we hold, at an address the kernel picks (no
         // MAP_FIXED): no existing memory is affected.
@@ -186,6 +209,31 @@ impl SharedMemory {
         // bytes are only ever reached from this process through atomic operations or the
         // word-atomic copies of `read`/`write`, never through a non-atomic Rust reference.
         unsafe { std::sync::atomic::AtomicU64::from_ptr((self.addr + offset) as *mut u64) }
+    }
+
+    /// The word at `offset` (a multiple of 8), read atomically.
+    ///
+    /// # Panics
+    /// If the word is misaligned or outside the mapping (a caller bug, not an input error).
+    pub fn load_u64(&self, offset: usize) -> u64 {
+        self.word(offset).load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stores `value` in the word at `offset` (a multiple of 8) atomically.
+    ///
+    /// # Panics
+    /// If the word is misaligned or outside the mapping (a caller bug, not an input error).
+    pub fn store_u64(&self, offset: usize, value: u64) {
+        self.word(offset).store(value, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Raises the word at `offset` (a multiple of 8) to `value` if it is lower; returns its
+    /// previous value.
+    ///
+    /// # Panics
+    /// If the word is misaligned or outside the mapping (a caller bug, not an input error).
+    pub fn fetch_max_u64(&self, offset: usize, value: u64) -> u64 {
+        self.word(offset).fetch_max(value, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Atomically adds `value` (wrapping) to the little-endian word at `offset` (a multiple of

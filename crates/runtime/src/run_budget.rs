@@ -1,0 +1,294 @@
+//! The run's budget: one local buffer limit for every process of one `rackmem run`, the way a
+//! memory cgroup confines a whole process tree. `--local P%` is P% of the peak footprint of the
+//! tree (the sum of its processes' committed window pages at once); a byte value is the tree's
+//! limit.
+//!
+//! The launcher creates a small file of slots (`RACKMEM_RUN_BUDGET`); every runtime of the run
+//! (started at exec, or built again in a forked child) maps it and takes a slot: its pid, its
+//! committed and resident pages, and its sampled `RssAnon`. There is no lock and no arbiter:
+//! each process publishes its own figures at every fault and reads the others'. A process may
+//! hold what the others leave of the tree's budget, and never less than its share of the budget
+//! in proportion to its footprint, so a process that grows while another shrinks takes the
+//! freed room, and one whose neighbours hold everything still makes progress (it evicts
+//! its own pages only; an idle process over its share gives room back at its next fault, which
+//! bounds the overshoot by what idle processes hold above their shares). A process gives its
+//! slot back at exit; one that dies without exiting is found by the next sweep (once a second,
+//! by whichever runtime gets there first) and its slot cleared.
+
+use crate::size::Budget;
+use crate::PAGE;
+use rackmem_sys::SharedMemory;
+use std::path::Path;
+
+/// Size of the file: a header and [`SLOTS`] slots.
+pub const FILE_LEN: usize = 64 << 10;
+const MAGIC: u64 = 0x7275_6e62_7564_0001;
+const W_MAGIC: usize = 0;
+/// Slots ever claimed (the lowest free slot is taken, so this bounds every scan by the most
+/// processes alive at once).
+const W_HIGH: usize = 8;
+const W_PEAK_FOOTPRINT: usize = 16;
+const W_BUDGET: usize = 24;
+const W_PEAK_RESIDENT: usize = 32;
+const W_PEAK_RSS: usize = 40;
+const W_PROCESSES: usize = 48;
+/// Milliseconds since the epoch of the last sweep for dead processes.
+const W_SWEPT_MS: usize = 56;
+const HEADER: usize = 128;
+const SLOT: usize = 40;
+const S_PID: usize = 0;
+const S_COMMITTED: usize = 8;
+const S_RESIDENT: usize = 16;
+const S_RSS: usize = 24;
+/// All committed pages, inherited ones included: the weight of the process's share.
+const S_WEIGHT: usize = 32;
+/// Processes of one run with a runtime alive at once (more go on with a budget of their own).
+pub const SLOTS: usize = (FILE_LEN - HEADER) / SLOT;
+
+/// This process's slot in its run's budget file.
+#[derive(Debug)]
+pub struct RunBudget {
+    mem: SharedMemory,
+    slot: usize,
+    pid: u64,
+    /// Committed pages this process inherited at fork, not counted in the run's footprint.
+    inherited: u64,
+}
+
+/// The run's figures, for `--stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Largest budget of the whole run, bytes.
+    pub budget_bytes: u64,
+    /// Peak of the processes' committed window footprints summed, bytes.
+    pub peak_footprint_bytes: u64,
+    /// Peak of the processes' resident window pages summed, bytes.
+    pub peak_resident_bytes: u64,
+    /// Peak of the processes' sampled `RssAnon` summed, bytes.
+    pub peak_rss_anon_bytes: u64,
+    /// Processes that took part.
+    pub processes: u64,
+}
+
+fn slot_off(i: usize) -> usize {
+    HEADER + i * SLOT
+}
+
+impl RunBudget {
+    /// Maps the run's file and takes a slot: the one this pid already holds (a program that
+    /// exec'd), else the lowest free one.
+    /// `inherited`: the committed pages of a forked child's inherited window (0 at exec).
+    pub fn attach(path: &Path, inherited: u64) -> Result<RunBudget, String> {
+        let mem = SharedMemory::open_file(path, FILE_LEN).map_err(|e| e.to_string())?;
+        let m = mem.compare_swap_u64(W_MAGIC, 0, MAGIC);
+        if m != 0 && m != MAGIC {
+            return Err(format!("{} is not a run's budget file", path.display()));
+        }
+        let pid = u64::from(std::process::id());
+        let mut rb = RunBudget {
+            mem,
+            slot: 0,
+            pid,
+            inherited,
+        };
+        let high = (rb.mem.load_u64(W_HIGH) as usize).min(SLOTS);
+        if let Some(i) = (0..high).find(|&i| rb.mem.load_u64(slot_off(i) + S_PID) == pid) {
+            rb.slot = i;
+            return Ok(rb);
+        }
+        for attempt in 0..2 {
+            for i in 0..SLOTS {
+                let o = slot_off(i);
+                if rb.mem.load_u64(o + S_PID) == 0 && rb.mem.compare_swap_u64(o + S_PID, 0, pid) == 0 {
+                    rb.mem.fetch_max_u64(W_HIGH, i as u64 + 1);
+                    for w in [S_COMMITTED, S_RESIDENT, S_RSS, S_WEIGHT] {
+                        rb.mem.store_u64(o + w, 0);
+                    }
+                    rb.mem.fetch_add_u64(W_PROCESSES, 1);
+                    rb.slot = i;
+                    return Ok(rb);
+                }
+            }
+            if attempt == 0 {
+                rb.sweep();
+            }
+        }
+        Err(format!("more than {SLOTS} processes of the run at once"))
+    }
+
+    /// This process's budget in pages, given its committed and resident window pages now;
+    /// publishes both.
+    pub fn budget_pages(&self, budget: &Budget, committed: u64, resident: u64, min_pages: u64) -> u64 {
+        // What the process committed beyond what it inherited: a parent's pages shared at fork
+        // count once, in the parent, as a cgroup charges them.
+        let weight = committed;
+        let committed = committed.saturating_sub(self.inherited);
+        let me = slot_off(self.slot);
+        self.mem.store_u64(me + S_COMMITTED, committed);
+        self.mem.store_u64(me + S_RESIDENT, resident);
+        self.mem.store_u64(me + S_WEIGHT, weight);
+        let (mut tree_committed, mut others_resident, mut weights) = (0u64, 0u64, 0u64);
+        for i in 0..(self.mem.load_u64(W_HIGH) as usize).min(SLOTS) {
+            let o = slot_off(i);
+            if self.mem.load_u64(o + S_PID) == 0 {
+                continue;
+            }
+            tree_committed += self.mem.load_u64(o + S_COMMITTED);
+            weights += self.mem.load_u64(o + S_WEIGHT);
+            if i != self.slot {
+                others_resident += self.mem.load_u64(o + S_RESIDENT);
+            }
+        }
+        let peak = self
+            .mem
+            .fetch_max_u64(W_PEAK_FOOTPRINT, tree_committed)
+            .max(tree_committed);
+        let tree = budget.pages(peak * PAGE, PAGE, min_pages);
+        self.mem.fetch_max_u64(W_BUDGET, tree);
+        self.mem.fetch_max_u64(W_PEAK_RESIDENT, others_resident + resident);
+        // A forked child's share weighs its whole window, inherited pages included: it uses
+        // them, though the run's footprint counts them once, in the parent.
+        let share = if weights == 0 {
+            tree
+        } else {
+            (u128::from(tree) * u128::from(weight) / u128::from(weights)) as u64
+        };
+        tree.saturating_sub(others_resident).max(share).max(min_pages)
+    }
+
+    /// Publishes this process's `RssAnon` now and records the run's sum; once a second (in
+    /// whichever process comes first) clears the slots of processes that died without exiting.
+    pub fn note_rss_anon(&self, bytes: u64) {
+        self.mem.store_u64(slot_off(self.slot) + S_RSS, bytes);
+        let mut sum = 0u64;
+        for i in 0..(self.mem.load_u64(W_HIGH) as usize).min(SLOTS) {
+            let o = slot_off(i);
+            if self.mem.load_u64(o + S_PID) != 0 {
+                sum += self.mem.load_u64(o + S_RSS);
+            }
+        }
+        self.mem.fetch_max_u64(W_PEAK_RSS, sum);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let last = self.mem.load_u64(W_SWEPT_MS);
+        if now >= last + 1000 && self.mem.compare_swap_u64(W_SWEPT_MS, last, now) == last {
+            self.sweep();
+        }
+    }
+
+    /// Clears the slots of processes that are gone (killed, or exec'd into a program without
+    /// the runtime and exited since).
+    fn sweep(&self) {
+        for i in 0..(self.mem.load_u64(W_HIGH) as usize).min(SLOTS) {
+            let o = slot_off(i);
+            let pid = self.mem.load_u64(o + S_PID);
+            if pid == 0 || pid == self.pid || rackmem_sys::process::process_alive(pid as u32) {
+                continue;
+            }
+            for w in [S_COMMITTED, S_RESIDENT, S_RSS, S_WEIGHT] {
+                self.mem.store_u64(o + w, 0);
+            }
+            self.mem.compare_swap_u64(o + S_PID, pid, 0);
+        }
+    }
+
+    /// Gives the slot back (at exit): the others may use its room at once.
+    pub fn leave(&self) {
+        let o = slot_off(self.slot);
+        for w in [S_COMMITTED, S_RESIDENT, S_RSS, S_WEIGHT] {
+            self.mem.store_u64(o + w, 0);
+        }
+        self.mem.compare_swap_u64(o + S_PID, self.pid, 0);
+    }
+
+    /// The run's figures so far.
+    pub fn summary(&self) -> RunSummary {
+        summary_of(|w| self.mem.load_u64(w))
+    }
+}
+
+fn summary_of(word: impl Fn(usize) -> u64) -> RunSummary {
+    RunSummary {
+        budget_bytes: word(W_BUDGET) * PAGE,
+        peak_footprint_bytes: word(W_PEAK_FOOTPRINT) * PAGE,
+        peak_resident_bytes: word(W_PEAK_RESIDENT) * PAGE,
+        peak_rss_anon_bytes: word(W_PEAK_RSS),
+        processes: word(W_PROCESSES),
+    }
+}
+
+/// Creates the run's budget file (zeros, readable and writable by the run's processes whatever
+/// user they switch to, as PostgreSQL's server does).
+pub fn create(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::File::create(path)?;
+    f.set_len(FILE_LEN as u64)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))
+}
+
+/// The run's figures as the file holds them (`None` if no runtime ever attached).
+pub fn read_summary(path: &Path) -> Option<RunSummary> {
+    let bytes = std::fs::read(path).ok()?;
+    let word = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_ne_bytes)
+    };
+    (word(W_MAGIC) == MAGIC).then(|| summary_of(word))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_of_a_run_share_one_budget() {
+        let dir = std::env::temp_dir().join(format!("run-budget-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("budget");
+        create(&path).unwrap();
+        let a = RunBudget::attach(&path, 0).unwrap();
+        // The same pid attaches to its own slot again (an exec).
+        let again = RunBudget::attach(&path, 0).unwrap();
+        assert_eq!(a.slot, again.slot);
+        // A second process of the run (pid 1, which is alive, so no sweep clears it).
+        let b = {
+            let mem = SharedMemory::open_file(&path, FILE_LEN).unwrap();
+            let slot = (0..SLOTS)
+                .find(|&i| mem.compare_swap_u64(slot_off(i) + S_PID, 0, 1) == 0)
+                .unwrap();
+            mem.fetch_max_u64(W_HIGH, slot as u64 + 1);
+            RunBudget {
+                mem,
+                slot,
+                pid: 1,
+                inherited: 0,
+            }
+        };
+        assert_ne!(a.slot, b.slot);
+        let pct = Budget::Percent(25.0);
+        // a: 400 pages committed, b: none yet: a may hold the whole 100.
+        assert_eq!(a.budget_pages(&pct, 400, 0, 1), 100);
+        // b grows to 400 too: the tree's peak is 800, its budget 200.
+        assert_eq!(b.budget_pages(&pct, 400, 0, 1), 200);
+        // a holds 150: b may have the 50 left, but never less than its share (100).
+        assert_eq!(a.budget_pages(&pct, 400, 150, 1), 200);
+        assert_eq!(b.budget_pages(&pct, 400, 0, 1), 100);
+        // a frees everything: the peak stays, b may take the whole budget.
+        assert_eq!(a.budget_pages(&pct, 0, 0, 1), 200);
+        assert_eq!(b.budget_pages(&pct, 400, 90, 1), 200);
+        // A byte budget is the tree's: b holding 3 MiB leaves a 1 MiB of 4 MiB.
+        let bytes = Budget::Bytes(4 << 20);
+        assert_eq!(b.budget_pages(&bytes, 400, 768, 1), 1024);
+        assert_eq!(a.budget_pages(&bytes, 400, 0, 1), 512);
+        b.leave();
+        assert_eq!(a.budget_pages(&bytes, 400, 0, 1), 1024);
+        let s = a.summary();
+        assert_eq!(s.budget_bytes, 1024 * PAGE);
+        assert_eq!(s.peak_footprint_bytes, 800 * PAGE);
+        assert_eq!(read_summary(&path), Some(s));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
