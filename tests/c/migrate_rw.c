@@ -21,6 +21,9 @@
  *           the whole buffer against the model (it reads the clones of the segments, moved range
  *           included) and rewrites it; the parent checks that its own copy did not change and
  *           prints "fork ok" and the checksums.
+ *   external: (BRICK_A and BRICK_B unused) the writer runs while others move the buffer
+ *           (`rackmem migrate --pid`): prints "buffer ADDR LEN pid PID" and waits for a line on
+ *           stdin, then lets the writer finish two more passes and prints the checksums.
  *   bad:    bad requests: an unknown brick (ENOENT), a range outside rackmem memory (EINVAL),
  *           an empty range (EINVAL), a pin larger than the local buffer allows (ENOSPC), and a
  *           move to brick B when B has no room left (ENOSPC); prints "bad-requests ok".
@@ -117,8 +120,10 @@ int main(int argc, char **argv) {
     if (!buf) DIE("malloc");
     if (!is_remote(buf)) DIE("the buffer is not in rackmem memory");
     memset(buf, 0, len);
-    /* The buffer lives on brick A (the window's first segment) before anything moves. */
-    migrate_or_die(migrate, buf, len, a);
+    if (strcmp(mode, "external")) {
+        /* The buffer lives on brick A (the window's first segment) before anything moves. */
+        migrate_or_die(migrate, buf, len, a);
+    }
 
     if (!strcmp(mode, "bad")) {
         char local[64];
@@ -148,6 +153,16 @@ int main(int argc, char **argv) {
             migrate_or_die(migrate, buf, len, a);           /* local -> brick */
         }
         /* Let the writer finish a pass over the buffer's new home. */
+        uint64_t p0 = passes;
+        while (passes < p0 + 2) usleep(1000);
+        finish(t);
+        return 0;
+    }
+    if (!strcmp(mode, "external")) {
+        printf("buffer %p %zu pid %d\n", (void *)buf, len, (int)getpid());
+        fflush(stdout);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) DIE("stdin closed before the moves ended");
         uint64_t p0 = passes;
         while (passes < p0 + 2) usleep(1000);
         finish(t);

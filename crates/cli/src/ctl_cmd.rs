@@ -18,6 +18,8 @@ pub mod exit {
     pub const UNREACHABLE: i32 = 69;
     /// The control plane refused the credentials (401) or the role (403).
     pub const DENIED: i32 = 77;
+    /// `drain`: the brick still held segments when --timeout ran out (it stays draining).
+    pub const TIMED_OUT: i32 = 75;
 }
 
 #[derive(Args)]
@@ -33,7 +35,8 @@ pub mod exit {
         Credentials: --token-file (or RACKMEM_TOKEN); on the control plane's host the admin token \
         file it made is found by itself.\n\n\
         Exit status: 0 done; 1 the control plane refused (the message says why); 2 or 65 bad \
-        input; 69 no control plane reachable; 77 the token is missing, invalid or not allowed this.",
+        input; 69 no control plane reachable; 75 drain: the brick still held segments at --timeout; \
+        77 the token is missing, invalid or not allowed this.",
     after_help = "Sizes: 4096, 64MiB, 8GiB, 1.5G. Rates are bytes per second: 10GB/s, 1.25G, 500MB/s."
 )]
 pub struct CtlArgs {
@@ -135,6 +138,22 @@ enum CtlCommand {
         /// Brick id or name.
         brick: String,
     },
+    /// Drain a brick (admins only): no new segments go to it, and the command waits, with a
+    /// progress bar, until it holds none (then exits 0: the brick can be retired). It stays
+    /// draining across restarts until `--cancel`.
+    Drain {
+        /// Brick id or name.
+        brick: String,
+        /// How long to wait for the brick to hold no segment (exit 75 then; it stays draining).
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::values::parse_duration)]
+        timeout: std::time::Duration,
+        /// Mark it draining and return at once.
+        #[arg(long)]
+        no_wait: bool,
+        /// End the drain: the brick takes segments again.
+        #[arg(long)]
+        cancel: bool,
+    },
     /// Register a node by hand (agents do this themselves).
     AddNode {
         /// Unique name.
@@ -231,6 +250,62 @@ fn resolve_brick(c: &Client, brick: &str) -> Result<u64, CtlError> {
         .ok_or_else(|| CtlError::BadInput(format!("no brick is named {brick:?} (rackmem ctl bricks lists them)")))
 }
 
+/// A brick's state as `rackmem ctl bricks` shows it: up or down, and draining or drained.
+fn brick_state(b: &rackmem_control::api::Brick) -> String {
+    let s = format!("{:?}", b.state).to_lowercase();
+    if b.drained {
+        format!("{s}, drained")
+    } else if b.draining {
+        format!("{s}, draining")
+    } else {
+        s
+    }
+}
+
+/// Waits until draining brick `b` holds no segment, showing how many of the segments it held
+/// at the start are gone (a bar on a terminal, unless `json`); at most `timeout`.
+fn wait_drained(
+    c: &Client,
+    mut b: rackmem_control::api::Brick,
+    timeout: std::time::Duration,
+    json: bool,
+) -> Result<rackmem_control::api::Brick, CtlError> {
+    use std::io::IsTerminal;
+    use std::time::{Duration, Instant};
+    let start = b.segments;
+    let bar = if json || !std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(start)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "draining {msg} [{bar:30}] {pos}/{len} segments moved or released ({elapsed})",
+        )
+        .map_err(|e| CtlError::Other(e.into()))?,
+    );
+    bar.set_message(b.name.clone());
+    let deadline = Instant::now() + timeout;
+    while !b.drained {
+        if Instant::now() >= deadline {
+            bar.abandon();
+            return Err(CtlError::TimedOut(format!(
+                "brick {} still holds {} segment(s) ({} in use) after {:?}: it stays draining (no new \
+                 segments go to it); run the command again to wait longer, or --cancel",
+                b.name,
+                b.segments,
+                format_size(b.capacity_bytes.saturating_sub(b.free_bytes)),
+                timeout
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(250).min(deadline.saturating_duration_since(Instant::now())));
+        b = c.brick(b.id)?;
+        bar.set_position(start.saturating_sub(b.segments));
+    }
+    bar.finish();
+    Ok(b)
+}
+
 fn resolve_node(c: &Client, node: &str) -> Result<u64, CtlError> {
     if let Ok(id) = node.parse::<u64>() {
         return Ok(id);
@@ -248,6 +323,8 @@ enum CtlError {
     Client(#[from] ClientError),
     #[error("{0}")]
     BadInput(String),
+    #[error("{0}")]
+    TimedOut(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -302,6 +379,7 @@ pub fn run(args: CtlArgs) -> Result<i32> {
                 CtlError::Client(ClientError::Unreachable { .. }) => exit::UNREACHABLE,
                 CtlError::Client(ClientError::Server { status: 401 | 403, .. }) => exit::DENIED,
                 CtlError::Client(ClientError::BadUrl(_)) | CtlError::BadInput(_) => exit::BAD_INPUT,
+                CtlError::TimedOut(_) => exit::TIMED_OUT,
                 _ => exit::SERVER_ERROR,
             }
         }
@@ -336,7 +414,7 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                     b.id.to_string(),
                     b.name.clone(),
                     b.address.clone(),
-                    format!("{:?}", b.state).to_lowercase(),
+                    brick_state(b),
                     format_size(b.capacity_bytes),
                     format_size(b.free_bytes),
                     b.segments.to_string(),
@@ -349,6 +427,23 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
             }
             t.to_string()
         })?,
+        CtlCommand::Drain {
+            brick,
+            timeout,
+            no_wait,
+            cancel,
+        } => {
+            let id = resolve_brick(c, &brick)?;
+            let b = c.set_draining(id, !cancel)?;
+            if cancel || no_wait {
+                print(json, &b, |b| format!("brick {}: {}", b.name, brick_state(b)))?
+            } else {
+                let b = wait_drained(c, b, timeout, json)?;
+                print(json, &b, |b| {
+                    format!("brick {} is drained: it holds no segment", b.name)
+                })?
+            }
+        }
         CtlCommand::Processes => print(json, &c.processes()?, |p| {
             crate::top_cmd::processes_table(p, None).to_string()
         })?,

@@ -11,6 +11,7 @@ mod camat;
 mod client_args;
 mod control_cmd;
 mod ctl_cmd;
+mod migrate_cmd;
 mod model_cmd;
 mod reach;
 mod run_cmd;
@@ -76,6 +77,8 @@ enum Command {
     Top(top_cmd::TopArgs),
     /// Explain and predict: remote faults and streams over other networks (the link model).
     Model(model_cmd::ModelArgs),
+    /// Move a range of a running program's memory to the local buffer or another brick.
+    Migrate(migrate_cmd::MigrateArgs),
 }
 
 fn main() {
@@ -97,6 +100,7 @@ fn main() {
         Command::Agent(args) => agent_cmd::run(args),
         Command::Top(args) => top_cmd::run(args),
         Command::Model(args) => model_cmd::run(args),
+        Command::Migrate(args) => migrate_cmd::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

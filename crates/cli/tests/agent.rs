@@ -1506,3 +1506,122 @@ fn a_buffer_on_agent_memory_moves_between_bricks_while_written() {
         live_allocations(&c.url).is_empty()
     });
 }
+
+/// `rackmem migrate` against `socket`, with `args`; its output.
+fn migrate_cmd(socket: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("migrate").arg("--agent").arg(socket).args(args);
+    run_with_deadline(cmd, LIMIT)
+}
+
+/// `rackmem migrate --pid` (issue 23): an operator moves a running program's buffer between the
+/// control plane's two bricks and its local buffer, through the agent and the program's order
+/// connection, while a thread of the program keeps writing it; the buffer ends equal to the
+/// program's model. Bad requests get their codes and exit statuses, and a user who is neither
+/// root nor the process's owner is refused.
+#[test]
+fn an_operator_moves_a_running_programs_memory_with_migrate_pid() {
+    require_root();
+    let c = cluster_with(&["--allow-uid", "65534"], false);
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("run")
+        .arg("--agent")
+        .arg(&c.socket)
+        .args(["--local", "8MiB", "--"])
+        .arg(program("migrate_rw"))
+        .args(["external", "32", "-", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut run = Guard::spawn(&mut cmd);
+    let mut stdin = run.child().stdin.take().expect("stdin");
+    let stdout = lines_of(run.child().stdout.take().expect("stdout"));
+    let stderr = lines_of(run.child().stderr.take().expect("stderr"));
+    let first = match stdout.recv_timeout(LIMIT) {
+        Ok(l) => l,
+        Err(e) => {
+            run.kill_group();
+            let err: Vec<String> = stderr.try_iter().collect();
+            panic!("migrate_rw never said where its buffer is ({e:?}):\n{}", err.join("\n"));
+        }
+    };
+    // "buffer ADDR LEN pid PID"
+    let w: Vec<&str> = first.split_whitespace().collect();
+    assert!(w.len() == 5 && w[0] == "buffer", "unexpected first line {first:?}");
+    let (addr, pid) = (w[1].to_string(), w[4].to_string());
+    let whole = format!("{addr}:32MiB");
+    let eighth = format!("{addr}:4MiB");
+    let fail = |o: &std::process::Output, what: &str| -> String { format!("{what}: {}", show(o)) };
+
+    // A brick by name, JSON for scripts.
+    let o = migrate_cmd(&c.socket, &["--pid", &pid, "--range", &whole, "--to", "b1", "--json"]);
+    assert!(o.status.success(), "{}", fail(&o, "to b1"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["bytes"].as_u64().unwrap_or(0) > 0, "nothing carried: {v}");
+    for step in ["setup_ns", "allocate_ns", "transfer_ns", "finalize_ns"] {
+        assert!(v[step].is_u64(), "no {step} in {v}");
+    }
+    // Part of it into the local buffer (pinned), then all of it back to b0, as a table.
+    let o = migrate_cmd(&c.socket, &["--pid", &pid, "--range", &eighth, "--to", "local"]);
+    assert!(o.status.success(), "{}", fail(&o, "to local"));
+    let o = migrate_cmd(&c.socket, &["--pid", &pid, "--range", &whole, "--to", "b0"]);
+    assert!(o.status.success(), "{}", fail(&o, "to b0"));
+    let table = String::from_utf8_lossy(&o.stdout);
+    for step in ["setup", "allocate", "transfer", "finalize"] {
+        assert!(table.contains(step), "no {step} row in:\n{table}");
+    }
+
+    // Bad requests: their codes and exit statuses.
+    let bad = |args: &[&str], status: i32, code: &str| {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let o = migrate_cmd(&c.socket, &a);
+        assert_eq!(o.status.code(), Some(status), "{args:?}: {}", show(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(v["error"]["code"], code, "{args:?}: {v}");
+    };
+    bad(
+        &["--pid", "999999", "--range", &whole, "--to", "b1"],
+        67,
+        "unknown_process",
+    );
+    bad(&["--pid", &pid, "--range", &whole, "--to", "nope"], 65, "unknown_brick");
+    bad(
+        &["--pid", &pid, "--range", "0x1000:4096", "--to", "b1"],
+        65,
+        "outside_window",
+    );
+    // Pinning all of it needs more than the local buffer allows.
+    bad(&["--pid", &pid, "--range", &whole, "--to", "local"], 73, "no_space");
+    // An admitted user who does not own the process.
+    let order = format!(r#"{{"op":"migrate","pid":{pid},"addr":{},"len":4096,"to":"b1"}}"#, {
+        let h = addr.trim_start_matches("0x");
+        u64::from_str_radix(h, 16).expect("hex address")
+    });
+    let replies = agent_client(&c.socket, Some(65534), &[r#"{"op":"hello"}"#, &order]);
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    assert_eq!(code_of(&json(&replies[1])), "permission_denied", "{replies:?}");
+
+    writeln!(stdin, "go").expect("write to the program");
+    drop(stdin);
+    let status = run.wait_until(LIMIT);
+    let out: Vec<String> = stdout.try_iter().collect();
+    let err: Vec<String> = stderr.try_iter().collect();
+    let out = out.join("\n");
+    let Some(status) = status else {
+        run.kill_group();
+        panic!("migrate_rw did not finish:\n{out}\n{}", err.join("\n"));
+    };
+    assert!(status.success(), "exit {status:?}:\n{out}\n{}", err.join("\n"));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("checksum "))
+        .unwrap_or_else(|| panic!("no checksum line in:\n{out}"));
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w[1], w[3], "the buffer differs from the program's model:\n{out}");
+    // The process is gone: its order connection with it.
+    bad(&["--pid", &pid, "--range", &whole, "--to", "b1"], 67, "unknown_process");
+    wait_for("the program's allocations to go back", || {
+        live_allocations(&c.url).is_empty()
+    });
+}

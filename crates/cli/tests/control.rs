@@ -298,3 +298,107 @@ fn an_expired_grant_is_refused_and_a_renewed_one_reaches_the_same_data() {
     link.read_pages(&[(8192, 4096)], &mut back).expect("read");
     assert_eq!(back, page, "the renewed grant reached other data");
 }
+
+/// `rackmem ctl drain` (issue 23): a draining brick takes no new segments, `ctl bricks` shows it
+/// draining then drained, the command times out (exit 75) while the brick holds a segment and
+/// exits 0 once it holds none; `--cancel` ends the drain.
+#[test]
+fn a_drained_brick_takes_no_segments_and_drain_waits_until_it_holds_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let mut bricks = Vec::new();
+    for name in ["mem1", "mem2"] {
+        let mut cmd = Command::new(rackmem());
+        cmd.args([
+            "brick",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--size",
+            "64MiB",
+            "--control",
+            &url,
+        ])
+        .args(["--name", name, "--heartbeat-ms", "100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        bricks.push(Guard::spawn(&mut cmd));
+    }
+    let deadline = Instant::now() + START_LIMIT;
+    while ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) < 2 {
+        assert!(Instant::now() < deadline, "the bricks never registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let list = ctl_json(&url, &["bricks"]);
+    let id_of = |name: &str| -> String {
+        let b = list
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["name"] == name))
+            .expect("brick");
+        b["id"].as_u64().expect("id").to_string()
+    };
+    let (mem1, mem2) = (id_of("mem1"), id_of("mem2"));
+    ctl_json(&url, &["add-node", "--name", "web1"]);
+    let held = ctl_json(&url, &["alloc", "--node", "web1", "--size", "8MiB", "--brick", &mem1]);
+    let held = held["id"].as_u64().expect("allocation id").to_string();
+
+    let o = ctl(&url, &["drain", "mem1", "--timeout", "1s"]);
+    assert_eq!(o.status.code(), Some(75), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("still holds 1 segment"),
+        "{}",
+        show(&o)
+    );
+    let o = ctl(&url, &["bricks"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("up, draining"),
+        "{}",
+        show(&o)
+    );
+    // New segments go to the other brick only, and not to mem1 by name.
+    for _ in 0..3 {
+        let a = ctl_json(&url, &["alloc", "--node", "web1", "--size", "4MiB"]);
+        assert_eq!(
+            a["segments"][0]["brick_id"].as_u64().map(|i| i.to_string()),
+            Some(mem2.clone()),
+            "{a}"
+        );
+    }
+    let o = ctl(&url, &["alloc", "--node", "web1", "--size", "4MiB", "--brick", &mem1]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("drained"), "{}", show(&o));
+
+    // The segment goes while drain waits: it exits 0.
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["ctl", "--control", &url, "--json", "drain", "mem1", "--timeout", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut waiting = Guard::spawn(&mut cmd);
+    std::thread::sleep(Duration::from_millis(500));
+    ctl_json(&url, &["free", &held]);
+    let status = waiting
+        .wait_until(Duration::from_secs(60))
+        .expect("drain did not return");
+    assert!(status.success(), "drain exited {status:?}");
+    let b = ctl_json(&url, &["bricks"]);
+    let b = b
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == "mem1"))
+        .cloned()
+        .expect("mem1");
+    assert_eq!(
+        (b["draining"].as_bool(), b["drained"].as_bool(), b["segments"].as_u64()),
+        (Some(true), Some(true), Some(0))
+    );
+    let o = ctl(&url, &["bricks"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("up, drained"),
+        "{}",
+        show(&o)
+    );
+
+    // Cancelled: it takes segments again.
+    let b = ctl_json(&url, &["drain", "mem1", "--cancel"]);
+    assert_eq!(b["draining"], false);
+    ctl_json(&url, &["alloc", "--node", "web1", "--size", "4MiB", "--brick", &mem1]);
+}

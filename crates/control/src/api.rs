@@ -121,6 +121,13 @@ pub struct Brick {
     /// The power it draws, as the topology file declares it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<BrickPower>,
+    /// An operator is draining it (`PUT /v1/bricks/{id}/drain`): no new segments are placed
+    /// on it.
+    #[serde(default)]
+    pub draining: bool,
+    /// Draining and holding no segment: it can be retired.
+    #[serde(default)]
+    pub drained: bool,
 }
 
 /// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).
@@ -851,6 +858,14 @@ pub struct CircuitMove {
     /// maintenance).
     #[serde(default)]
     pub avoid: Vec<String>,
+}
+
+/// `PUT /v1/bricks/{id}/drain` (admins): start (or end) draining a brick.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// True: no new segments go to the brick; false: it takes segments again.
+    pub draining: bool,
 }
 
 /// `PUT /v1/bricks/{id}/serve-rate` (admins): what a brick's memory serves, as an operator says.

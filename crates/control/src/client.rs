@@ -499,6 +499,12 @@ impl Client {
         self.request(Method::Put, &format!("/v1/bricks/{id}/serve-rate"), Some(&req))
     }
 
+    /// `PUT /v1/bricks/{id}/drain` (admins only).
+    pub fn set_draining(&self, id: u64, draining: bool) -> Result<Brick, ClientError> {
+        let req = crate::api::DrainRequest { draining };
+        self.request(Method::Put, &format!("/v1/bricks/{id}/drain"), Some(&req))
+    }
+
     /// `GET /v1/circuits` (admins only).
     pub fn circuits(&self) -> Result<crate::api::Circuits, ClientError> {
         self.get("/v1/circuits")

@@ -63,11 +63,35 @@ pub enum AgentRequest {
     Rates,
     /// The process's figures now, about once a second.
     Report(Box<ProcessReport>),
+    /// First and only request of a runtime's second connection: the agent keeps it to send
+    /// this process orders ([`AgentRequest::Migrate`]) and read their answers.
+    Orders,
+    /// Move window range `addr..addr+len` of process `pid` to `to` (`local`, or a brick's
+    /// address): asked of the agent by `rackmem migrate --pid` (root or the process's owner
+    /// only), forwarded by the agent on the process's order connection.
+    Migrate {
+        /// The process (the agent's caller names it; the runtime ignores it).
+        pid: u32,
+        /// First byte of the range.
+        addr: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// `local`, or a brick (its name, id or address to the agent; its address to the
+        /// runtime).
+        to: String,
+        /// The agent's number for this order, repeated in the answer (an answer to an order
+        /// the agent stopped waiting for is told from the next one's).
+        #[serde(default)]
+        order: u64,
+        /// How long the caller waits for the answer, ms (0: the agent's default).
+        #[serde(default)]
+        timeout_ms: u64,
+    },
 }
 
 impl AgentRequest {
     /// The `op` of every request, as the wire names it.
-    pub const OPS: [&'static str; 5] = ["hello", "grow", "release", "rates", "report"];
+    pub const OPS: [&'static str; 7] = ["hello", "grow", "release", "rates", "report", "orders", "migrate"];
 }
 
 /// One segment of an allocation, as the agent hands it to a process (the control plane's
@@ -139,6 +163,28 @@ pub struct AgentReply {
     /// `rates`: the rate of each segment the process holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<Vec<AgentRate>>,
+    /// `migrate`: the order's number (see [`AgentRequest::Migrate`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<u64>,
+    /// `migrate`: the four step times of the move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<AgentMigration>,
+}
+
+/// The four step times of a migration (seed 001's Setup, Allocate, Transfer, Finalize), in the
+/// answer to `migrate`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMigration {
+    /// Setup, ns.
+    pub setup_ns: u64,
+    /// Allocate, ns.
+    pub allocate_ns: u64,
+    /// Transfer, ns.
+    pub transfer_ns: u64,
+    /// Finalize, ns.
+    pub finalize_ns: u64,
+    /// Bytes carried.
+    pub bytes: u64,
 }
 
 impl AgentReply {
@@ -171,6 +217,15 @@ impl AgentReply {
     pub fn rates(rates: Vec<AgentRate>) -> AgentReply {
         AgentReply {
             rates: Some(rates),
+            ..AgentReply::done()
+        }
+    }
+
+    /// The answer to `migrate`.
+    pub fn migrated(order: u64, migration: AgentMigration) -> AgentReply {
+        AgentReply {
+            order: Some(order),
+            migration: Some(migration),
             ..AgentReply::done()
         }
     }

@@ -57,6 +57,26 @@ pub fn credentials(s: &AgentSegment) -> Result<(Grant, [u8; KEY_LEN]), String> {
     Ok((grant, key))
 }
 
+/// Opens the order connection: a second connection whose first line is `orders`; afterwards
+/// only the agent speaks first on it (orders), and the runtime answers.
+fn open_orders(path: &str, timeout: Duration) -> std::io::Result<UnixStream> {
+    let mut s = UnixStream::connect(path)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut line = serde_json::to_string(&AgentRequest::Orders).map_err(std::io::Error::other)?;
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(std::io::Read::take(&mut s, 64 << 10)).read_line(&mut answer)?;
+    let r: AgentReply = serde_json::from_str(&answer).map_err(std::io::Error::other)?;
+    if !r.ok {
+        return Err(std::io::Error::other("the agent takes no order connection"));
+    }
+    // Orders come when someone asks: wait for them as long as the process lives.
+    s.set_read_timeout(None)?;
+    Ok(s)
+}
+
 /// A granted allocation.
 #[derive(Debug, Clone)]
 pub struct AgentAllocation {
@@ -71,6 +91,8 @@ pub struct Agent {
     path: String,
     conn: Mutex<(UnixStream, BufReader<UnixStream>)>,
     node: u64,
+    /// The order connection (`rackmem migrate --pid`), when the agent keeps one.
+    orders: Option<UnixStream>,
 }
 
 impl Agent {
@@ -90,6 +112,7 @@ impl Agent {
             path: path.to_string(),
             conn: Mutex::new((s, BufReader::new(r))),
             node: 0,
+            orders: None,
         };
         let program = std::env::args().next().unwrap_or_default();
         let r = a.call(
@@ -103,7 +126,23 @@ impl Agent {
             op: "hello",
             why: "no node id".into(),
         })?;
+        // An agent too old to take orders refuses `orders`: the program runs all the same, and
+        // `rackmem migrate --pid` says the process takes no orders.
+        a.orders = open_orders(path, timeout).ok();
         Ok(a)
+    }
+
+    /// The order connection, for the thread that serves it.
+    pub(crate) fn orders(&self) -> Option<UnixStream> {
+        self.orders.as_ref().and_then(|s| s.try_clone().ok())
+    }
+
+    /// The sockets' file descriptors (a forked child closes them).
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let mut v = vec![self.raw_fd()];
+        v.extend(self.orders.as_ref().map(|s| s.as_raw_fd()));
+        v
     }
 
     /// The node id the agent registered.

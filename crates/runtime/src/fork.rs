@@ -81,7 +81,9 @@ fn close_parent_fds(parent: &Inner) {
         }
     }
     if let Some(a) = &parent.agent {
-        sys::close_inherited(a.raw_fd());
+        for fd in a.raw_fds() {
+            sys::close_inherited(fd);
+        }
     }
     sys::close_inherited(parent.uffd.as_raw_fd());
     sys::close_inherited(parent.stage_uffd.as_raw_fd());

@@ -698,3 +698,82 @@ impl Runtime {
         Ok((index, 0))
     }
 }
+
+impl MigrateError {
+    /// The code an order's refusal carries to `rackmem migrate --pid` (its exit status follows
+    /// from it).
+    pub fn code(&self) -> &'static str {
+        match self {
+            MigrateError::Outside { .. } => "outside_window",
+            MigrateError::UnknownBrick(_) => "unknown_brick",
+            MigrateError::NoSpace(_) => "no_space",
+            MigrateError::Busy { .. } => "busy",
+            MigrateError::TargetLost { .. } | MigrateError::SourceLost { .. } => "brick_failed",
+        }
+    }
+}
+
+/// Longest order line read from the agent.
+const MAX_ORDER_LINE: u64 = 64 << 10;
+
+/// The order thread (`rackmem migrate --pid`): reads the agent's orders on the order connection,
+/// one at a time, carries each out as `rackmem_migrate` would, and answers with the step times
+/// or why not. Ends when the agent closes the connection.
+pub(crate) fn serve_orders(inner: std::sync::Arc<crate::inner::Inner>) {
+    use rackmem_proto::{AgentMigration, AgentReply, AgentRequest};
+    use std::io::{BufRead, BufReader, Read, Write};
+    let Some(mut out) = inner.agent.as_ref().and_then(|a| a.orders()) else {
+        return;
+    };
+    let Ok(r) = out.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(r);
+    let rt = Runtime { inner };
+    loop {
+        let mut line = String::new();
+        match Read::take(&mut reader, MAX_ORDER_LINE).read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let answer = match serde_json::from_str::<AgentRequest>(&line) {
+            Ok(AgentRequest::Migrate {
+                addr, len, to, order, ..
+            }) => {
+                // Like a program thread's call: a fork waits until the move has ended, so the
+                // child never inherits the runtime's locks held.
+                let _call = crate::CallGuard::enter();
+                let done = rt.migration_target(&to).and_then(|t| {
+                    let addr = usize::try_from(addr).map_err(|_| MigrateError::Outside { addr: 0, len: 0 })?;
+                    let len = usize::try_from(len).map_err(|_| MigrateError::Outside { addr, len: 0 })?;
+                    rt.migrate(addr, len, &t)
+                });
+                match done {
+                    Ok(t) => AgentReply::migrated(
+                        order,
+                        AgentMigration {
+                            setup_ns: t.setup_ns,
+                            allocate_ns: t.allocate_ns,
+                            transfer_ns: t.transfer_ns,
+                            finalize_ns: t.finalize_ns,
+                            bytes: t.bytes,
+                        },
+                    ),
+                    Err(e) => AgentReply {
+                        order: Some(order),
+                        ..AgentReply::refused(e.code(), e.to_string())
+                    },
+                }
+            }
+            Ok(_) => AgentReply::refused("bad_request", "the order connection takes migrate orders only"),
+            Err(e) => AgentReply::refused("bad_request", format!("an order that does not parse: {e}")),
+        };
+        let Ok(mut text) = serde_json::to_string(&answer) else {
+            return;
+        };
+        text.push('\n');
+        if out.write_all(text.as_bytes()).is_err() {
+            return;
+        }
+    }
+}

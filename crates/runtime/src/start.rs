@@ -248,6 +248,10 @@ impl Runtime {
         }
         spawn("rackmem-wb", Box::new(writeback::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
         spawn("rackmem-watchdog", Box::new(watchdog::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        if inner.agent.as_ref().is_some_and(|a| a.orders().is_some()) {
+            spawn("rackmem-orders", Box::new(crate::migrate::serve_orders))
+                .map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        }
         if inner.cfg.verbose {
             eprintln!(
                 "rackmem[{}]: window {:#x}+{} on {} segment(s){}, local buffer {}, handler {:?}",

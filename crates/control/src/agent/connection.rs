@@ -165,6 +165,15 @@ impl Connection<'_> {
                 }
                 Err(e) => client_refusal(&e),
             },
+            Request::Orders => refusal("bad_request", "orders is the first and only request of a connection"),
+            Request::Migrate {
+                pid,
+                addr,
+                len,
+                to,
+                timeout_ms,
+                ..
+            } => super::orders::migrate(shared, &self.cred, pid, addr, len, &to, timeout_ms),
             Request::Report(r) => match r.validate() {
                 Ok(()) => {
                     let mut r = *r;
@@ -227,6 +236,12 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
                 break;
             }
             Line::Got => match parse_request(&line) {
+                Ok(Request::Orders) if !hello => {
+                    // A runtime's order connection: kept until its process's main connection
+                    // closes; this thread is done with it.
+                    super::orders::register(shared, &cred, out, reader);
+                    return;
+                }
                 Ok(req) => c.answer(req, &mut hello, &mut who),
                 Err(refused) => *refused,
             },
@@ -236,6 +251,9 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
         }
     }
     super::report::forget(shared, c.id);
+    if hello {
+        super::orders::forget(shared, cred.pid);
+    }
     // The process is gone (or broke the protocol): everything it had goes back, pool memory
     // to the pool.
     for id in std::mem::take(&mut c.pooled) {

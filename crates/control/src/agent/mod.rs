@@ -28,13 +28,15 @@
 //! `holdings` keeps what connections hold and the quotas; `node` registers the node;
 //! `reconcile` returns what nobody holds and retries releases; `leases` renews the grants of
 //! what processes hold; `report` keeps each process's latest figures and passes them on to the
-//! control plane; `metrics` the agent's metrics.
+//! control plane; `orders` forwards `rackmem migrate --pid` to a process's runtime; `metrics`
+//! the agent's metrics.
 
 mod connection;
 mod holdings;
 mod leases;
 mod metrics;
 mod node;
+mod orders;
 mod pool;
 mod protocol;
 mod reconcile;
@@ -178,6 +180,9 @@ struct Shared {
     per_uid: Mutex<std::collections::HashMap<u32, usize>>,
     /// Each connected process's latest report, by connection.
     reports: Mutex<report::Reports>,
+    /// Each process's order connection, by pid (`rackmem migrate --pid`).
+    orders: Mutex<orders::OrderLines>,
+    next_order: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -226,6 +231,8 @@ impl Agent {
             next_connection: AtomicU64::new(1),
             per_uid: Mutex::new(std::collections::HashMap::new()),
             reports: Mutex::default(),
+            orders: Mutex::default(),
+            next_order: AtomicU64::new(1),
             stop: AtomicBool::new(false),
         });
         register(&shared);

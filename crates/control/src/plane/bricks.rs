@@ -115,6 +115,10 @@ impl ControlPlane {
             key_hex: hex::encode(&key),
             serve_bps: operator.unwrap_or(reg.serve_bps),
             serve_rate_by_operator: operator.is_some(),
+            // A drain outlives the brick's restarts: only an operator ends it.
+            draining: existing
+                .and_then(|id| self.bricks.get(&id))
+                .is_some_and(|b| b.rec.draining),
         };
         self.commit_registration(&owner, Record::Brick(rec.clone()), counters, &old_ports, &mut ports)?;
         self.graph.set_memory(id, rec.serve_bps);
@@ -263,6 +267,27 @@ impl ControlPlane {
         self.brick(id)
     }
 
+    /// `PUT /v1/bricks/{id}/drain` (`rackmem ctl drain BRICK`): while `draining`, no new
+    /// segment is placed on the brick (allocations, grows, migrations' targets); it is drained
+    /// when it holds none. Segments it holds stay until their allocations are released.
+    pub fn set_draining(&mut self, id: u64, draining: bool) -> Result<api::Brick, PlaneError> {
+        let b = self
+            .bricks
+            .get(&id)
+            .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered")))?;
+        if b.rec.draining != draining {
+            let rec = BrickRecord {
+                draining,
+                ..b.rec.clone()
+            };
+            self.store.commit(&[Op::Put(Record::Brick(rec.clone()))])?;
+            if let Some(b) = self.bricks.get_mut(&id) {
+                b.rec = rec;
+            }
+        }
+        self.brick(id)
+    }
+
     /// `DELETE /v1/bricks/{id}`: forgets a brick that holds no segment (its name and key are
     /// free again, e.g. to replace a machine).
     pub fn forget_brick(&mut self, id: u64) -> Result<api::Brick, PlaneError> {
@@ -311,6 +336,8 @@ impl ControlPlane {
                 .fold(0u64, u64::saturating_add),
             load_bps: b.load_bps,
             power: self.graph.power_of(&b.rec.name),
+            draining: b.rec.draining,
+            drained: b.rec.draining && b.segments.is_empty(),
         }
     }
 

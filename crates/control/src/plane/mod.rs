@@ -977,4 +977,56 @@ mod tests {
         assert_eq!(p.brick(b).unwrap().serve_bps, Some(60), "stored");
         assert_eq!(p.allocation(a.id).unwrap().segments[0].rate_limit_bps, 40);
     }
+
+    #[test]
+    fn a_draining_brick_takes_no_new_segments_and_is_drained_when_it_holds_none() {
+        let mut p = plane();
+        let reg = |name: &str, key: u8| BrickRegistration {
+            name: name.into(),
+            address: format!("tcp://{name}:7070"),
+            capacity_bytes: 64 * M,
+            ports: port(1000),
+            key_hex: hex::encode([key; 32]),
+            serve_bps: None,
+        };
+        let a = p.register_brick(reg("a", 7)).unwrap().id;
+        let b = p.register_brick(reg("b", 8)).unwrap().id;
+        let n = p
+            .register_node(NodeRegistration {
+                name: "n".into(),
+                ports: port(1000),
+            })
+            .unwrap()
+            .id;
+        let req = |bricks: Option<Vec<u64>>| AllocationRequest {
+            node: n,
+            size_bytes: M,
+            bricks,
+            ..AllocationRequest::default()
+        };
+        let on_a = p.allocate(req(Some(vec![a]))).unwrap();
+        let d = p.set_draining(a, true).unwrap();
+        assert!(d.draining && !d.drained, "{d:?}");
+        for _ in 0..4 {
+            let x = p.allocate(req(None)).unwrap();
+            assert!(
+                x.segments.iter().all(|s| s.brick_id == b),
+                "placed on the draining brick: {x:?}"
+            );
+        }
+        assert!(
+            matches!(p.allocate(req(Some(vec![a]))), Err(PlaneError::InsufficientCapacity(_))),
+            "asked for by name"
+        );
+        // It registers again (restarts): still draining.
+        p.register_brick(reg("a", 7)).unwrap();
+        p.reload().unwrap();
+        assert!(p.brick(a).unwrap().draining, "stored and kept");
+        p.free(on_a.id).unwrap();
+        let d = p.brick(a).unwrap();
+        assert!(d.drained && d.segments == 0, "{d:?}");
+        let d = p.set_draining(a, false).unwrap();
+        assert!(!d.draining && !d.drained);
+        p.allocate(req(Some(vec![a]))).unwrap();
+    }
 }

@@ -232,6 +232,12 @@ impl ControlPlane {
                         b.rec.name, self.brick_timeout
                     )));
                 }
+                if b.rec.draining {
+                    return Err(PlaneError::InsufficientCapacity(format!(
+                        "brick {} ({id}) is being drained: it takes no new segments",
+                        b.rec.name
+                    )));
+                }
                 if b.extents.largest() < pl.per_segment {
                     return Err(PlaneError::InsufficientCapacity(format!(
                         "brick {} ({id}) has no free extent of {} bytes (largest free: {}, free: {})",
@@ -347,6 +353,8 @@ impl ControlPlane {
     /// them (see [`api::Objective`]).
     fn ranked(&self, size: u64, objective: api::Objective) -> Vec<u64> {
         let mut ids: Vec<u64> = self.index.candidates(size).collect();
+        // A draining brick takes no new segments.
+        ids.retain(|id| self.bricks.get(id).is_some_and(|b| !b.rec.draining));
         // `candidates` lists the largest free extent first; the sorts are stable, so that
         // stays the last tie-break.
         let entry = |id: &u64| self.bricks.get(id);

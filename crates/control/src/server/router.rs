@@ -72,6 +72,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(meta::leader))
         .routes(routes!(meta::openapi_json))
         .routes(routes!(meta::metrics))
+        .routes(routes!(bricks::set_draining))
 }
 
 /// What [`build`] needs besides the control plane.

@@ -89,6 +89,10 @@ pub struct BrickRecord {
     /// `serve_bps` was set by an operator: kept when the brick registers again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub serve_rate_by_operator: bool,
+    /// An operator is draining it (`rackmem ctl drain`): no new segments are placed on it;
+    /// kept when the brick registers again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// A registered node, as stored.

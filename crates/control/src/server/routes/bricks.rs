@@ -1,7 +1,8 @@
 //! `/v1/bricks`: registration, heartbeats, reading and forgetting bricks.
 
 use crate::api::{
-    Brick, BrickRegistered, BrickRegistration, ErrorBody, HeartbeatReply, HeartbeatStats, ServeRateRequest,
+    Brick, BrickRegistered, BrickRegistration, DrainRequest, ErrorBody, HeartbeatReply, HeartbeatStats,
+    ServeRateRequest,
 };
 use crate::server::authz::{authorized, Target};
 use crate::server::error::ApiError;
@@ -86,6 +87,22 @@ pub(crate) async fn heartbeat(
         )
     };
     authorized(&st, c, Target::Brick(id), move |p| p.heartbeat(id, stats))
+        .await
+        .map(Json)
+}
+
+/// Starts or ends draining a brick (admins): while draining, no new segments are placed on
+/// it; `drained` once it holds none.
+#[utoipa::path(put, path = "/v1/bricks/{id}/drain", tag = "bricks", request_body = DrainRequest,
+    params(("id" = u64, Path, description = "Brick id")),
+    responses((status = 200, body = Brick), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(crate) async fn set_draining(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+    ApiJson(req): ApiJson<DrainRequest>,
+) -> Result<Json<Brick>, ApiError> {
+    authorized(&st, c, Target::Admin, move |p| p.set_draining(id, req.draining))
         .await
         .map(Json)
 }
