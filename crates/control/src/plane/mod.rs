@@ -493,6 +493,16 @@ mod tests {
         }]
     }
 
+    /// Registers node `name` with one 1000 B/s port; its id.
+    fn node(p: &mut ControlPlane, name: &str) -> u64 {
+        p.register_node(NodeRegistration {
+            name: name.into(),
+            ports: port(1000),
+        })
+        .unwrap()
+        .id
+    }
+
     fn brick(p: &mut ControlPlane, name: &str, cap: u64) -> u64 {
         p.register_brick(BrickRegistration {
             name: name.into(),
@@ -511,13 +521,7 @@ mod tests {
         let mut p = plane();
         let b1 = brick(&mut p, "b1", 8 * M);
         brick(&mut p, "b2", 2 * M);
-        let n = p
-            .register_node(NodeRegistration {
-                name: "n".into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id;
+        let n = node(&mut p, "n");
         let before = p.graph();
         let e = p
             .allocate(AllocationRequest {
@@ -572,13 +576,7 @@ mod tests {
         };
         let b1 = served(&mut p, "b1", 100);
         let b2 = served(&mut p, "b2", 60);
-        let n = p
-            .register_node(NodeRegistration {
-                name: "n".into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id;
+        let n = node(&mut p, "n");
         let req = |bw: Option<u64>, bricks: Option<Vec<u64>>| AllocationRequest {
             node: n,
             size_bytes: M,
@@ -618,13 +616,7 @@ mod tests {
         .unwrap();
         p.set_node_quota(NodeQuota::PercentOfPool(100));
         let ids: Vec<u64> = ["b1", "b2", "b3"].iter().map(|n| brick(&mut p, n, 8 * M)).collect();
-        let n = p
-            .register_node(NodeRegistration {
-                name: "n".into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id;
+        let n = node(&mut p, "n");
         let alloc = |p: &mut ControlPlane, objective| {
             p.allocate(AllocationRequest {
                 node: n,
@@ -705,13 +697,7 @@ mod tests {
         p.set_node_quota(NodeQuota::PercentOfPool(100));
         brick(&mut p, "b1", 8 * M);
         brick(&mut p, "b2", 8 * M);
-        let n = p
-            .register_node(NodeRegistration {
-                name: "n".into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id;
+        let n = node(&mut p, "n");
         let req = AllocationRequest {
             node: n,
             size_bytes: 4 * M,
@@ -739,14 +725,7 @@ mod tests {
         let mut p = plane();
         p.set_node_quota(NodeQuota::PercentOfPool(50));
         brick(&mut p, "b", 64 * M);
-        let reg = |p: &mut ControlPlane, name: &str| {
-            p.register_node(NodeRegistration {
-                name: name.into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id
-        };
+        let reg = node;
         let (a, b) = (reg(&mut p, "a"), reg(&mut p, "b"));
         let req = |node, size, key: &str| AllocationRequest {
             node,
@@ -940,13 +919,7 @@ mod tests {
             })
             .unwrap()
             .id;
-        let n = p
-            .register_node(NodeRegistration {
-                name: "n".into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id;
+        let n = node(&mut p, "n");
         let req = |bw: Option<u64>| AllocationRequest {
             node: n,
             size_bytes: M,
@@ -991,13 +964,7 @@ mod tests {
         };
         let a = p.register_brick(reg("a", 7)).unwrap().id;
         let b = p.register_brick(reg("b", 8)).unwrap().id;
-        let n = p
-            .register_node(NodeRegistration {
-                name: "n".into(),
-                ports: port(1000),
-            })
-            .unwrap()
-            .id;
+        let n = node(&mut p, "n");
         let req = |bricks: Option<Vec<u64>>| AllocationRequest {
             node: n,
             size_bytes: M,
