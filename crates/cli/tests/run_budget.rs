@@ -140,3 +140,72 @@ fn a_percentage_is_of_the_whole_run_s_peak_footprint() {
         limit / MIB
     );
 }
+
+#[test]
+fn an_idle_process_gives_its_excess_back_to_the_run() {
+    // Child A fills 128 MiB alone (it may hold the whole 96 MiB budget), then goes idle; child B
+    // fills and reads its own 128 MiB. Their shares are 48 MiB each: A, which makes no fault
+    // while idle, must give the other 48 MiB back on its own.
+    require_root();
+    let prog = program("idle_share");
+    let (mib, budget) = (128u64, 96 * MIB);
+    let native = Command::new(&prog)
+        .arg(mib.to_string())
+        .output()
+        .expect("run idle_share");
+    assert!(native.status.success(), "idle_share failed natively: {}", show(&native));
+    let stats = build_dir().join(format!("stats-idle-share-{}.jsonl", unique()));
+    let o = Command::new(rackmem())
+        .args(["run", "--local", "96MiB", "--stats-json"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&prog)
+        .arg(mib.to_string())
+        .output()
+        .expect("run rackmem");
+    assert!(o.status.success(), "idle_share failed under rackmem: {}", show(&o));
+    let checksums = |b: &[u8]| -> Vec<String> {
+        sorted_lines(b)
+            .into_iter()
+            .filter(|l| l.contains("checksum="))
+            .collect()
+    };
+    assert_eq!(
+        checksums(&o.stdout),
+        checksums(&native.stdout),
+        "checksums differ from the native run"
+    );
+    assert_eq!(
+        checksums(&o.stdout).len(),
+        2,
+        "a child printed no checksum: {}",
+        show(&o)
+    );
+    let idle_rss = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("idle_rss_kib=")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .unwrap_or_else(|| panic!("idle_share printed no idle_rss_kib: {}", show(&o)))
+        * 1024;
+    let share = budget / 2;
+    eprintln!(
+        "the idle child's RssAnon while the other worked: {} MiB (its share {} MiB)",
+        idle_rss / MIB,
+        share / MIB
+    );
+    assert!(
+        idle_rss <= share + ALLOWANCE_PER_PROCESS,
+        "the idle child held {} MiB of anonymous memory while the other needed its share: more than its share of {} MiB + {} MiB",
+        idle_rss / MIB,
+        share / MIB,
+        ALLOWANCE_PER_PROCESS / MIB
+    );
+    let given: u64 = read_stats(&stats).iter().map(|s| s.extra("evictions_given_back")).sum();
+    assert!(
+        given * 4096 >= (budget - share) / 2,
+        "the statistics count {given} pages given back, fewer than the idle child's excess: {}",
+        show(&o)
+    );
+}

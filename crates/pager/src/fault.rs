@@ -237,6 +237,30 @@ pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
     }
 }
 
+/// Moves resident pages out, with no fault to serve, until the local buffer fits its budget
+/// again or `most` pages have gone: a process whose budget shrank while it was idle (the other
+/// processes of its run grew) gives the room back now rather than at its next fault, which may
+/// never come. Victims go the way a fault's do (staged, then written back). Pinned pages and
+/// pages that cannot move stay, so the buffer may still be over its budget when no victim is
+/// left. Returns the pages moved out.
+pub fn give_back<B: Backend>(lock: &Mutex<Core>, b: &mut B, most: u64) -> u64 {
+    let mut moved = 0u64;
+    while moved < most {
+        let c = self::lock(lock);
+        // Room for no page: make_room evicts only what is over the budget (and its slack).
+        let (c, staged) = make_room(lock, c, b, 0);
+        drop(c);
+        let Some((id, victims)) = staged else {
+            break;
+        };
+        moved += victims.len() as u64;
+        b.move_out(lock, id, victims);
+        self::lock(lock).moved_out(id);
+        b.notify();
+    }
+    moved
+}
+
 /// Step 1: plans the run for the fault at `fault`. `None` if the page is already installed
 /// (another thread faulted it first: its waiters are woken). Waits while the page is being
 /// written back.

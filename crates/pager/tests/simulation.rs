@@ -245,6 +245,11 @@ struct Sim {
     forks: u32,
     /// The run ended because a brick was lost.
     lost: bool,
+    /// The budget now: the shape's, or less while the run's other processes hold more (the
+    /// runtime's budget shrinks then, and an idle process gives room back).
+    budget_now: u64,
+    /// A give-back is in progress (a handler busy, as one serving a fault is).
+    giving_back: bool,
     /// How often each interesting thing happened, to show what a campaign covered.
     seen: std::collections::BTreeMap<&'static str, u64>,
 }
@@ -297,6 +302,8 @@ impl Sim {
             step: 0,
             forks: 0,
             lost: false,
+            budget_now: shape.budget,
+            giving_back: false,
             seen: Default::default(),
         }
     }
@@ -379,6 +386,9 @@ impl Sim {
         }
         // A move starts now and then, and steps on while it runs.
         choices.push((if self.mv.is_some() { 10 } else { 2 }, 4));
+        // The budget shrinks or grows back (other processes of the run come and go), and the
+        // handler gives room back with no fault to serve.
+        choices.push((2, 5));
         let total: u64 = choices.iter().map(|c| c.0).sum();
         assert!(total > 0, "nothing can run: the simulation deadlocked");
         let mut pick = self.rng.below(total);
@@ -395,9 +405,45 @@ impl Sim {
             1 => self.handler_step(),
             2 => self.write_back_step(),
             3 => self.fork(),
-            _ => self.move_step(),
+            4 => self.move_step(),
+            _ => self.give_back_step(),
         }
         self.checked();
+    }
+
+    // --- The budget changes: room given back with no fault ---------------------------------
+
+    /// The budget shrinks (to between half and all of the shape's) or grows back, then the
+    /// handler gives back what the buffer holds over it: afterwards only pages that cannot
+    /// leave (pinned) may keep it over.
+    fn give_back_step(&mut self) {
+        let full = self.shape.budget;
+        self.budget_now = if self.budget_now < full && self.rng.chance(500) {
+            full
+        } else {
+            (full / 2 + self.rng.below(full / 2 + 1)).max(1)
+        };
+        self.log(format!("the budget is {} pages now", self.budget_now));
+        let core = self.core.clone();
+        self.giving_back = true;
+        let moved = fault::give_back(&core, self, u64::MAX);
+        self.giving_back = false;
+        if moved > 0 {
+            self.count("idle give-backs");
+        }
+        let c = self.core();
+        let pinned: u64 = c
+            .placement()
+            .held_by(Memory::Local)
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum();
+        assert!(
+            c.resident() <= self.budget_now + pinned,
+            "{} pages resident after giving back room, over a budget of {} (pinned {pinned})",
+            c.resident(),
+            self.budget_now
+        );
     }
 
     // --- Moves: a range's brick copy goes to another segment while everything else runs ----
@@ -803,7 +849,7 @@ impl Backend for Sim {
     type Ahead = Ahead;
 
     fn budget(&mut self, _c: &Core) -> u64 {
-        self.shape.budget
+        self.budget_now
     }
 
     fn prefetch_pages(&self) -> usize {
@@ -822,6 +868,8 @@ impl Backend for Sim {
             .last()
             .is_some_and(|&p| c.location(p) == Location::Evicting);
         drop(c);
+        // Handlers busy: those serving faults, and one giving room back.
+        let busy = self.serving.len() + usize::from(self.giving_back);
         if self.jobs.is_empty() && self.mv.is_some() {
             // What it waits for is parked until the move ends (the migrating thread runs on),
             // unless the move waits for a write-back only an outer fault can hand over.
@@ -833,11 +881,11 @@ impl Backend for Sim {
                 self.checked();
                 return fault::lock(lock);
             }
-            if self.serving.len() > 1 {
+            if busy > 1 {
                 std::panic::panic_any(BackOff);
             }
         }
-        if self.jobs.is_empty() && self.serving.len() > 1 {
+        if self.jobs.is_empty() && busy > 1 {
             // What it waits for is an outer fault's to give: the real handler would wait.
             std::panic::panic_any(BackOff);
         }

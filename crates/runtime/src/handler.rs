@@ -88,6 +88,9 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
         if index > 0 && h.pending.is_empty() && !helpers_wanted(&h.inner) {
             continue;
         }
+        if index == 0 && h.pending.is_empty() && h.inner.give_back.swap(false, Ordering::AcqRel) {
+            h.give_back();
+        }
         if h.pending.is_empty() {
             let n = h.read_some();
             if n == 0 {
@@ -253,7 +256,52 @@ fn set_helpers(inner: &Inner, want: bool) {
     }
 }
 
+/// Pages given back per turn between faults: 4 MiB, about a millisecond of moves and copies on
+/// a mapped segment, so that faults queued meanwhile wait at most that long; a turn that gave
+/// back that much asks for the next at once.
+const GIVE_BACK_MOST: u64 = 1024;
+
+/// The watchdog's check, at each of its ticks: when the local buffer holds more than the run's
+/// budget now leaves this process (the run's other processes grew while this one was idle),
+/// asks the first handler to give the room back and rings it awake. A process faulting gives
+/// room back at its faults anyway; one that is idle would never.
+pub(crate) fn ask_give_back_if_over(inner: &Inner) {
+    if inner.run.is_none() {
+        // Alone, the budget is a share of this process's own peak: it never shrinks.
+        return;
+    }
+    let over = {
+        let c = inner.lock();
+        let budget = inner.budget_pages(&c);
+        // A little over is what a batch of victims in flight leaves: not worth a wake-up.
+        let slack = (budget / 32).max(16);
+        c.resident() > budget + slack
+    };
+    if over && !inner.give_back.swap(true, Ordering::AcqRel) {
+        inner.bell.ring();
+    }
+}
+
 impl Handler {
+    /// Gives back what the local buffer holds over the budget (see [`ask_give_back_if_over`]),
+    /// at most [`GIVE_BACK_MOST`] pages at a time.
+    fn give_back(&mut self) {
+        let inner = self.inner.clone();
+        let moved = rackmem_pager::fault::give_back(&inner.core, self, GIVE_BACK_MOST);
+        inner.stats.evictions_given_back.fetch_add(moved, Ordering::Relaxed);
+        if moved >= GIVE_BACK_MOST {
+            // Perhaps more over: another turn after the faults queued meanwhile.
+            inner.give_back.store(true, Ordering::Release);
+            inner.bell.ring();
+        }
+        if inner.cfg.verbose && moved > 0 {
+            eprintln!(
+                "rackmem: gave back {} KiB of local memory to the run's other processes",
+                moved * PAGE_SIZE as u64 / 1024
+            );
+        }
+    }
+
     /// Reads what is queued on the userfaultfd: one message when several handlers share it
     /// (each takes the next fault, so faults spread over handlers), a batch otherwise. Events
     /// are applied before the event gate opens; faults are kept for later, in order.

@@ -75,6 +75,9 @@ pub(crate) struct Inner {
     pub migrations: crate::migrate::Migrations,
     /// The run's shared budget, when the launcher made one (`run_budget.rs`).
     pub run: Option<crate::run_budget::RunBudget>,
+    /// Set by the watchdog when the local buffer holds more than the run's budget now leaves
+    /// this process: the first handler gives the room back between faults (`handler.rs`).
+    pub give_back: AtomicBool,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one

@@ -10,8 +10,9 @@
 //! hold what the others leave of the tree's budget, and never less than its share of the budget
 //! in proportion to its footprint, so a process that grows while another shrinks takes the
 //! freed room, and one whose neighbours hold everything still makes progress (it evicts
-//! its own pages only; an idle process over its share gives room back at its next fault, which
-//! bounds the overshoot by what idle processes hold above their shares). A process gives its
+//! its own pages only). A process over its share gives room back at its next faults; one that
+//! makes none (idle) is found over by its watchdog, which asks its handler to give the excess
+//! back between faults (`handler::ask_give_back_if_over`). A process gives its
 //! slot back at exit; one that dies without exiting is found by the next sweep (once a second,
 //! by whichever runtime gets there first) and its slot cleared.
 
@@ -19,6 +20,14 @@ use crate::size::Budget;
 use crate::PAGE;
 use rackmem_sys::SharedMemory;
 use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long the other processes' figures are reused before they are read again. A run of
+/// hundreds of processes (PostgreSQL's backends) would otherwise read hundreds of slots, which
+/// every other process writes, at every fault; a millisecond is a hundred faults or so, and what
+/// others held a millisecond ago is as good a guide to this process's share.
+const OTHERS_REFRESH: Duration = Duration::from_millis(1);
 
 /// Size of the file: a header and [`SLOTS`] slots.
 pub const FILE_LEN: usize = 64 << 10;
@@ -53,6 +62,23 @@ pub struct RunBudget {
     pid: u64,
     /// Committed pages this process inherited at fork, not counted in the run's footprint.
     inherited: u64,
+    /// The other processes' figures as last read (see [`OTHERS_REFRESH`]).
+    others: Mutex<Others>,
+    refresh: Duration,
+}
+
+/// The other processes' figures summed, and the run's peaks, as last read.
+#[derive(Debug, Default)]
+struct Others {
+    read_at: Option<Instant>,
+    committed: u64,
+    resident: u64,
+    weights: u64,
+    /// The run's peaks as this process last saw or raised them: a shared word is written only
+    /// when a figure passes it.
+    peak_footprint: u64,
+    budget: u64,
+    peak_resident: u64,
 }
 
 /// The run's figures, for `--stats`.
@@ -90,6 +116,8 @@ impl RunBudget {
             slot: 0,
             pid,
             inherited,
+            others: Mutex::default(),
+            refresh: OTHERS_REFRESH,
         };
         let high = (rb.mem.load_u64(W_HIGH) as usize).min(SLOTS);
         if let Some(i) = (0..high).find(|&i| rb.mem.load_u64(slot_off(i) + S_PID) == pid) {
@@ -127,33 +155,53 @@ impl RunBudget {
         self.mem.store_u64(me + S_COMMITTED, committed);
         self.mem.store_u64(me + S_RESIDENT, resident);
         self.mem.store_u64(me + S_WEIGHT, weight);
-        let (mut tree_committed, mut others_resident, mut weights) = (0u64, 0u64, 0u64);
-        for i in 0..(self.mem.load_u64(W_HIGH) as usize).min(SLOTS) {
-            let o = slot_off(i);
-            if self.mem.load_u64(o + S_PID) == 0 {
-                continue;
+        let mut o = self.others.lock().unwrap_or_else(|e| e.into_inner());
+        if o.read_at.is_none_or(|t| t.elapsed() >= self.refresh) {
+            let (mut committed, mut resident, mut weights) = (0u64, 0u64, 0u64);
+            for i in 0..(self.mem.load_u64(W_HIGH) as usize).min(SLOTS) {
+                let s = slot_off(i);
+                if i == self.slot || self.mem.load_u64(s + S_PID) == 0 {
+                    continue;
+                }
+                committed += self.mem.load_u64(s + S_COMMITTED);
+                resident += self.mem.load_u64(s + S_RESIDENT);
+                weights += self.mem.load_u64(s + S_WEIGHT);
             }
-            tree_committed += self.mem.load_u64(o + S_COMMITTED);
-            weights += self.mem.load_u64(o + S_WEIGHT);
-            if i != self.slot {
-                others_resident += self.mem.load_u64(o + S_RESIDENT);
-            }
+            o.committed = committed;
+            o.resident = resident;
+            o.weights = weights;
+            o.peak_footprint = o.peak_footprint.max(self.mem.load_u64(W_PEAK_FOOTPRINT));
+            o.budget = o.budget.max(self.mem.load_u64(W_BUDGET));
+            o.peak_resident = o.peak_resident.max(self.mem.load_u64(W_PEAK_RESIDENT));
+            o.read_at = Some(Instant::now());
         }
-        let peak = self
-            .mem
-            .fetch_max_u64(W_PEAK_FOOTPRINT, tree_committed)
-            .max(tree_committed);
-        let tree = budget.pages(peak * PAGE, PAGE, min_pages);
-        self.mem.fetch_max_u64(W_BUDGET, tree);
-        self.mem.fetch_max_u64(W_PEAK_RESIDENT, others_resident + resident);
+        let tree_committed = o.committed + committed;
+        if tree_committed > o.peak_footprint {
+            o.peak_footprint = self
+                .mem
+                .fetch_max_u64(W_PEAK_FOOTPRINT, tree_committed)
+                .max(tree_committed);
+        }
+        let tree = budget.pages(o.peak_footprint * PAGE, PAGE, min_pages);
+        if tree > o.budget {
+            o.budget = self.mem.fetch_max_u64(W_BUDGET, tree).max(tree);
+        }
+        let tree_resident = o.resident + resident;
+        if tree_resident > o.peak_resident {
+            o.peak_resident = self
+                .mem
+                .fetch_max_u64(W_PEAK_RESIDENT, tree_resident)
+                .max(tree_resident);
+        }
         // A forked child's share weighs its whole window, inherited pages included: it uses
         // them, though the run's footprint counts them once, in the parent.
+        let weights = o.weights + weight;
         let share = if weights == 0 {
             tree
         } else {
             (u128::from(tree) * u128::from(weight) / u128::from(weights)) as u64
         };
-        tree.saturating_sub(others_resident).max(share).max(min_pages)
+        tree.saturating_sub(o.resident).max(share).max(min_pages)
     }
 
     /// Publishes this process's `RssAnon` now and records the run's sum; once a second (in
@@ -249,7 +297,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("budget");
         create(&path).unwrap();
-        let a = RunBudget::attach(&path, 0).unwrap();
+        let mut a = RunBudget::attach(&path, 0).unwrap();
+        // Every call reads the others again (in a run, a millisecond may pass first).
+        a.refresh = Duration::ZERO;
         // The same pid attaches to its own slot again (an exec).
         let again = RunBudget::attach(&path, 0).unwrap();
         assert_eq!(a.slot, again.slot);
@@ -265,6 +315,8 @@ mod tests {
                 slot,
                 pid: 1,
                 inherited: 0,
+                others: Mutex::default(),
+                refresh: Duration::ZERO,
             }
         };
         assert_ne!(a.slot, b.slot);

@@ -184,6 +184,7 @@ impl Runtime {
             clock: Instant::now(),
             migrations: Default::default(),
             run,
+            give_back: AtomicBool::new(false),
         });
         {
             let c = inner.lock();

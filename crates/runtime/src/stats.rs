@@ -221,6 +221,9 @@ pub struct Stats {
     /// Evicted pages that were not read-write (read-only, `PROT_NONE`, executable): moved out
     /// through a staging slot given their protection.
     pub evictions_protected: AtomicU64,
+    /// Pages evicted with no fault to serve: the run's other processes grew while this one was
+    /// idle over its share of the run's budget, and it gave the room back (`run_budget.rs`).
+    pub evictions_given_back: AtomicU64,
     /// Fetched pages received into spent staging slots and moved into the window (no page
     /// allocated or copied by the kernel; see the runtime's `recycle` module).
     pub pages_recycled: AtomicU64,
@@ -459,6 +462,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::evictions_protected`].
     #[serde(default)]
     pub evictions_protected: u64,
+    /// See [`Stats::evictions_given_back`].
+    #[serde(default)]
+    pub evictions_given_back: u64,
     /// See [`Stats::pages_recycled`].
     #[serde(default)]
     pub pages_recycled: u64,
@@ -669,6 +675,7 @@ impl Stats {
             evictions_clean: g(&self.evictions_clean),
             evictions_same_filled: g(&self.evictions_same_filled),
             evictions_protected: g(&self.evictions_protected),
+            evictions_given_back: g(&self.evictions_given_back),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
             reads_ahead_unsent: g(&self.reads_ahead_unsent),

@@ -2,7 +2,7 @@
 //! control plane's rate limits, and notices a program outrunning its bricks.
 
 use crate::inner::Inner;
-use crate::{outrun, placement};
+use crate::{handler, outrun, placement};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             run.note_rss_anon(rss);
         }
         placement::watch(inner.stats.faults.load(Ordering::Relaxed));
+        handler::ask_give_back_if_over(&inner);
         outrun.tick(&inner);
         if !inner.cfg.keepalive.is_zero()
             && last_keepalive.elapsed() >= (inner.cfg.keepalive / 2).min(Duration::from_secs(1))
