@@ -14,8 +14,8 @@
 //! the stream's first fault over the steps taken since), so a fractional stride such as 7.8125
 //! predicts the 7s and 8s between rows; and the stream keeps the range of where within its last
 //! faulting page the rows fall (narrowed by every fault), which decides which rows land on a 7
-//! and which on an 8: predicting from the middle of that range, a model of OpenBLAS's rows used
-//! 95% of what it fetched, against 60% rounding from the first fault. A fault on a step that was
+//! and which on an 8: predicting from within that range, a model of OpenBLAS's rows used 90% of
+//! what it fetched, against 60% rounding from the first fault. A fault on a step that was
 //! predicted wrong (or evicted) is a step of the stream all the same, and corrects it. Three
 //! faults make a stride: the third at the same distance (±1 page) from the second as the second
 //! from the first.
@@ -124,8 +124,12 @@ impl Stream {
         self.rise as f64 / self.steps.max(1) as f64
     }
 
+    /// Where within the last faulting page to predict from: just below the top of the range
+    /// the faults allow. On a trace of NumPy's faults at 25% local (every miss, prefetch off)
+    /// replayed through this detector, the top used 77% of the strided pages fetched, the middle
+    /// 72%, the bottom 64%: the faults more often come late in a row's page than early.
     fn phase(&self) -> f64 {
-        (self.lo + self.hi) / 2.0
+        (self.hi - 0.01).max(self.lo)
     }
 
     /// The step after the last fault at which a strided stream's prediction is `page` (±1
@@ -206,6 +210,21 @@ impl Streams {
             if !down && s.next_page != page && Self::is_stride(s, page) {
                 Self::begin_stride(s, page);
                 return Self::strided(s, i, page, max, clock);
+            }
+            if !down && s.next_page != page && s.run == 1 {
+                // A second fault past a gap is as likely a stride's as a sequential stream's
+                // (which would have faulted on the page after its first): one page until a third
+                // fault tells. Replayed on NumPy's fault trace, one page here instead of two took
+                // the share of pages fetched ahead that were used from 80% to 84%.
+                s.last_used = clock;
+                s.prev_fault = s.last_fault;
+                s.last_fault = page;
+                return Plan {
+                    run: 1,
+                    slot: i,
+                    down: false,
+                    stride: None,
+                };
             }
             s.run = (s.run * 2).max(2).min(max.max(1));
             s.last_used = clock;
@@ -426,7 +445,7 @@ mod tests {
         // pages apart, so 7s and 8s.
         let touch: Vec<u64> = (0..4000u64).map(|i| (i * 32_000 + 1_000) / 4096).collect();
         let (faults, ahead, used) = replay(&touch, 128);
-        assert!(used * 100 >= ahead * 95, "fractional stride: {used} of {ahead} used");
+        assert!(used * 100 >= ahead * 85, "fractional stride: {used} of {ahead} used");
         assert!(faults <= 600, "{faults} faults for 4000 rows");
         // The solve's columns, 16 rows of 4000 doubles apart: 125 pages.
         let touch: Vec<u64> = (0..400).map(|i| 125 * i).collect();
@@ -438,7 +457,8 @@ mod tests {
             .flat_map(|i| [(i * 32_000) / 4096, 1_000_000 + (i * 24_000) / 4096])
             .collect();
         let (faults, ahead, used) = replay(&touch, 128);
-        assert!(used * 100 >= ahead * 85, "interleaved strides: {used} of {ahead} used");
+        // (A run covering their pages would use one in six to eight.)
+        assert!(used * 100 >= ahead * 70, "interleaved strides: {used} of {ahead} used");
         assert!(faults <= 400, "{faults} faults for 2000 rows");
         // Sequential reads are what they were: runs doubling to the maximum.
         let touch: Vec<u64> = (0..4096).collect();
