@@ -2,8 +2,8 @@
  * consecutive pages out of every STRIDE (all words of each page read are checked).
  * `1 1` reads sequentially: every page a fault's run fetches ahead is used. `4 64` reads four
  * pages and jumps far: the stream detector sees a stream of four, whose last run fetches pages
- * that are never read. `1 8` reads a page and skips seven: the stream detector tolerates
- * such jumps, so runs fetch the seven pages between, never read.
+ * that are never read. `1 8` reads a page and skips seven: a strided stream, whose runs fetch
+ * the pages the stride predicts (the ones read), not the seven between.
  * Prints the checksum of what it read; the test compares it with the native run and reads the
  * read-ahead statistics. usage: stride_read [MiB=64] [burst=1] [stride=1] [passes=3] */
 #include "common.h"

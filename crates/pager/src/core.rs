@@ -145,6 +145,9 @@ pub struct Core {
     reserved: u64,
     /// Test-only planted bug: room made for a fault is not reserved (see `plant_unreserved_room`).
     unreserved_room: bool,
+    /// Test-only planted bug: a strided run makes room for one page less than it claims (see
+    /// `plant_short_stride_room`).
+    short_stride_room: bool,
     /// The sample of read-ahead pages left remote to measure read-ahead accuracy.
     probes: Probes,
     /// Which memory holds each window range: home segments, pinned ranges.
@@ -208,6 +211,7 @@ impl Core {
             next_claim: 1,
             reserved: 0,
             unreserved_room: false,
+            short_stride_room: false,
             probes: Probes::new(0),
             placement: Placement::new(),
             moves: Vec::new(),
@@ -359,6 +363,19 @@ impl Core {
     #[doc(hidden)]
     pub fn plant_unreserved_room(&mut self) {
         self.unreserved_room = true;
+    }
+
+    /// Plants a bug for the simulation to catch: a strided run makes room for its predicted pages
+    /// but not for its faulting page, so a full local buffer overruns its budget by one.
+    #[doc(hidden)]
+    pub fn plant_short_stride_room(&mut self) {
+        self.short_stride_room = true;
+    }
+
+    /// True if [`Core::plant_short_stride_room`] planted its bug.
+    #[doc(hidden)]
+    pub fn short_stride_room(&self) -> bool {
+        self.short_stride_room
     }
 
     /// Plants a bug for the simulation to catch: the write-back of a page whose range is moving

@@ -61,7 +61,7 @@ pub enum Step {
 }
 
 /// A run planned for a fault (step 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// The faulting page.
     pub fault: u64,
@@ -75,6 +75,21 @@ pub struct Plan {
     pub stream: usize,
     /// The stream walks down.
     pub down: bool,
+    /// A strided stream's run: the pages after the fault that the stride predicts, ascending,
+    /// all below `start + n` (the other pages of the run are passed over, left as they are).
+    /// Empty for a contiguous run.
+    pub picks: Vec<u64>,
+}
+
+impl Plan {
+    /// Pages the run may claim (the room made for it).
+    pub fn pages(&self) -> u64 {
+        if self.picks.is_empty() {
+            self.n
+        } else {
+            1 + self.picks.len() as u64
+        }
+    }
 }
 
 /// A claimed run (step 3), on its way to install.
@@ -205,7 +220,8 @@ pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
         };
         b.mark(Step::Planned);
         // 2. Make room; may wait for staging slots.
-        let (c, staged) = make_room(lock, c, b, plan.n);
+        let need = room(&c, &plan);
+        let (c, staged) = make_room(lock, c, b, need);
         drop(c);
         b.mark(Step::Chosen);
         let full = staged.is_some();
@@ -230,7 +246,7 @@ pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
         b.mark(Step::Installed);
         b.installed(&plan, &run, full);
         // 6. Ahead of the next faults: a sequential stream gets its next runs read.
-        if plan.run > 1 && !plan.down && run.kinds.iter().all(|&k| k != Source::Zeros) {
+        if plan.run > 1 && !plan.down && plan.picks.is_empty() && run.kinds.iter().all(|&k| k != Source::Zeros) {
             b.read_ahead(lock, plan.stream, run.page + run.len() as u64, plan.run);
         }
         return true;
@@ -259,6 +275,15 @@ pub fn give_back<B: Backend>(lock: &Mutex<Core>, b: &mut B, most: u64) -> u64 {
         b.notify();
     }
     moved
+}
+
+/// The room a plan needs in the local buffer: the pages it may claim.
+fn room(c: &Core, plan: &Plan) -> u64 {
+    let n = plan.pages();
+    if c.short_stride_room() && !plan.picks.is_empty() {
+        return n - 1;
+    }
+    n
 }
 
 /// Step 1: plans the run for the fault at `fault`. `None` if the page is already installed
@@ -294,6 +319,7 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
             run: 1,
             stream: usize::MAX,
             down: false,
+            picks: Vec::new(),
         };
         return Some((c, plan));
     }
@@ -307,6 +333,39 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
     // way out.
     let fits = |s: PageState| s.installable() || s.location() == Location::Resident;
     let cap = (p.run as u64).min((budget / 4).max(1));
+    if let Some(stride) = p.stride {
+        // A strided stream: the pages its stride predicts, passing over resident ones, up to a
+        // page on its way out or the region's end. A read-ahead sent for a sequential stream
+        // here is not what this stream needs (`Backend::claimed` drops it).
+        let mut picks = Vec::with_capacity(stride.count() as usize);
+        let mut steps = 0;
+        for q in stride.pages() {
+            if q >= region_end || picks.len() as u64 + 1 >= cap {
+                break;
+            }
+            let s = c.state(q);
+            if !fits(s) {
+                break;
+            }
+            steps += 1;
+            if q > picks.last().copied().unwrap_or(fault) && s.installable() {
+                picks.push(q);
+            }
+        }
+        c.streams.advance_strided(p.slot, steps);
+        b.planning(&mut c, fault, budget);
+        let n = picks.last().map_or(1, |&l| l - fault + 1);
+        let plan = Plan {
+            fault,
+            start: fault,
+            n,
+            run: p.run,
+            stream: p.slot,
+            down: false,
+            picks,
+        };
+        return Some((c, plan));
+    }
     let mut n = 1u64;
     // An ascending run starts at the fault; a descending one ends there.
     let mut start = fault;
@@ -336,6 +395,7 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
         run: p.run,
         stream: p.slot,
         down: p.down,
+        picks: Vec::new(),
     };
     Some((c, plan))
 }
@@ -393,7 +453,8 @@ pub fn make_room<'a, B: Backend>(
 pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<Run<B::Ahead>> {
     let mut c = self::lock(lock);
     // The room made for the run is the claim's now (or nobody's, if nothing is claimable).
-    c.unreserve(plan.n);
+    let reserved = room(&c, plan);
+    c.unreserve(reserved);
     let fault = plan.fault;
     // A run stays within one protection: read-ahead must not fill a reservation (PROT_NONE)
     // next to committed memory, nor pages lent to a file mapping (no longer registered with
@@ -406,6 +467,8 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // Outward from the fault: claimable pages, and resident ones to pass over; the run ends on
     // a claimable page.
     let held = |c: &Core, p: u64| c.location(p) == Location::Resident;
+    // A strided run: the predicted pages still claimable; the pages between are passed over.
+    let picked = |p: u64| plan.picks.is_empty() || p == fault || plan.picks.binary_search(&p).is_ok();
     let (page, n) = if plan.down {
         let (mut first, mut p) = (fault, fault);
         while p > plan.start && (claimable(&c, p - 1) || held(&c, p - 1)) {
@@ -417,8 +480,16 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
         (first, fault + 1 - first)
     } else {
         let (mut k, mut end) = (1, 1);
-        while k < plan.n && (claimable(&c, plan.start + k) || held(&c, plan.start + k)) {
-            if claimable(&c, plan.start + k) {
+        while k < plan.n {
+            let p = plan.start + k;
+            if !picked(p) {
+                k += 1;
+                continue;
+            }
+            if !(claimable(&c, p) || held(&c, p)) {
+                break;
+            }
+            if claimable(&c, p) {
                 end = k + 1;
             }
             k += 1;
@@ -429,7 +500,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // (`crate::probe`); the run passes over them.
     let probes: Vec<u64> = if n > 1 {
         (page..page + n)
-            .filter(|&p| p != fault && claimable(&c, p) && c.take_probe(p, fault))
+            .filter(|&p| p != fault && picked(p) && claimable(&c, p) && c.take_probe(p, fault))
             .collect()
     } else {
         Vec::new()
@@ -441,7 +512,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     let id = c.new_claim();
     let kinds: Vec<Source> = (page..page + n)
         .map(|p| {
-            if claimable(&c, p) && (probes.is_empty() || !probes.contains(&p)) {
+            if picked(p) && claimable(&c, p) && (probes.is_empty() || !probes.contains(&p)) {
                 c.claim_for(id, p)
             } else {
                 Source::Held
@@ -460,7 +531,8 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     b.claimed(&mut c, &mut run);
     // Receive into spent staging slots when a run of them is long enough (their pages then move
     // into the window); else into the backend's buffer, copied in.
-    if run.ahead.is_none() && n >= RECYCLE_MIN_PAGES {
+    // Not a strided run: its slots would be the span's, most of them passed over.
+    if run.ahead.is_none() && n >= RECYCLE_MIN_PAGES && plan.picks.is_empty() {
         run.spent = c.slots.take_spent(n as usize);
     }
     Some(run)

@@ -163,6 +163,8 @@ enum Planted {
     UnreservedRoom,
     /// A write-back of a moving range is not parked.
     UnparkedWriteBack,
+    /// A strided run makes room for one page less than it claims.
+    ShortStrideRoom,
 }
 
 /// Faults in flight at once at most (handlers serving).
@@ -223,6 +225,9 @@ struct Sim {
     threads: Vec<Thread>,
     /// Per thread, the next page of its sequential stream.
     cursor: Vec<u64>,
+    /// Per thread, the next page of its strided stream (a column of a row-major matrix), and
+    /// its stride.
+    strider: Vec<(u64, u64)>,
     /// Eviction jobs queued for the write-back thread.
     jobs: Vec<(u64, Vec<Victim>)>,
     /// Jobs being written back now (their staged pages are still in flight).
@@ -271,6 +276,7 @@ impl Sim {
         match planted {
             Planted::UnreservedRoom => core.plant_unreserved_room(),
             Planted::UnparkedWriteBack => core.plant_unparked_writeback(),
+            Planted::ShortStrideRoom => core.plant_short_stride_room(),
             Planted::None => {}
         }
         // The window's first home: segment 0, page for page.
@@ -290,6 +296,9 @@ impl Sim {
             uffd: VecDeque::new(),
             threads: vec![Thread::Running; shape.threads],
             cursor: (0..shape.threads as u64).map(|t| t * shape.window / 4).collect(),
+            strider: (0..shape.threads as u64)
+                .map(|t| (t * shape.window / 3, 2 + (seed + t) % 4))
+                .collect(),
             jobs: Vec::new(),
             writing: Vec::new(),
             choosing: Vec::new(),
@@ -563,8 +572,15 @@ impl Sim {
         match self.rng.below(10) {
             // A hot fifth of the pages.
             0..=4 => self.rng.below((w / 5).max(1)),
+            // The thread's strided stream.
+            5 => {
+                let (p, stride) = self.strider[t];
+                let p = p % w;
+                self.strider[t].0 = (p + stride) % w;
+                p
+            }
             // The thread's sequential stream.
-            5..=7 => {
+            6..=7 => {
                 let p = self.cursor[t] % w;
                 self.cursor[t] = (p + 1) % w;
                 p
@@ -1096,7 +1112,16 @@ impl Backend for Sim {
         self.log(format!("handler: read ahead {next}+{m}"));
     }
 
-    fn installed(&mut self, _plan: &Plan, run: &Run<Ahead>, _full: bool) {
+    fn installed(&mut self, plan: &Plan, run: &Run<Ahead>, _full: bool) {
+        if !plan.picks.is_empty() {
+            self.count("strided runs");
+            let gaps = (0..run.len())
+                .filter(|&i| run.kinds[i] == Source::Held && !self.window.contains_key(&(run.page + i as u64)))
+                .count();
+            if gaps > 0 {
+                self.count("strided runs passing over remote pages");
+            }
+        }
         let released = (0..run.len())
             .filter(|&i| run.kinds[i] != Source::Held && !self.window.contains_key(&(run.page + i as u64)))
             .count();
@@ -1254,6 +1279,8 @@ fn campaign(first: u64, seeds: u64) {
         "nested faults backing off",
         "threads woken to fault again",
         "read-ahead probes used",
+        "strided runs",
+        "strided runs passing over remote pages",
         "read-ahead probes wasted",
         "moves finished",
         "moves aborted",
@@ -1297,6 +1324,21 @@ fn the_simulation_catches_a_planted_concurrency_bug() {
 /// The simulation must catch a move that loses a write made during it: with write-backs of a
 /// moving range sent to the old home instead of parked, a page written and evicted after the
 /// move copied it reads its old contents from its new home once the move ends.
+/// The simulation must catch a strided run that makes room for one page less than it claims:
+/// the local buffer overruns its budget once a strided run fills it.
+#[test]
+fn the_simulation_catches_a_strided_run_short_of_room() {
+    quiet_brick_loss();
+    let caught = (0..300).find_map(|seed| run_seed_planted(seed, Planted::ShortStrideRoom).err());
+    let Some(report) = caught else {
+        panic!("300 seeds ran with strided runs short of room, and none failed");
+    };
+    assert!(
+        report.contains("over a budget"),
+        "caught, but not as expected: {report}"
+    );
+}
+
 #[test]
 fn the_simulation_catches_a_move_that_loses_a_write() {
     quiet_brick_loss();

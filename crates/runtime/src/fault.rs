@@ -502,7 +502,8 @@ impl Backend for Handler {
                         self.brick_access = access;
                         return;
                     }
-                    self.buf.clear();
+                    // Not cleared: `fetch_into` writes every page the install reads, and a strided
+                    // run's span (up to 8 MiB) is mostly pages passed over, never read.
                     self.buf.resize(run.kinds.len() * PAGE_SIZE, 0);
                     fetch_into(&inner, run.page, &run.kinds, &mut self.buf);
                 }
@@ -596,31 +597,33 @@ impl Backend for Handler {
 /// from one mapped segment: `UFFDIO_COPY` from the mapping then does the one copy that a copy
 /// into the install buffer followed by `UFFDIO_COPY` from it did in two (a random fault on
 /// shared memory spent 0.5 of its 8 µs in that first copy: `docs/benchmarks.md`). Not for runs
-/// received into spent slots, which move in without a copy. Counts the fetch as `fetch_into`
-/// does.
+/// received into spent slots, which move in without a copy. Pages passed over (a strided run's
+/// gaps, resident pages) are not read. Counts the fetch as `fetch_into` does.
 fn direct_source(
     inner: &Inner,
     page: u64,
     kinds: &[Source],
 ) -> Option<(std::sync::Arc<crate::segment::Segment>, usize)> {
-    if kinds.iter().any(|&k| k != Source::Brick) {
+    if kinds.first() != Some(&Source::Brick) || kinds.iter().any(|&k| !matches!(k, Source::Brick | Source::Held)) {
         return None;
     }
     let n = kinds.len() as u64;
+    let brick_pages = kinds.iter().filter(|&&k| k == Source::Brick).count() as u64;
     let (index, off, seg_end) = inner.table.lookup_run(page)?;
     let seg = inner
         .table
         .get(index)
         .filter(|s| s.shared.is_some() && page + n <= seg_end)?;
-    let total = n * PAGE;
+    let total = brick_pages * PAGE;
     seg.limiter.acquire(total);
     let s = &inner.stats;
-    for p in page..page + n {
+    for (p, _) in (page..page + n).zip(kinds).filter(|(_, &k)| k == Source::Brick) {
         s.refetched.insert(p);
     }
     s.faults_remote.fetch_add(1, Ordering::Relaxed);
     s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
-    s.bytes_prefetched.fetch_add((n - 1) * PAGE, Ordering::Relaxed);
+    s.bytes_prefetched
+        .fetch_add((brick_pages - 1) * PAGE, Ordering::Relaxed);
     s.bytes_fetched_shared.fetch_add(total, Ordering::Relaxed);
     Some((seg, off as usize))
 }
