@@ -274,10 +274,8 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
         return Some((c, plan));
     }
     let p = c.streams.plan(fault, b.prefetch_pages().max(1));
-    let (region_start, region_end) = c
-        .regions()
-        .region_containing(fault)
-        .map_or((fault, fault + 1), |(s, l)| (s, s + l));
+    // In units: a run of huge units stays within the units its region touches.
+    let (region_start, region_end) = c.region_units(fault);
     let budget = b.budget(&c);
     // A run passes over resident pages (installing around them), but stops at a page on its
     // way out.
@@ -374,8 +372,8 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // A run stays within one protection: read-ahead must not fill a reservation (PROT_NONE)
     // next to committed memory, nor pages lent to a file mapping (no longer registered with
     // the userfaultfd).
-    let fault_prot = c.prot_of(fault);
-    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot && !c.is_moving_out(p);
+    let fault_prot = c.unit_prot(fault);
+    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.unit_prot(p) == fault_prot && !c.is_moving_out(p);
     if !claimable(&c, fault) {
         return None;
     }

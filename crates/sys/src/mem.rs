@@ -291,6 +291,12 @@ pub(crate) fn madvise_populate_write(addr: usize, len: usize) -> Result<(), SysE
     madvise(addr, len, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
 }
 
+/// `madvise(MADV_HUGEPAGE)`: `[addr, addr + len)` may be backed by transparent huge pages
+/// (under THP's "madvise" setting, only such ranges are).
+pub fn madvise_hugepage(addr: usize, len: usize) -> Result<(), SysError> {
+    madvise(addr, len, libc::MADV_HUGEPAGE, "madvise(HUGEPAGE)")
+}
+
 /// `madvise(MADV_DONTFORK)`: a forked child does not inherit `[addr, addr + len)`.
 pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_DONTFORK, "madvise(DONTFORK)")
