@@ -434,7 +434,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     b.claimed(&mut c, &mut run);
     // Receive into spent staging slots when a run of them is long enough (their pages then move
     // into the window); else into the backend's buffer, copied in.
-    if run.ahead.is_none() && n >= RECYCLE_MIN_PAGES {
+    if run.ahead.is_none() && n * c.unit().pages() >= RECYCLE_MIN_PAGES {
         run.spent = c.slots.take_spent(n as usize);
     }
     Some(run)

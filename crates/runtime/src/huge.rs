@@ -29,10 +29,10 @@ use rackmem_uffd::{MoveMode, UffdError};
 use std::sync::atomic::Ordering;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Staging slots of 2 MiB: at most half are kept spent (`Slots::new`), so up to 8 MiB of
-/// evicted THPs wait to receive the next fetches, and an eviction batch is at most 8 MiB. The
-/// 4 KiB path keeps at most 2 MiB spent: the allowance beyond the budget grows by 6 MiB.
-pub(crate) const HUGE_SLOTS: usize = 8;
+/// Staging slots of 2 MiB: at most half are kept spent (`Slots::new`), so up to 16 MiB of
+/// evicted THPs wait to receive the next fetches, and an eviction batch is at most 16 MiB. The
+/// 4 KiB path keeps at most 2 MiB spent: the allowance beyond the budget grows by 14 MiB.
+pub(crate) const HUGE_SLOTS: usize = 16;
 
 /// Most units a fault's run installs (a sequential stream's run, doubling from 2): the
 /// nursery's size.
@@ -183,8 +183,10 @@ impl Handler {
     pub(crate) fn huge_read(&mut self, run: &mut Run<Ahead>) {
         let inner = self.inner.clone();
         let (page, kinds) = (run.page, run.kinds.clone());
+        // The nursery is empty before every fetch (its units moved into the window).
+        let fresh = run.spent.is_none();
         let buf = self.huge_buffer(run);
-        fetch_units(&inner, page, &kinds, buf);
+        fetch_units(&inner, page, &kinds, buf, fresh);
     }
 
     /// Records the run's subpage checks in the core (of the contents as fetched: what the
@@ -194,6 +196,9 @@ impl Handler {
         let (page, kinds) = (run.page, run.kinds.clone());
         let ub = inner.unit_bytes();
         let upp = inner.upp() as usize;
+        let mapped: Vec<bool> = (0..kinds.len())
+            .map(|k| mapped_unit(&inner, page + k as u64).is_some())
+            .collect();
         let buf = self.huge_buffer(run);
         let sums: Vec<(u64, Box<[Check]>)> = kinds
             .iter()
@@ -201,6 +206,8 @@ impl Handler {
             .filter_map(|(k, &kind)| {
                 let checks: Box<[Check]> = match kind {
                     Source::Held => return None,
+                    // Compared with the mapping itself at eviction (`Writes::examine_unit`).
+                    Source::Brick if mapped[k] => return None,
                     Source::Zeros => vec![Check::Filled(0); upp].into(),
                     Source::Fill(w) => vec![Check::Filled(w); upp].into(),
                     Source::Brick => buf[k * ub..(k + 1) * ub].chunks_exact(PAGE_SIZE).map(check).collect(),
@@ -420,7 +427,9 @@ fn zero_holes_from(inner: &Inner, unit: u64, data: &mut [u8], from: usize) {
 }
 
 /// Reads the run's units into `out` (one unit per entry of `kinds`).
-fn fetch_units(inner: &Inner, first: u64, kinds: &[Source], out: &mut [u8]) {
+/// `fresh`: `out` is empty memory registered with no userfaultfd (the nursery), which reads
+/// zeros once populated.
+fn fetch_units(inner: &Inner, first: u64, kinds: &[Source], out: &mut [u8], fresh: bool) {
     let ub = inner.unit_bytes();
     let upp = inner.upp();
     let mut fetched = 0u64;
@@ -428,10 +437,17 @@ fn fetch_units(inner: &Inner, first: u64, kinds: &[Source], out: &mut [u8]) {
         let dst = &mut out[k * ub..(k + 1) * ub];
         let unit = first + k as u64;
         match kind {
-            Source::Zeros | Source::Held => {
-                if kind == Source::Zeros {
-                    dst.fill(0);
+            Source::Held => continue,
+            Source::Zeros if fresh => {
+                // The kernel zeroes the THP it allocates: writing zeros again would pass over
+                // 2 MiB twice.
+                if let Err(e) = rackmem_sys::madvise_populate_write(dst.as_mut_ptr() as usize, ub) {
+                    inner.internal_error(&format!("populating the huge units' receive area: {e}"));
                 }
+                continue;
+            }
+            Source::Zeros => {
+                dst.fill(0);
                 continue;
             }
             Source::Fill(w) => {
@@ -560,4 +576,18 @@ pub(crate) fn flush_dirty_units(inner: &Inner) -> u64 {
         c.record_sums(u, checks.into_boxed_slice());
     }
     count
+}
+
+/// The mapped segment holding all of unit `unit`, and the unit's byte offset in it.
+pub(crate) fn mapped_unit(inner: &Inner, unit: u64) -> Option<(std::sync::Arc<crate::segment::Segment>, usize)> {
+    let first = unit * inner.upp();
+    let (index, off, seg_end) = inner.table.lookup_run(first)?;
+    if seg_end < first + inner.upp() {
+        return None;
+    }
+    inner
+        .table
+        .get(index)
+        .filter(|s| s.shared.is_some())
+        .map(|s| (s, off as usize))
 }

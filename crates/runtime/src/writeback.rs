@@ -247,19 +247,47 @@ impl Writes<'_> {
     fn examine_unit(&mut self, v: &Victim) -> Examined {
         let inner = self.inner;
         let data = crate::recycle::staged_page(inner, v.slot);
-        let checks: Vec<Check> = data.chunks_exact(PAGE_SIZE).map(|d| Check::of(d, xxh3_64)).collect();
-        if let Some(w) = unit_filled(&checks) {
-            self.filled += 1;
-            return Examined::Filled(w);
-        }
+        let upp = inner.upp();
+        let first = u64::from(v.page) * upp;
         let old = inner.lock().take_staged_sums(u64::from(v.page));
-        let runs = changed_runs(old.as_deref().filter(|_| v.brick_valid), &checks);
+        let runs = match crate::huge::mapped_unit(inner, u64::from(v.page)) {
+            // In a mapped segment no checks were taken: the brick's copy is right there, and a
+            // changed subpage differs from it within its first bytes more often than not.
+            Some((seg, off)) if old.is_none() && seg.shared.is_some() => {
+                let Some(m) = seg.shared.as_ref() else {
+                    inner.internal_error("a mapped unit's segment is not mapped");
+                };
+                let mut subs = data.chunks_exact(PAGE_SIZE);
+                if let Some(w) = subs.next().and_then(same_filled) {
+                    if subs.all(|s| same_filled(s) == Some(w)) {
+                        self.filled += 1;
+                        return Examined::Filled(w);
+                    }
+                }
+                let changed: Vec<Check> = data
+                    .chunks_exact(PAGE_SIZE)
+                    .enumerate()
+                    .map(|(i, sub)| {
+                        let same = v.brick_valid && m.equals(off + i * PAGE_SIZE, sub);
+                        Check::Sum(u64::from(!same))
+                    })
+                    .collect();
+                let unchanged = vec![Check::Sum(0); changed.len()];
+                changed_runs(Some(&unchanged), &changed)
+            }
+            _ => {
+                let checks: Vec<Check> = data.chunks_exact(PAGE_SIZE).map(|d| Check::of(d, xxh3_64)).collect();
+                if let Some(w) = unit_filled(&checks) {
+                    self.filled += 1;
+                    return Examined::Filled(w);
+                }
+                changed_runs(old.as_deref().filter(|_| v.brick_valid), &checks)
+            }
+        };
         if runs.is_empty() {
             self.clean += 1;
             return Examined::Clean;
         }
-        let upp = inner.upp();
-        let first = u64::from(v.page) * upp;
         for r in runs {
             let (mut p, end) = (first + u64::from(r.start), first + u64::from(r.end));
             while p < end {
