@@ -146,3 +146,34 @@ fn forked_child_and_parent_each_see_their_own_copy_with_huge_units() {
     assert_huge(&s);
     s.iter().for_each(assert_used_remote_memory);
 }
+
+/// Read-only and `PROT_NONE` ranges in the window: a unit of one protection is evicted whole
+/// and comes back (by copy: `UFFDIO_MOVE` will not enter a read-only range from a read-write
+/// slot), a unit of several protections stays resident.
+#[test]
+fn read_only_and_prot_none_units_are_evicted_and_come_back() {
+    require_thp();
+    let s = same_as_native_with("protected_evict", &["32"], &["--huge-pages"]);
+    assert_huge(&s);
+    assert_used_remote_memory(busiest(&s));
+}
+
+/// Several threads fault on the same units, their stacks (with `PROT_NONE` guard pages) in the
+/// window too.
+#[test]
+fn several_threads_fault_on_the_same_units() {
+    require_thp();
+    // Random words all over the buffer bring whole units back: a small buffer, half local.
+    let prog = program("passes");
+    let args = ["16", "4", "1"];
+    let n = native(&prog, &args);
+    let (r, s) = remote(&prog, &args, "50%", &["--huge-pages", "--no-shared-memory"]);
+    assert!(r.status.success(), "passes under rackmem failed: {}", show(&r));
+    assert_eq!(
+        checksums(&n),
+        checksums(&r),
+        "passes: results differ from the native run"
+    );
+    assert_huge(&s);
+    assert_used_remote_memory_at(busiest(&s), 55);
+}

@@ -258,7 +258,6 @@ impl Handler {
             allow_src_holes: true,
         };
         let mut off = 0;
-        let mut tries = 0;
         let mut leftover = false;
         while off < ub {
             // SAFETY: a spent slot this handler holds through the run, or its own nursery, into
@@ -299,13 +298,25 @@ impl Handler {
                 zero_holes_from(&inner, unit, rest, off / PAGE_SIZE);
                 continue;
             }
-            tries += 1;
             match outcome(&inner, src + off, dst + off) {
                 MoveOutcome::Moved => {
                     recounted(&inner, src + off, dst + off);
                     off += PAGE_SIZE;
                 }
-                MoveOutcome::NotMoved if tries <= MOVE_TRIES => std::thread::yield_now(),
+                // Refused: part of the unit is another VMA with another protection (a thread
+                // stack's guard page, a read-only range), which MOVE will not enter from a
+                // read-write slot. Copied instead, the rest of the unit, as the 4 KiB path does.
+                MoveOutcome::NotMoved => match copy_rest(&inner, dst, src, off) {
+                    Ok(()) => {
+                        leftover = true;
+                        off = ub;
+                    }
+                    Err(at) => {
+                        // Events queued: applied at the next turn (the MOVE says EAGAIN).
+                        leftover = true;
+                        off = at;
+                    }
+                },
                 // The window holds a page there already: keep it, drop ours.
                 MoveOutcome::Both => {
                     leftover = true;
@@ -406,6 +417,28 @@ impl Handler {
             }
         }
     }
+}
+
+/// Copies the unit at `src` into the window at `dst` from byte `from` on, subpage by subpage
+/// (a subpage present in the window already is kept). `Err(at)`: events are queued (EAGAIN)
+/// and subpages from `at` on are not copied yet.
+fn copy_rest(inner: &Inner, dst: usize, src: usize, from: usize) -> Result<(), usize> {
+    let mode = rackmem_uffd::CopyMode {
+        write_protect: false,
+        dontwake: true,
+    };
+    for off in (from..inner.unit_bytes()).step_by(PAGE_SIZE) {
+        // SAFETY: a subpage of the run's slot or the handler's nursery that has not moved (moves
+        // go in order, so everything from `from` on is still mapped there), held by this
+        // handler; only read, for the duration of the copy.
+        let bytes = unsafe { std::slice::from_raw_parts((src + off) as *const u8, PAGE_SIZE) };
+        match inner.uffd.copy(dst + off, bytes, mode) {
+            Ok(_) | Err(UffdError::Exists { .. }) => {}
+            Err(UffdError::Again { .. }) => return Err(off),
+            Err(e) => inner.internal_error(&format!("copying into window unit {dst:#x} at +{off:#x}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// [`zero_holes`] for the part of a unit from subpage `from` on, in `data` (the rest of an
