@@ -30,11 +30,12 @@ fn assert_huge(stats: &[ProcStats]) {
     }
 }
 
-/// `huge_units MODE 64 3` natively and under `--huge-pages --local 10%` with `extra`: same
-/// checksums; returns the remote run's stdout and statistics.
+/// `huge_units MODE 128 3` natively and under `--huge-pages --local 10%` with `extra`: same
+/// checksums; returns the remote run's stdout and statistics. (128 MiB: the local buffer holds
+/// at least 4 units, 8 MiB, whatever its percentage says.)
 fn huge_as_native(mode: &str, extra: &[&str]) -> (String, Vec<ProcStats>) {
     let prog = program("huge_units");
-    let args = [mode, "64", "3"];
+    let args = [mode, "128", "3"];
     let n = native(&prog, &args);
     let mut opts = vec!["--huge-pages"];
     opts.extend_from_slice(extra);
@@ -99,7 +100,7 @@ fn a_small_write_to_a_unit_sends_back_only_its_subpage() {
     for extra in [&["--no-shared-memory"][..], &[][..]] {
         let (_, s) = huge_as_native("small", extra);
         let p = busiest(&s);
-        let footprint = 64u64 << 20;
+        let footprint = 128u64 << 20;
         let units = footprint / HUGE;
         // The fill goes to the brick once (every subpage is new there); then 3 passes change
         // one subpage of each unit. Whole units would be 3 more footprints.
@@ -153,9 +154,17 @@ fn forked_child_and_parent_each_see_their_own_copy_with_huge_units() {
 #[test]
 fn read_only_and_prot_none_units_are_evicted_and_come_back() {
     require_thp();
-    let s = same_as_native_with("protected_evict", &["32"], &["--huge-pages"]);
+    let prog = program("protected_evict");
+    let n = native(&prog, &["32"]);
+    let (r, s) = remote(&prog, &["32"], "25%", &["--huge-pages"]);
+    assert!(r.status.success(), "protected_evict under rackmem failed: {}", show(&r));
+    assert_eq!(
+        checksums(&n),
+        checksums(&r),
+        "protected_evict: results differ from the native run"
+    );
     assert_huge(&s);
-    assert_used_remote_memory(busiest(&s));
+    assert_used_remote_memory_at(busiest(&s), 30);
 }
 
 /// Several threads fault on the same units, their stacks (with `PROT_NONE` guard pages) in the
@@ -176,4 +185,25 @@ fn several_threads_fault_on_the_same_units() {
     );
     assert_huge(&s);
     assert_used_remote_memory_at(busiest(&s), 55);
+}
+
+/// The program's small blocks in the window's heap, a local buffer of a few MiB, and forks:
+/// the buffer holds at least 4 units (with one, a copy from one unit into another evicted each
+/// for the other, forever: the watchdog reported faults waiting for seconds).
+#[test]
+fn small_blocks_and_forks_progress_with_a_budget_below_four_units() {
+    require_thp();
+    let prog = program("small_fork");
+    let n = native(&prog, &[]);
+    let (r, s) = remote(&prog, &[], "25%", &["--huge-pages"]);
+    assert!(r.status.success(), "small_fork under rackmem failed: {}", show(&r));
+    assert_eq!(
+        checksums(&n),
+        checksums(&r),
+        "small_fork: results differ from the native run"
+    );
+    assert_huge(&s);
+    for p in &s {
+        assert!(p.budget_bytes >= 4 * HUGE, "a local buffer below 4 units: {p:?}");
+    }
 }

@@ -16,6 +16,9 @@ use std::time::Instant;
 
 pub(crate) use rackmem_pager::Victim;
 
+/// The local buffer never holds fewer huge units than this (8 MiB), whatever it is set to.
+const MIN_BUDGET_UNITS: u64 = 4;
+
 /// Work for the write-back thread.
 pub(crate) enum Job {
     /// Write back the dirty victims, then release their staging slots.
@@ -256,6 +259,13 @@ impl Inner {
                 MIN_BUDGET_PAGES,
             ),
             None => self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES),
+        };
+        // Huge units: whole units, and at least MIN_BUDGET_UNITS of them (one instruction may
+        // touch a few units: with one, a copy from one unit into another evicts each in turn
+        // for the other, forever).
+        let b = match self.unit {
+            Unit::Page => b,
+            Unit::Huge => (b / self.upp()).max(MIN_BUDGET_UNITS) * self.upp(),
         };
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
