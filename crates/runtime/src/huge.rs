@@ -183,7 +183,7 @@ impl Handler {
     pub(crate) fn huge_read(&mut self, run: &mut Run<Ahead>) {
         let inner = self.inner.clone();
         let (page, kinds) = (run.page, run.kinds.clone());
-        // The nursery is empty before every fetch (its units moved into the window).
+        // The nursery: private memory of this handler's, zeros once emptied.
         let fresh = run.spent.is_none();
         let buf = self.huge_buffer(run);
         fetch_units(&inner, page, &kinds, buf, fresh);
@@ -460,8 +460,8 @@ fn zero_holes_from(inner: &Inner, unit: u64, data: &mut [u8], from: usize) {
 }
 
 /// Reads the run's units into `out` (one unit per entry of `kinds`).
-/// `fresh`: `out` is empty memory registered with no userfaultfd (the nursery), which reads
-/// zeros once populated.
+/// `fresh`: `out` is memory registered with no userfaultfd (the nursery), which reads zeros once
+/// emptied and populated.
 fn fetch_units(inner: &Inner, first: u64, kinds: &[Source], out: &mut [u8], fresh: bool) {
     let ub = inner.unit_bytes();
     let upp = inner.upp();
@@ -473,8 +473,14 @@ fn fetch_units(inner: &Inner, first: u64, kinds: &[Source], out: &mut [u8], fres
             Source::Held => continue,
             Source::Zeros if fresh => {
                 // The kernel zeroes the THP it allocates: writing zeros again would pass over
-                // 2 MiB twice.
-                if let Err(e) = rackmem_sys::madvise_populate_write(dst.as_mut_ptr() as usize, ub) {
+                // 2 MiB twice. Emptied first: a unit whose install was given up (released
+                // meanwhile) left its contents here.
+                let at = dst.as_mut_ptr() as usize;
+                // SAFETY: the handler's own nursery (registered with no userfaultfd, so no event),
+                // whose old contents nobody needs; the slice over it is not read before the
+                // populate below refills it with zeros.
+                let emptied = unsafe { rackmem_sys::madvise_dontneed(at, ub) };
+                if let Err(e) = emptied.and_then(|()| rackmem_sys::madvise_populate_write(at, ub)) {
                     inner.internal_error(&format!("populating the huge units' receive area: {e}"));
                 }
                 continue;
