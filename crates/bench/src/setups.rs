@@ -11,8 +11,8 @@ use std::str::FromStr;
 
 /// The built-in setups: defaults (`rackmem run` with no option), previous-defaults (what it did
 /// before shared memory), unix (Unix-socket link), tcp (a brick on TCP loopback), shm (shared
-/// memory asked for).
-pub const BUILT_IN: [&str; 5] = ["defaults", "previous-defaults", "unix", "tcp", "shm"];
+/// memory asked for), huge (`--huge-pages`: 2 MiB units on the defaults).
+pub const BUILT_IN: [&str; 6] = ["defaults", "previous-defaults", "unix", "tcp", "shm", "huge"];
 
 /// What `rackmem run` did by default before shared memory and the runtime-placed handler: the
 /// embedded brick over its socket, a handler spinning 200 µs after each fault.
@@ -36,6 +36,7 @@ impl Setup {
             "previous-defaults" => PREVIOUS_DEFAULTS.iter().map(|s| s.to_string()).collect(),
             "unix" => vec!["--no-shared-memory".into()],
             "shm" => vec!["--shared-memory".into()],
+            "huge" => vec!["--huge-pages".into()],
             "tcp" => tcp_brick
                 .ok_or_else(|| BenchError::Brick("the tcp setup needs the bench's TCP brick".into()))?
                 .run_args(),

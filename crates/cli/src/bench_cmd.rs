@@ -215,7 +215,8 @@ pub struct WorkloadArgs {
     /// rackmem setups: defaults (`rackmem run` with no option: shared memory, handler placed
     /// by the runtime), previous-defaults (`--no-shared-memory --handler hybrid:200`, what
     /// `rackmem run` did before), unix (Unix-socket link, `--no-shared-memory`), tcp (TCP
-    /// loopback link), shm (`--shared-memory`). `--setup` adds more.
+    /// loopback link), shm (`--shared-memory`), huge (`--huge-pages`: 2 MiB units on the
+    /// defaults). `--setup` adds more.
     #[arg(long, value_delimiter = ',', default_value = "defaults,previous-defaults,tcp")]
     transports: Vec<String>,
     #[command(flatten)]

@@ -42,6 +42,8 @@ Defaults (each can be overridden):
     a page that faults back soon after its eviction is protected, and leaves only for pages
     that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
     evicts strictly in the order pages came in.
+  Pages: 4 KiB. --huge-pages (RACKMEM_HUGE_PAGES=1) moves 2 MiB transparent huge pages instead,
+    where the kernel allows them.
   Outrunning the link: a program that spends more than half of its time waiting on faults for
     5 s, mostly re-fetching pages evicted earlier, is told once on standard error, with its
     fault rate and a --local that would hold its working set.
@@ -109,6 +111,13 @@ pub struct RunArgs {
     /// it. fifo evicts strictly in the order pages came in, hot or not.
     #[arg(long, value_name = "NAME", value_parser = parse_eviction)]
     eviction: Option<Eviction>,
+    /// Back the window by 2 MiB transparent huge pages (also RACKMEM_HUGE_PAGES=1): faults
+    /// fetch, install and evict 2 MiB units (one request, one UFFDIO_MOVE each), the local
+    /// buffer counts 2 MiB per resident unit, and write-back sends only the 4 KiB subpages that
+    /// changed. Where THP is "never", or memory comes from the node agent, rackmem says so and
+    /// keeps 4 KiB pages.
+    #[arg(long)]
+    huge_pages: bool,
     /// Require shared memory: fail if a brick on this host cannot map its segments into the
     /// program. Mapping them is already the default (see --no-shared-memory).
     #[arg(long, conflicts_with = "no_shared_memory")]
@@ -318,6 +327,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if let Some(e) = args.eviction {
         cmd.env(env::EVICTION, e.name());
+    }
+    if args.huge_pages {
+        cmd.env(env::HUGE_PAGES, "1");
     }
     if let Some(spec) = &args.emulate {
         cmd.env(rackmem_transport::EMULATE_ENV, &spec.0.name);

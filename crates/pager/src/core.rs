@@ -236,13 +236,29 @@ impl Core {
     }
 
     /// The window pages of unit `u` (the last unit may be short).
-    fn pages_of(&self, u: u64) -> Range<u64> {
+    pub fn pages_of(&self, u: u64) -> Range<u64> {
         let r = self.unit.page_range(u);
         r.start.min(self.window_pages)..r.end.min(self.window_pages)
     }
 
+    /// The protection byte of unit `u`'s first page: what a run of units compares (a unit
+    /// with pages of several protections is never moved whole, see `unit_movable`).
+    pub fn unit_prot(&self, u: u64) -> u8 {
+        self.prot_of(self.unit.page_range(u).start)
+    }
+
+    /// The units of the region holding unit `u`'s first page, as `(first, end)`: a fault's run
+    /// stays within them (`(u, u + 1)` if no region holds it).
+    pub fn region_units(&self, u: u64) -> (u64, u64) {
+        let page = self.unit.page_range(u).start;
+        match self.alloc.region_containing(page) {
+            Some((s, l)) => (self.unit.of_page(s), self.unit.of_page(s + l - 1) + 1),
+            None => (u, u + 1),
+        }
+    }
+
     /// The units any page of `[first, end)` lies in.
-    fn units_touching(&self, first: u64, end: u64) -> Range<u64> {
+    pub fn units_touching(&self, first: u64, end: u64) -> Range<u64> {
         if end <= first {
             return 0..0;
         }

@@ -324,10 +324,8 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
         return Some((c, plan));
     }
     let p = c.streams.plan(fault, b.prefetch_pages().max(1));
-    let (region_start, region_end) = c
-        .regions()
-        .region_containing(fault)
-        .map_or((fault, fault + 1), |(s, l)| (s, s + l));
+    // In units: a run of huge units stays within the units its region touches.
+    let (region_start, region_end) = c.region_units(fault);
     let budget = b.budget(&c);
     // A run passes over resident pages (installing around them), but stops at a page on its
     // way out.
@@ -459,8 +457,8 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // A run stays within one protection: read-ahead must not fill a reservation (PROT_NONE)
     // next to committed memory, nor pages lent to a file mapping (no longer registered with
     // the userfaultfd).
-    let fault_prot = c.prot_of(fault);
-    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.prot_of(p) == fault_prot && !c.is_moving_out(p);
+    let fault_prot = c.unit_prot(fault);
+    let claimable = |c: &Core, p: u64| c.state(p).installable() && c.unit_prot(p) == fault_prot && !c.is_moving_out(p);
     if !claimable(&c, fault) {
         return None;
     }
@@ -532,7 +530,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // Receive into spent staging slots when a run of them is long enough (their pages then move
     // into the window); else into the backend's buffer, copied in.
     // Not a strided run: its slots would be the span's, most of them passed over.
-    if run.ahead.is_none() && n >= RECYCLE_MIN_PAGES && plan.picks.is_empty() {
+    if run.ahead.is_none() && n * c.unit().pages() >= RECYCLE_MIN_PAGES && plan.picks.is_empty() {
         run.spent = c.slots.take_spent(n as usize);
     }
     Some(run)

@@ -58,6 +58,9 @@ pub mod env {
     pub const MIGRATION: &str = "RACKMEM_MIGRATION";
     /// where `rackmem run` finds the runtime library (default: next to its own binary).
     pub const PRELOAD: &str = "RACKMEM_PRELOAD";
+    /// Huge units: `1`/`on` backs the window by 2 MiB transparent huge pages, `0`/`off` (the
+    /// default) keeps 4 KiB pages.
+    pub const HUGE_PAGES: &str = "RACKMEM_HUGE_PAGES";
 }
 
 /// How the fault handler waits for page faults.
@@ -178,6 +181,19 @@ pub struct Config {
     /// source brick, and the range is bounced through this process only when the target cannot
     /// reach the source) or `bounce` (always through this process).
     pub migration_direct: bool,
+    /// The window's unit: 4 KiB pages, or 2 MiB huge units where the kernel gives transparent
+    /// huge pages (`docs/architecture.md`, "Huge pages").
+    pub huge_pages: HugePages,
+}
+
+/// Whether the window is backed by 2 MiB transparent huge pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HugePages {
+    /// 4 KiB pages.
+    #[default]
+    Off,
+    /// 2 MiB units where THP is not `never` (else 4 KiB pages, with a message).
+    On,
 }
 
 /// Whether segments of bricks on this host are mapped into the process.
@@ -329,6 +345,11 @@ impl Config {
                 None | Some("direct") => true,
                 Some("bounce") => false,
                 Some(v) => return Err(ConfigError::Invalid(env::MIGRATION, v.to_string())),
+            },
+            huge_pages: match var(env::HUGE_PAGES).as_deref().map(str::trim) {
+                None | Some("0") | Some("off") | Some("no") => HugePages::Off,
+                Some("1") | Some("on") | Some("yes") => HugePages::On,
+                Some(v) => return Err(ConfigError::Invalid(env::HUGE_PAGES, v.to_string())),
             },
             agent,
         }))

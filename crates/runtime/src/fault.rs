@@ -40,7 +40,7 @@ const INSTALL: CopyMode = CopyMode {
 /// still report it not moved (the count stops before it, or the call fails with `ENOENT` or
 /// `EEXIST`). Only the page table says what happened.
 #[derive(Debug, PartialEq, Eq)]
-enum MoveOutcome {
+pub(crate) enum MoveOutcome {
     /// At `dst`, and `src` is empty: moved after all.
     Moved,
     /// Still at `src`, `dst` empty: not moved; try again.
@@ -51,7 +51,7 @@ enum MoveOutcome {
     Both,
 }
 
-fn outcome(inner: &Inner, src: usize, dst: usize) -> MoveOutcome {
+pub(crate) fn outcome(inner: &Inner, src: usize, dst: usize) -> MoveOutcome {
     let entry = |a: usize| match rackmem_sys::page_entry(a) {
         Ok(e) => e != rackmem_sys::PageEntry::None,
         Err(e) => inner.internal_error(&format!("cannot read where a moved page went: {e}")),
@@ -65,7 +65,7 @@ fn outcome(inner: &Inner, src: usize, dst: usize) -> MoveOutcome {
 }
 
 /// Counts a move the kernel did without reporting it, and says so once.
-fn recounted(inner: &Inner, src: usize, dst: usize) {
+pub(crate) fn recounted(inner: &Inner, src: usize, dst: usize) {
     if inner.stats.moves_recounted.fetch_add(1, Ordering::Relaxed) == 0 && inner.cfg.verbose {
         eprintln!(
             "rackmem: UFFDIO_MOVE {src:#x} -> {dst:#x} moved a page it reported as not moved (a swapped-out \
@@ -191,7 +191,8 @@ impl Handler {
         }
         let page = ((addr - base) / PAGE_SIZE) as u64;
         self.marks = [t0; 7];
-        rackmem_pager::fault::serve(&inner.core, self, page);
+        self.fault_page = page;
+        rackmem_pager::fault::serve(&inner.core, self, page / inner.upp());
         let t1 = inner.now_ns();
         self.end_brick_access(t1);
         inner.stats.fault_latency.record(t1 - t0);
@@ -208,6 +209,9 @@ impl Handler {
     /// Moves each victim out of the window into its staging slot and hands the batch to the
     /// write-back thread, which tells dirty pages from clean ones by checksum.
     pub(crate) fn stage(&mut self, id: u64, mut victims: Vec<Victim>) {
+        if self.inner.huge() {
+            return self.huge_stage(id, victims);
+        }
         let inner = self.inner.clone();
         victims.sort_unstable_by_key(|v| v.page);
         // Move runs of neighbouring pages into neighbouring slots with one ioctl each; fall back
@@ -345,10 +349,13 @@ impl Backend for Handler {
     type Ahead = Ahead;
 
     fn budget(&mut self, c: &Core) -> u64 {
-        self.inner.budget_pages(c)
+        self.inner.budget_units(c)
     }
 
     fn prefetch_pages(&self) -> usize {
+        if self.inner.huge() {
+            return crate::huge::HUGE_RUN_UNITS;
+        }
         self.inner.cfg.prefetch_pages
     }
 
@@ -369,14 +376,17 @@ impl Backend for Handler {
     }
 
     fn wake(&mut self, page: u64) {
-        let at = self.inner.page_addr(page);
-        if let Err(e) = self.inner.uffd.wake(at, PAGE_SIZE) {
+        let at = self.inner.unit_addr(page);
+        if let Err(e) = self.inner.uffd.wake(at, self.inner.unit_bytes()) {
             self.inner.internal_error(&format!("UFFDIO_WAKE at {at:#x}: {e}"));
         }
     }
 
     fn already_installed(&mut self, page: u64) {
         self.inner.stats.faults_duplicate.fetch_add(1, Ordering::Relaxed);
+        if self.inner.huge() {
+            return self.fill_hole();
+        }
         self.wake(page);
     }
 
@@ -396,13 +406,16 @@ impl Backend for Handler {
         // The core's count, not a difference: with several handlers, claims by others land
         // between this batch's choice and here.
         let resident = self.inner.lock().resident();
-        self.inner.stats.set_resident(resident);
+        self.inner.stats.set_resident(resident * self.inner.upp());
         self.stage(id, victims);
     }
 
     /// Copies the stretch from the install buffer, or moves it from the run's spent slots
     /// (copying the rest if a move is refused part-way).
     fn install(&mut self, run: &mut Run<Ahead>, i: usize, j: usize) -> Install {
+        if self.inner.huge() {
+            return self.huge_install(run, i, j);
+        }
         let inner = self.inner.clone();
         let dst = inner.page_addr(run.page + i as u64);
         let Some(spent) = run.spent.as_mut() else {
@@ -480,7 +493,7 @@ impl Backend for Handler {
         // SAFETY: slots of the staging area, which this runtime set aside and reaches only
         // through raw addresses or `recycle`'s slices; these slots are past the spent cap and
         // belong to no run or job, so no slice points into them.
-        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) } {
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(at, count as usize * self.inner.unit_bytes()) } {
             self.inner.internal_error(&format!("freeing staging slots: {e}"));
         }
     }
@@ -489,6 +502,9 @@ impl Backend for Handler {
         let inner = self.inner.clone();
         self.direct = None;
         self.end_brick_access(inner.now_ns());
+        if inner.huge() {
+            return self.huge_read(run);
+        }
         let access = brick_access(&inner, run);
         if let Some(a) = run.ahead.take() {
             ReadAheads::collect(&inner, run.page, a, &mut run.spent, &mut self.buf);
@@ -518,6 +534,9 @@ impl Backend for Handler {
     /// in mapped segments (compared with the mapping itself) nor of first touches and
     /// same-filled pages (compared with zeros).
     fn checksums(&mut self, run: &mut Run<Ahead>, out: &mut Vec<(u32, u64)>) {
+        if self.inner.huge() {
+            return self.huge_checksums(run);
+        }
         let inner = self.inner.clone();
         let n = run.len();
         inner.table.mapped_pages(run.page, n, &mut self.mapped);
@@ -555,7 +574,7 @@ impl Backend for Handler {
     }
 
     fn claimed(&mut self, c: &mut Core, run: &mut Run<Ahead>) {
-        self.inner.stats.set_resident(c.resident());
+        self.inner.stats.set_resident(c.resident() * self.inner.upp());
         let inner = &self.inner;
         let mut aheads = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
         run.ahead = aheads.take_for(inner, c, run);

@@ -214,6 +214,10 @@ pub fn fork_child() {
             out
         };
         let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
+        // Subpages released inside units that are away from the window read zeros in the child
+        // too (its segments are clones of the parent's, stale there as in the parent's).
+        let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        *child.inner.holes.lock().unwrap_or_else(|e| e.into_inner()) = holes;
         for (placeholder, addr, len) in aside {
             // SAFETY: the program's mapping comes back from the placeholder it was set aside to
             // above, over the child's window range it was lent (only raw addresses reach it),

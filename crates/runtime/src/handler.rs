@@ -53,6 +53,11 @@ pub(crate) struct Handler {
     /// When the fault being served started, then when it reached each
     /// [`Step`](rackmem_pager::fault::Step) (ns since the runtime's clock started).
     pub(crate) marks: [u64; 7],
+    /// The window page of the fault being served (a huge unit's fault names its subpage).
+    pub(crate) fault_page: u64,
+    /// Huge units: where fetched units are received when no staging slot is spent
+    /// (`huge.rs`).
+    pub(crate) nursery: Option<rackmem_sys::Mapping>,
 }
 
 pub(crate) fn run(inner: Arc<Inner>, index: usize) {
@@ -71,7 +76,12 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
         filled: false,
         placement: None,
         marks: [0; 7],
+        fault_page: 0,
+        nursery: None,
     };
+    if h.inner.huge() {
+        h.nursery = Some(crate::huge::nursery(&h.inner));
+    }
     let mode = h.inner.cfg.handler;
     if let (HandlerMode::Auto { spin_us }, 0) = (mode, index) {
         h.placement = Placement::new(crate::sys::thread_cpus(0), spin_us);
@@ -272,9 +282,10 @@ pub(crate) fn ask_give_back_if_over(inner: &Inner) {
     }
     let over = {
         let c = inner.lock();
-        let budget = inner.budget_pages(&c);
+        // In the core's units, as it counts what is resident (pages, or 2 MiB huge units).
+        let budget = inner.budget_units(&c);
         // A little over is what a batch of victims in flight leaves: not worth a wake-up.
-        let slack = (budget / 32).max(16);
+        let slack = (budget / 32).max(16 / inner.upp()).max(1);
         c.resident() > budget + slack
     };
     if over && !inner.give_back.swap(true, Ordering::AcqRel) {

@@ -6,15 +6,18 @@ use crate::readahead::ReadAheads;
 use crate::segment::{self, SegmentTable};
 use crate::stats::Stats;
 use crate::{agent, sys, MIN_BUDGET_PAGES, PAGE, PAGE_SIZE};
-use rackmem_pager::Core;
+use rackmem_pager::{Core, Location, Unit};
 use rackmem_sys::Mapping;
 use rackmem_uffd::Uffd;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 pub(crate) use rackmem_pager::Victim;
+
+/// The local buffer never holds fewer huge units than this (8 MiB), whatever it is set to.
+const MIN_BUDGET_UNITS: u64 = 4;
 
 /// Work for the write-back thread.
 pub(crate) enum Job {
@@ -78,6 +81,13 @@ pub(crate) struct Inner {
     /// Set by the watchdog when the local buffer holds more than the run's budget now leaves
     /// this process: the first handler gives the room back between faults (`handler.rs`).
     pub give_back: AtomicBool,
+    /// What the core tracks residency in: 4 KiB pages, or 2 MiB huge units (`huge.rs`).
+    pub unit: Unit,
+    /// Huge units: subpages the program released (`MADV_DONTNEED`, `munmap` of part of a
+    /// unit) while their unit was not installed in the window (remote, evicting, or claimed by
+    /// a fault in flight), as a bitmap per unit. The brick (or the fetch in flight) still holds
+    /// their old contents: the unit's next install zeroes them (`huge.rs`, `zero_holes`).
+    pub holes: Mutex<HashMap<u64, [u64; 8]>>,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one
@@ -194,13 +204,41 @@ impl Inner {
         self.window.addr() + (page as usize) * PAGE_SIZE
     }
 
+    /// The address of staging slot `slot` (one unit: a page, or a 2 MiB huge unit).
     pub fn slot_addr(&self, slot: u32) -> usize {
+        let ub = self.unit_bytes();
         assert!(
-            (slot as usize) < self.staging.len() / PAGE_SIZE,
+            (slot as usize) < self.staging.len() / ub,
             "staging slot {slot} past the staging area's {} slots",
-            self.staging.len() / PAGE_SIZE
+            self.staging.len() / ub
         );
-        self.staging.addr() + slot as usize * PAGE_SIZE
+        self.staging.addr() + slot as usize * ub
+    }
+
+    /// True if the core's units are 2 MiB huge units.
+    pub fn huge(&self) -> bool {
+        self.unit == Unit::Huge
+    }
+
+    /// Pages in a unit (1, or 512 for huge units).
+    pub fn upp(&self) -> u64 {
+        self.unit.pages()
+    }
+
+    /// Bytes in a unit, and in a staging slot.
+    pub fn unit_bytes(&self) -> usize {
+        self.unit.bytes() as usize
+    }
+
+    /// The address of the core's unit `u` (a page, or a huge unit's first page).
+    pub fn unit_addr(&self, u: u64) -> usize {
+        self.page_addr(u * self.upp())
+    }
+
+    /// The local buffer's budget now in the core's units (at least one: a fault needs room for
+    /// its own).
+    pub fn budget_units(&self, core: &Core) -> u64 {
+        (self.budget_pages(core) / self.upp()).max(1)
     }
 
     /// The local buffer's budget now, in pages: with a run's shared budget, what the run leaves
@@ -217,8 +255,20 @@ impl Inner {
             .fetch_max(committed, Ordering::Relaxed)
             .max(committed);
         let b = match &self.run {
-            Some(run) => run.budget_pages(&self.cfg.budget, committed, core.resident(), MIN_BUDGET_PAGES),
+            Some(run) => run.budget_pages(
+                &self.cfg.budget,
+                committed,
+                core.resident() * self.upp(),
+                MIN_BUDGET_PAGES,
+            ),
             None => self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES),
+        };
+        // Huge units: whole units, and at least MIN_BUDGET_UNITS of them (one instruction may
+        // touch a few units: with one, a copy from one unit into another evicts each in turn
+        // for the other, forever).
+        let b = match self.unit {
+            Unit::Page => b,
+            Unit::Huge => (b / self.upp()).max(MIN_BUDGET_UNITS) * self.upp(),
         };
         self.stats.budget_pages.fetch_max(b, Ordering::Relaxed);
         b
@@ -240,8 +290,42 @@ impl Inner {
     /// Releases `[first, first+count)` in the core (see [`Core::release`]) and counts the
     /// resident pages dropped.
     pub fn release_pages(&self, c: &mut Core, first: u64, count: u64) {
+        if self.huge() {
+            self.note_holes(c, first, count);
+        }
         let dropped = c.release(first, count);
-        self.stats.sub_resident(dropped);
+        self.stats.sub_resident(dropped * self.upp());
+    }
+
+    /// Huge units: records the subpages of `[first, first+count)` released inside units the
+    /// release does not cover whole (the core keeps those units as they are), where the old
+    /// contents would come back: units remote, evicting, or claimed by a fault in flight. A
+    /// unit installed in the window needs nothing: its released subpages are missing there,
+    /// and a fault on one maps zeros (`huge.rs`, `fill_hole`). Units released whole lose
+    /// their holes (they read zeros whole).
+    fn note_holes(&self, c: &Core, first: u64, count: u64) {
+        let end = (first + count).min(c.window_pages());
+        let mut holes = self.holes.lock().unwrap_or_else(|e| e.into_inner());
+        for u in c.units_touching(first, end) {
+            let r = c.pages_of(u);
+            if first <= r.start && end >= r.end {
+                holes.remove(&u);
+                continue;
+            }
+            let stale = match c.location(u) {
+                Location::Empty => false,
+                Location::Resident => c.is_in_flight(u),
+                Location::Remote | Location::Evicting => true,
+            };
+            if !stale {
+                continue;
+            }
+            let bits = holes.entry(u).or_insert([0; 8]);
+            for p in first.max(r.start)..end.min(r.end) {
+                let i = (p - r.start) as usize;
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
     }
 
     /// The segment at `index`; its absence is a bug (pages of the window always have one).

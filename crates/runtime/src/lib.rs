@@ -25,6 +25,7 @@ mod fault;
 mod fork;
 mod grow;
 mod handler;
+mod huge;
 mod inner;
 pub mod migrate;
 mod outrun;

@@ -11,22 +11,25 @@ impl Handler {
     /// evicted; their first write-back can then be a memory copy into pages the brick already
     /// owns (see `Segment::write`) instead of a request over the link, and the brick allocates
     /// them on its own CPU, while the program runs.
-    pub(crate) fn populate_ahead(&mut self, page: u64, kinds: &[Source]) {
+    pub(crate) fn populate_ahead(&mut self, unit: u64, kinds: &[Source]) {
         let inner = &self.inner;
+        // `kinds` are the core's units (pages, or huge units of `upp` pages).
+        let upp = inner.upp();
+        let page = unit * upp;
         let mut i = 0;
         while i < kinds.len() {
             if kinds[i] != Source::Zeros {
                 i += 1;
                 continue;
             }
-            let Some((index, off, seg_end)) = inner.table.lookup_run(page + i as u64) else {
+            let Some((index, off, seg_end)) = inner.table.lookup_run(page + i as u64 * upp) else {
                 return;
             };
             let mut j = i + 1;
-            while j < kinds.len() && kinds[j] == Source::Zeros && page + (j as u64) < seg_end {
+            while j < kinds.len() && kinds[j] == Source::Zeros && page + (j as u64 + 1) * upp <= seg_end {
                 j += 1;
             }
-            populate(inner, index, off, ((j - i) * PAGE_SIZE) as u64);
+            populate(inner, index, off, (j - i) as u64 * upp * PAGE_SIZE as u64);
             i = j;
         }
     }
@@ -39,16 +42,17 @@ impl Handler {
         const GAP: u64 = 16;
         let inner = &self.inner;
         let mut runs: Vec<(u64, u64)> = Vec::new();
+        let upp = inner.upp();
         {
             let c = inner.lock();
-            for (p, s) in c.states().enumerate() {
+            for (u, s) in c.states().enumerate() {
                 if s.location() != Location::Resident || s.brick_valid() {
                     continue;
                 }
-                let p = p as u64;
+                let (p, end) = (u as u64 * upp, (u as u64 + 1) * upp);
                 match runs.last_mut() {
-                    Some(r) if p <= r.1 + GAP => r.1 = p + 1,
-                    _ => runs.push((p, p + 1)),
+                    Some(r) if p <= r.1 + GAP => r.1 = end,
+                    _ => runs.push((p, end)),
                 }
             }
         }

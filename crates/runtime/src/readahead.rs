@@ -269,7 +269,7 @@ fn drop_ahead_slots(inner: &Inner, c: &mut Core, run: SpentRun) {
         // SAFETY: the dropped run's slots of the staging area (set aside by this runtime, reached
         // only through raw addresses or `recycle`'s slices); the run is being dropped, so no
         // slice of it is alive, and the slots go to the free list only after this call.
-        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(addr, run.count() as usize * PAGE_SIZE) } {
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(addr, run.count() as usize * inner.unit_bytes()) } {
             inner.internal_error(&format!("freeing staging slots: {e}"));
         }
         c.put_free_slots((run.start()..run.start() + run.count()).rev());
@@ -280,6 +280,10 @@ fn drop_ahead_slots(inner: &Inner, c: &mut Core, run: SpentRun) {
 /// `AHEAD_DEPTH` read-aheads per stream and `AHEAD_MAX` in all, each twice the stream's run.
 /// Locks the core, then the read-aheads, for each one sent.
 pub(crate) fn keep_stream_ahead(inner: &Inner, stream: usize, next: u64, run: usize) {
+    // Huge units are fetched a unit per request at the fault (not read ahead yet).
+    if inner.huge() {
+        return;
+    }
     let want = (run * 2).min(inner.cfg.prefetch_pages.max(1));
     loop {
         let mut c = inner.lock();

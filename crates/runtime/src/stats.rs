@@ -604,6 +604,9 @@ pub struct StatsSnapshot {
     /// Fault handler threads.
     #[serde(default)]
     pub fault_handlers: u32,
+    /// The unit the window moved memory in: 4096, or 2 MiB with huge units (`--huge-pages`).
+    #[serde(default)]
+    pub unit_bytes: u64,
     /// The local buffer's level of C-AMAT: every fault, the pure misses among them (faults no
     /// other fault overlapped), miss concurrency, pure miss penalty.
     #[serde(default)]
@@ -661,6 +664,7 @@ impl Stats {
             faults_in_flight_mean,
             faults_in_flight_max,
             fault_handlers: 0,
+            unit_bytes: 0,
             pid: std::process::id(),
             program: std::env::args().next().unwrap_or_default(),
             faults: g(&self.faults),

@@ -440,6 +440,7 @@ impl Runtime {
         drop(c);
         let mut s = self.inner.stats.snapshot(PAGE);
         s.fault_handlers = self.inner.handlers() as u32;
+        s.unit_bytes = self.inner.unit.bytes();
         s.readahead_accuracy = probes.accuracy();
         s.readahead_sample_used = probes.used;
         s.readahead_sample_wasted = probes.wasted;

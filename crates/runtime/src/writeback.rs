@@ -9,6 +9,7 @@
 
 use crate::segment::Segment;
 use crate::{Inner, Job, Victim, PAGE, PAGE_SIZE};
+use rackmem_pager::unit::{changed_runs, unit_filled, Check};
 use rackmem_pager::writeback::{Examined, Writer};
 use rackmem_pager::Location;
 use std::sync::atomic::Ordering;
@@ -166,6 +167,9 @@ struct Writes<'a> {
 impl Writer for Writes<'_> {
     fn examine(&mut self, v: &Victim) -> Examined {
         let inner = self.inner;
+        if inner.huge() {
+            return self.examine_unit(v);
+        }
         let page = crate::recycle::staged_page(inner, v.slot);
         if let Some(w) = same_filled(page) {
             // Whatever the brick holds for it is not read again (see `Core::fills`).
@@ -231,9 +235,91 @@ impl Writer for Writes<'_> {
         // SAFETY: slots of the staging area, which this runtime set aside and reaches only
         // through raw addresses or `recycle`'s slices; these slots are past the spent cap and
         // belong to no run or job, so no slice points into them.
-        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(at, count as usize * PAGE_SIZE) } {
+        if let Err(e) = unsafe { rackmem_sys::madvise_dontneed(at, count as usize * self.inner.unit_bytes()) } {
             self.inner.internal_error(&format!("freeing staging slots: {e}"));
         }
+    }
+}
+
+impl Writes<'_> {
+    /// A staged huge unit: same-filled whole, clean, or dirty with only its changed subpages
+    /// queued, as runs (the checks taken at its install against its contents now).
+    fn examine_unit(&mut self, v: &Victim) -> Examined {
+        let inner = self.inner;
+        let data = crate::recycle::staged_page(inner, v.slot);
+        let upp = inner.upp();
+        let first = u64::from(v.page) * upp;
+        let old = inner.lock().take_staged_sums(u64::from(v.page));
+        let runs = match crate::huge::mapped_unit(inner, u64::from(v.page)) {
+            // In a mapped segment no checks were taken: the brick's copy is right there, and a
+            // changed subpage differs from it within its first bytes more often than not.
+            Some((seg, off)) if old.is_none() && seg.shared.is_some() => {
+                let Some(m) = seg.shared.as_ref() else {
+                    inner.internal_error("a mapped unit's segment is not mapped");
+                };
+                let mut subs = data.chunks_exact(PAGE_SIZE);
+                if let Some(w) = subs.next().and_then(same_filled) {
+                    if subs.all(|s| same_filled(s) == Some(w)) {
+                        self.filled += 1;
+                        return Examined::Filled(w);
+                    }
+                }
+                let changed: Vec<Check> = data
+                    .chunks_exact(PAGE_SIZE)
+                    .enumerate()
+                    .map(|(i, sub)| {
+                        let same = v.brick_valid && m.equals(off + i * PAGE_SIZE, sub);
+                        Check::Sum(u64::from(!same))
+                    })
+                    .collect();
+                let unchanged = vec![Check::Sum(0); changed.len()];
+                changed_runs(Some(&unchanged), &changed)
+            }
+            _ => {
+                let checks: Vec<Check> = data.chunks_exact(PAGE_SIZE).map(|d| Check::of(d, xxh3_64)).collect();
+                if let Some(w) = unit_filled(&checks) {
+                    self.filled += 1;
+                    return Examined::Filled(w);
+                }
+                changed_runs(old.as_deref().filter(|_| v.brick_valid), &checks)
+            }
+        };
+        if runs.is_empty() {
+            self.clean += 1;
+            return Examined::Clean;
+        }
+        for r in runs {
+            let (mut p, end) = (first + u64::from(r.start), first + u64::from(r.end));
+            while p < end {
+                let Some((brick, off, seg_end)) = inner.table.lookup_run(p) else {
+                    inner.internal_error(&format!("window page {p} has no segment"));
+                };
+                let n = seg_end.min(end) - p;
+                let at = (p - first) as usize * PAGE_SIZE;
+                let bytes = &data[at..at + n as usize * PAGE_SIZE];
+                p += n;
+                let mapped = self.mapped_of[brick]
+                    .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
+                    .as_ref();
+                let w = &mut self.per_brick[brick];
+                let (ext, out) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
+                    Some((seg, m)) if v.backed => {
+                        seg.limiter.acquire(bytes.len() as u64);
+                        m.write(off as usize, bytes);
+                        self.written_mapped += bytes.len() as u64;
+                        continue;
+                    }
+                    Some(_) => (&mut w.fresh_extents, &mut w.fresh_data),
+                    None => (&mut w.extents, &mut w.data),
+                };
+                out.extend_from_slice(bytes);
+                match ext.last_mut() {
+                    Some(last) if last.0 + last.1 as u64 == off => last.1 += bytes.len() as u32,
+                    _ => ext.push((off, bytes.len() as u32)),
+                }
+            }
+        }
+        Examined::Dirty
     }
 }
 
@@ -241,6 +327,9 @@ impl Writer for Writes<'_> {
 /// preparation: the child's clone of the segment must hold the parent's current contents). The
 /// handler is parked and the write-back queue drained. Returns the pages written.
 pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
+    if inner.huge() {
+        return crate::huge::flush_dirty_units(inner);
+    }
     let zero_hash = xxh3_64(&[0u8; PAGE_SIZE]);
     let mut page = vec![0u8; PAGE_SIZE];
     let mut count = 0;

@@ -287,8 +287,16 @@ pub unsafe fn madvise_dontneed(addr: usize, len: usize) -> Result<(), SysError> 
 
 /// `madvise(MADV_POPULATE_WRITE)` over `[addr, addr + len)`: allocates and maps every page as a
 /// write would, without changing any byte.
-pub(crate) fn madvise_populate_write(addr: usize, len: usize) -> Result<(), SysError> {
+/// `madvise(MADV_POPULATE_WRITE)`: faults in `[addr, addr + len)` writable, as writes would (a
+/// fresh private anonymous range reads zeros after it: a THP where the range may have one).
+pub fn madvise_populate_write(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
+}
+
+/// `madvise(MADV_HUGEPAGE)`: `[addr, addr + len)` may be backed by transparent huge pages
+/// (under THP's "madvise" setting, only such ranges are).
+pub fn madvise_hugepage(addr: usize, len: usize) -> Result<(), SysError> {
+    madvise(addr, len, libc::MADV_HUGEPAGE, "madvise(HUGEPAGE)")
 }
 
 /// `madvise(MADV_DONTFORK)`: a forked child does not inherit `[addr, addr + len)`.
