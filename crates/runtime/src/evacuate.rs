@@ -97,16 +97,25 @@ impl Runtime {
         let seg = inner.segment(index);
         let homes = inner.table.homes_on(index);
         let (t, t_pages) = self.attach_aside(agent, to, seg.grant.size_bytes, seg.pages)?;
-        // A migration segment's free rest goes on serving migrations, from its new home.
-        inner.migrations.replaced(index, t, to, t_pages);
         for (r, seg_page) in homes {
             let mut a = r.start;
             while a < r.end {
                 let b = (a + CHUNK_PAGES).min(r.end);
-                self.move_piece(a, b, to, Some((t, seg_page + (a - r.start))))?;
+                if let Err(e) = self.move_piece(a, b, to, Some((t, seg_page + (a - r.start)))) {
+                    // The agent asks again a second later: a target that received nothing goes
+                    // back at once, or each retry would hold one more. No lookup reaches it.
+                    if inner.table.homes_on(t).is_empty() {
+                        if let Some(s) = inner.table.retire(t).and_then(|s| s.allocation) {
+                            let _ = agent.release(s);
+                        }
+                    }
+                    return Err(e);
+                }
                 a = b;
             }
         }
+        // A migration segment's free rest goes on serving migrations, from its new home.
+        inner.migrations.replaced(index, t, to, t_pages);
         let left = inner.table.homes_on(index);
         if let Some((r, _)) = left.first() {
             // Only a migration could have homed pages here meanwhile, and they wait for `one`.
