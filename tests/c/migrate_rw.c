@@ -24,6 +24,8 @@
  *   external: (BRICK_A and BRICK_B unused) the writer runs while others move the buffer
  *           (`rackmem migrate --pid`): prints "buffer ADDR LEN pid PID" and waits for a line on
  *           stdin, then lets the writer finish two more passes and prints the checksums.
+ *   rate:   as external, and the writer prints "pass P SECONDS" (wall clock) after each whole
+ *           pass, for a drain's throughput before, during and after (scripts/drain-bench).
  *   bad:    bad requests: an unknown brick (ENOENT), a range outside rackmem memory (EINVAL),
  *           an empty range (EINVAL), a pin larger than the local buffer allows (ENOSPC), and a
  *           move to brick B when B has no room left (ENOSPC); prints "bad-requests ok".
@@ -48,6 +50,8 @@ static atomic_int stop;
 /* The writer's progress: pass `passes` is written up to word `at` (exclusive). */
 static uint64_t passes;
 static size_t at;
+/* Print each pass's end time (mode rate). */
+static int report_passes;
 
 /* Word i after pass p (pass 0: zeros, never written). */
 static uint64_t value(uint64_t p, size_t i) { return p == 0 ? 0 : pattern(p, i); }
@@ -69,6 +73,12 @@ static void *writer(void *arg) {
         }
         passes = p;
         at = words;
+        if (report_passes) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            printf("pass %llu %.3f\n", (unsigned long long)p, ts.tv_sec + ts.tv_nsec / 1e9);
+            fflush(stdout);
+        }
     }
     return 0;
 }
@@ -120,7 +130,8 @@ int main(int argc, char **argv) {
     if (!buf) DIE("malloc");
     if (!is_remote(buf)) DIE("the buffer is not in rackmem memory");
     memset(buf, 0, len);
-    if (strcmp(mode, "external")) {
+    report_passes = !strcmp(mode, "rate");
+    if (strcmp(mode, "external") && !report_passes) {
         /* The buffer lives on brick A (the window's first segment) before anything moves. */
         migrate_or_die(migrate, buf, len, a);
     }
@@ -158,7 +169,7 @@ int main(int argc, char **argv) {
         finish(t);
         return 0;
     }
-    if (!strcmp(mode, "external")) {
+    if (!strcmp(mode, "external") || report_passes) {
         printf("buffer %p %zu pid %d\n", (void *)buf, len, (int)getpid());
         fflush(stdout);
         char line[16];

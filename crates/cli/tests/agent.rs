@@ -35,13 +35,24 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// What the agent printed so far.
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
     /// (Re)starts the agent and waits for its socket.
     fn start_agent(&mut self) {
         let mut cmd = Command::new(rackmem());
+        // Its log goes to a file, for a failing test to show.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("agent.log"))
+            .expect("agent log");
         cmd.args(&self.agent_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log);
         self.agent = Some(Guard::spawn(&mut cmd));
         let socket = self.socket.clone();
         wait_for("the agent's socket", || UnixStream::connect(&socket).is_ok());
@@ -106,12 +117,13 @@ fn cluster() -> Cluster {
 /// [`cluster`] with more agent options, and the agent talking to the control plane through a
 /// [`LossyProxy`] when `proxy` is set.
 fn cluster_with(agent_extra: &[&str], proxy: bool) -> Cluster {
-    cluster_on(agent_extra, proxy, false)
+    cluster_on(agent_extra, proxy, false, 2)
 }
 
 /// [`cluster_with`], the bricks serving `tls://127.0.0.1:0` with a certificate from a CA
-/// written to `ca.pem` in the cluster's directory, when `tls` is set.
-fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
+/// written to `ca.pem` in the cluster's directory, when `tls` is set; `n_bricks` bricks (b0,
+/// b1, ...).
+fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool, n_bricks: usize) -> Cluster {
     let dir = tempfile::tempdir().expect("tempdir");
     // Tests run clients as another user: they must reach the socket's directory.
     use std::os::unix::fs::PermissionsExt;
@@ -122,7 +134,7 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
     let mut brick_metrics = Vec::new();
     let mut brick_logs = Vec::new();
     let tls_files = tls.then(|| tls_files(dir.path()));
-    for i in 0..2 {
+    for i in 0..n_bricks {
         let mut cmd = Command::new(rackmem());
         cmd.args(["brick", "--listen"]);
         match &tls_files {
@@ -143,8 +155,8 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool) -> Cluster {
         bricks.push(g);
         brick_logs.push(log);
     }
-    wait_for_or("two bricks to register", &brick_logs, || {
-        ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) == 2
+    wait_for_or("the bricks to register", &brick_logs, || {
+        ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) == n_bricks
     });
     let socket = dir.path().join("agent.sock");
     let metrics = free_port();
@@ -288,7 +300,7 @@ fn memory_from_tls_bricks_through_the_agent() {
     require_root();
     // Managed bricks on tls:// register tls:// addresses; the program's links verify them
     // against the CA given to rackmem run.
-    let c = cluster_on(&[], false, true);
+    let c = cluster_on(&[], false, true, 2);
     let addresses: Vec<String> = ctl_json(&c.url, &["bricks"])
         .as_array()
         .expect("bricks")
@@ -1622,6 +1634,131 @@ fn an_operator_moves_a_running_programs_memory_with_migrate_pid() {
     // The process is gone: its order connection with it.
     bad(&["--pid", &pid, "--range", &whole, "--to", "b1"], 67, "unknown_process");
     wait_for("the program's allocations to go back", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
+
+/// A `migrate_rw external` program on agent memory, its writer running: (guard, stdin, stdout,
+/// stderr, pid).
+struct Writer {
+    run: Guard,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::sync::mpsc::Receiver<String>,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Writer {
+    fn start(c: &Cluster, mib: &str) -> Writer {
+        let mut cmd = Command::new(rackmem());
+        cmd.arg("run")
+            .arg("--agent")
+            .arg(&c.socket)
+            .args(["--local", "8MiB", "--"])
+            .arg(program("migrate_rw"))
+            .args(["external", mib, "-", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut run = Guard::spawn(&mut cmd);
+        let stdin = run.child().stdin.take();
+        let stdout = lines_of(run.child().stdout.take().expect("stdout"));
+        let stderr = lines_of(run.child().stderr.take().expect("stderr"));
+        match stdout.recv_timeout(LIMIT) {
+            Ok(l) if l.starts_with("buffer ") => {}
+            other => {
+                run.kill_group();
+                let err: Vec<String> = stderr.try_iter().collect();
+                panic!(
+                    "migrate_rw never said where its buffer is ({other:?}):\n{}",
+                    err.join("\n")
+                );
+            }
+        }
+        Writer {
+            run,
+            stdin,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Lets the writer finish and checks its buffer against its model.
+    fn finish(mut self, who: &str) {
+        writeln!(self.stdin.as_mut().expect("stdin"), "go").expect("write to the program");
+        drop(self.stdin.take());
+        let status = self.run.wait_until(LIMIT);
+        let out: Vec<String> = self.stdout.try_iter().collect();
+        let err: Vec<String> = self.stderr.try_iter().collect();
+        let out = out.join("\n");
+        let Some(status) = status else {
+            self.run.kill_group();
+            panic!("{who} did not finish:\n{out}\n{}", err.join("\n"));
+        };
+        assert!(status.success(), "{who}: exit {status:?}:\n{out}\n{}", err.join("\n"));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("checksum "))
+            .unwrap_or_else(|| panic!("{who}: no checksum line in:\n{out}"));
+        let w: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(w[1], w[3], "{who}: the buffer differs from its model:\n{out}");
+    }
+}
+
+/// The brick named `name` as `ctl bricks --json` shows it.
+fn brick_named(url: &str, name: &str) -> serde_json::Value {
+    ctl_json(url, &["bricks"])
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == name).cloned())
+        .unwrap_or_else(|| panic!("no brick {name}"))
+}
+
+#[test]
+fn a_drain_moves_every_segment_off_a_brick_under_two_running_writers() {
+    require_root();
+    // Three bricks; each allocation striped over two of them, so draining one moves segments
+    // of allocations that also hold a segment elsewhere.
+    let c = cluster_on(&[], false, false, 3);
+    let one = Writer::start(&c, "32");
+    let two = Writer::start(&c, "24");
+    let held = brick_named(&c.url, "b0")["segments"].as_u64().unwrap_or(0);
+    assert!(
+        held > 0,
+        "the writers hold nothing on b0: {}",
+        brick_named(&c.url, "b0")
+    );
+
+    // Drain b0 while both write: it ends holding nothing, and says so.
+    let o = ctl(&c.url, &["--json", "drain", "b0", "--timeout", "50s"]);
+    assert!(o.status.success(), "drain b0: {}\nagent:\n{}", show(&o), c.agent_log());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["drained"] == true && v["segments"] == 0, "{v}");
+    let b0 = brick_named(&c.url, "b0");
+    assert!(b0["drained"] == true && b0["segments"] == 0, "{b0}");
+    let table = String::from_utf8_lossy(&ctl(&c.url, &["bricks"]).stdout).to_string();
+    assert!(table.contains("drained"), "ctl bricks does not show it:\n{table}");
+
+    // Started and cancelled at once: whatever moved or not, the brick takes segments again
+    // and nothing is lost (the checksums below).
+    let o = ctl(&c.url, &["drain", "b2", "--no-wait"]);
+    assert!(o.status.success(), "drain b2 --no-wait: {}", show(&o));
+    let o = ctl(&c.url, &["--json", "drain", "b2", "--cancel"]);
+    assert!(o.status.success(), "drain b2 --cancel: {}", show(&o));
+    let b2 = brick_named(&c.url, "b2");
+    assert!(b2["draining"] == false, "{b2}");
+
+    // b0 still draining, b1 holding segments: draining b1 and b2 both leaves nowhere to go:
+    // refused, clearly, and nothing changes.
+    let o = ctl(&c.url, &["drain", "b1", "--timeout", "50s"]);
+    assert!(o.status.success(), "drain b1: {}\nagent:\n{}", show(&o), c.agent_log());
+    let o = ctl(&c.url, &["drain", "b2", "--timeout", "30s"]);
+    assert_eq!(o.status.code(), Some(1), "drain b2 with nowhere to go: {}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no other brick"), "unclear refusal: {}", show(&o));
+    assert!(brick_named(&c.url, "b2")["draining"] == false);
+
+    one.finish("the first writer");
+    two.finish("the second writer");
+    wait_for("the programs' allocations to go back", || {
         live_allocations(&c.url).is_empty()
     });
 }

@@ -459,6 +459,33 @@ pub struct PoolReply {
     /// Pool allocations whose release was asked while a process used them: the agent releases
     /// each once no process uses it, and hands none of them out again.
     pub release: Vec<u64>,
+    /// Segments of the node's allocations on draining bricks (`rackmem ctl drain`), each with
+    /// the brick the control plane picked for its pages: the agent has the process using it move
+    /// them there and return the allocation, or releases it if it is an unused pool allocation.
+    #[serde(default)]
+    pub evacuate: Vec<Evacuation>,
+}
+
+/// A segment to move off a draining brick, in a [`PoolReply`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Evacuation {
+    /// The allocation it belongs to.
+    pub allocation: u64,
+    /// The segment.
+    pub segment_id: u64,
+    /// The draining brick that holds it.
+    pub brick_id: u64,
+    /// Its size.
+    pub size_bytes: u64,
+    /// The brick its pages go to (none when no other brick can take it now: `why` says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_brick_id: Option<u64>,
+    /// That brick's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_address: Option<String>,
+    /// Why no brick was picked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// An extent given back to a brick.

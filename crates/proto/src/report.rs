@@ -87,11 +87,32 @@ pub enum AgentRequest {
         #[serde(default)]
         timeout_ms: u64,
     },
+    /// Move every page held on segments `moves[].segment_id` (a draining brick's) to a new
+    /// segment on `moves[].to`, then return their allocations: sent by the agent, on a process's
+    /// order connection, when the control plane drains a brick (`rackmem ctl drain`).
+    Evacuate {
+        /// The segments and where each goes.
+        moves: Vec<EvacuateMove>,
+        /// As in [`AgentRequest::Migrate`].
+        #[serde(default)]
+        order: u64,
+    },
+}
+
+/// One segment of an [`AgentRequest::Evacuate`] order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvacuateMove {
+    /// The control plane's id of the segment to empty.
+    pub segment_id: u64,
+    /// The address of the brick its pages go to (the control plane picked it).
+    pub to: String,
 }
 
 impl AgentRequest {
     /// The `op` of every request, as the wire names it.
-    pub const OPS: [&'static str; 7] = ["hello", "grow", "release", "rates", "report", "orders", "migrate"];
+    pub const OPS: [&'static str; 8] = [
+        "hello", "grow", "release", "rates", "report", "orders", "migrate", "evacuate",
+    ];
 }
 
 /// One segment of an allocation, as the agent hands it to a process (the control plane's
@@ -169,6 +190,9 @@ pub struct AgentReply {
     /// `migrate`: the four step times of the move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<AgentMigration>,
+    /// `evacuate`: the segments emptied and returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evacuated: Option<Vec<u64>>,
 }
 
 /// The four step times of a migration (seed 001's Setup, Allocate, Transfer, Finalize), in the

@@ -76,6 +76,8 @@ pub(crate) struct Inner {
     pub clock: Instant,
     /// Segments carved for migrations (`migrate.rs`).
     pub migrations: crate::migrate::Migrations,
+    /// Segments drains emptied whose allocations are not returned yet (`evacuate.rs`).
+    pub(crate) retired: crate::evacuate::Retired,
     /// The run's shared budget, when the launcher made one (`run_budget.rs`).
     pub run: Option<crate::run_budget::RunBudget>,
     /// Set by the watchdog when the local buffer holds more than the run's budget now leaves

@@ -21,6 +21,7 @@
 pub mod agent;
 pub mod config;
 mod error;
+mod evacuate;
 mod fault;
 mod fork;
 mod grow;

@@ -152,6 +152,24 @@ pub(crate) struct Migrations {
     one: Mutex<()>,
 }
 
+impl Migrations {
+    /// Held while a migration or an evacuation runs.
+    pub(crate) fn lock_one(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.one.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Segment `old` is being emptied into segment `new` (`pages` pages on `addr`), page for
+    /// page: if it was a migration segment, `new` takes its place, with its free rest.
+    pub(crate) fn replaced(&self, old: usize, new: usize, addr: &BrickAddr, pages: u64) {
+        let mut list = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = list.iter_mut().find(|m| m.index == old) {
+            m.index = new;
+            m.addr = addr.clone();
+            m.pages = pages;
+        }
+    }
+}
+
 impl Runtime {
     /// Parses a `rackmem_migrate` target: `"local"` or an address of `RACKMEM_BRICKS`.
     pub fn migration_target(&self, target: &str) -> Result<Target, MigrateError> {
@@ -271,7 +289,7 @@ impl Runtime {
         t0: Instant,
     ) -> Result<MigrationTimes, MigrateError> {
         let inner = &self.inner;
-        let _one = inner.migrations.one.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = inner.migrations.lock_one();
         let mut times = MigrationTimes::default();
         // Setup: the pieces of the range by source. Pieces already on the target stay.
         let pieces = inner.lock().placement().pieces(first..end);
@@ -289,7 +307,7 @@ impl Runtime {
         inner.lock().unpin(first, end - first);
         times.setup_ns = t0.elapsed().as_nanos() as u64;
         for (a, b) in todo {
-            let t = self.move_piece(a, b, target)?;
+            let t = self.move_piece(a, b, target, None)?;
             times.setup_ns += t.setup_ns;
             times.allocate_ns += t.allocate_ns;
             times.transfer_ns += t.transfer_ns;
@@ -299,8 +317,15 @@ impl Runtime {
         Ok(times)
     }
 
-    /// Moves the window pages `[first, end)` (one source) to `target`.
-    fn move_piece(&self, first: u64, end: u64, target: &BrickAddr) -> Result<MigrationTimes, MigrateError> {
+    /// Moves the window pages `[first, end)` (one source) to `target`: into `room` (segment
+    /// index, segment page of `first`) when given, else where [`Runtime::room_on`] finds room.
+    pub(crate) fn move_piece(
+        &self,
+        first: u64,
+        end: u64,
+        target: &BrickAddr,
+        room: Option<(usize, u64)>,
+    ) -> Result<MigrationTimes, MigrateError> {
         let inner = &self.inner;
         let n = end - first;
         let t0 = Instant::now();
@@ -335,7 +360,7 @@ impl Runtime {
         let setup_ns = t0.elapsed().as_nanos() as u64;
         // Allocate.
         let t1 = Instant::now();
-        let (index, seg_page) = match self.room_on(target, first, n) {
+        let (index, seg_page) = match room.map_or_else(|| self.room_on(target, first, n), Ok) {
             Ok(r) => r,
             Err(e) => {
                 let parked = inner.lock().abort_move(id);
@@ -578,9 +603,11 @@ impl Runtime {
         if let (Some((index, off)), Some((_, end))) =
             (inner.table.concatenated(first), inner.table.concatenated(first + n - 1))
         {
-            let seg = inner.segment(index);
-            if &seg.addr == target && end == off + (n - 1) * PAGE {
-                return Ok((index, off / PAGE));
+            // A segment a drain emptied is no place to go back to.
+            if let Some(seg) = inner.table.get(index) {
+                if &seg.addr == target && end == off + (n - 1) * PAGE {
+                    return Ok((index, off / PAGE));
+                }
             }
         }
         let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
@@ -638,6 +665,26 @@ impl Runtime {
         bytes: u64,
         n: u64,
     ) -> Result<(usize, u64), MigrateError> {
+        let (index, pages) = self.attach_aside(agent, target, bytes, n)?;
+        list.push(MigrationSegment {
+            index,
+            addr: target.clone(),
+            pages,
+            next_page: n,
+        });
+        Ok((index, 0))
+    }
+
+    /// A segment of `bytes` (at least `n` pages) the control plane places on `target`,
+    /// attached aside ([`SegmentTable::push_aside`](crate::segment::SegmentTable::push_aside)):
+    /// its index and pages.
+    pub(crate) fn attach_aside(
+        &self,
+        agent: &crate::agent::Agent,
+        target: &BrickAddr,
+        bytes: u64,
+        n: u64,
+    ) -> Result<(usize, u64), MigrateError> {
         let inner = &self.inner;
         let cfg = &inner.cfg;
         let lost = |e: &dyn std::fmt::Display| MigrateError::TargetLost {
@@ -689,13 +736,7 @@ impl Runtime {
                     segment::MAX_SEGMENTS
                 )))
             })?;
-        list.push(MigrationSegment {
-            index,
-            addr: target.clone(),
-            pages,
-            next_page: n,
-        });
-        Ok((index, 0))
+        Ok((index, pages))
     }
 }
 
@@ -716,9 +757,10 @@ impl MigrateError {
 /// Longest order line read from the agent.
 const MAX_ORDER_LINE: u64 = 64 << 10;
 
-/// The order thread (`rackmem migrate --pid`): reads the agent's orders on the order connection,
-/// one at a time, carries each out as `rackmem_migrate` would, and answers with the step times
-/// or why not. Ends when the agent closes the connection.
+/// The order thread (`rackmem migrate --pid`, and a drain's `evacuate`): reads the agent's
+/// orders on the order connection, one at a time, carries each out (a migration as
+/// `rackmem_migrate` would; an evacuation: `evacuate.rs`), and answers with the step times,
+/// the segments emptied, or why not. Ends when the agent closes the connection.
 pub(crate) fn serve_orders(inner: std::sync::Arc<crate::inner::Inner>) {
     use rackmem_proto::{AgentMigration, AgentReply, AgentRequest};
     use std::io::{BufRead, BufReader, Read, Write};
@@ -765,7 +807,32 @@ pub(crate) fn serve_orders(inner: std::sync::Arc<crate::inner::Inner>) {
                     },
                 }
             }
-            Ok(_) => AgentReply::refused("bad_request", "the order connection takes migrate orders only"),
+            Ok(AgentRequest::Evacuate { moves, order }) => {
+                let _call = crate::CallGuard::enter();
+                let done = moves
+                    .iter()
+                    .map(|m| match rt.migration_target(&m.to)? {
+                        Target::Brick(b) => Ok((m.segment_id, b)),
+                        Target::Local => Err(MigrateError::UnknownBrick(m.to.clone())),
+                    })
+                    .collect::<Result<Vec<_>, MigrateError>>()
+                    .and_then(|list| rt.evacuate(&list));
+                match done {
+                    Ok(ids) => AgentReply {
+                        order: Some(order),
+                        evacuated: Some(ids),
+                        ..AgentReply::done()
+                    },
+                    Err(e) => AgentReply {
+                        order: Some(order),
+                        ..AgentReply::refused(e.code(), e.to_string())
+                    },
+                }
+            }
+            Ok(_) => AgentReply::refused(
+                "bad_request",
+                "the order connection takes migrate and evacuate orders only",
+            ),
             Err(e) => AgentReply::refused("bad_request", format!("an order that does not parse: {e}")),
         };
         let Ok(mut text) = serde_json::to_string(&answer) else {

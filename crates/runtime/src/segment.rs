@@ -231,6 +231,55 @@ impl SegmentTable {
         self.bounds(index).is_some_and(|(first, end)| first == end)
     }
 
+    /// Takes segment `index` out of the table, wherever it is, and returns it: a segment a
+    /// drain emptied (no window page has its home there any more: see
+    /// [`SegmentTable::homes_on`]). Its slot stays, empty, with its place in the concatenation,
+    /// so the indices of the others do not change: lookups never reach it (its window pages are
+    /// all moved ranges) and `get` answers `None`. Empty slots at the end are popped as any.
+    pub fn retire(&self, index: usize) -> Option<Arc<Segment>> {
+        if index >= self.len() {
+            return None;
+        }
+        self.slots[index].write().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Whether slot `index` was emptied by [`SegmentTable::retire`].
+    pub fn is_retired(&self, index: usize) -> bool {
+        index < self.len() && self.slots[index].read().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    /// The index of the attached segment whose grant names control-plane segment `id`.
+    pub fn index_of(&self, id: u64) -> Option<usize> {
+        (0..self.len()).find(|&i| self.get(i).is_some_and(|s| s.grant.segment_id == id))
+    }
+
+    /// The window ranges whose home is segment `index` now, each with the segment page its
+    /// first page lies at: the pages the concatenation gives it that have not moved away, and
+    /// the moved ranges that point at it. A drain moves exactly these.
+    pub fn homes_on(&self, index: usize) -> Vec<(Range<u64>, u64)> {
+        let mut out = Vec::new();
+        let Some((first, end)) = self.bounds(index) else {
+            return out;
+        };
+        let m = self.moved.read().unwrap_or_else(|e| e.into_inner());
+        let mut at = first;
+        for (r, _) in m.overlapping(first..end) {
+            if r.start > at {
+                out.push((at..r.start, at - first));
+            }
+            at = at.max(r.end);
+        }
+        if at < end {
+            out.push((at..end, at - first));
+        }
+        for (r, &(i, d)) in m.iter() {
+            if i == index {
+                out.push((r.clone(), r.start.wrapping_add(d)));
+            }
+        }
+        out
+    }
+
     /// Detaches the last segment and returns it.
     pub fn pop(&self) -> Option<Arc<Segment>> {
         let n = self.len();

@@ -204,6 +204,7 @@ impl Runtime {
             helper_calls: AtomicU32::new(0),
             clock: Instant::now(),
             migrations: Default::default(),
+            retired: Default::default(),
             run,
             give_back: AtomicBool::new(false),
             unit,

@@ -60,7 +60,7 @@ impl Connection<'_> {
         // Memory pushed to the node first: it is attached already and counts to no quota (an
         // admin gave it to the node).
         if on.is_none() {
-            if let Some((id, _, segments)) = super::pool::take(shared, self.id, bytes) {
+            if let Some((id, _, segments)) = super::pool::take(shared, self.id, self.cred.pid, bytes) {
                 self.pooled.insert(id);
                 return Reply::grown(id, segments.iter().map(agent_segment).collect());
             }
@@ -166,6 +166,10 @@ impl Connection<'_> {
                 Err(e) => client_refusal(&e),
             },
             Request::Orders => refusal("bad_request", "orders is the first and only request of a connection"),
+            Request::Evacuate { .. } => refusal(
+                "bad_request",
+                "evacuate is an order the agent sends a process when a brick drains, not a request",
+            ),
             Request::Migrate {
                 pid,
                 addr,

@@ -73,6 +73,11 @@ impl Holdings {
         self.sub(uid, pid, bytes);
     }
 
+    /// The process holding `allocation`, if a connection of this run does.
+    pub(super) fn holder_pid(&self, allocation: u64) -> Option<u32> {
+        self.held.get(&allocation).map(|&(_, _, pid, _)| pid)
+    }
+
     /// The allocations held, and the connections with a grow in flight.
     pub(super) fn held_and_in_flight(&self) -> (HashSet<u64>, HashSet<u64>) {
         let held: HashSet<u64> = self.held.keys().copied().collect();

@@ -28,10 +28,12 @@
 //! `holdings` keeps what connections hold and the quotas; `node` registers the node;
 //! `reconcile` returns what nobody holds and retries releases; `leases` renews the grants of
 //! what processes hold; `report` keeps each process's latest figures and passes them on to the
-//! control plane; `orders` forwards `rackmem migrate --pid` to a process's runtime; `metrics`
+//! control plane; `orders` forwards `rackmem migrate --pid` (and a drain's `evacuate`) to a
+//! process's runtime; `evacuate` moves this node's segments off draining bricks; `metrics`
 //! the agent's metrics.
 
 mod connection;
+mod evacuate;
 mod holdings;
 mod leases;
 mod metrics;
@@ -183,6 +185,9 @@ struct Shared {
     /// Each process's order connection, by pid (`rackmem migrate --pid`).
     orders: Mutex<orders::OrderLines>,
     next_order: AtomicU64,
+    /// The latest list of segments to move off draining bricks, for `agent-evacuate`.
+    evacuations: Mutex<evacuate::Pending>,
+    evacuate_cv: std::sync::Condvar,
     stop: AtomicBool,
 }
 
@@ -233,6 +238,8 @@ impl Agent {
             reports: Mutex::default(),
             orders: Mutex::default(),
             next_order: AtomicU64::new(1),
+            evacuations: Mutex::default(),
+            evacuate_cv: std::sync::Condvar::new(),
             stop: AtomicBool::new(false),
         });
         register(&shared);
@@ -256,6 +263,13 @@ impl Agent {
             std::thread::Builder::new()
                 .name("agent-pool".into())
                 .spawn(move || pool::pool_loop(&s))
+                .map_err(AgentError::Thread)?,
+        );
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("agent-evacuate".into())
+                .spawn(move || evacuate::evacuate_loop(&s))
                 .map_err(AgentError::Thread)?,
         );
         Ok(Agent { shared, threads })

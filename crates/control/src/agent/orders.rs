@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// The longest wait a caller may ask for.
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the agent waits for a process to empty its segments on a draining brick: the
+/// pages of a segment cross the node (or go brick to brick) at link speed, so even a large
+/// one takes well under this; a process that takes longer is asked again at a later report.
+const EVACUATE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest answer line read from a runtime.
 const MAX_ANSWER: u64 = 64 << 10;
 
@@ -123,6 +127,39 @@ pub(super) fn migrate(
     } else {
         Duration::from_millis(timeout_ms).min(MAX_TIMEOUT)
     };
+    send(shared, pid, &line, timeout, |order| AgentRequest::Migrate {
+        pid,
+        addr,
+        len,
+        to: to.clone(),
+        order,
+        timeout_ms: timeout.as_millis() as u64,
+    })
+}
+
+/// Orders process `pid` to move every page held on the segments of `moves` to their targets
+/// and return their allocations (a brick drains); waits at most [`EVACUATE_TIMEOUT`].
+pub(super) fn evacuate(shared: &Shared, pid: u32, moves: Vec<rackmem_proto::EvacuateMove>) -> Reply {
+    let Some(line) = lock(&shared.orders).get(&pid).cloned() else {
+        return Reply::refused(
+            "unknown_process",
+            format!("process {pid} takes no orders (its runtime opened no order connection)"),
+        );
+    };
+    send(shared, pid, &line, EVACUATE_TIMEOUT, move |order| {
+        AgentRequest::Evacuate { moves, order }
+    })
+}
+
+/// Sends the order `req(number)` on `line` (one order at a time per process: `busy` while
+/// another runs) and waits at most `timeout` for its answer.
+fn send(
+    shared: &Shared,
+    pid: u32,
+    line: &Arc<OrderLine>,
+    timeout: Duration,
+    req: impl FnOnce(u64) -> AgentRequest,
+) -> Reply {
     let mut conn = match line.conn.try_lock() {
         Ok(c) => c,
         Err(TryLockError::Poisoned(e)) => e.into_inner(),
@@ -134,14 +171,7 @@ pub(super) fn migrate(
         }
     };
     let order = shared.next_order.fetch_add(1, Ordering::Relaxed);
-    let req = AgentRequest::Migrate {
-        pid,
-        addr,
-        len,
-        to,
-        order,
-        timeout_ms: timeout.as_millis() as u64,
-    };
+    let req = req(order);
     let gone = |why: String| {
         Reply::refused(
             "unknown_process",
@@ -156,7 +186,7 @@ pub(super) fn migrate(
     let _ = conn.0.set_write_timeout(Some(super::protocol::WRITE_TIMEOUT));
     if let Err(e) = conn.0.write_all(text.as_bytes()) {
         drop(conn);
-        lock(&shared.orders).retain(|_, l| !Arc::ptr_eq(l, &line));
+        lock(&shared.orders).retain(|_, l| !Arc::ptr_eq(l, line));
         return gone(e.to_string());
     }
     let deadline = Instant::now() + timeout;
@@ -169,7 +199,7 @@ pub(super) fn migrate(
         match Read::take(&mut conn.1, MAX_ANSWER).read_line(&mut answer) {
             Ok(0) => {
                 drop(conn);
-                lock(&shared.orders).retain(|_, l| !Arc::ptr_eq(l, &line));
+                lock(&shared.orders).retain(|_, l| !Arc::ptr_eq(l, line));
                 return gone("it exited".into());
             }
             Ok(_) => {}

@@ -28,8 +28,9 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 struct Entry {
     bytes: u64,
     segments: Vec<Segment>,
-    /// The connection using it.
+    /// The connection using it, and its process.
     user: Option<u64>,
+    user_pid: u32,
     /// Its release was asked while in use: released once unused, never handed out again.
     release: bool,
 }
@@ -104,6 +105,9 @@ fn attach(a: &Allocation) -> Result<(), String> {
 fn report(shared: &Shared) -> Result<(), ClientError> {
     let r = lock(&shared.pool).report();
     let reply = for_node(shared, |node| shared.client.report_pool(node, &r))?;
+    if !reply.evacuate.is_empty() {
+        super::evacuate::start(shared, reply.evacuate);
+    }
     let release: HashSet<u64> = reply.release.into_iter().collect();
     let now: Vec<u64> = {
         let mut p = lock(&shared.pool);
@@ -181,6 +185,7 @@ pub(super) fn refresh(shared: &Shared) -> Result<(), ClientError> {
                         bytes,
                         segments: a.segments.clone(),
                         user: None,
+                        user_pid: 0,
                         release: false,
                     },
                 );
@@ -194,7 +199,7 @@ pub(super) fn refresh(shared: &Shared) -> Result<(), ClientError> {
 
 /// The smallest unused pool allocation of at least `bytes`, now used by `connection`: its id,
 /// size and segments.
-pub(super) fn take(shared: &Shared, connection: u64, bytes: u64) -> Option<(u64, u64, Vec<Segment>)> {
+pub(super) fn take(shared: &Shared, connection: u64, pid: u32, bytes: u64) -> Option<(u64, u64, Vec<Segment>)> {
     let got = {
         let mut p = lock(&shared.pool);
         let id = p
@@ -205,6 +210,7 @@ pub(super) fn take(shared: &Shared, connection: u64, bytes: u64) -> Option<(u64,
             .map(|(&id, _)| id)?;
         let e = p.entries.get_mut(&id)?;
         e.user = Some(connection);
+        e.user_pid = pid;
         (id, e.bytes, e.segments.clone())
     };
     // Said before the process gets it, so a release asked from now on waits for it.
@@ -254,4 +260,30 @@ pub(super) fn pool_loop(shared: &Shared) {
             left -= step;
         }
     }
+}
+
+/// What the drain of a brick asks of pool allocation `id`: `None` when it is not in the pool;
+/// `Some(None)` when no process used it: it is out of the pool and released now; `Some(Some(pid))`:
+/// process `pid` uses it and must move its pages first.
+pub(super) fn evacuate(shared: &Shared, id: u64) -> Option<Option<u32>> {
+    let unused = {
+        let mut p = lock(&shared.pool);
+        let e = p.entries.get(&id)?;
+        if e.user.is_some() {
+            return Some(Some(e.user_pid));
+        }
+        p.entries.remove(&id);
+        true
+    };
+    if unused {
+        eprintln!("rackmem agent: pool allocation {id} has a segment on a draining brick and is unused: released");
+        match shared.client.free(id) {
+            Ok(_) | Err(ClientError::Server { status: 404, .. }) => {}
+            Err(e) => {
+                eprintln!("rackmem agent: releasing pool allocation {id}: {e}; will retry");
+                lock(&shared.pending_releases).push(id);
+            }
+        }
+    }
+    Some(None)
 }

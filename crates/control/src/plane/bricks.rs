@@ -269,13 +269,17 @@ impl ControlPlane {
 
     /// `PUT /v1/bricks/{id}/drain` (`rackmem ctl drain BRICK`): while `draining`, no new
     /// segment is placed on the brick (allocations, grows, migrations' targets); it is drained
-    /// when it holds none. Segments it holds stay until their allocations are released.
+    /// when it holds none. The agents of the nodes holding segments there move them off (see
+    /// `drain.rs`). Refused, changing nothing, when its largest segment fits on no other brick.
     pub fn set_draining(&mut self, id: u64, draining: bool) -> Result<api::Brick, PlaneError> {
         let b = self
             .bricks
             .get(&id)
             .ok_or_else(|| PlaneError::NotFound(format!("brick {id} is not registered")))?;
         if b.rec.draining != draining {
+            if draining {
+                self.check_drain_possible(id)?;
+            }
             let rec = BrickRecord {
                 draining,
                 ..b.rec.clone()

@@ -23,6 +23,7 @@ mod allocations;
 mod attach;
 mod bricks;
 mod circuits;
+mod drain;
 mod leases;
 mod nodes;
 mod placement;
@@ -995,5 +996,72 @@ mod tests {
         let d = p.set_draining(a, false).unwrap();
         assert!(!d.draining && !d.drained);
         p.allocate(req(Some(vec![a]))).unwrap();
+    }
+
+    #[test]
+    fn a_nodes_pool_report_lists_its_segments_on_a_draining_brick_with_a_target() {
+        let mut p = plane();
+        let reg = |name: &str, key: u8| BrickRegistration {
+            name: name.into(),
+            address: format!("tcp://{name}:7070"),
+            capacity_bytes: 64 * M,
+            ports: port(1000),
+            key_hex: hex::encode([key; 32]),
+            serve_bps: None,
+        };
+        let a = p.register_brick(reg("a", 7)).unwrap().id;
+        let n = node(&mut p, "n");
+        let other = node(&mut p, "m");
+        let req = |node, bricks: Option<Vec<u64>>| AllocationRequest {
+            node,
+            size_bytes: 8 * M,
+            bricks,
+            ..AllocationRequest::default()
+        };
+        let mine = p.allocate(req(n, Some(vec![a]))).unwrap();
+        p.allocate(req(other, Some(vec![a]))).unwrap();
+        // No other brick: refused, and nothing changed.
+        let e = p.set_draining(a, true).unwrap_err();
+        assert!(matches!(e, PlaneError::InsufficientCapacity(_)), "{e}");
+        assert!(e.to_string().contains("no other brick"), "{e}");
+        assert!(!p.brick(a).unwrap().draining);
+        assert!(p
+            .report_pool(n, api::PoolReport::default())
+            .unwrap()
+            .evacuate
+            .is_empty());
+        let b = p.register_brick(reg("b", 8)).unwrap().id;
+        // A striped allocation over both: it goes back whole, so both segments move.
+        let striped = p
+            .allocate(AllocationRequest {
+                stripe: Some(2),
+                ..req(n, Some(vec![a, b]))
+            })
+            .unwrap();
+        p.set_draining(a, true).unwrap();
+        let r = p.report_pool(n, api::PoolReport::default()).unwrap();
+        assert_eq!(r.evacuate.len(), 3, "only this node's segments: {r:?}");
+        assert!(r.evacuate[1..].iter().all(|e| e.allocation == striped.id), "{r:?}");
+        assert_eq!(r.evacuate[2].brick_id, b, "{r:?}");
+        let e = &r.evacuate[0];
+        assert_eq!(
+            (e.allocation, e.segment_id, e.brick_id),
+            (mine.id, mine.segments[0].segment_id, a)
+        );
+        assert_eq!(
+            (e.to_brick_id, e.to_address.as_deref()),
+            (Some(b), Some("tcp://b:7070"))
+        );
+        // No room left anywhere else: listed without a target, saying why.
+        p.allocate(AllocationRequest {
+            size_bytes: 60 * M,
+            ..req(other, Some(vec![b]))
+        })
+        .unwrap();
+        let r = p.report_pool(n, api::PoolReport::default()).unwrap();
+        assert!(
+            r.evacuate[0].to_brick_id.is_none() && r.evacuate[0].why.is_some(),
+            "{r:?}"
+        );
     }
 }

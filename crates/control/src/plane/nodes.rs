@@ -80,7 +80,10 @@ impl ControlPlane {
             .filter(|a| n.allocations.contains(a))
             .collect();
         self.pools.insert(node, report);
-        Ok(api::PoolReply { release })
+        Ok(api::PoolReply {
+            release,
+            evacuate: self.evacuations(node),
+        })
     }
 
     /// `DELETE /v1/allocations/{id}`: releases the allocation, unless it is in its node's pool

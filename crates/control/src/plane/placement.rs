@@ -212,7 +212,7 @@ impl ControlPlane {
 
     /// The brick of the `nth` segment and the path to it: the one the request names, or the up
     /// brick not `used` yet with the largest free extent that has a path from the node.
-    fn choose(
+    pub(super) fn choose(
         &self,
         pl: &Placement<'_>,
         nth: usize,
