@@ -548,15 +548,7 @@ pub(crate) fn flush_dirty_units(inner: &Inner) -> u64 {
     let upp = inner.upp();
     let mut data = vec![0u8; ub];
     let mut count = 0;
-    let resident: Vec<u64> = {
-        let c = inner.lock();
-        c.states()
-            .enumerate()
-            .filter(|(_, s)| s.location() == Location::Resident)
-            .map(|(u, _)| u as u64)
-            .collect()
-    };
-    for u in resident {
+    for u in crate::writeback::resident_units(inner) {
         let mut c = inner.lock();
         if c.location(u) != Location::Resident {
             continue;

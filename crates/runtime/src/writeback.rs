@@ -323,6 +323,17 @@ impl Writes<'_> {
     }
 }
 
+/// The core's units resident now (pages, or 2 MiB huge units), for a walk that locks the core
+/// again for each.
+pub(crate) fn resident_units(inner: &Inner) -> Vec<u64> {
+    let c = inner.lock();
+    c.states()
+        .enumerate()
+        .filter(|(_, s)| s.location() == Location::Resident)
+        .map(|(u, _)| u as u64)
+        .collect()
+}
+
 /// Writes back every resident page whose contents changed since it was installed (fork
 /// preparation: the child's clone of the segment must hold the parent's current contents). The
 /// handler is parked and the write-back queue drained. Returns the pages written.
@@ -333,15 +344,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
     let zero_hash = xxh3_64(&[0u8; PAGE_SIZE]);
     let mut page = vec![0u8; PAGE_SIZE];
     let mut count = 0;
-    let resident: Vec<u64> = {
-        let c = inner.lock();
-        c.states()
-            .enumerate()
-            .filter(|(_, s)| s.location() == Location::Resident)
-            .map(|(p, _)| p as u64)
-            .collect()
-    };
-    for p in resident {
+    for p in resident_units(inner) {
         let mut c = inner.lock();
         if c.location(p) != Location::Resident {
             continue;

@@ -495,6 +495,18 @@ mod tests {
     }
 
     /// Registers node `name` with one 1000 B/s port; its id.
+    /// A brick of 64 MiB named `name`, with a key of bytes `key`.
+    fn reg(name: &str, key: u8) -> BrickRegistration {
+        BrickRegistration {
+            name: name.into(),
+            address: format!("tcp://{name}:7070"),
+            capacity_bytes: 64 * M,
+            ports: port(1000),
+            key_hex: hex::encode([key; 32]),
+            serve_bps: None,
+        }
+    }
+
     fn node(p: &mut ControlPlane, name: &str) -> u64 {
         p.register_node(NodeRegistration {
             name: name.into(),
@@ -955,14 +967,6 @@ mod tests {
     #[test]
     fn a_draining_brick_takes_no_new_segments_and_is_drained_when_it_holds_none() {
         let mut p = plane();
-        let reg = |name: &str, key: u8| BrickRegistration {
-            name: name.into(),
-            address: format!("tcp://{name}:7070"),
-            capacity_bytes: 64 * M,
-            ports: port(1000),
-            key_hex: hex::encode([key; 32]),
-            serve_bps: None,
-        };
         let a = p.register_brick(reg("a", 7)).unwrap().id;
         let b = p.register_brick(reg("b", 8)).unwrap().id;
         let n = node(&mut p, "n");
@@ -1001,14 +1005,6 @@ mod tests {
     #[test]
     fn a_nodes_pool_report_lists_its_segments_on_a_draining_brick_with_a_target() {
         let mut p = plane();
-        let reg = |name: &str, key: u8| BrickRegistration {
-            name: name.into(),
-            address: format!("tcp://{name}:7070"),
-            capacity_bytes: 64 * M,
-            ports: port(1000),
-            key_hex: hex::encode([key; 32]),
-            serve_bps: None,
-        };
         let a = p.register_brick(reg("a", 7)).unwrap().id;
         let n = node(&mut p, "n");
         let other = node(&mut p, "m");
