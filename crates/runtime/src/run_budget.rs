@@ -176,23 +176,11 @@ impl RunBudget {
             o.read_at = Some(Instant::now());
         }
         let tree_committed = o.committed + committed;
-        if tree_committed > o.peak_footprint {
-            o.peak_footprint = self
-                .mem
-                .fetch_max_u64(W_PEAK_FOOTPRINT, tree_committed)
-                .max(tree_committed);
-        }
+        self.raise(W_PEAK_FOOTPRINT, &mut o.peak_footprint, tree_committed);
         let tree = budget.pages(o.peak_footprint * PAGE, PAGE, min_pages);
-        if tree > o.budget {
-            o.budget = self.mem.fetch_max_u64(W_BUDGET, tree).max(tree);
-        }
+        self.raise(W_BUDGET, &mut o.budget, tree);
         let tree_resident = o.resident + resident;
-        if tree_resident > o.peak_resident {
-            o.peak_resident = self
-                .mem
-                .fetch_max_u64(W_PEAK_RESIDENT, tree_resident)
-                .max(tree_resident);
-        }
+        self.raise(W_PEAK_RESIDENT, &mut o.peak_resident, tree_resident);
         // A forked child's share weighs its whole window, inherited pages included: it uses
         // them, though the run's footprint counts them once, in the parent.
         let weights = o.weights + weight;
@@ -202,6 +190,14 @@ impl RunBudget {
             (u128::from(tree) * u128::from(weight) / u128::from(weights)) as u64
         };
         tree.saturating_sub(o.resident).max(share).max(min_pages)
+    }
+
+    /// Raises the run's shared peak `word` to `v`, written only when `v` passes `seen` (the
+    /// peak as this process last saw it), which becomes the peak after the raise.
+    fn raise(&self, word: usize, seen: &mut u64, v: u64) {
+        if v > *seen {
+            *seen = self.mem.fetch_max_u64(word, v).max(v);
+        }
     }
 
     /// Publishes this process's `RssAnon` now and records the run's sum; once a second (in
