@@ -1535,28 +1535,8 @@ fn migrate_cmd(socket: &Path, args: &[&str]) -> std::process::Output {
 fn an_operator_moves_a_running_programs_memory_with_migrate_pid() {
     require_root();
     let c = cluster_with(&["--allow-uid", "65534"], false);
-    let mut cmd = Command::new(rackmem());
-    cmd.arg("run")
-        .arg("--agent")
-        .arg(&c.socket)
-        .args(["--local", "8MiB", "--"])
-        .arg(program("migrate_rw"))
-        .args(["external", "32", "-", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut run = Guard::spawn(&mut cmd);
-    let mut stdin = run.child().stdin.take().expect("stdin");
-    let stdout = lines_of(run.child().stdout.take().expect("stdout"));
-    let stderr = lines_of(run.child().stderr.take().expect("stderr"));
-    let first = match stdout.recv_timeout(LIMIT) {
-        Ok(l) => l,
-        Err(e) => {
-            run.kill_group();
-            let err: Vec<String> = stderr.try_iter().collect();
-            panic!("migrate_rw never said where its buffer is ({e:?}):\n{}", err.join("\n"));
-        }
-    };
+    let writer = Writer::start(&c, "32");
+    let first = writer.first.clone();
     // "buffer ADDR LEN pid PID"
     let w: Vec<&str> = first.split_whitespace().collect();
     assert!(w.len() == 5 && w[0] == "buffer", "unexpected first line {first:?}");
@@ -1614,23 +1594,7 @@ fn an_operator_moves_a_running_programs_memory_with_migrate_pid() {
     assert_eq!(replies.len(), 2, "{replies:?}");
     assert_eq!(code_of(&json(&replies[1])), "permission_denied", "{replies:?}");
 
-    writeln!(stdin, "go").expect("write to the program");
-    drop(stdin);
-    let status = run.wait_until(LIMIT);
-    let out: Vec<String> = stdout.try_iter().collect();
-    let err: Vec<String> = stderr.try_iter().collect();
-    let out = out.join("\n");
-    let Some(status) = status else {
-        run.kill_group();
-        panic!("migrate_rw did not finish:\n{out}\n{}", err.join("\n"));
-    };
-    assert!(status.success(), "exit {status:?}:\n{out}\n{}", err.join("\n"));
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("checksum "))
-        .unwrap_or_else(|| panic!("no checksum line in:\n{out}"));
-    let w: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(w[1], w[3], "the buffer differs from the program's model:\n{out}");
+    writer.finish("migrate_rw");
     // The process is gone: its order connection with it.
     bad(&["--pid", &pid, "--range", &whole, "--to", "b1"], 67, "unknown_process");
     wait_for("the program's allocations to go back", || {
@@ -1641,6 +1605,8 @@ fn an_operator_moves_a_running_programs_memory_with_migrate_pid() {
 /// A `migrate_rw external` program on agent memory, its writer running: (guard, stdin, stdout,
 /// stderr, pid).
 struct Writer {
+    /// Its first line: "buffer ADDR LEN pid PID".
+    first: String,
     run: Guard,
     stdin: Option<std::process::ChildStdin>,
     stdout: std::sync::mpsc::Receiver<String>,
@@ -1663,8 +1629,8 @@ impl Writer {
         let stdin = run.child().stdin.take();
         let stdout = lines_of(run.child().stdout.take().expect("stdout"));
         let stderr = lines_of(run.child().stderr.take().expect("stderr"));
-        match stdout.recv_timeout(LIMIT) {
-            Ok(l) if l.starts_with("buffer ") => {}
+        let first = match stdout.recv_timeout(LIMIT) {
+            Ok(l) if l.starts_with("buffer ") => l,
             other => {
                 run.kill_group();
                 let err: Vec<String> = stderr.try_iter().collect();
@@ -1673,8 +1639,9 @@ impl Writer {
                     err.join("\n")
                 );
             }
-        }
+        };
         Writer {
+            first,
             run,
             stdin,
             stdout,
