@@ -12,35 +12,14 @@ fn ctl_against_a_real_control_plane_and_managed_brick() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut control, url) = start_control(&dir.path().join("control.db"));
 
-    let mut cmd = Command::new(rackmem());
-    cmd.args([
-        "brick",
-        "--listen",
-        "tcp://127.0.0.1:0",
-        "--size",
-        "64MiB",
-        "--control",
-        &url,
-        "--name",
-        "mem1",
-        "--port",
-        "p0:5GB/s",
-        "--heartbeat-ms",
-        "100",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    let _brick = Guard::spawn(&mut cmd);
-    let deadline = Instant::now() + START_LIMIT;
-    let brick = loop {
-        let bricks = ctl_json(&url, &["bricks"]);
-        if let Some(b) = bricks.as_array().and_then(|a| a.first()).cloned() {
-            break b;
-        }
-        assert!(Instant::now() < deadline, "the brick never registered");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let _brick = start_managed_brick(&url, "tcp://127.0.0.1:0", "64MiB", "mem1", |c| {
+        c.args(["--port", "p0:5GB/s"]);
+    });
+    let brick = ctl_json(&url, &["bricks"])
+        .as_array()
+        .and_then(|a| a.first())
+        .cloned()
+        .expect("the brick registered");
     assert_eq!(brick["name"], "mem1");
     assert_eq!(brick["state"], "up");
     assert_eq!(brick["capacity_bytes"], 64 << 20);
@@ -306,29 +285,10 @@ fn an_expired_grant_is_refused_and_a_renewed_one_reaches_the_same_data() {
 fn a_drained_brick_takes_no_segments_and_drain_waits_until_it_holds_none() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_control, url) = start_control(&dir.path().join("control.db"));
-    let mut bricks = Vec::new();
-    for name in ["mem1", "mem2"] {
-        let mut cmd = Command::new(rackmem());
-        cmd.args([
-            "brick",
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--size",
-            "64MiB",
-            "--control",
-            &url,
-        ])
-        .args(["--name", name, "--heartbeat-ms", "100"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        bricks.push(Guard::spawn(&mut cmd));
-    }
-    let deadline = Instant::now() + START_LIMIT;
-    while ctl_json(&url, &["bricks"]).as_array().map_or(0, Vec::len) < 2 {
-        assert!(Instant::now() < deadline, "the bricks never registered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let _bricks: Vec<Guard> = ["mem1", "mem2"]
+        .iter()
+        .map(|name| start_managed_brick(&url, "tcp://127.0.0.1:0", "64MiB", name, |_| {}))
+        .collect();
     let list = ctl_json(&url, &["bricks"]);
     let id_of = |name: &str| -> String {
         let b = list
