@@ -118,8 +118,13 @@ impl Runtime {
             Unit::Huge => Mapping::reserve_huge(slots * unit.bytes() as usize)?,
         };
         rackmem_sys::madvise_dontfork(staging.addr(), staging.len())?;
+        // SIGBUS: nothing reads this userfaultfd, so a touch of an empty slot would wait for
+        // ever (a handler whose UFFDIO_COPY read from an emptied slot hung so, spinning in the
+        // kernel once a debugger stopped it). With SIGBUS the kernel's own reads of a hole fail
+        // with EFAULT, which the caller reports, and a user-space touch is a crash with a core,
+        // never a silent wait.
         let stage_uffd = Uffd::open(&OpenOptions {
-            features: Features::MOVE,
+            features: Features::MOVE | Features::SIGBUS,
             nonblocking: true,
         })?;
         stage_uffd.register(
