@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 const OTHERS_REFRESH: Duration = Duration::from_millis(1);
 
 /// The interval over which a process's faults measure its demand. A process's weight is its
-/// footprint, capped by the faults it made in the last interval: PostgreSQL's auxiliary
-/// processes (checkpointer, WAL writer, background writer, launchers) each inherit the
-/// postmaster's 8 MiB window and sleep; weighed by their footprints they held six sevenths of
-/// the run's budget while the one backend running `pgbench -i`'s COPY was left 73 pages of a
+/// footprint, capped by the faults it made in the last interval: PostgreSQL's postmaster and
+/// its auxiliary processes (checkpointer, WAL writer, background writer, launchers) each have
+/// its 8 MiB window and sleep; weighed by their footprints they held six sevenths of the run's
+/// budget while the one backend running `pgbench -i`'s COPY was left 73 pages of a
 /// 512-page budget and refaulted the same 216 pages 38 000 times in 4 s. Half a second is two
 /// watchdog ticks, which update an idle process's figure (it makes no fault to do it).
 pub const DEMAND_INTERVAL: Duration = Duration::from_millis(500);
