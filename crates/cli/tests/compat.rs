@@ -159,6 +159,8 @@ enum Mode {
     Native,
     /// `rackmem run --local PCT%`.
     Rackmem(u32),
+    /// `rackmem run --local BYTES`: a limit fixed from the start, as a cgroup's is.
+    RackmemBytes(u64),
     /// Natively, in a memory cgroup: with a limit (the swap peer) or without (to measure the peak).
     Cgroup(Option<u64>),
 }
@@ -168,6 +170,7 @@ impl std::fmt::Display for Mode {
         match self {
             Mode::Native => f.write_str("native"),
             Mode::Rackmem(p) => write!(f, "rackmem --local {p}%"),
+            Mode::RackmemBytes(b) => write!(f, "rackmem --local {}MiB", b >> 20),
             Mode::Cgroup(None) => f.write_str("native (cgroup)"),
             Mode::Cgroup(Some(l)) => write!(f, "cgroup limit {} MiB", l >> 20),
         }
@@ -219,14 +222,19 @@ impl Run {
         }
         match self.mode {
             Mode::Native => {}
-            Mode::Rackmem(pct) => {
+            Mode::Rackmem(_) | Mode::RackmemBytes(_) => {
+                let local = match self.mode {
+                    Mode::RackmemBytes(b) => format!("{}MiB", b >> 20),
+                    Mode::Rackmem(pct) => format!("{pct}%"),
+                    _ => unreachable!("a rackmem mode"),
+                };
                 let stats = self.path(&format!("stats-{}.jsonl", self.stats_files.len()));
                 self.stats_files.push(stats.clone());
                 argv.extend([
                     rackmem().into(),
                     "run".into(),
                     "--local".into(),
-                    format!("{pct}%").into(),
+                    local.into(),
                     "--stats-json".into(),
                     stats.into_os_string(),
                     "--".into(),
@@ -1055,7 +1063,7 @@ struct Postgres {
 /// PostgreSQL, as user postgres: initdb and the server under the same `rackmem run` setup.
 fn start_postgres(run: &mut Run) -> Postgres {
     need(&format!("{PG_BIN}/postgres"), "postgresql");
-    let access = matches!(run.mode, Mode::Rackmem(_)).then(|| UffdAccess::grant("postgres"));
+    let access = matches!(run.mode, Mode::Rackmem(_) | Mode::RackmemBytes(_)).then(|| UffdAccess::grant("postgres"));
     chown_to(run.dir.path(), "postgres");
     let data = run.path("data");
     let mut initdb = Command::new(format!("{PG_BIN}/initdb"));
@@ -1821,15 +1829,26 @@ fn compat_table() {
             None => "**no** (fails)",
         };
 
-        // The same local memory as rackmem at 25%: what the program keeps outside the window
-        // (code, page cache, small blocks) and a quarter of the window pages it touches, found
-        // by a run at 100% local; at least a quarter of the native peak.
+        // The same local memory for both peers. Natively the program's peak (`peak`, all a
+        // cgroup charges: private memory, shared buffers, page cache) includes the window pages
+        // it touched, `window`, summed over its processes at the run's peak (a forked child's
+        // inherited pages once, in the parent, as the cgroup charges them). rackmem keeps a
+        // quarter of the window local and the rest remote, so the swap peer's limit is the
+        // native peak less three quarters of the window: every page outside the window stays
+        // local in both. The window is the least of what a run at 100% local made resident and
+        // what the run at 25% committed (a child at 100% faults its inherited pages in again,
+        // which natively it shares). At least a quarter of the native peak.
+        let run_figure = |stats: &[ProcStats], key: &str, own: fn(&ProcStats) -> u64| {
+            stats.iter().map(|s| s.extra(key).max(own(s))).max().unwrap_or(0)
+        };
+        let committed = run_figure(&stats, "run_peak_footprint_bytes", |s| s.extra("peak_footprint_bytes"));
         let touched = {
             let mut all = Run::new(Mode::Rackmem(100));
             let _ = timed(name, workload, &mut all);
-            all.stats().iter().map(|s| s.peak_resident_bytes).max().unwrap_or(0)
+            run_figure(&all.stats(), "run_peak_resident_bytes", |s| s.peak_resident_bytes)
         };
-        let limit = peak.saturating_sub(touched.min(peak) * 3 / 4).max(peak / 4);
+        let touched_window = touched.min(committed).min(peak);
+        let limit = peak.saturating_sub(touched_window * 3 / 4).max(peak / 4);
         let zram = {
             let _peer = zram_peer();
             let mut z = Run::new(Mode::Cgroup(Some(limit)));
@@ -1837,6 +1856,34 @@ fn compat_table() {
             let kills = z.cgroup.as_ref().map_or(0, Cgroup::oom_kills);
             r.ok_or(kills)
         };
+        // `--local 25%` is a quarter of the peak footprint so far, which grows as the program
+        // does, where the cgroup's limit is fixed from the start: early phases of a run get less
+        // room under rackmem than under the cgroup. The run at a fixed byte budget, the quarter
+        // of the window the cgroup's limit leaves room for, is the same memory at every moment.
+        if touched_window >= 4 * MIB {
+            let bytes = (touched_window / 4).next_multiple_of(MIB);
+            let mut fixed = Run::new(Mode::RackmemBytes(bytes));
+            let r = timed(name, workload, &mut fixed);
+            let z = zram.as_ref().ok().filter(|(_, same)| *same).map(|(t, _)| *t);
+            eprintln!(
+                "same memory {name}: window {} MiB (committed {} MiB, touched {} MiB); rackmem --local {} MiB: {}; cgroup {} MiB: {}; speed-up over zram: {}",
+                touched_window >> 20,
+                committed >> 20,
+                touched >> 20,
+                bytes >> 20,
+                r.as_ref().map_or("fails".into(), |(t, out)| format!(
+                    "{} s{}",
+                    seconds(*t),
+                    if *out == expected { "" } else { " (results differ)" }
+                )),
+                limit >> 20,
+                z.map_or("–".into(), seconds),
+                match (&r, z) {
+                    (Some((t, out)), Some(z)) if *out == expected => format!("{:.2}", z.as_secs_f64() / t.as_secs_f64()),
+                    _ => "–".into(),
+                }
+            );
+        }
         let ratio = |t: Duration| format!("{:.2}", t.as_secs_f64() / t_native.as_secs_f64());
         let (rm_time, rm_ratio) = match &remote {
             Some((t, _)) => (seconds(*t), ratio(*t)),

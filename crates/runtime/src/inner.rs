@@ -261,6 +261,9 @@ impl Inner {
                 &self.cfg.budget,
                 committed,
                 core.resident() * self.upp(),
+                // In pages, as the footprint it is weighed against (a huge unit's fault brings
+                // a unit).
+                self.stats.faults.load(Ordering::Relaxed) * self.upp(),
                 MIN_BUDGET_PAGES,
             ),
             None => self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES),
