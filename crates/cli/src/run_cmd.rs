@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// pages at once (default 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
     handlers: Option<u32>,
+    /// Faults each fault handler keeps in flight over a link (0 to 64, default 16): while it
+    /// waits on a brick for one fault, the brick reads of the faults queued behind it are sent
+    /// (also RACKMEM_PIPELINE; 0: one fault at a time).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
+    pipeline: Option<u32>,
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
@@ -321,6 +326,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if let Some(n) = args.handlers {
         cmd.env(env::HANDLERS, n.to_string());
+    }
+    if let Some(n) = args.pipeline {
+        cmd.env(env::PIPELINE, n.to_string());
     }
     if let Some(p) = args.prefetch {
         cmd.env(env::PREFETCH, p.to_string());
