@@ -1411,6 +1411,7 @@ fn the_simulation_catches_an_early_read_of_a_page_being_written_back() {
     let Some(report) = caught else {
         panic!("300 seeds ran with early reads of pages being written back, and none failed");
     };
+    println!("{}", report.lines().next().unwrap_or_default());
     assert!(report.contains("last write"), "caught, but not as expected: {report}");
 }
 
