@@ -38,6 +38,9 @@ Defaults (each can be overridden):
     mode; --cpus confines the whole program. Faults in flight: one handler by default (on two
     CPUs a second one measured slower); --handlers N (RACKMEM_HANDLERS) starts N, which serve
     faults of different pages at once, for bricks across a network where a fault waits on it.
+    Over a link (Unix socket without shared memory, TCP) a handler about to wait on a brick
+    first sends the reads of up to 16 faults queued behind it (--pipeline N, RACKMEM_PIPELINE;
+    0: one fault at a time).
   Eviction: refault. When the local buffer is full, pages seen once leave first in, first out;
     a page that faults back soon after its eviction is protected, and leaves only for pages
     that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
