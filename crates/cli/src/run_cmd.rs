@@ -38,6 +38,9 @@ Defaults (each can be overridden):
     mode; --cpus confines the whole program. Faults in flight: one handler by default (on two
     CPUs a second one measured slower); --handlers N (RACKMEM_HANDLERS) starts N, which serve
     faults of different pages at once, for bricks across a network where a fault waits on it.
+    Over a link (Unix socket without shared memory, TCP) a handler about to wait on a brick
+    first sends the reads of up to 16 faults queued behind it (--pipeline N, RACKMEM_PIPELINE;
+    0: one fault at a time).
   Eviction: refault. When the local buffer is full, pages seen once leave first in, first out;
     a page that faults back soon after its eviction is protected, and leaves only for pages
     that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
@@ -101,6 +104,11 @@ pub struct RunArgs {
     /// pages at once (default 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
     handlers: Option<u32>,
+    /// Faults each fault handler keeps in flight over a link (0 to 64, default 16): while it
+    /// waits on a brick for one fault, the brick reads of the faults queued behind it are sent
+    /// (also RACKMEM_PIPELINE; 0: one fault at a time).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
+    pipeline: Option<u32>,
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
@@ -321,6 +329,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if let Some(n) = args.handlers {
         cmd.env(env::HANDLERS, n.to_string());
+    }
+    if let Some(n) = args.pipeline {
+        cmd.env(env::PIPELINE, n.to_string());
     }
     if let Some(p) = args.prefetch {
         cmd.env(env::PREFETCH, p.to_string());

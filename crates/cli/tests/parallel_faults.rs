@@ -1,5 +1,6 @@
-//! Several threads of one program faulting at once: with the default single handler, and with
-//! several handlers forced (`--handlers 2`: faults in flight at once): threads faulting on their own pages and on
+//! Several threads of one program faulting at once: with the default single handler (which
+//! pipelines the brick reads of queued faults over a link), and with several handlers forced
+//! (`--handlers 2`: faults in flight at once): threads faulting on their own pages and on
 //! the same pages, over shared memory and over a Unix socket, a fork while they fault, and a brick
 //! dying while several faults wait on it. Results are checked against native runs.
 
@@ -60,6 +61,53 @@ fn two_and_four_threads_fault_at_once_over_a_unix_socket_brick() {
     threads_fault_at_once(&["--no-shared-memory", "--handlers", "2"]);
 }
 
+/// Threads faulting over a link with one handler that pipelines (the default `--pipeline`): the
+/// reads of faults queued behind the one being served go out before it waits on the brick, and
+/// are collected in their turn. Results equal the native run's, and the early reads were sent
+/// and used (the path ran, and did not just fall back to one fault at a time).
+fn threads_fault_with_reads_pipelined(brick: &[&str]) {
+    let prog = program("parallel_faults");
+    for (threads, mode) in [("2", "disjoint"), ("4", "shared")] {
+        let args = ["32", threads, mode, "200000"];
+        let n = native(&prog, &args);
+        assert!(n.status.success(), "native parallel_faults {args:?}: {}", show(&n));
+        let extra: Vec<&str> = brick.iter().copied().chain(["--handlers", "1"]).collect();
+        let (r, stats) = remote(&prog, &args, "25%", &extra);
+        assert!(r.status.success(), "parallel_faults {args:?} {extra:?}: {}", show(&r));
+        assert!(!checksums(&n).is_empty(), "no checksum printed: {}", show(&n));
+        assert_eq!(
+            checksums(&n),
+            checksums(&r),
+            "parallel_faults {args:?} {extra:?}: results with pipelined reads differ from the native run"
+        );
+        let s = busiest(&stats);
+        assert_used_remote_memory_at(s, 25);
+        let (sent, used) = (s.extra("reads_early"), s.extra("reads_early_used"));
+        assert!(
+            sent > 0 && used > 0 && used <= sent,
+            "{threads} threads over {brick:?}: no early reads pipelined (sent {sent}, used {used}): {s:?}"
+        );
+        let max = s.extra("faults_in_flight_max");
+        assert!(
+            max >= 2,
+            "several threads, one pipelining handler: at most {max} fault in flight: {s:?}"
+        );
+    }
+}
+
+#[test]
+fn threads_fault_with_reads_pipelined_over_a_unix_socket_brick() {
+    require_root();
+    threads_fault_with_reads_pipelined(&["--no-shared-memory"]);
+}
+
+#[test]
+fn threads_fault_with_reads_pipelined_over_a_tcp_brick() {
+    require_root();
+    let (_brick, addr) = start_brick("tcp://127.0.0.1:0", "1GiB", "s3cret");
+    threads_fault_with_reads_pipelined(&["--brick", &addr, "--secret", "s3cret"]);
+}
+
 #[test]
 fn a_fork_while_threads_fault_gives_the_child_the_parents_pages() {
     require_root();
@@ -85,6 +133,19 @@ fn a_fork_while_threads_fault_gives_the_child_the_parents_pages() {
 #[test]
 fn a_brick_dying_with_several_faults_in_flight_stops_the_program() {
     require_root();
+    brick_dies_with_faults_in_flight(&["--handlers", "2", "--pipeline", "0"]);
+}
+
+/// One handler keeps the reads of several queued faults on the link (the default pipeline) when
+/// the brick dies: the program stops with exit 112 and says which brick, never installing a zero
+/// page for a read that got no answer.
+#[test]
+fn a_brick_dying_with_reads_pipelined_stops_the_program() {
+    require_root();
+    brick_dies_with_faults_in_flight(&["--handlers", "1"]);
+}
+
+fn brick_dies_with_faults_in_flight(extra: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
     let prog = program("parallel_faults");
     let (mut brick, addr) = start_brick(
@@ -96,7 +157,9 @@ fn a_brick_dying_with_several_faults_in_flight_stops_the_program() {
     // Over the link (a mapped segment outlives its brick's process); four threads keep several
     // faults waiting on the brick when it dies.
     cmd.args(["run", "--brick", &addr, "--secret", "s3cret", "--local", "10%"])
-        .args(["--no-shared-memory", "--handlers", "2", "--"])
+        .arg("--no-shared-memory")
+        .args(extra)
+        .arg("--")
         .arg(&prog)
         .args(["64", "4", "shared", "1000000000"])
         .stdin(Stdio::null())

@@ -172,6 +172,9 @@ pub struct Core {
     /// Test-only planted bug: a unit's new install checks do not replace older ones (see
     /// `plant_stale_sums`).
     stale_sums: bool,
+    /// Test-only planted bug: a fault's early read may be sent while its page is still being
+    /// written back (see `plant_early_read_evicting`).
+    early_read_evicting: bool,
 }
 
 impl Core {
@@ -222,6 +225,7 @@ impl Core {
             sums: HashMap::new(),
             staged_sums: HashMap::new(),
             stale_sums: false,
+            early_read_evicting: false,
         }
     }
 
@@ -392,6 +396,37 @@ impl Core {
     #[doc(hidden)]
     pub fn short_stride_room(&self) -> bool {
         self.short_stride_room
+    }
+
+    /// Plants a bug for the simulation to catch: a fault's early read (`fault::read_early`) may
+    /// be sent while its page is still being written back, so it reads the brick's older copy
+    /// and the fault installs that, losing the write the eviction was carrying.
+    #[doc(hidden)]
+    pub fn plant_early_read_evicting(&mut self) {
+        self.early_read_evicting = true;
+    }
+
+    /// True if the fault queued at `page` may have its brick read sent now, ahead of its turn
+    /// (`fault::read_early`): the page is remote and its brick holds its contents (not
+    /// same-filled; no write-back of it in flight), it is no read-ahead probe, no fault claims
+    /// it and no job has still to move it out; and its stream would plan that page alone (a
+    /// random fault). A read of one page sent for a fault of a sequential or strided stream would
+    /// shrink that stream's run to one page. `prefetch_max`: the longest run a stream plans.
+    pub fn early_readable(&self, page: u64, prefetch_max: usize) -> bool {
+        if self.unit != Unit::Page || page >= self.pages.len() {
+            return false;
+        }
+        let at_brick = match self.location(page) {
+            Location::Remote => true,
+            Location::Evicting => self.early_read_evicting,
+            _ => false,
+        };
+        at_brick
+            && !self.is_filled(page)
+            && !self.is_probe(page)
+            && !self.is_in_flight(page)
+            && !self.is_moving_out(page)
+            && self.streams.plans_one(page, prefetch_max)
     }
 
     /// Plants a bug for the simulation to catch: the write-back of a page whose range is moving

@@ -206,6 +206,14 @@ pub trait Backend {
     fn claimed(&mut self, c: &mut Core, run: &mut Run<Self::Ahead>);
     /// Keeps the next runs of sequential stream `stream` on their way, from page `next`.
     fn read_ahead(&mut self, lock: &Mutex<Core>, stream: usize, next: u64, run: usize);
+    /// Sends the brick read of the fault queued at `page` now, ahead of its turn, as a read-ahead
+    /// of that one page (the fault collects it through [`Backend::planning`] and
+    /// [`Backend::claimed`] like any other); the core said it may ([`Core::early_readable`]).
+    /// Takes the core's lock and releases it before sending, after recording what a claim needs
+    /// to find or drop the read. Returns whether it sent one. By default no early reads.
+    fn send_early(&mut self, _c: MutexGuard<'_, Core>, _page: u64) -> bool {
+        false
+    }
     /// The run is installed. `full`: room had to be made for it.
     fn installed(&mut self, _plan: &Plan, _run: &Run<Self::Ahead>, _full: bool) {}
 }
@@ -251,6 +259,21 @@ pub fn serve<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
         }
         return true;
     }
+}
+
+/// Pipelining over links: while its handler serves one fault and is about to wait on a brick,
+/// a fault queued behind it at `fault` gets its brick read sent at once (if the core allows:
+/// [`Core::early_readable`]), so that the brick answers several faults in one wait. The fault
+/// is served in its turn by [`serve`], which finds the read among the read-aheads (one page, so
+/// only where its plan is one page: a sequential stream keeps its run). Nothing is claimed
+/// here: a release since makes the read stale, a claim of the page by another fault drops it.
+/// Returns whether a read was sent.
+pub fn read_early<B: Backend>(lock: &Mutex<Core>, b: &mut B, fault: u64) -> bool {
+    let c = self::lock(lock);
+    if !c.early_readable(fault, b.prefetch_pages().max(1)) {
+        return false;
+    }
+    b.send_early(c, fault)
 }
 
 /// Moves resident pages out, with no fault to serve, until the local buffer fits its budget
@@ -381,7 +404,9 @@ pub fn plan<'a, B: Backend>(lock: &'a Mutex<Core>, b: &mut B, fault: u64) -> Opt
     // fits in it: room is made for at most `cap` pages).
     let ahead = b.planning(&mut c, fault, budget);
     if !p.down {
-        if let Some(len) = ahead.filter(|&l| l as u64 <= cap) {
+        // A read of one page (a fault's early read) serves a plan of one page only: the stream
+        // may have become sequential since it was sent, and its run must not shrink.
+        if let Some(len) = ahead.filter(|&l| l as u64 <= cap && (l > 1 || n == 1)) {
             n = len as u64;
         }
     }

@@ -183,6 +183,15 @@ fn near(a: u64, b: u64) -> bool {
 }
 
 impl Streams {
+    /// True if a fault at `page` now would be planned as that page alone (no sequential or
+    /// strided stream continues there): what [`Streams::plan`] would say, without changing any
+    /// stream. Eight slots of a few words: a copy is cheaper than a second planner to keep in
+    /// step with this one.
+    pub fn plans_one(&self, page: u64, max: usize) -> bool {
+        let p = self.clone().plan(page, max);
+        p.run == 1 && p.stride.is_none()
+    }
+
     /// Plans the run for a fault at `page`: `max` pages at most.
     pub fn plan(&mut self, page: u64, max: usize) -> Plan {
         self.clock += 1;

@@ -27,6 +27,8 @@ pub mod env {
     pub const HANDLER: &str = "RACKMEM_HANDLER";
     /// fault handler threads.
     pub const HANDLERS: &str = "RACKMEM_HANDLERS";
+    /// faults a handler keeps in flight over a link (early reads of faults queued behind it).
+    pub const PIPELINE: &str = "RACKMEM_PIPELINE";
     /// most pages fetched per fault on a sequential stream.
     pub const PREFETCH: &str = "RACKMEM_PREFETCH";
     /// one read-ahead page in this many is left remote as a probe.
@@ -132,6 +134,10 @@ pub struct Config {
     /// default they serve only where a segment is reached over a link: see
     /// `docs/architecture.md`, "Faults in flight").
     pub handlers_explicit: bool,
+    /// `RACKMEM_PIPELINE`: faults a handler keeps in flight at once over a link: while it waits
+    /// on a brick for one fault, the reads of up to this many faults queued behind it are sent
+    /// (default [`DEFAULT_PIPELINE`], at most [`MAX_PIPELINE`]; 0 = one fault at a time).
+    pub pipeline: usize,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
     /// `RACKMEM_READAHEAD_SAMPLE`: one page read ahead in this many is left remote to measure
@@ -241,6 +247,13 @@ pub fn default_handler(cpus: usize) -> HandlerMode {
 /// Most fault handler threads: faults in flight per program are at most this many.
 pub const MAX_HANDLERS: usize = 4;
 
+/// Faults one handler keeps in flight over a link by default (`RACKMEM_PIPELINE`).
+pub const DEFAULT_PIPELINE: usize = 16;
+
+/// Most faults one handler keeps in flight (bytes in flight per link: a page each on top of the
+/// runs and read-aheads).
+pub const MAX_PIPELINE: usize = 64;
+
 /// The handler threads when `RACKMEM_HANDLERS` is not set: one, whatever the CPUs. Measured on
 /// a quiet 2-vCPU machine (docs/architecture.md, "Faults in flight"), two handlers made two
 /// threads faulting at 25% local 13% slower on shared memory and 17% slower over a Unix socket
@@ -317,6 +330,7 @@ impl Config {
             handler: var(env::HANDLER).map_or(Ok(default_handler(crate::sys::allowed_cpus())), |v| v.parse())?,
             handlers: (num(env::HANDLERS, default_handlers() as u64)? as usize).clamp(1, MAX_HANDLERS),
             handlers_explicit: var(env::HANDLERS).is_some(),
+            pipeline: (num(env::PIPELINE, DEFAULT_PIPELINE as u64)? as usize).min(MAX_PIPELINE),
             prefetch_pages: num(env::PREFETCH, 128)? as usize,
             readahead_sample: num(env::READAHEAD_SAMPLE, 256)?.min(u64::from(u32::MAX)) as u32,
             timeout: Duration::from_millis(num(env::TIMEOUT_MS, 10_000)?),

@@ -507,8 +507,13 @@ impl Backend for Handler {
         }
         let access = brick_access(&inner, run);
         if let Some(a) = run.ahead.take() {
+            // Read-aheads travel over links only: this waits on one.
+            self.pipeline();
             ReadAheads::collect(&inner, run.page, a, &mut run.spent, &mut self.buf);
         } else {
+            if waits_on_link(&inner, run) {
+                self.pipeline();
+            }
             match run.spent.as_mut() {
                 Some(slots) => fetch_into(&inner, run.page, &run.kinds, recycle::bytes(&inner, slots)),
                 None => {
@@ -587,6 +592,12 @@ impl Backend for Handler {
         readahead::keep_stream_ahead(&self.inner, stream, next, run);
     }
 
+    fn send_early(&mut self, c: MutexGuard<'_, Core>, page: u64) -> bool {
+        let inner = &self.inner;
+        let mut aheads = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
+        aheads.send_early(inner, c, page, inner.cfg.pipeline)
+    }
+
     /// Mapped bricks populate memory for the next write-backs, and the fault's steps are timed.
     fn installed(&mut self, _plan: &Plan, run: &Run<Ahead>, full: bool) {
         self.direct = None;
@@ -610,6 +621,19 @@ impl Backend for Handler {
             b.total.record(at(Step::Installed) - m[0]);
         }
     }
+}
+
+/// True if fetching the run waits on a brick's link: its first brick page lies in a segment
+/// reached over one (not mapped).
+fn waits_on_link(inner: &Inner, run: &Run<Ahead>) -> bool {
+    let Some(i) = run.kinds.iter().position(|&k| k == Source::Brick) else {
+        return false;
+    };
+    inner
+        .table
+        .lookup(run.page + i as u64)
+        .and_then(|(seg, _)| inner.table.get(seg))
+        .is_some_and(|s| s.shared.is_none())
 }
 
 /// The segment and byte offset to install the run straight from, when every page of it is read

@@ -17,6 +17,9 @@ use std::sync::MutexGuard;
 pub(crate) struct Ahead {
     /// The prefetch stream it serves (interleaved streams each keep their own).
     pub(crate) stream: usize,
+    /// A fault's early read (`send_early`): one page, for a fault queued behind the one being
+    /// served; not a stream's.
+    pub(crate) early: bool,
     /// Order of sending: the oldest goes first when too many are in flight.
     pub(crate) seq: u64,
     pub(crate) page: u64,
@@ -108,7 +111,11 @@ impl ReadAheads {
         s.faults_remote.fetch_add(1, Ordering::Relaxed);
         s.bytes_fetched.fetch_add(PAGE, Ordering::Relaxed);
         s.bytes_prefetched.fetch_add((a.n as u64 - 1) * PAGE, Ordering::Relaxed);
-        s.pages_read_ahead.fetch_add(a.n as u64, Ordering::Relaxed);
+        if a.early {
+            s.reads_early_used.fetch_add(1, Ordering::Relaxed);
+        } else {
+            s.pages_read_ahead.fetch_add(a.n as u64, Ordering::Relaxed);
+        }
     }
 
     /// Drops the read-aheads that can no longer be used at the fault at `page`
@@ -213,6 +220,7 @@ impl ReadAheads {
                 self.seq += 1;
                 self.list.push(Ahead {
                     seq: self.seq,
+                    early: false,
                     stream,
                     page,
                     n,
@@ -234,6 +242,71 @@ impl ReadAheads {
                     self.keep_buf(v);
                 }
                 self.unsent.extend(spent);
+                false
+            }
+        }
+    }
+
+    /// Sends the read of the one page `page` for a fault queued behind the one being served
+    /// (`rackmem_pager::fault::read_early`, which asked the core), into a buffer of its own, if
+    /// its segment is reached over a link: at most `depth` such reads in flight (the oldest goes
+    /// first), none where a read-ahead already covers the page. Called with the core locked
+    /// (`c`), which it unlocks before sending (the read-aheads stay locked, so no claim can miss
+    /// the new one).
+    pub(crate) fn send_early(&mut self, inner: &Inner, mut c: MutexGuard<'_, Core>, page: u64, depth: usize) -> bool {
+        self.give_back_unsent(inner, &mut c);
+        if depth == 0 || self.list.iter().any(|a| fault::overlaps(a.page, a.n as u64, page, 1)) {
+            return false;
+        }
+        let Some((seg, off, _)) = inner.table.lookup_run(page) else {
+            return false;
+        };
+        // A mapped segment is a memory copy away: nothing to wait for, nothing to overlap.
+        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
+            return false;
+        };
+        if self.list.iter().filter(|a| a.early).count() >= depth {
+            // A fault that never came to collect its read (served by another handler, or gone).
+            if let Some(i) = (0..self.list.len())
+                .filter(|&i| self.list[i].early)
+                .min_by_key(|&i| self.list[i].seq)
+            {
+                let a = self.list.swap_remove(i);
+                self.drop_ahead(inner, &mut c, a);
+            }
+        }
+        let epoch = c.epoch();
+        drop(c);
+        let mut v = self.spare_bufs.pop().unwrap_or_default();
+        v.clear();
+        v.resize(PAGE_SIZE, 0);
+        s.limiter.acquire(PAGE);
+        match s
+            .fault
+            .submit_read(&[(off, PAGE_SIZE as u32)])
+            .map(rackmem_transport::Ticket::detach)
+        {
+            Ok(ticket) => {
+                self.seq += 1;
+                self.list.push(Ahead {
+                    seq: self.seq,
+                    early: true,
+                    stream: usize::MAX,
+                    page,
+                    n: 1,
+                    seg,
+                    epoch,
+                    ticket,
+                    spent: None,
+                    own: Some(v),
+                });
+                inner.stats.reads_early.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => {
+                // Not sent: the fault, in its turn, fetches the page itself and reports the
+                // brick's loss there (exit 112), with the page the program needed.
+                self.keep_buf(v);
                 false
             }
         }
@@ -289,14 +362,17 @@ pub(crate) fn keep_stream_ahead(inner: &Inner, stream: usize, next: u64, run: us
         let mut c = inner.lock();
         let mut list = inner.aheads.lock().unwrap_or_else(|e| e.into_inner());
         list.give_back_unsent(inner, &mut c);
-        let mine = list.list.iter().filter(|a| a.stream == stream);
+        let mine = list.list.iter().filter(|a| !a.early && a.stream == stream);
         let (count, next) = mine.fold((0, next), |(k, e), a| (k + 1, e.max(a.page + a.n as u64)));
         if count >= AHEAD_DEPTH {
             break;
         }
-        if list.list.len() >= AHEAD_MAX {
+        if list.list.iter().filter(|a| !a.early).count() >= AHEAD_MAX {
             // A stream that went quiet (or whose slot was reused) holds the oldest.
-            if let Some(i) = (0..list.list.len()).min_by_key(|&i| list.list[i].seq) {
+            if let Some(i) = (0..list.list.len())
+                .filter(|&i| !list.list[i].early)
+                .min_by_key(|&i| list.list[i].seq)
+            {
                 let a = list.list.swap_remove(i);
                 list.drop_ahead(inner, &mut c, a);
             }

@@ -233,6 +233,11 @@ pub struct Stats {
     /// Read-aheads whose request could not be sent (their brick's link failed): dropped, since
     /// only a fault on one of those pages means the program needs them.
     pub reads_ahead_unsent: AtomicU64,
+    /// Early reads sent: the brick read of a fault queued behind the one its handler served,
+    /// sent before that handler waited on its link (pipelining; `RACKMEM_PIPELINE`).
+    pub reads_early: AtomicU64,
+    /// Early reads their fault used (the others went stale: released, claimed by another run).
+    pub reads_early_used: AtomicU64,
     /// Resident pages now.
     pub resident_pages: AtomicU64,
     /// Largest number of resident pages seen.
@@ -474,6 +479,12 @@ pub struct StatsSnapshot {
     /// See [`Stats::reads_ahead_unsent`].
     #[serde(default)]
     pub reads_ahead_unsent: u64,
+    /// See [`Stats::reads_early`].
+    #[serde(default)]
+    pub reads_early: u64,
+    /// See [`Stats::reads_early_used`].
+    #[serde(default)]
+    pub reads_early_used: u64,
     /// Read-ahead accuracy: of the pages fetched beyond the faulting page (prefetch and
     /// read-ahead), the share the program then used, estimated on a sample left remote
     /// (`rackmem_pager::probe`); `None` until a sampled page has an outcome.
@@ -683,6 +694,8 @@ impl Stats {
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),
             reads_ahead_unsent: g(&self.reads_ahead_unsent),
+            reads_early: g(&self.reads_early),
+            reads_early_used: g(&self.reads_early_used),
             readahead_accuracy: None,
             readahead_sample_used: 0,
             readahead_sample_wasted: 0,
