@@ -732,7 +732,10 @@ fn a_forked_childs_clones_go_back_when_it_exits() {
         m
     };
     let with_clones = per_brick(&live_allocations(&c.url));
-    assert!(both >= 2 && both % 2 == 0, "parent's segments and their clones: {both}");
+    assert!(
+        both >= 2 && both.is_multiple_of(2),
+        "parent's segments and their clones: {both}"
+    );
     stdin.write_all(b"\n").expect("let the child end");
     wait_line(&lines, "child gone");
     wait_for("the child's clones to be returned", || {
