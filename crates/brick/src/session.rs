@@ -52,6 +52,7 @@ pub(crate) fn handle(shared: &Shared, session: &mut Session, req: Request) -> Re
         Request::Alloc { size_bytes, secret } => alloc(shared, session, size_bytes, &secret),
         Request::Attach { grant: g, proof } => attach(shared, session, &g, &proof),
         Request::AttachPull { pull, proof } => crate::pull::attach_pull(shared, session, &pull, &proof),
+        Request::CloneInto { grant: g, proof } => clone_into(shared, session, &g, &proof),
         Request::Pull(order) => crate::pull::pull(shared, session.attached.as_ref(), &order),
         Request::Open {
             name,
@@ -271,6 +272,123 @@ fn attach(shared: &Shared, session: &mut Session, g: &Grant, proof: &[u8; KEY_LE
         only: None,
     });
     ok(Vec::new())
+}
+
+/// CLONE_INTO (a managed brick's CLONE, for a forked child): the control plane placed and
+/// accounted the clone and signed its grant; the connection attached to the parent's segment
+/// proves it holds that grant's session key (bound to its HELLO nonce, as ATTACH does), and the
+/// brick creates the clone at the grant's range and shares the parent's pages with it
+/// copy-on-write. The clone then lives as any managed segment: until the control plane stops
+/// listing it. A refusal keeps the connection open (the parent goes on with its segment),
+/// except for a grant that is forged or unproven.
+fn clone_into(shared: &Shared, session: &mut Session, g: &Grant, proof: &[u8; KEY_LEN]) -> Reply {
+    let Some(a) = session.attached.as_ref() else {
+        return err(Status::NotAttached, "ATTACH before CLONE_INTO", true);
+    };
+    if !shared.cfg.managed {
+        return err(
+            Status::Denied,
+            "CLONE_INTO places a control plane's segment; this brick is standalone: use CLONE",
+            false,
+        );
+    }
+    if a.only.is_some() || a.rights & rights::READ == 0 {
+        return err(
+            Status::Forbidden,
+            "CLONE_INTO needs a grant that allows reads of the whole segment",
+            false,
+        );
+    }
+    let Some(nonce) = session.nonce else {
+        return err(Status::BadRequest, "CLONE_INTO before HELLO", true);
+    };
+    match g.verify(&shared.cfg.key, now_unix()) {
+        Ok(()) => {}
+        Err(GrantError::Expired) => {
+            return err(
+                Status::GrantExpired,
+                format!(
+                    "the clone's grant for segment {} expired at {}",
+                    g.segment_id, g.expiry_unix_s
+                ),
+                false,
+            )
+        }
+        Err(GrantError::BadSignature) => {
+            shared.guard.failed(session.peer, Instant::now());
+            return err(
+                Status::GrantInvalid,
+                format!(
+                    "the clone's grant for segment {} does not verify under this brick's key",
+                    g.segment_id
+                ),
+                true,
+            );
+        }
+    }
+    if !verify_attach_proof(&session_key(&shared.cfg.key, g), &nonce, g.segment_id, proof) {
+        shared.guard.failed(session.peer, Instant::now());
+        return err(
+            Status::GrantUnproven,
+            format!(
+                "the clone's grant for segment {} is not proven for this connection",
+                g.segment_id
+            ),
+            true,
+        );
+    }
+    let chunk = crate::pool::CHUNK;
+    if g.rights & rights::WRITE == 0
+        || g.size_bytes != a.size
+        || g.segment_id == a.id
+        || g.brick_offset % chunk != 0
+        || a.offset % chunk != 0
+    {
+        return err(
+            Status::BadRequest,
+            format!(
+                "segment {} [{:#x}, +{:#x}) cannot be a clone of segment {} [{:#x}, +{:#x}): another segment                  of the same size, chunk aligned, with write rights, is needed",
+                g.segment_id, g.brick_offset, g.size_bytes, a.id, a.offset, a.size
+            ),
+            false,
+        );
+    }
+    // The clone's segment, new (a retry finds it in place and fills it again).
+    {
+        let live = shared.store.segs().live.get(&g.segment_id).map(|s| (s.offset, s.size));
+        match live {
+            Some((o, s)) if o == g.brick_offset && s == g.size_bytes => {}
+            Some((o, s)) => {
+                return err(
+                    Status::Conflict,
+                    format!(
+                        "segment {} lives at [{o:#x}, +{s:#x}) on this brick, but the grant says [{:#x}, +{:#x})",
+                        g.segment_id, g.brick_offset, g.size_bytes
+                    ),
+                    false,
+                )
+            }
+            None => {
+                shared.store.supersede(g.segment_id, g.brick_offset, g.size_bytes);
+                if let Err(e) = shared.store.segs().claim(g.segment_id, g.brick_offset, g.size_bytes) {
+                    return err(Status::Conflict, format!("cannot place the clone: {e}"), false);
+                }
+            }
+        }
+    }
+    let (id, dst, size) = (g.segment_id, g.brick_offset, g.size_bytes);
+    with_segment(Some(a), |a, mem| {
+        match &mem.shared {
+            // As CLONE does: shared memory has no copy-on-write chunks.
+            Some(m) => {
+                if let Err(ShareError::Memory(_)) = shared.store.clone_shared(m, id, size) {
+                    shared.store.copy_into_pool(m, dst, size);
+                }
+            }
+            None => shared.store.pool.share(a.offset, dst, size),
+        }
+        ok(Vec::new())
+    })
 }
 
 /// SHARE: moves the attached segment into shared memory (once) and answers with its descriptor.

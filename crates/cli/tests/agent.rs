@@ -641,6 +641,244 @@ fn a_forking_program_on_agent_memory_execs_its_children() {
     });
 }
 
+/// The segments of every live allocation.
+fn live_segments(url: &str) -> usize {
+    live_allocations(url)
+        .iter()
+        .map(|a| a["segments"].as_array().map_or(0, Vec::len))
+        .sum()
+}
+
+#[test]
+fn a_forked_child_on_agent_memory_reads_and_writes_its_own_copy() {
+    require_root();
+    // The child checks the parent's data as of the fork, then child and parent write their own
+    // halves at once, pass after pass, each checking it sees only its own writes (`fork_rw`):
+    // over the bricks' sockets (pool clones share chunks) and mapped (memory-file clones).
+    let c = cluster();
+    let want = checksums(&native(&program("fork_rw"), &["32", "3"]));
+    for extra in [&["--no-shared-memory"][..], &[]] {
+        let stats = c.dir.path().join(format!("fork-rw-{}.jsonl", extra.len()));
+        let mut cmd = Command::new(rackmem());
+        cmd.arg("run")
+            .arg("--agent")
+            .arg(&c.socket)
+            .args(["--local", "25%", "--stats-json"])
+            .arg(&stats)
+            .args(extra)
+            .arg("--")
+            .arg(program("fork_rw"))
+            .args(["32", "3"])
+            .env("RACKMEM_GROW", "16MiB");
+        let o = run_with_deadline(cmd, LIMIT);
+        assert!(o.status.success(), "{extra:?}: {}", show(&o));
+        assert_eq!(checksums(&o), want, "{extra:?}: {}", show(&o));
+        let s = read_stats(&stats);
+        assert!(s.len() >= 2, "{extra:?}: statistics of the parent and the child: {s:?}");
+        // The run's budget is a quarter of its footprint, shared by parent and child.
+        s.iter().for_each(|s| assert_used_remote_memory_at(s, 25));
+        wait_for("the parent's and the child's allocations to be returned", || {
+            live_allocations(&c.url).is_empty()
+        });
+    }
+}
+
+#[test]
+fn a_forked_childs_clones_go_back_when_it_exits() {
+    require_root();
+    let c = cluster();
+    // Natively too, the child takes the first line and the parent, after it, the second.
+    let mut n = Command::new(program("fork_wait"))
+        .arg("32")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run fork_wait");
+    n.stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"\n\n")
+        .expect("write its lines");
+    let o = n.wait_with_output().expect("fork_wait natively");
+    assert!(o.status.success(), "{}", show(&o));
+    let want = checksums(&o);
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("run")
+        .arg("--agent")
+        .arg(&c.socket)
+        .args(["--local", "25%", "--"])
+        .arg(program("fork_wait"))
+        .arg("32")
+        .env("RACKMEM_GROW", "16MiB")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut g = Guard::spawn(&mut cmd);
+    let mut stdin = g.child().stdin.take().expect("stdin");
+    let lines = lines_of(g.child().stdout.take().expect("stdout"));
+    wait_line(&lines, "child ready");
+    // The child holds a clone of each of its parent's segments, placed on the same bricks.
+    let both = live_segments(&c.url);
+    // On the same bricks as their sources: each brick holds as many of the clones as of the
+    // parent's segments.
+    let per_brick = |list: &[serde_json::Value]| {
+        let mut m = std::collections::BTreeMap::<u64, usize>::new();
+        for s in list
+            .iter()
+            .flat_map(|a| a["segments"].as_array().cloned().unwrap_or_default())
+        {
+            *m.entry(s["brick_id"].as_u64().unwrap_or(0)).or_default() += 1;
+        }
+        m
+    };
+    let with_clones = per_brick(&live_allocations(&c.url));
+    assert!(
+        both >= 2 && both.is_multiple_of(2),
+        "parent's segments and their clones: {both}"
+    );
+    stdin.write_all(b"\n").expect("let the child end");
+    wait_line(&lines, "child gone");
+    wait_for("the child's clones to be returned", || {
+        live_segments(&c.url) == both / 2
+    });
+    let without = per_brick(&live_allocations(&c.url));
+    assert!(
+        with_clones
+            .iter()
+            .all(|(b, n)| without.get(b).is_some_and(|m| 2 * m == *n)),
+        "{with_clones:?} against {without:?}"
+    );
+    stdin.write_all(b"\n").expect("let the parent end");
+    let mut got = Vec::new();
+    while let Ok(l) = lines.recv_timeout(LIMIT) {
+        got.push(l);
+    }
+    let status = g.wait_until(LIMIT).expect("the program finished");
+    assert!(status.success(), "{status:?}: {got:?}");
+    let sums: Vec<String> = got.into_iter().filter(|l| l.contains("checksum=")).collect();
+    assert_eq!(sums, want, "the parent's data as natively");
+    wait_for("every allocation to be returned", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
+
+#[test]
+fn a_clone_over_the_node_quota_is_refused_and_the_child_says_why() {
+    require_root();
+    let c = cluster();
+    let mut cmd = Command::new(rackmem());
+    cmd.arg("run")
+        .arg("--agent")
+        .arg(&c.socket)
+        .args(["--local", "25%", "--"])
+        .arg(program("fork_wait"))
+        .args(["32", "refused"])
+        .env("RACKMEM_GROW", "16MiB")
+        .env("RACKMEM_VERBOSE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut g = Guard::spawn(&mut cmd);
+    let mut stdin = g.child().stdin.take().expect("stdin");
+    let lines = lines_of(g.child().stdout.take().expect("stdout"));
+    let errors = lines_of(g.child().stderr.take().expect("stderr"));
+    wait_line(&lines, "filled");
+    // The node may hold what it holds now, and no more: the clone cannot be placed.
+    let held: u64 = live_allocations(&c.url)
+        .iter()
+        .filter_map(|a| a["size_bytes"].as_u64())
+        .sum();
+    let o = ctl(&c.url, &["node-quota", "n1", &held.to_string()]);
+    assert!(o.status.success(), "{}", show(&o));
+    let before = live_segments(&c.url);
+    stdin.write_all(b"\n\n").expect("let it fork");
+    wait_line(&lines, "child gone");
+    let mut got = Vec::new();
+    while let Ok(l) = lines.recv_timeout(LIMIT) {
+        got.push(l);
+    }
+    let status = g.wait_until(LIMIT).expect("the program finished");
+    let said: Vec<String> = errors.try_iter().collect();
+    assert!(status.success(), "{status:?}: {got:?} {said:?}");
+    assert!(got.iter().any(|l| l.contains("parent checksum=")), "{got:?}");
+    assert!(
+        said.iter()
+            .any(|l| l.contains("has no access to its parent's remote memory") && l.contains("quota_exceeded")),
+        "the child says why under RACKMEM_VERBOSE: {said:?}"
+    );
+    assert_eq!(live_segments(&c.url), 0, "nothing left behind");
+    assert!(before > 0);
+    wait_for("every allocation to be returned", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
+
+#[test]
+fn clones_are_for_the_forked_child_only() {
+    require_root();
+    let c = cluster();
+    let mut a = connect(&c.socket);
+    let mut b = connect(&c.socket);
+    assert_eq!(ask(&mut a, HELLO)["ok"], true);
+    assert_eq!(ask(&mut b, HELLO)["ok"], true);
+    let r = ask(&mut a, r#"{"op":"grow","bytes":4194304}"#);
+    let id = r["allocation"].as_u64().expect("allocation id");
+    let segs: Vec<u64> = r["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .filter_map(|s| s["segment_id"].as_u64())
+        .collect();
+    // Another process cannot clone what it does not hold.
+    let req = format!(r#"{{"op":"clone","sources":[{{"allocation":{id},"segments":{segs:?}}}]}}"#);
+    let r = ask(&mut b, &req);
+    assert_eq!(code_of(&r), "not_found", "{r}");
+    let r = ask(&mut a, &req);
+    assert_eq!(r["ok"], true, "{r}");
+    let clone = r["clones"][0]["allocation"].as_u64().expect("clone id");
+    let ticket = r["ticket"].as_str().expect("ticket").to_string();
+    assert_eq!(
+        r["clones"][0]["segments"].as_array().map(Vec::len),
+        Some(segs.len()),
+        "{r}"
+    );
+    // Neither a wrong ticket, nor the asker itself, nor a process that is not its child (a
+    // grandchild: the shell forks the client) can adopt it.
+    let r = ask(
+        &mut b,
+        &format!(r#"{{"op":"adopt","allocations":[{clone}],"ticket":"00"}}"#),
+    );
+    assert_eq!(code_of(&r), "not_found", "{r}");
+    let adopt = format!(r#"{{"op":"adopt","allocations":[{clone}],"ticket":"{ticket}"}}"#);
+    let r = ask(&mut b, &adopt);
+    assert_eq!(code_of(&r), "not_found", "the asker itself: {r}");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(r#""$0" "$1" 0 "$2" "$3"; true"#)
+        .arg(program("agent_client"))
+        .arg(&c.socket)
+        .args([HELLO, adopt.as_str()])
+        .output()
+        .expect("run agent_client");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let r = json(out.lines().nth(1).unwrap_or_else(|| panic!("two answers: {out}")));
+    assert_eq!(code_of(&r), "permission_denied", "{r}");
+    // The clone is the node's like any allocation; its parent's goes back when its connection
+    // closes, the clone when nobody adopted it in time.
+    assert_eq!(live_allocations(&c.url).len(), 2);
+    drop(a);
+    drop(b);
+    wait_for("the parent's allocation to be returned", || {
+        live_allocations(&c.url).len() == 1
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !live_allocations(&c.url).is_empty() {
+        assert!(Instant::now() < deadline, "the clone nobody adopted was never returned");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(c.agent_log().contains("did not adopt it"), "{}", c.agent_log());
+}
+
 #[test]
 fn an_unreachable_agent_is_a_clear_error_before_the_program_starts() {
     require_root();

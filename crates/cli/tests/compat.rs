@@ -161,6 +161,9 @@ enum Mode {
     Rackmem(u32),
     /// `rackmem run --local BYTES`: a limit fixed from the start, as a cgroup's is.
     RackmemBytes(u64),
+    /// `rackmem run --agent SOCKET --local PCT%`: memory from a node agent, its control plane and
+    /// a managed brick, started for the run.
+    Agent(u32),
     /// Natively, in a memory cgroup: with a limit (the swap peer) or without (to measure the peak).
     Cgroup(Option<u64>),
 }
@@ -171,6 +174,7 @@ impl std::fmt::Display for Mode {
             Mode::Native => f.write_str("native"),
             Mode::Rackmem(p) => write!(f, "rackmem --local {p}%"),
             Mode::RackmemBytes(b) => write!(f, "rackmem --local {}MiB", b >> 20),
+            Mode::Agent(p) => write!(f, "rackmem --agent --local {p}%"),
             Mode::Cgroup(None) => f.write_str("native (cgroup)"),
             Mode::Cgroup(Some(l)) => write!(f, "cgroup limit {} MiB", l >> 20),
         }
@@ -180,10 +184,58 @@ impl std::fmt::Display for Mode {
 /// One run of one program's workload: its scratch directory, and how the program under test
 /// (never its clients) is started.
 struct Run {
+    // Stopped before its directory goes.
+    agent: Option<AgentMemory>,
     mode: Mode,
     dir: tempfile::TempDir,
     stats_files: Vec<PathBuf>,
     cgroup: Option<Cgroup>,
+}
+
+/// A control plane, one managed brick and a node agent, for [`Mode::Agent`] runs: stopped when
+/// the run ends.
+struct AgentMemory {
+    url: String,
+    socket: PathBuf,
+    // Dropped after the socket's users, in this order: the agent first.
+    _agent: Guard,
+    _brick: Guard,
+    _control: Guard,
+}
+
+impl AgentMemory {
+    fn start(dir: &Path) -> AgentMemory {
+        let (control, url) = start_control(&dir.join("control.db"));
+        let listen = format!("unix:{}", dir.join("brick.sock").display());
+        let brick = start_managed_brick(&url, &listen, "4GiB", "b0", |_| {});
+        let socket = dir.join("agent.sock");
+        let mut cmd = Command::new(rackmem());
+        cmd.args(["agent", "--control", &url, "--name", "n1", "--socket"])
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let agent = Guard::spawn(&mut cmd);
+        let deadline = Instant::now() + START_LIMIT;
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the agent never opened {}", socket.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        AgentMemory {
+            url,
+            socket,
+            _agent: agent,
+            _brick: brick,
+            _control: control,
+        }
+    }
+
+    /// Segments of every live allocation.
+    fn segments(&self) -> usize {
+        ctl_json(&self.url, &["allocations"]).as_array().map_or(0, |a| {
+            a.iter().map(|a| a["segments"].as_array().map_or(0, Vec::len)).sum()
+        })
+    }
 }
 
 impl Run {
@@ -196,11 +248,13 @@ impl Run {
             Mode::Cgroup(limit) => Some(Cgroup::new(limit)),
             _ => None,
         };
+        let agent = matches!(mode, Mode::Agent(_)).then(|| AgentMemory::start(dir.path()));
         Run {
             mode,
             dir,
             stats_files: Vec::new(),
             cgroup,
+            agent,
         }
     }
 
@@ -235,6 +289,22 @@ impl Run {
                     "run".into(),
                     "--local".into(),
                     local.into(),
+                    "--stats-json".into(),
+                    stats.into_os_string(),
+                    "--".into(),
+                ]);
+            }
+            Mode::Agent(pct) => {
+                let stats = self.path(&format!("stats-{}.jsonl", self.stats_files.len()));
+                self.stats_files.push(stats.clone());
+                let socket = &self.agent.as_ref().expect("an agent run has its agent").socket;
+                argv.extend([
+                    rackmem().into(),
+                    "run".into(),
+                    "--agent".into(),
+                    socket.clone().into_os_string(),
+                    "--local".into(),
+                    format!("{pct}%").into(),
                     "--stats-json".into(),
                     stats.into_os_string(),
                     "--".into(),
@@ -1522,6 +1592,38 @@ fn redis_server_jemalloc_bgsave_while_writing() {
             min_footprint: 64 * MIB,
         },
     );
+}
+
+/// BGSAVE on agent memory: the forked saver gets copy-on-write clones of the server's segments
+/// from the control plane, so the snapshot holds the state at the fork while the server keeps
+/// writing; the clones go back when the saver exits.
+#[test]
+fn redis_server_bgsave_on_agent_memory() {
+    require_root();
+    let native = redis(&mut Run::new(Mode::Native));
+    let mut run = Run::new(Mode::Agent(25));
+    let got = redis(&mut run);
+    assert_eq!(got, native, "redis-server on agent memory differs from the native run");
+    // The saver ends with _exit (no statistics of its own): the snapshot, loaded back with the
+    // state as of the fork while the server kept writing, is what shows it had its clones.
+    let stats = run.stats();
+    check_stats(
+        "redis-server on agent memory",
+        Expect::Remote {
+            min_footprint: 64 * MIB,
+        },
+        25,
+        &stats,
+    );
+    let agent = run.agent.as_ref().expect("agent memory");
+    let deadline = Instant::now() + START_LIMIT;
+    while agent.segments() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the server's and the saver's memory was never returned"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

@@ -369,6 +369,27 @@ pub struct ResizeRequest {
     pub size_bytes: u64,
 }
 
+/// `POST /v1/allocations/{id}/clone`: a copy-on-write clone of an allocation's segments, for a
+/// forked child of the process that holds them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    /// The segments to clone, in the order the clone's segments take (default: every segment of
+    /// the allocation, in its order). At most [`MAX_CLONE_SEGMENTS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Vec<u64>>,
+    /// As for [`AllocationRequest::idempotency_key`]: a retry with the same key and body gets the
+    /// same clone back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// As for [`AllocationRequest::holder`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+}
+
+/// Most segments one clone request names.
+pub const MAX_CLONE_SEGMENTS: usize = 1024;
+
 /// One segment of an allocation: everything a node needs to attach it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Segment {

@@ -421,6 +421,29 @@ impl Client {
         }
     }
 
+    /// `POST /v1/allocations/{id}/clone`, safe to retry as [`Client::allocate`] is (same key,
+    /// same attempts): the new allocation's segments are copy-on-write clones of the listed
+    /// segments, on their bricks, in their order.
+    pub fn clone_allocation(&self, id: u64, req: &crate::api::CloneRequest) -> Result<Allocation, ClientError> {
+        let mut req = req.clone();
+        if req.idempotency_key.is_none() {
+            req.idempotency_key = Some(new_idempotency_key());
+        }
+        let path = format!("/v1/allocations/{id}/clone");
+        let mut wait = ALLOCATE_RETRY_WAIT;
+        let mut attempt = 1;
+        loop {
+            match self.request(Method::Post, &path, Some(&req)) {
+                Err(e) if attempt < ALLOCATE_ATTEMPTS && may_have_committed(&e) => {
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// `GET /v1/allocations`.
     pub fn allocations(&self) -> Result<Vec<Allocation>, ClientError> {
         self.get("/v1/allocations")

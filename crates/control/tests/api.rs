@@ -742,6 +742,7 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
         ("/v1/circuits", &["get"]),
         ("/v1/circuits/{id}/move", &["post"]),
         ("/v1/bricks/{id}/serve-rate", &["put"]),
+        ("/v1/allocations/{id}/clone", &["post"]),
     ] {
         let p = paths
             .get(path)
@@ -754,6 +755,7 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
     for s in [
         "Allocation",
         "AllocationRequest",
+        "CloneRequest",
         "Segment",
         "Brick",
         "ErrorBody",

@@ -127,13 +127,10 @@ fn load_config() {
         Ok(Some(cfg)) => {
             THRESHOLD.store(cfg.threshold_bytes, Ordering::Release);
             // Small blocks go to the window unless asked not to (to compare, or to rule the
-            // heap out when a program misbehaves under it).
-            // Not with an agent's segments: a brick managed by a control plane cannot clone them
-            // for a forked child, which goes on without its parent's window, and a child touches
-            // its parent's small blocks between fork and exec (an argv built before the fork, a
-            // stdio buffer), where it only touches large ones by exception.
+            // heap out when a program misbehaves under it), on agent memory too: a forked child
+            // gets copy-on-write clones of its parent's segments there as well.
             let small = std::env::var("RACKMEM_SMALL_BLOCKS").unwrap_or_default();
-            if cfg.agent.is_none() && !matches!(small.as_str(), "0" | "off" | "no" | "false") {
+            if !matches!(small.as_str(), "0" | "off" | "no" | "false") {
                 let after = match std::env::var("RACKMEM_SMALL_BLOCKS_AFTER") {
                     Ok(v) => match rackmem_runtime::size::parse_size(&v) {
                         Ok(b) => b,

@@ -100,6 +100,13 @@ pub enum Opcode {
     /// ATTACH_PULL and reads with a bounded window in flight. The response is the bytes copied
     /// (u64).
     Pull = 20,
+    /// Copy-on-write clone of the attached segment into a segment its control plane placed (a
+    /// managed brick's CLONE): the payload is the new segment's grant, then the proof of its
+    /// session key for this connection's HELLO nonce, as for ATTACH. The brick checks both,
+    /// creates the segment at the grant's range, of the attached segment's size, and shares
+    /// its pages copy-on-write. The response is empty; the connection stays attached to its
+    /// own segment.
+    CloneInto = 21,
 }
 
 impl Opcode {
@@ -127,6 +134,7 @@ impl Opcode {
             18 => CompareSwap,
             19 => AttachPull,
             20 => Pull,
+            21 => CloneInto,
             _ => return None,
         })
     }
@@ -150,7 +158,7 @@ impl Opcode {
         match self {
             Hello | Clone | Detach | Ping | Stats | Share => 0,
             Alloc => MAX_SECRET as u32,
-            Attach => (Grant::RATED_LEN + KEY_LEN) as u32,
+            Attach | CloneInto => (Grant::RATED_LEN + KEY_LEN) as u32,
             Read => MAX_EXTENT_LIST,
             Write => MAX_PAYLOAD,
             Discard | Populate => 8,

@@ -45,8 +45,9 @@ pub use pull::{
     pull_key, PullError, PullGrant, PullOrder, PullPiece, MAX_PULL_BYTES, MAX_PULL_LIFETIME_S, MAX_PULL_PIECES,
 };
 pub use report::{
-    AgentMigration, AgentRate, AgentRefusal, AgentReply, AgentRequest, AgentSegment, BrickLevelReport, EvacuateMove,
-    LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_BRICK_NAME_LEN, MAX_PROGRAM_LEN, MAX_REPORTED_BRICKS,
+    AgentClone, AgentMigration, AgentRate, AgentRefusal, AgentReply, AgentRequest, AgentSegment, BrickLevelReport,
+    CloneSource, EvacuateMove, LatencyHistogram, ProcessReport, FAULT_LATENCY_BOUNDS_NS, MAX_BRICK_NAME_LEN,
+    MAX_PROGRAM_LEN, MAX_REPORTED_BRICKS,
 };
 pub use request::{
     decode_request_frame, decode_write, encode_put_head, encode_write_head, extents_bytes, Extent, Request,

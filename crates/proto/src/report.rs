@@ -97,6 +97,41 @@ pub enum AgentRequest {
         #[serde(default)]
         order: u64,
     },
+    /// Copy-on-write clones of segments this connection holds, for the child of a `fork` (asked
+    /// in the parent before the fork): the agent has the control plane place each as a new
+    /// allocation and keeps it for the child until it adopts them ([`AgentRequest::Adopt`])
+    /// or a deadline passes.
+    Clone {
+        /// The segments to clone, grouped by the allocation that holds them.
+        sources: Vec<CloneSource>,
+    },
+    /// The forked child takes the clones its parent asked for: they are this connection's from
+    /// now on (returned when it closes). `ticket` is the one the `clone` answer carried.
+    Adopt {
+        /// The clones' allocation ids.
+        allocations: Vec<u64>,
+        /// The clone answer's ticket (hex).
+        ticket: String,
+    },
+}
+
+/// Segments of one allocation to clone ([`AgentRequest::Clone`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneSource {
+    /// The allocation, which the asking connection holds.
+    pub allocation: u64,
+    /// Its segments to clone, in the order of the clone's segments.
+    pub segments: Vec<u64>,
+}
+
+/// One clone of an [`AgentRequest::Clone`] answer: a new allocation whose segments are clones
+/// of the source's, in the order asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentClone {
+    /// The clone's allocation id.
+    pub allocation: u64,
+    /// Its segments.
+    pub segments: Vec<AgentSegment>,
 }
 
 /// One segment of an [`AgentRequest::Evacuate`] order.
@@ -110,8 +145,8 @@ pub struct EvacuateMove {
 
 impl AgentRequest {
     /// The `op` of every request, as the wire names it.
-    pub const OPS: [&'static str; 8] = [
-        "hello", "grow", "release", "rates", "report", "orders", "migrate", "evacuate",
+    pub const OPS: [&'static str; 10] = [
+        "hello", "grow", "release", "rates", "report", "orders", "migrate", "evacuate", "clone", "adopt",
     ];
 }
 
@@ -193,6 +228,12 @@ pub struct AgentReply {
     /// `evacuate`: the segments emptied and returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evacuated: Option<Vec<u64>>,
+    /// `clone`: the clones, in the order of the sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clones: Option<Vec<AgentClone>>,
+    /// `clone`: what the child presents to adopt them (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
 }
 
 /// The four step times of a migration (seed 001's Setup, Allocate, Transfer, Finalize), in the
@@ -233,6 +274,15 @@ impl AgentReply {
         AgentReply {
             allocation: Some(allocation),
             segments: Some(segments),
+            ..AgentReply::done()
+        }
+    }
+
+    /// The answer to `clone`.
+    pub fn cloned(clones: Vec<AgentClone>, ticket: String) -> AgentReply {
+        AgentReply {
+            clones: Some(clones),
+            ticket: Some(ticket),
             ..AgentReply::done()
         }
     }

@@ -65,6 +65,14 @@ pub enum Request {
     },
     /// CLONE.
     Clone,
+    /// CLONE_INTO the segment of a grant, with the proof that this connection holds its
+    /// session key.
+    CloneInto {
+        /// The new segment's grant.
+        grant: Grant,
+        /// [`attach_proof`](crate::attach_proof) for this connection's HELLO nonce and the grant's segment.
+        proof: [u8; KEY_LEN],
+    },
     /// DETACH.
     Detach,
     /// PING.
@@ -184,6 +192,7 @@ impl Request {
             Request::Discard { .. } => Opcode::Discard,
             Request::Copy { .. } => Opcode::Copy,
             Request::Clone => Opcode::Clone,
+            Request::CloneInto { .. } => Opcode::CloneInto,
             Request::Detach => Opcode::Detach,
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
@@ -222,7 +231,7 @@ impl Request {
                 offset = *size_bytes;
                 payload.extend_from_slice(secret);
             }
-            Request::Attach { grant, proof } => {
+            Request::Attach { grant, proof } | Request::CloneInto { grant, proof } => {
                 payload = grant.encode();
                 payload.extend_from_slice(proof);
             }
@@ -319,7 +328,7 @@ impl Request {
                     secret: p.to_vec(),
                 })
             }
-            Opcode::Attach => {
+            Opcode::Attach | Opcode::CloneInto => {
                 if p.len() == Grant::LEN || p.len() == Grant::RATED_LEN {
                     return Err(DecodeError::MissingProof);
                 }
@@ -329,9 +338,11 @@ impl Request {
                     exact(p, Grant::LEN + KEY_LEN)?;
                     Grant::LEN
                 };
-                Ok(Request::Attach {
-                    grant: Grant::decode(&p[..grant_len])?,
-                    proof: array_at(p, grant_len),
+                let (grant, proof) = (Grant::decode(&p[..grant_len])?, array_at(p, grant_len));
+                Ok(if h.opcode == Opcode::Attach {
+                    Request::Attach { grant, proof }
+                } else {
+                    Request::CloneInto { grant, proof }
                 })
             }
             Opcode::Read => {
@@ -509,6 +520,7 @@ mod tests {
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64))
                 .prop_map(|(size_bytes, secret)| Request::Alloc { size_bytes, secret }),
             (grant(), any::<[u8; 32]>()).prop_map(|(grant, proof)| Request::Attach { grant, proof }),
+            (grant(), any::<[u8; 32]>()).prop_map(|(grant, proof)| Request::CloneInto { grant, proof }),
             (grant(), any::<(u64, u64, u64)>(), any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(
                 |(grant, (offset, len, expiry_unix_s), mac, proof)| Request::AttachPull {
                     pull: crate::PullGrant {

@@ -208,6 +208,35 @@ impl Agent {
         }
     }
 
+    /// Asks for copy-on-write clones of `sources` (allocations this connection holds, with the
+    /// segments to clone) for the child of the `fork` about to happen; returns the clones, in the
+    /// order of the sources, and the ticket the child adopts them with.
+    pub fn clone_for_child(
+        &self,
+        sources: Vec<rackmem_proto::CloneSource>,
+    ) -> Result<(Vec<rackmem_proto::AgentClone>, String), AgentError> {
+        let r = self.call("clone", AgentRequest::Clone { sources })?;
+        match (r.clones, r.ticket) {
+            (Some(c), Some(t)) => Ok((c, t)),
+            _ => Err(AgentError::Malformed {
+                op: "clone",
+                why: "no clones and ticket in the answer".into(),
+            }),
+        }
+    }
+
+    /// Takes, in a forked child, the clones its parent asked for (see
+    /// [`Agent::clone_for_child`]): this connection holds them from now on.
+    pub fn adopt(&self, allocations: Vec<u64>, ticket: String) -> Result<(), AgentError> {
+        self.call("adopt", AgentRequest::Adopt { allocations, ticket })
+            .map(|_| ())
+    }
+
+    /// The agent's socket.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// Returns an allocation.
     pub fn release(&self, allocation: u64) -> Result<(), AgentError> {
         self.call("release", AgentRequest::Release { allocation }).map(|_| ())

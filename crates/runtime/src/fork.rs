@@ -18,6 +18,75 @@ static FORK_STATE: Mutex<Option<ForkState>> = Mutex::new(None);
 struct ForkState {
     grants: Vec<rackmem_proto::SegmentGrant>,
     failure: Option<String>,
+    /// Segments from the node agent: the clones' allocation of each segment, in the table's
+    /// order, and the ticket the child adopts them with.
+    adopt: Option<(Vec<u64>, String)>,
+}
+
+/// Has each segment (all from the node agent) cloned for the child: the agent has the control
+/// plane place the clones, then each brick fills its clone from the parent's segment
+/// (CLONE_INTO on the parent's fault link, idle while the handler is parked). Returns the
+/// clones' grants in the table's order, with the allocation of each and the adoption ticket.
+fn clone_on_agent(
+    inner: &Inner,
+    agent: &crate::agent::Agent,
+) -> Result<(Vec<rackmem_proto::SegmentGrant>, Vec<u64>, String), String> {
+    let segs = inner.table.all();
+    let mut sources: Vec<rackmem_proto::CloneSource> = Vec::new();
+    for b in &segs {
+        let Some(a) = b.allocation else {
+            return Err(format!(
+                "segment {} did not come from the node agent",
+                b.grant.segment_id
+            ));
+        };
+        match sources.iter_mut().find(|s| s.allocation == a) {
+            Some(s) => s.segments.push(b.grant.segment_id),
+            None => sources.push(rackmem_proto::CloneSource {
+                allocation: a,
+                segments: vec![b.grant.segment_id],
+            }),
+        }
+    }
+    let (clones, ticket) = agent.clone_for_child(sources.clone()).map_err(|e| e.to_string())?;
+    if clones.len() != sources.len() {
+        return Err("the node agent answered with the wrong number of clones".into());
+    }
+    let mut of: std::collections::HashMap<u64, (u64, &rackmem_proto::AgentSegment)> = Default::default();
+    for (s, c) in sources.iter().zip(&clones) {
+        if c.segments.len() != s.segments.len() {
+            return Err(format!(
+                "the clone of allocation {} has the wrong number of segments",
+                s.allocation
+            ));
+        }
+        for (id, seg) in s.segments.iter().zip(&c.segments) {
+            of.insert(*id, (c.allocation, seg));
+        }
+    }
+    let mut grants = Vec::with_capacity(segs.len());
+    let mut allocations = Vec::with_capacity(segs.len());
+    for b in &segs {
+        let Some(&(alloc, seg)) = of.get(&b.grant.segment_id) else {
+            return Err(format!("no clone of segment {}", b.grant.segment_id));
+        };
+        let (grant, session_key) = crate::agent::credentials(seg)?;
+        if grant.size_bytes != b.pages * PAGE {
+            return Err(format!(
+                "the clone of segment {} is not of its size",
+                b.grant.segment_id
+            ));
+        }
+        b.fault.clone_into(&grant, &session_key).map_err(|e| {
+            format!(
+                "brick {} cannot fill the clone of segment {}: {e}",
+                b.addr, b.grant.segment_id
+            )
+        })?;
+        grants.push(rackmem_proto::SegmentGrant { grant, session_key });
+        allocations.push(alloc);
+    }
+    Ok((grants, allocations, ticket))
 }
 
 /// `pthread_atfork` prepare hook. Quiesces the runtime (no program thread inside it, handler
@@ -39,7 +108,18 @@ pub fn fork_prepare() {
     let flushed = sys::without_sigpipe(|| writeback::flush_dirty(inner));
     let mut grants = Vec::new();
     let mut failure = None;
-    for b in inner.table.all() {
+    let mut adopt = None;
+    if let Some(agent) = &inner.agent {
+        match sys::without_sigpipe(|| clone_on_agent(inner, agent)) {
+            Ok((g, allocations, ticket)) => {
+                grants = g;
+                adopt = Some((allocations, ticket));
+            }
+            // The parent goes on; the child goes on without its parent's remote memory.
+            Err(e) => failure = Some(format!("no copy-on-write clone of the parent's segments: {e}")),
+        }
+    }
+    for b in inner.table.all().into_iter().filter(|_| inner.agent.is_none()) {
         match sys::without_sigpipe(|| b.fault.clone_segment()) {
             Ok(g) => grants.push(g),
             Err(e) => {
@@ -59,7 +139,7 @@ pub fn fork_prepare() {
             grants.len()
         );
     }
-    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants, failure });
+    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants, failure, adopt });
 }
 
 /// `pthread_atfork` parent hook: resume.
@@ -102,10 +182,35 @@ pub fn fork_child() {
         eprintln!("rackmem: fork child without prepared state");
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     };
-    if let (Some(why), Some(_)) = (&state.failure, &parent.agent) {
-        // Segments from a control plane cannot be cloned (yet): the child goes on without its
-        // parent's remote memory. It may exec (what most forking programs do); touching the
-        // window, which the child does not have, stops it with SIGSEGV, never with zeros.
+    // Segments from a control plane: the child holds their clones through a connection of its
+    // own to the agent (returned when it exits or execs).
+    let adopted = match (&state.adopt, &parent.agent) {
+        (Some((allocations, ticket)), Some(a)) => {
+            let path = a.path().to_string();
+            sys::without_sigpipe(|| -> Result<crate::agent::Agent, String> {
+                let child = crate::agent::Agent::connect(&path, parent.cfg.timeout).map_err(|e| e.to_string())?;
+                let mut ids = allocations.clone();
+                ids.sort_unstable();
+                ids.dedup();
+                child.adopt(ids, ticket.clone()).map_err(|e| e.to_string())?;
+                Ok(child)
+            })
+            .map(Some)
+        }
+        _ => Ok(None),
+    };
+    let (failure, adopted) = match adopted {
+        Ok(a) => (state.failure.clone(), a),
+        Err(e) => (
+            Some(format!("the node agent did not give the child its clones: {e}")),
+            None,
+        ),
+    };
+    if let (Some(why), Some(_)) = (&failure, &parent.agent) {
+        // The clone was refused (over a limit, a brick full or down): the child goes on
+        // without its parent's remote memory. It may exec (what most forking programs do);
+        // touching the window, which the child does not have, stops it with SIGSEGV, never
+        // with zeros.
         if parent.cfg.verbose {
             eprintln!(
                 "rackmem: the forked child (pid {}) has no access to its parent's remote memory: {why}",
@@ -171,6 +276,7 @@ pub fn fork_child() {
         }
         let window = Mapping::reserve_at(base, len)?;
         let table = SegmentTable::default();
+        let clone_allocations = state.adopt.as_ref().map(|(a, _)| a.clone());
         for (i, b) in parent.table.all().iter().enumerate() {
             let seg = state.grants[i].clone();
             let fault = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
@@ -187,7 +293,7 @@ pub fn fork_child() {
                 session_key: seg.session_key,
                 fault,
                 writeback,
-                allocation: None,
+                allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
                 limiter: ratelimit::RateLimiter::new(0),
                 shared,
             });
@@ -213,7 +319,7 @@ pub fn fork_child() {
             }
             out
         };
-        let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core))?;
+        let child = Runtime::assemble(parent.cfg.clone(), window, table, adopted, Some(core))?;
         // Subpages released inside units that are away from the window read zeros in the child
         // too (its segments are clones of the parent's, stale there as in the parent's).
         let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -119,6 +119,19 @@ impl Link {
         SegmentGrant::decode(&p).map_err(|e| self.lost(format!("bad grant in CLONE answer: {e}")))
     }
 
+    /// Copy-on-write clone of the attached segment into the segment of `grant` (a control
+    /// plane's clone placed on this brick: see `Opcode::CloneInto`), proving with
+    /// `session_key` that this connection holds the clone's grant. The link stays attached to
+    /// its own segment.
+    pub fn clone_into(&self, grant: &Grant, session_key: &[u8; KEY_LEN]) -> Result<(), LinkError> {
+        let proof = attach_proof(session_key, &self.info.nonce, grant.segment_id);
+        self.call(&Request::CloneInto {
+            grant: grant.clone(),
+            proof,
+        })
+        .map(|_| ())
+    }
+
     /// Waits for a detached ticket's response (see [`Ticket::wait`]); it must come from this link.
     pub fn wait_detached(&self, t: DetachedTicket, out: &mut [u8]) -> Result<(), LinkError> {
         if out.len() != t.len {

@@ -112,6 +112,168 @@ impl Connection<'_> {
         }
     }
 
+    /// `clone`: a copy-on-write clone of each source (an allocation this connection holds) for
+    /// the child of the `fork` the process is about to make; pending until the child adopts them
+    /// (see `clones`). All or nothing.
+    fn clone_for_child(&mut self, sources: Vec<rackmem_proto::CloneSource>) -> Reply {
+        use super::clones::{new_ticket, Pending, ADOPT_WITHIN, MAX_PENDING_PER_PROCESS, MAX_SOURCES};
+        let shared = self.shared;
+        if sources.is_empty() || sources.len() > MAX_SOURCES {
+            return refusal(
+                "bad_request",
+                format!("clone names 1 to {MAX_SOURCES} allocations, not {}", sources.len()),
+            );
+        }
+        let mut bytes = 0u64;
+        for s in &sources {
+            let held = self.mine.get(&s.allocation).copied().or_else(|| {
+                self.pooled
+                    .contains(&s.allocation)
+                    .then(|| lock(&shared.pool).bytes_of(s.allocation))
+                    .flatten()
+            });
+            match held {
+                Some(b) => bytes = bytes.saturating_add(b),
+                None => {
+                    return refusal(
+                        "not_found",
+                        format!("allocation {} is not this process's: it cannot be cloned", s.allocation),
+                    )
+                }
+            }
+        }
+        let (uid, pid) = (self.cred.uid, self.cred.pid);
+        let waiting = lock(&shared.clones).pending_of(pid);
+        if waiting + sources.len() > MAX_PENDING_PER_PROCESS {
+            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return refusal(
+                "too_many_clones",
+                format!(
+                    "pid {pid} has {waiting} clones waiting for forked children that have not taken them; \
+                     at most {MAX_PENDING_PER_PROCESS} may wait at once"
+                ),
+            );
+        }
+        let ticket = match new_ticket() {
+            Ok(t) => t,
+            Err(why) => return refusal("agent_error", why),
+        };
+        let reserved = lock(&shared.holdings).reserve_for_child(&shared.cfg, self.id, uid, bytes);
+        if let Err(why) = reserved {
+            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return refusal("quota_exceeded", why);
+        }
+        let holder = Holder {
+            agent: shared.run.clone(),
+            connection: self.id,
+            pid,
+            uid,
+            start_ticks: self.start_ticks,
+        };
+        let mut made: Vec<crate::api::Allocation> = Vec::new();
+        let mut failed = None;
+        for s in &sources {
+            let req = crate::api::CloneRequest {
+                segments: Some(s.segments.clone()),
+                idempotency_key: Some(new_idempotency_key()),
+                holder: Some(holder.clone()),
+            };
+            match shared.client.clone_allocation(s.allocation, &req) {
+                Ok(a) => made.push(a),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        // Clones before holdings, as `adopt` takes them.
+        let mut c = lock(&shared.clones);
+        let mut h = lock(&shared.holdings);
+        h.answered(self.id, uid, 0, bytes);
+        if let Some(e) = failed {
+            drop(h);
+            drop(c);
+            for a in &made {
+                if shared.client.free(a.id).is_err() {
+                    lock(&shared.pending_releases).push(a.id);
+                }
+            }
+            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return client_refusal(&e);
+        }
+        let deadline = std::time::Instant::now() + ADOPT_WITHIN;
+        let mut clones = Vec::new();
+        for a in made {
+            let size: u64 = a.segments.iter().map(|s| s.size_bytes).sum();
+            h.hold(a.id, 0, uid, 0, size);
+            c.pending.insert(
+                a.id,
+                Pending {
+                    parent_pid: pid,
+                    uid,
+                    ticket,
+                    bytes: size,
+                    deadline,
+                },
+            );
+            shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
+            shared.counters.bytes.fetch_add(size, Ordering::Relaxed);
+            clones.push(rackmem_proto::AgentClone {
+                allocation: a.id,
+                segments: a.segments.iter().map(agent_segment).collect(),
+            });
+        }
+        Reply::cloned(clones, hex::encode(ticket))
+    }
+
+    /// `adopt`: the forked child takes the clones its parent asked for.
+    fn adopt(&mut self, allocations: &[u64], ticket: &str) -> Reply {
+        let shared = self.shared;
+        let Ok(ticket) = hex::decode(ticket) else {
+            return refusal("bad_request", "ticket is not hex");
+        };
+        let (uid, pid) = (self.cred.uid, self.cred.pid);
+        if allocations.is_empty() || allocations.len() > super::clones::MAX_SOURCES {
+            return refusal("bad_request", "adopt names 1 to 256 clones");
+        }
+        let mut c = lock(&shared.clones);
+        let mut parent = None;
+        for id in allocations {
+            match c.pending.get(id) {
+                Some(p) if p.uid == uid && p.parent_pid != pid && rackmem_proto::constant_time_eq(&p.ticket, &ticket) => {
+                    parent = Some(p.parent_pid);
+                }
+                _ => {
+                    return refusal(
+                        "not_found",
+                        format!("allocation {id} is no clone waiting for pid {pid} (wrong ticket, user or process, or its time ran out)"),
+                    )
+                }
+            }
+        }
+        if let Some(parent) = parent {
+            // The ticket was in the parent's memory at the fork; the child is the process that
+            // has it. A parent that exited already (a daemonizing one) left an orphan, which
+            // the init process adopted.
+            let ppid = super::clones::parent_of(pid);
+            if ppid != Some(parent) && super::reconcile::process_start_ticks(parent).is_some() {
+                return refusal(
+                    "permission_denied",
+                    format!("pid {pid} is not a child of pid {parent}, which asked for the clones"),
+                );
+            }
+        }
+        let mut h = lock(&shared.holdings);
+        for id in allocations {
+            if let Some(p) = c.pending.remove(id) {
+                h.release(*id, p.uid, 0, p.bytes);
+                h.hold(*id, self.id, uid, pid, p.bytes);
+                self.mine.insert(*id, p.bytes);
+            }
+        }
+        Reply::done()
+    }
+
     /// Forgets an allocation this connection held (released, or handed to the pending list).
     fn forget(&mut self, id: u64) {
         let Some(size) = self.mine.remove(&id) else {
@@ -165,6 +327,8 @@ impl Connection<'_> {
                 }
                 Err(e) => client_refusal(&e),
             },
+            Request::Clone { sources } => self.clone_for_child(sources),
+            Request::Adopt { allocations, ticket } => self.adopt(&allocations, &ticket),
             Request::Orders => refusal("bad_request", "orders is the first and only request of a connection"),
             Request::Evacuate { .. } => refusal(
                 "bad_request",

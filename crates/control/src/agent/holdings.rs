@@ -50,6 +50,30 @@ impl Holdings {
         Ok(())
     }
 
+    /// Reserves `bytes` of clones that connection `connection` (of user `uid`) asks for its
+    /// forked child, if the user's quota allows it. The child's process quota is its parent's
+    /// holding again, which the parent was allowed; the clones count to process 0 (nobody's)
+    /// until the child adopts them.
+    pub(super) fn reserve_for_child(
+        &mut self,
+        cfg: &AgentConfig,
+        connection: u64,
+        uid: u32,
+        bytes: u64,
+    ) -> Result<(), String> {
+        let by_uid = self.per_uid.get(&uid).copied().unwrap_or(0);
+        if by_uid.saturating_add(bytes) > cfg.quota_per_uid_bytes {
+            return Err(format!(
+                "uid {uid} holds {by_uid} bytes; a clone of {bytes} bytes for a forked child would pass its \
+                 quota of {} bytes (--quota-per-uid)",
+                cfg.quota_per_uid_bytes
+            ));
+        }
+        self.add(uid, 0, bytes);
+        *self.in_flight.entry(connection).or_default() += 1;
+        Ok(())
+    }
+
     /// The control plane answered a grow [`Holdings::reserve`] reserved: the reservation ends.
     pub(super) fn answered(&mut self, connection: u64, uid: u32, pid: u32, bytes: u64) {
         self.sub(uid, pid, bytes);

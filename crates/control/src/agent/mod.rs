@@ -30,8 +30,10 @@
 //! what processes hold; `report` keeps each process's latest figures and passes them on to the
 //! control plane; `orders` forwards `rackmem migrate --pid` (and a drain's `evacuate`) to a
 //! process's runtime; `evacuate` moves this node's segments off draining bricks; `metrics`
-//! the agent's metrics.
+//! the agent's metrics; `clones` keeps the copy-on-write clones asked for a forked child
+//! until it adopts them.
 
+mod clones;
 mod connection;
 mod evacuate;
 mod holdings;
@@ -177,6 +179,8 @@ struct Shared {
     pending_releases: Mutex<Vec<u64>>,
     /// Memory pushed to the node.
     pool: Mutex<pool::Pool>,
+    /// Clones waiting for the forked children they are for.
+    clones: Mutex<clones::Clones>,
     next_connection: AtomicU64,
     /// Connections served now, per user (entries go at zero).
     per_uid: Mutex<std::collections::HashMap<u32, usize>>,
@@ -233,6 +237,7 @@ impl Agent {
             holdings: Mutex::new(Holdings::default()),
             pending_releases: Mutex::new(Vec::new()),
             pool: Mutex::new(pool::Pool::default()),
+            clones: Mutex::default(),
             next_connection: AtomicU64::new(1),
             per_uid: Mutex::new(std::collections::HashMap::new()),
             reports: Mutex::default(),

@@ -54,6 +54,11 @@ impl Pool {
         }
     }
 
+    /// Bytes of pool allocation `id`.
+    pub(super) fn bytes_of(&self, id: u64) -> Option<u64> {
+        self.entries.get(&id).map(|e| e.bytes)
+    }
+
     pub(super) fn contains(&self, id: u64) -> bool {
         self.entries.contains_key(&id)
     }

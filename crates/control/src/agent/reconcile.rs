@@ -23,6 +23,7 @@ pub(super) fn release_loop(shared: &Shared) {
         }
         std::thread::sleep(Duration::from_millis(500).min(shared.cfg.reconcile_interval));
         super::report::forward(shared);
+        super::clones::expire(shared);
         let pending: Vec<u64> = std::mem::take(&mut *lock(&shared.pending_releases));
         let mut again = Vec::new();
         for id in pending {

@@ -156,6 +156,120 @@ impl ControlPlane {
         Ok((view, Allocated::Created))
     }
 
+    /// `POST /v1/allocations/{id}/clone`: a new allocation of `id`'s node with one segment per
+    /// segment of `id` the request names (all by default), on that segment's brick, of its size
+    /// and bandwidth, in the order named: what a forked child's copy-on-write clones need
+    /// (each brick shares the source's pages with the clone when the node asks it with
+    /// CLONE_INTO). Quota-checked and accounted like any allocation; refused whole when one
+    /// brick is full, down or draining.
+    pub fn clone_allocation(
+        &mut self,
+        id: u64,
+        req: api::CloneRequest,
+    ) -> Result<(api::Allocation, Allocated), PlaneError> {
+        let src = self
+            .allocations
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| PlaneError::NotFound(format!("allocation {id} does not exist")))?;
+        let request_sha256 = match &req.idempotency_key {
+            None => None,
+            Some(key) => {
+                if !api::valid_token(key) {
+                    return Err(PlaneError::Invalid(format!(
+                        "idempotency_key must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
+                        api::MAX_IDEMPOTENCY_KEY_LEN
+                    )));
+                }
+                use sha2::Digest;
+                let bare = api::CloneRequest {
+                    idempotency_key: None,
+                    ..req.clone()
+                };
+                let body = serde_json::to_vec(&(id, &bare)).unwrap_or_default();
+                let sha = format!("clone:{}", hex::encode(sha2::Sha256::digest(&body)));
+                if let Some(rec) = self
+                    .idempotency
+                    .get(&(src.node, key.clone()))
+                    .and_then(|a| self.allocations.get(a))
+                {
+                    if rec.request_sha256.as_deref() != Some(sha.as_str()) {
+                        return Err(PlaneError::Conflict(format!(
+                            "idempotency key {key:?} already made allocation {} from a different request; \
+                             use a fresh key for a new request",
+                            rec.id
+                        )));
+                    }
+                    return Ok((self.allocation_view(rec), Allocated::Replayed));
+                }
+                Some(sha)
+            }
+        };
+        if let Some(h) = &req.holder {
+            if !api::valid_token(&h.agent) {
+                return Err(PlaneError::Invalid(format!(
+                    "holder.agent must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
+                    api::MAX_IDEMPOTENCY_KEY_LEN
+                )));
+            }
+        }
+        let sources: Vec<crate::store::SegmentRecord> = match &req.segments {
+            None => src.segments.clone(),
+            Some(ids) => {
+                if ids.is_empty() || ids.len() > api::MAX_CLONE_SEGMENTS {
+                    return Err(PlaneError::Invalid(format!(
+                        "a clone names 1 to {} segments, not {}",
+                        api::MAX_CLONE_SEGMENTS,
+                        ids.len()
+                    )));
+                }
+                if ids.iter().collect::<HashSet<_>>().len() != ids.len() {
+                    return Err(PlaneError::Invalid(
+                        "a segment is named twice in `segments`".to_string(),
+                    ));
+                }
+                ids.iter()
+                    .map(|s| {
+                        src.segments
+                            .iter()
+                            .find(|r| r.segment_id == *s)
+                            .cloned()
+                            .ok_or_else(|| PlaneError::NotFound(format!("segment {s} is not of allocation {id}")))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        let size_bytes: u64 = sources.iter().map(|s| s.size_bytes).sum();
+        self.check_quota(src.node, size_bytes)?;
+        let bricks: Vec<[u64; 1]> = sources.iter().map(|s| [s.brick_id]).collect();
+        let pls = sources
+            .iter()
+            .zip(&bricks)
+            .map(|(s, b)| {
+                let mut pl = Placement::new(src.node, s.size_bytes, 1, s.bandwidth_bps, None, Some(b))?;
+                pl.objective = self.placement;
+                Ok(pl)
+            })
+            .collect::<Result<Vec<_>, PlaneError>>()?;
+        let mut counters = self.counters;
+        let clone_id = next_id(&mut counters.next_allocation);
+        let view = self.place_allocation_of(&pls, counters, |segments| AllocationRecord {
+            id: clone_id,
+            node: src.node,
+            size_bytes,
+            stripe: 1,
+            bandwidth_bps: 0,
+            links: None,
+            segments,
+            created_unix_ms: now_unix_ms(),
+            idempotency_key: req.idempotency_key.clone(),
+            request_sha256,
+            holder: req.holder.clone(),
+            circuit: false,
+        })?;
+        Ok((view, Allocated::Created))
+    }
+
     /// `PATCH /v1/allocations/{id}`.
     pub fn resize(&mut self, id: u64, size_bytes: u64) -> Result<api::Allocation, PlaneError> {
         let cur = self

@@ -765,6 +765,63 @@ mod tests {
         assert_eq!((again.id, how), (first.id, Allocated::Replayed));
     }
 
+    #[test]
+    fn a_clone_lies_on_its_sources_bricks_counts_to_the_quota_and_replays_by_key() {
+        let mut p = plane();
+        p.set_node_quota(NodeQuota::PercentOfPool(40));
+        let (b1, b2) = (brick(&mut p, "b1", 32 * M), brick(&mut p, "b2", 32 * M));
+        let n = node(&mut p, "n");
+        let src = p
+            .allocate(AllocationRequest {
+                node: n,
+                size_bytes: 8 * M,
+                stripe: Some(2),
+                ..Default::default()
+            })
+            .unwrap();
+        let ids: Vec<u64> = src.segments.iter().map(|s| s.segment_id).collect();
+        // The second segment first: the clone's segments follow the order asked.
+        let req = api::CloneRequest {
+            segments: Some(vec![ids[1], ids[0]]),
+            idempotency_key: Some("fork-1".into()),
+            holder: None,
+        };
+        let (clone, how) = p.clone_allocation(src.id, req.clone()).unwrap();
+        assert_eq!(how, Allocated::Created);
+        assert_eq!(clone.node, n);
+        let placed: Vec<(u64, u64)> = clone.segments.iter().map(|s| (s.brick_id, s.size_bytes)).collect();
+        let want: Vec<(u64, u64)> = [1, 0]
+            .iter()
+            .map(|&i| (src.segments[i].brick_id, src.segments[i].size_bytes))
+            .collect();
+        assert_eq!(placed, want);
+        assert!([b1, b2].iter().all(|b| placed.iter().any(|(p, _)| p == b)));
+        let (again, how) = p.clone_allocation(src.id, req).unwrap();
+        assert_eq!((again.id, how), (clone.id, Allocated::Replayed));
+        // 40% of the rack is 25.6 MiB; the node holds 16: a clone of 8 fits, the next does not.
+        p.clone_allocation(src.id, api::CloneRequest::default()).unwrap();
+        match p.clone_allocation(src.id, api::CloneRequest::default()) {
+            Err(PlaneError::QuotaExceeded(m)) => assert!(m.contains("node-quota"), "{m}"),
+            other => panic!("expected quota_exceeded, got {other:?}"),
+        }
+        // A segment that is not the allocation's, or named twice, is refused.
+        let bad = |segments| api::CloneRequest {
+            segments: Some(segments),
+            ..Default::default()
+        };
+        assert!(matches!(
+            p.clone_allocation(src.id, bad(vec![424242])),
+            Err(PlaneError::NotFound(_))
+        ));
+        assert!(matches!(
+            p.clone_allocation(src.id, bad(vec![ids[0], ids[0]])),
+            Err(PlaneError::Invalid(_))
+        ));
+        // Released like any allocation.
+        p.free(clone.id).unwrap();
+        assert!(p.allocation(clone.id).is_err());
+    }
+
     /// A switch driver that records what it was given into `seen` and fails while `fail` is set.
     struct Recorder {
         seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Vec<api::SwitchRule>>>>,

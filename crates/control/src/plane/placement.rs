@@ -79,17 +79,35 @@ impl ControlPlane {
     pub(super) fn place_allocation(
         &mut self,
         pl: &Placement<'_>,
+        counters: Counters,
+        build: impl FnOnce(Vec<SegmentRecord>) -> AllocationRecord,
+    ) -> Result<api::Allocation, PlaneError> {
+        self.place_allocation_of(std::slice::from_ref(pl), counters, build)
+    }
+
+    /// [`ControlPlane::place_allocation`] of the segments of several placements, in their
+    /// order, as one allocation (a clone: one placement per segment cloned, each on its own
+    /// segment's brick); the circuit, if any, is the first placement's.
+    pub(super) fn place_allocation_of(
+        &mut self,
+        pls: &[Placement<'_>],
         mut counters: Counters,
         build: impl FnOnce(Vec<SegmentRecord>) -> AllocationRecord,
     ) -> Result<api::Allocation, PlaneError> {
-        let mut log = Vec::new();
-        let segments = match self.place(pl, &mut counters, &mut log) {
-            Ok(s) => s,
-            Err(e) => {
-                self.undo(log);
-                return Err(e);
-            }
+        let Some(pl) = pls.first() else {
+            return Err(PlaneError::Invalid("nothing to place".to_string()));
         };
+        let mut log = Vec::new();
+        let mut segments = Vec::new();
+        for p in pls {
+            match self.place(p, &mut counters, &mut log) {
+                Ok(s) => segments.extend(s),
+                Err(e) => {
+                    self.undo(log);
+                    return Err(e);
+                }
+            }
+        }
         let start = std::time::Instant::now();
         let rec = build(segments);
         // A circuit's switches are configured before it is stored: if they cannot be, nothing

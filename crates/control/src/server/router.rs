@@ -63,6 +63,7 @@ fn api_router() -> OpenApiRouter<AppState> {
             allocations::resize_allocation
         ))
         .routes(routes!(allocations::renew_allocation))
+        .routes(routes!(allocations::clone_allocation))
         .routes(routes!(graph::get_graph))
         .routes(routes!(circuits::list_circuits))
         .routes(routes!(circuits::move_circuit))

@@ -1,7 +1,7 @@
 //! `/v1/allocations`: allocating (idempotent by key), listing, reading, resizing, renewing and
 //! releasing allocations.
 
-use crate::api::{Allocation, AllocationRequest, ErrorBody, Released, ResizeRequest};
+use crate::api::{Allocation, AllocationRequest, CloneRequest, ErrorBody, Released, ResizeRequest};
 use crate::auth::Role;
 use crate::plane::Allocated;
 use crate::server::authz::{authorized, may, Target};
@@ -149,4 +149,34 @@ pub(crate) async fn resize_allocation(
     authorized(&st, c, Target::Allocation(id), move |p| p.resize(id, req.size_bytes))
         .await
         .map(Json)
+}
+
+/// Clones segments of an allocation copy-on-write for a forked child: a new allocation of the
+/// same node with one segment per segment named, on that segment's brick and of its size,
+/// placed, quota-checked and accounted like any allocation. The node's process then has each
+/// brick fill its clone (CLONE_INTO) from the segment it is attached to.
+#[utoipa::path(post, path = "/v1/allocations/{id}/clone", tag = "allocations", request_body = CloneRequest,
+    params(("id" = u64, Path, description = "Allocation id")),
+    responses(
+        (status = 201, description = "Cloned", body = Allocation),
+        (status = 200, description = "An earlier request with the same idempotency key made this live clone", body = Allocation),
+        (status = 400, description = "Malformed body", body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, description = "Unknown allocation, or a segment not of it", body = ErrorBody),
+        (status = 409, description = "A brick is full, down or draining, or the node is over its quota", body = ErrorBody),
+        (status = 422, description = "A segment named twice, or too many", body = ErrorBody),
+    ))]
+pub(crate) async fn clone_allocation(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    Id(id): Id,
+    ApiJson(req): ApiJson<CloneRequest>,
+) -> Result<(StatusCode, Json<Allocation>), ApiError> {
+    let start = Instant::now();
+    let r = authorized(&st, c, Target::Allocation(id), move |p| p.clone_allocation(id, req)).await;
+    st.metrics.observe_allocation(start.elapsed());
+    r.map(|(a, how)| match how {
+        Allocated::Created => (StatusCode::CREATED, Json(a)),
+        Allocated::Replayed => (StatusCode::OK, Json(a)),
+    })
 }
