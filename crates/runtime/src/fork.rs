@@ -1,6 +1,9 @@
 //! `fork` with copy semantics: the parent quiesces and writes back its dirty pages, each brick
 //! clones the parent's segment copy-on-write, and the child builds its own runtime on the
-//! clones, over the same window addresses.
+//! clones, over the same window addresses. Segments of the embedded or a standalone brick are
+//! cloned by the brick itself (CLONE); segments from a node agent are cloned where the control
+//! plane places them (the agent's `clone`, then CLONE_INTO on each brick), and the child adopts
+//! them from the agent with the parent's ticket, so they go back when the child exits.
 
 use crate::error::RuntimeError;
 use crate::process::{clear_global, global, set_global, ACTIVE_CALLS, FORKING};
