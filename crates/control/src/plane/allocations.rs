@@ -55,28 +55,13 @@ impl ControlPlane {
                     )));
                 }
                 let sha = request_digest(&req);
-                let scoped = (req.node, key.clone());
-                if let Some(rec) = self.idempotency.get(&scoped).and_then(|id| self.allocations.get(id)) {
-                    if rec.request_sha256.as_deref() != Some(sha.as_str()) {
-                        return Err(PlaneError::Conflict(format!(
-                            "idempotency key {key:?} already made allocation {} from a different request; \
-                             use a fresh key for a new request",
-                            rec.id
-                        )));
-                    }
-                    return Ok((self.allocation_view(rec), Allocated::Replayed));
+                if let Some(done) = self.replayed(req.node, key, &sha)? {
+                    return Ok((done, Allocated::Replayed));
                 }
                 Some(sha)
             }
         };
-        if let Some(h) = &req.holder {
-            if !api::valid_token(&h.agent) {
-                return Err(PlaneError::Invalid(format!(
-                    "holder.agent must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
-                    api::MAX_IDEMPOTENCY_KEY_LEN
-                )));
-            }
-        }
+        check_holder(req.holder.as_ref())?;
         if !self.nodes.contains_key(&req.node) {
             return Err(PlaneError::NotFound(format!("node {} is not registered", req.node)));
         }
@@ -188,31 +173,13 @@ impl ControlPlane {
                 };
                 let body = serde_json::to_vec(&(id, &bare)).unwrap_or_default();
                 let sha = format!("clone:{}", hex::encode(sha2::Sha256::digest(&body)));
-                if let Some(rec) = self
-                    .idempotency
-                    .get(&(src.node, key.clone()))
-                    .and_then(|a| self.allocations.get(a))
-                {
-                    if rec.request_sha256.as_deref() != Some(sha.as_str()) {
-                        return Err(PlaneError::Conflict(format!(
-                            "idempotency key {key:?} already made allocation {} from a different request; \
-                             use a fresh key for a new request",
-                            rec.id
-                        )));
-                    }
-                    return Ok((self.allocation_view(rec), Allocated::Replayed));
+                if let Some(done) = self.replayed(src.node, key, &sha)? {
+                    return Ok((done, Allocated::Replayed));
                 }
                 Some(sha)
             }
         };
-        if let Some(h) = &req.holder {
-            if !api::valid_token(&h.agent) {
-                return Err(PlaneError::Invalid(format!(
-                    "holder.agent must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
-                    api::MAX_IDEMPOTENCY_KEY_LEN
-                )));
-            }
-        }
+        check_holder(req.holder.as_ref())?;
         let sources: Vec<crate::store::SegmentRecord> = match &req.segments {
             None => src.segments.clone(),
             Some(ids) => {
@@ -391,6 +358,26 @@ impl ControlPlane {
 
     /// What the REST API shows of an allocation: its segments with their bricks' addresses,
     /// grants' expiries and current rate limits.
+    /// The live allocation node `node`'s idempotency key `key` already made, if any; a conflict
+    /// if it was made from a different request (digest `sha`).
+    fn replayed(&self, node: u64, key: &str, sha: &str) -> Result<Option<api::Allocation>, PlaneError> {
+        let Some(rec) = self
+            .idempotency
+            .get(&(node, key.to_string()))
+            .and_then(|a| self.allocations.get(a))
+        else {
+            return Ok(None);
+        };
+        if rec.request_sha256.as_deref() != Some(sha) {
+            return Err(PlaneError::Conflict(format!(
+                "idempotency key {key:?} already made allocation {} from a different request; \
+                 use a fresh key for a new request",
+                rec.id
+            )));
+        }
+        Ok(Some(self.allocation_view(rec)))
+    }
+
     fn allocation_view(&self, a: &AllocationRecord) -> api::Allocation {
         api::Allocation {
             id: a.id,
@@ -446,5 +433,16 @@ impl ControlPlane {
     /// The node allocation `id` belongs to.
     pub fn allocation_node(&self, id: u64) -> Option<u64> {
         self.allocations.get(&id).map(|a| a.node)
+    }
+}
+
+/// A request's holder names its agent with a token of the documented characters.
+fn check_holder(holder: Option<&api::Holder>) -> Result<(), PlaneError> {
+    match holder {
+        Some(h) if !api::valid_token(&h.agent) => Err(PlaneError::Invalid(format!(
+            "holder.agent must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
+            api::MAX_IDEMPOTENCY_KEY_LEN
+        ))),
+        _ => Ok(()),
     }
 }
