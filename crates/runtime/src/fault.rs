@@ -64,6 +64,14 @@ pub(crate) fn outcome(inner: &Inner, src: usize, dst: usize) -> MoveOutcome {
     }
 }
 
+/// True if staging slot `slot` has a page (in memory or swapped), as a spent slot must.
+fn slot_holds_page(inner: &Inner, slot: u32) -> bool {
+    match rackmem_sys::page_entry(inner.slot_addr(slot)) {
+        Ok(e) => e != rackmem_sys::PageEntry::None,
+        Err(e) => inner.internal_error(&format!("cannot read whether staging slot {slot} holds a page: {e}")),
+    }
+}
+
 /// Counts a move the kernel did without reporting it, and says so once.
 pub(crate) fn recounted(inner: &Inner, src: usize, dst: usize) {
     if inner.stats.moves_recounted.fetch_add(1, Ordering::Relaxed) == 0 && inner.cfg.verbose {
@@ -470,6 +478,21 @@ impl Backend for Handler {
                     eprintln!("rackmem: UFFDIO_MOVE into the window at {dst:#x}: {e}; copying instead");
                 }
                 let at = inner.page_addr(run.page + (i + done) as u64);
+                // Every slot copied from must still hold its page: the copy reads it in the
+                // kernel, and a hole there is an error of the staging userfaultfd (EFAULT), not
+                // data. Say which slot lost its page and how, rather than just "EFAULT".
+                if let Some(k) = (i + done..j).find(|&k| !slot_holds_page(&inner, spent.start() + k as u32)) {
+                    inner.internal_error(&format!(
+                        "installing pages {i}..{j} of the run at window page {} from staging slots {}..{}: \
+                         UFFDIO_MOVE stopped after {done} with {e}, and slot {} (page {k} of the run) holds no \
+                         page (window page there: {:?})",
+                        run.page,
+                        spent.start(),
+                        spent.start() + spent.count(),
+                        spent.start() + k as u32,
+                        rackmem_sys::page_entry(inner.page_addr(run.page + k as u64)),
+                    ));
+                }
                 let src = &recycle::bytes(&inner, spent)[(i + done) * PAGE_SIZE..j * PAGE_SIZE];
                 let copied = inner.uffd.copy(at, src, INSTALL);
                 match self.installed_pages(at, copied) {
