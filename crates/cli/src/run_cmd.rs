@@ -467,6 +467,7 @@ fn print_stats(path: &Path) {
         "fetched",
         "prefetched",
         "read-ahead used",
+        "early reads used",
         "written back",
         "evictions",
         "same-filled",
@@ -496,6 +497,10 @@ fn print_stats(path: &Path) {
                 ),
                 None => "-".into(),
             },
+            match s.reads_early {
+                0 => "-".into(),
+                sent => format!("{} of {sent}", s.reads_early_used),
+            },
             format_size(s.bytes_written_back),
             s.evictions.to_string(),
             s.evictions_same_filled.to_string(),
@@ -511,7 +516,9 @@ fn print_stats(path: &Path) {
     eprintln!(
         "rackmem statistics (peak local: window pages resident at once; budget: the local buffer, of the peak \
          footprint in the window; read-ahead used: the share of the pages fetched beyond the \
-         faulting page that the program used, estimated on a sample (used of sampled); peak RssAnon: all anonymous memory the process held, sampled; fault latency: \
+         faulting page that the program used, estimated on a sample (used of sampled); early reads used: one-page reads the handler sent \
+         over a link for faults queued behind the one it served, and how many of them a fault \
+         collected (`--pipeline`); peak RssAnon: all anonymous memory the process held, sampled; fault latency: \
          the handler's service time; in flight: faults served at once, mean over the time any was, and most at \
          once):\n{table}"
     );

@@ -64,14 +64,15 @@ fn two_and_four_threads_fault_at_once_over_a_unix_socket_brick() {
 /// Threads faulting over a link with one handler that pipelines (the default `--pipeline`): the
 /// reads of faults queued behind the one being served go out before it waits on the brick, and
 /// are collected in their turn. Results equal the native run's, and the early reads were sent
-/// and used (the path ran, and did not just fall back to one fault at a time).
+/// and used (the path ran, and did not just fall back to one fault at a time), and `--stats`
+/// shows the same counts.
 fn threads_fault_with_reads_pipelined(brick: &[&str]) {
     let prog = program("parallel_faults");
     for (threads, mode) in [("2", "disjoint"), ("4", "shared")] {
         let args = ["32", threads, mode, "200000"];
         let n = native(&prog, &args);
         assert!(n.status.success(), "native parallel_faults {args:?}: {}", show(&n));
-        let extra: Vec<&str> = brick.iter().copied().chain(["--handlers", "1"]).collect();
+        let extra: Vec<&str> = brick.iter().copied().chain(["--handlers", "1", "--stats"]).collect();
         let (r, stats) = remote(&prog, &args, "25%", &extra);
         assert!(r.status.success(), "parallel_faults {args:?} {extra:?}: {}", show(&r));
         assert!(!checksums(&n).is_empty(), "no checksum printed: {}", show(&n));
@@ -86,6 +87,11 @@ fn threads_fault_with_reads_pipelined(brick: &[&str]) {
         assert!(
             sent > 0 && used > 0 && used <= sent,
             "{threads} threads over {brick:?}: no early reads pipelined (sent {sent}, used {used}): {s:?}"
+        );
+        let table = String::from_utf8_lossy(&r.stderr);
+        assert!(
+            table.contains("early reads used") && table.contains(&format!(" {used} of {sent} ")),
+            "--stats does not show the early reads ({used} of {sent}): {table}"
         );
         let max = s.extra("faults_in_flight_max");
         assert!(
