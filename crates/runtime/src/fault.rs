@@ -534,11 +534,18 @@ impl Backend for Handler {
             self.pipeline();
             ReadAheads::collect(&inner, run.page, a, &mut run.spent, &mut self.buf);
         } else {
-            if waits_on_link(&inner, run) {
-                self.pipeline();
-            }
+            // Over a link, the reads of the faults queued behind this one go out while this
+            // one's read is on its way (sent first, so its answer comes first).
+            let on_link = waits_on_link(&inner, run);
             match run.spent.as_mut() {
-                Some(slots) => fetch_into(&inner, run.page, &run.kinds, recycle::bytes(&inner, slots)),
+                Some(slots) => {
+                    let out = recycle::bytes(&inner, slots);
+                    fetch_into(&inner, run.page, &run.kinds, out, &mut || {
+                        if on_link {
+                            self.pipeline()
+                        }
+                    })
+                }
                 None => {
                     if let Some(d) = direct_source(&inner, run.page, &run.kinds) {
                         // The brick's memory is read by the install's copy: the access ends there.
@@ -548,8 +555,14 @@ impl Backend for Handler {
                     }
                     // Not cleared: `fetch_into` writes every page the install reads, and a strided
                     // run's span (up to 8 MiB) is mostly pages passed over, never read.
-                    self.buf.resize(run.kinds.len() * PAGE_SIZE, 0);
-                    fetch_into(&inner, run.page, &run.kinds, &mut self.buf);
+                    let mut buf = std::mem::take(&mut self.buf);
+                    buf.resize(run.kinds.len() * PAGE_SIZE, 0);
+                    fetch_into(&inner, run.page, &run.kinds, &mut buf, &mut || {
+                        if on_link {
+                            self.pipeline()
+                        }
+                    });
+                    self.buf = buf;
                 }
             }
         }
@@ -695,8 +708,10 @@ fn direct_source(
 }
 
 /// Reads the run's pages into `out` (one page per entry of `kinds`): brick pages from their
-/// bricks, same-filled pages filled with their word, the others zeroed.
-fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8]) {
+/// bricks, same-filled pages filled with their word, the others zeroed. `in_flight` runs once,
+/// while the read is on its way where it is one request over a link (the common case),
+/// else before the reads.
+fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8], in_flight: &mut dyn FnMut()) {
     for (i, &k) in kinds.iter().enumerate() {
         let dst = &mut out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
         match k {
@@ -743,20 +758,39 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8]) {
         }
     }
     let mut fetched_pages = 0u64;
+    let mut in_flight = Some(in_flight);
     for BrickReads { brick, extents, starts } in &per_brick {
         let total: usize = extents.iter().map(|e| e.1 as usize).sum();
-        let lost = |e: &dyn std::fmt::Display| {
+        let lost = |e: &dyn std::fmt::Display| -> ! {
             inner.brick_lost(*brick, &format!("fetching window page {:#x}", inner.page_addr(page)), e)
         };
         let seg = inner.segment(*brick);
         seg.limiter.acquire(total as u64);
-        if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
-            // The common case, one run on one brick: read straight into place.
+        let one_request = seg.shared.is_none() && total as u64 <= rackmem_transport::MAX_BATCH_BYTES;
+        if let ([ext], [start], true) = (extents.as_slice(), starts.as_slice(), one_request) {
+            // The common case over a link, one run on one brick: sent, then `in_flight` while
+            // it travels, then received straight into place.
+            let at = start * PAGE_SIZE;
+            let sent = match seg.fault.submit_read(&[*ext]) {
+                Ok(t) => t.detach(),
+                Err(e) => lost(&e),
+            };
+            if let Some(f) = in_flight.take() {
+                f();
+            }
+            if let Err(e) = seg.fault.wait_detached(sent, &mut out[at..at + total]) {
+                lost(&e);
+            }
+        } else if let ([ext], [start]) = (extents.as_slice(), starts.as_slice()) {
+            // One run in a mapped segment: a copy.
             let at = start * PAGE_SIZE;
             if let Err(e) = seg.read(&[*ext], &mut out[at..at + total]) {
                 lost(&e);
             }
         } else {
+            if let Some(f) = in_flight.take() {
+                f();
+            }
             let mut tmp = vec![0u8; total];
             if let Err(e) = seg.read(extents, &mut tmp) {
                 lost(&e);
