@@ -181,7 +181,7 @@ fn forked_child_and_parent_each_see_their_own_copy() {
         s.len() >= 2,
         "expected statistics from the parent and the forked child: {s:?}"
     );
-    s.iter().for_each(assert_used_remote_memory);
+    s.iter().for_each(assert_used_remote_memory_forked);
 }
 
 /// A lazy fork (the default): the child inherits the window and keeps the parent's resident
@@ -223,7 +223,7 @@ fn a_lazily_forked_child_keeps_its_parents_resident_pages() {
         );
         let s = read_stats(&stats);
         assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
-        s.iter().for_each(assert_used_remote_memory);
+        s.iter().for_each(assert_used_remote_memory_forked);
         let shared: u64 = s.iter().map(|p| p.extra("evictions_shared")).sum();
         if fork == "lazy" {
             assert!(
