@@ -181,7 +181,59 @@ fn forked_child_and_parent_each_see_their_own_copy() {
         s.len() >= 2,
         "expected statistics from the parent and the forked child: {s:?}"
     );
-    s.iter().for_each(assert_used_remote_memory);
+    s.iter().for_each(assert_used_remote_memory_forked);
+}
+
+/// A lazy fork (the default): the child inherits the window and keeps the parent's resident
+/// pages, copy-on-write, instead of refetching them, and the parent writes nothing back at the
+/// fork. `fork_rw` makes both sides read the parent's resident and remote pages and write
+/// afterwards, each checking it sees only its own writes; checksums equal the native run's on
+/// shared memory and over the socket. Evicting a page still shared with the other process makes
+/// it private first (`evictions_shared`). The eager fork (`RACKMEM_FORK=eager`: window not
+/// inherited, dirty pages written back, every page refetched) gives the same results and never
+/// meets a shared page.
+#[test]
+fn a_lazily_forked_child_keeps_its_parents_resident_pages() {
+    require_root();
+    let prog = program("fork_rw");
+    let args = ["32", "3"];
+    let want = checksums(&native(&prog, &args));
+    assert_eq!(want.len(), 2, "fork_rw natively printed no checksums");
+    for (fork, extra) in [
+        ("lazy", &[][..]),
+        ("lazy", SOCKET),
+        ("eager", &[][..]),
+        ("eager", SOCKET),
+    ] {
+        let stats = build_dir().join(format!("stats-fork-{fork}-{}.jsonl", unique()));
+        let mut c = Command::new(rackmem());
+        c.env("RACKMEM_FORK", fork)
+            .args(["run", "--local", "10%", "--stats-json"])
+            .arg(&stats)
+            .args(extra)
+            .arg("--")
+            .arg(&prog)
+            .args(args);
+        let o = run_with_deadline(c, LIMIT);
+        assert!(o.status.success(), "fork_rw, {fork} fork {extra:?}: {}", show(&o));
+        assert_eq!(
+            checksums(&o),
+            want,
+            "fork_rw, {fork} fork {extra:?}: results differ from native"
+        );
+        let s = read_stats(&stats);
+        assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
+        s.iter().for_each(assert_used_remote_memory_forked);
+        let shared: u64 = s.iter().map(|p| p.extra("evictions_shared")).sum();
+        if fork == "lazy" {
+            assert!(
+                shared > 0,
+                "no eviction met a page shared after the fork {extra:?}: {s:?}"
+            );
+        } else {
+            assert_eq!(shared, 0, "an eager fork shares no page {extra:?}: {s:?}");
+        }
+    }
 }
 
 /// Signals sent to the process all the time, blocked by the program's threads (they may reach

@@ -60,7 +60,7 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
     let s = same_as_native("fork_rw", &["32", "3"]);
     assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
     for p in &s {
-        assert_used_remote_memory(p);
+        assert_used_remote_memory_forked(p);
         assert!(p.extra("bytes_fetched_shared") > 0, "{p:?}");
     }
 }

@@ -1070,6 +1070,41 @@ impl Core {
         c
     }
 
+    /// The core a forked child starts from when it inherits the parent's window: the kernel
+    /// keeps the parent's resident units mapped in the child (copy-on-write), so they stay
+    /// resident here, with their brick-valid flags and install checksums, and join the child's
+    /// eviction policy. The parent need not write anything back first: the child's clone of each
+    /// segment holds what the parent's held at the fork, which is what those flags and checksums
+    /// describe, so a unit dirty in the parent is dirty in the child against its clone too, and
+    /// each side writes its own changes to its own segment when it evicts them. The rest is as
+    /// in [`Core::forked`]. Panics if a unit is evicting (the fork drains write-back first).
+    pub fn forked_keeping_resident(&self, policy: Box<dyn EvictionPolicy>) -> Core {
+        assert!(
+            self.evicting.is_empty(),
+            "fork with {} units evicting",
+            self.evicting.len()
+        );
+        let mut c = self.forked(policy);
+        c.pages = self.pages.forked_keeping_resident();
+        c.hashes = self.hashes.clone();
+        c.sums = self.sums.clone();
+        c.resident = self.resident;
+        // O(units stored), in unit order: the child's policy has no history of its own yet.
+        let resident: Vec<u64> = c
+            .pages
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.location() == Location::Resident)
+            .map(|(u, _)| u as u64)
+            .collect();
+        for u in resident {
+            if c.policy_member(u) {
+                c.policy.inserted(u as u32);
+            }
+        }
+        c
+    }
+
     /// Checks that the page states, the counts, the side tables, the policy and the slots agree.
     /// O(window): for tests and debugging.
     pub fn check(&self) -> Result<(), String> {
@@ -1205,6 +1240,51 @@ mod tests {
 
     fn core(pages: u64) -> Core {
         Core::new(pages, 8, Box::new(Fifo::default()))
+    }
+
+    /// A child that inherits the parent's window keeps its resident pages (brick flags and
+    /// checksums too) and can evict them; remote and same-filled pages stay remote.
+    #[test]
+    fn a_child_keeping_the_window_starts_with_the_parents_resident_pages() {
+        let mut c = core(16);
+        assert_eq!(c.alloc_region(16, 1), Some(0));
+        for p in 0..6 {
+            c.claim(p);
+        }
+        c.record_hashes([(1, 11), (2, 22)]);
+        // Page 3 goes remote, written.
+        let mut v = Vec::new();
+        c.set_prot(4, 1, prot::encode(1), false);
+        let id = c.choose_victims(1, 16, 0, &mut v).expect("a victim");
+        assert_eq!(v[0].page, 0);
+        c.moved_out(id);
+        c.finish_eviction(id, 0, Evicted::Written);
+        c.check().expect("parent consistent");
+        let mut child = c.forked_keeping_resident(Box::new(Fifo::default()));
+        child.check().expect("child consistent");
+        assert_eq!(child.resident(), 5);
+        assert_eq!(child.location(0), Location::Remote);
+        assert!(child.state(0).brick_valid());
+        assert_eq!(child.location(1), Location::Resident);
+        assert_eq!(child.hash_of(1), Some(11));
+        assert_eq!(child.hash_of(2), Some(22));
+        assert_eq!(child.prot_of(4), prot::encode(1));
+        // The child's policy holds the inherited pages: it evicts them, in page order.
+        v.clear();
+        let id = child.choose_victims(8, 1, 0, &mut v).expect("victims in the child");
+        let pages: Vec<u32> = v.iter().map(|x| x.page).collect();
+        assert_eq!(pages, vec![1, 2, 3, 4, 5]);
+        assert_eq!(
+            v[0].hash, 11,
+            "the parent's install checksum tells the child's dirty pages"
+        );
+        child.moved_out(id);
+        for x in &v {
+            child.finish_eviction(id, x.page, Evicted::Clean);
+        }
+        child.check().expect("child consistent after evicting");
+        assert_eq!(child.resident(), 0);
+        assert_eq!(c.resident(), 5, "the parent's core is its own");
     }
 
     /// A window of 3.5 huge units: residency per unit, protections, pins, regions and releases

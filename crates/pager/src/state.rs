@@ -241,6 +241,19 @@ impl PageTable {
     }
 }
 
+impl PageTable {
+    /// The table a forked child starts from when it inherits the parent's window (the kernel
+    /// keeps the parent's resident pages mapped in the child, copy-on-write): every state as in
+    /// the parent, brick-valid flags included (the child's clone of each segment holds what the
+    /// parent's held at the fork). No page may be evicting (the fork drains write-back first).
+    pub fn forked_keeping_resident(&self) -> PageTable {
+        if let Some(p) = self.states.iter().position(|s| s.location() == Location::Evicting) {
+            panic!("fork with window page {p} evicting");
+        }
+        self.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

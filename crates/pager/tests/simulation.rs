@@ -766,39 +766,52 @@ impl Sim {
 
     // --- fork --------------------------------------------------------------------------
 
-    /// The parent writes back its dirty resident pages; the child starts from the parent's
-    /// core and a copy of its brick memory, with nothing mapped. Half the time the simulation
-    /// goes on as the child.
+    /// Either the eager fork (the parent writes back its dirty resident pages; the child starts
+    /// from the parent's core and a copy of its brick memory, with nothing mapped) or the lazy
+    /// one (nothing written back; the child inherits the window, its resident pages and their
+    /// checksums, as the kernel's copy-on-write gives them). Half the time the simulation goes
+    /// on as the child.
     fn fork(&mut self) {
-        let resident: Vec<u64> = {
-            let c = self.core();
-            (0..self.shape.window)
-                .filter(|&p| c.location(p) == Location::Resident)
-                .collect()
-        };
-        for p in resident {
-            let Some(&v) = self.window.get(&p) else {
-                continue;
+        let lazy = self.rng.chance(500);
+        if !lazy {
+            let resident: Vec<u64> = {
+                let c = self.core();
+                (0..self.shape.window)
+                    .filter(|&p| c.location(p) == Location::Resident)
+                    .collect()
             };
-            let hash = self.core().hash_of(p).unwrap_or(zero_hash());
-            assert!(!self.core().is_in_flight(p), "fork with page {p} in flight");
-            if checksum(v) != hash {
-                self.brick_op();
-                self.brick_write(p, v);
-                self.core().mark_written(p, Some(checksum(v)));
+            for p in resident {
+                let Some(&v) = self.window.get(&p) else {
+                    continue;
+                };
+                let hash = self.core().hash_of(p).unwrap_or(zero_hash());
+                assert!(!self.core().is_in_flight(p), "fork with page {p} in flight");
+                if checksum(v) != hash {
+                    self.brick_op();
+                    self.brick_write(p, v);
+                    self.core().mark_written(p, Some(checksum(v)));
+                }
             }
         }
         self.forks += 1;
         if self.rng.chance(500) {
-            let child = self.core().forked(policy(self.shape.policy));
+            let child = if lazy {
+                self.core().forked_keeping_resident(policy(self.shape.policy))
+            } else {
+                self.window.clear();
+                self.core().forked(policy(self.shape.policy))
+            };
             *self.core() = child;
-            self.window.clear();
             self.staging.clear();
             self.aheads.clear();
-            self.count("forks going on as the child");
-            self.log("fork: going on as the child".into());
+            self.count(if lazy {
+                "lazy forks going on as the child"
+            } else {
+                "forks going on as the child"
+            });
+            self.log(format!("fork (lazy: {lazy}): going on as the child"));
         } else {
-            self.log("fork: going on as the parent".into());
+            self.log(format!("fork (lazy: {lazy}): going on as the parent"));
         }
     }
 

@@ -63,6 +63,8 @@ pub mod env {
     /// Huge units: `1`/`on` backs the window by 2 MiB transparent huge pages, `0`/`off` (the
     /// default) keeps 4 KiB pages.
     pub const HUGE_PAGES: &str = "RACKMEM_HUGE_PAGES";
+    /// How `fork` gives the child its copy: `lazy` (the default) or `eager`.
+    pub const FORK: &str = "RACKMEM_FORK";
 }
 
 /// How the fault handler waits for page faults.
@@ -190,6 +192,12 @@ pub struct Config {
     /// The window's unit: 4 KiB pages, or 2 MiB huge units where the kernel gives transparent
     /// huge pages (`docs/architecture.md`, "Huge pages").
     pub huge_pages: HugePages,
+    /// `RACKMEM_FORK`: `lazy` (the default: a forked child inherits the window and keeps its
+    /// parent's resident pages copy-on-write, in the kernel, as native memory; the parent writes
+    /// nothing back) or `eager` (the window is not inherited: the parent writes back its dirty
+    /// pages and the child fetches every page from its clone). Huge units and memory from a node
+    /// agent always fork eagerly.
+    pub fork_lazy: bool,
 }
 
 /// Whether the window is backed by 2 MiB transparent huge pages.
@@ -364,6 +372,11 @@ impl Config {
                 None | Some("0") | Some("off") | Some("no") => HugePages::Off,
                 Some("1") | Some("on") | Some("yes") => HugePages::On,
                 Some(v) => return Err(ConfigError::Invalid(env::HUGE_PAGES, v.to_string())),
+            },
+            fork_lazy: match var(env::FORK).as_deref().map(str::trim) {
+                None | Some("lazy") => true,
+                Some("eager") => false,
+                Some(v) => return Err(ConfigError::Invalid(env::FORK, v.to_string())),
             },
             agent,
         }))

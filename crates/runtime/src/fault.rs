@@ -101,9 +101,11 @@ fn move_one(inner: &Inner, page: u32, slot: u32) -> bool {
         tries += 1;
         match e {
             UffdError::Busy { .. } if tries <= 3 => {
-                // Shared with another process (should not happen: the window is not inherited
-                // by fork); break the sharing and retry.
+                // Shared with another process (a lazy fork's parent or child, copy-on-write):
+                // made private (the kernel copies it, or takes it back whole once the other side
+                // has its own copy), then moved.
                 rackmem_sys::break_cow(src);
+                inner.stats.evictions_shared.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             UffdError::Again { .. } if tries <= 1000 => {
@@ -245,24 +247,41 @@ impl Handler {
             }
             let n = j - i;
             if n > 1 {
-                let src = inner.page_addr(victims[i].page as u64);
-                let dst = inner.slot_addr(victims[i].slot);
                 let mode = MoveMode {
                     dontwake: true,
                     allow_src_holes: false,
                 };
-                // Whatever the error, the pages before `done` are in their slots.
-                // SAFETY: window pages (only raw addresses reach the window) into free staging
-                // slots of this eviction, which no slice points into until the moves are recorded.
-                let done = match unsafe { inner.stage_uffd.move_pages(dst, src, n * PAGE_SIZE, mode) } {
-                    Ok(_) => n,
-                    Err(e) => e.done() / PAGE_SIZE,
-                };
-                for v in &mut victims[i..i + done] {
-                    v.moved = true;
+                let mut from = i;
+                // The page a break of sharing was tried on: a second EBUSY there leaves it to
+                // `move_one` below.
+                let mut broken = usize::MAX;
+                loop {
+                    let src = inner.page_addr(victims[from].page as u64);
+                    let dst = inner.slot_addr(victims[from].slot);
+                    // Whatever the error, the pages before `done` are in their slots.
+                    // SAFETY: window pages (only raw addresses reach the window) into free
+                    // staging slots of this eviction, which no slice points into until the moves
+                    // are recorded.
+                    let r = unsafe { inner.stage_uffd.move_pages(dst, src, (j - from) * PAGE_SIZE, mode) };
+                    let done = r.as_ref().map_or_else(UffdError::done, |d| *d) / PAGE_SIZE;
+                    for v in &mut victims[from..from + done] {
+                        v.moved = true;
+                    }
+                    from += done;
+                    match r {
+                        // A page still shared with a forked child or parent (copy-on-write):
+                        // made private where the move stopped, and the run goes on from it
+                        // (cheaper than moving the rest one by one).
+                        Err(UffdError::Busy { .. }) if from < j && from != broken => {
+                            broken = from;
+                            rackmem_sys::break_cow(inner.page_addr(victims[from].page as u64));
+                            inner.stats.evictions_shared.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => break,
+                    }
                 }
-                i += done;
-                if done == n {
+                i = from;
+                if i == j {
                     continue;
                 }
             }

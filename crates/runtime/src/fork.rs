@@ -1,9 +1,22 @@
-//! `fork` with copy semantics: the parent quiesces and writes back its dirty pages, each brick
-//! clones the parent's segment copy-on-write, and the child builds its own runtime on the
-//! clones, over the same window addresses. Segments of the embedded or a standalone brick are
-//! cloned by the brick itself (CLONE); segments from a node agent are cloned where the control
-//! plane places them (the agent's `clone`, then CLONE_INTO on each brick), and the child adopts
-//! them from the agent with the parent's ticket, so they go back when the child exits.
+//! `fork` with copy semantics: the parent quiesces, each brick clones the parent's segment
+//! copy-on-write, and the child builds its own runtime on the clones, over the same window
+//! addresses. Segments of the embedded or a standalone brick are cloned by the brick itself
+//! (CLONE); segments from a node agent are cloned where the control plane places them (the
+//! agent's `clone`, then CLONE_INTO on each brick), and the child adopts them from the agent with
+//! the parent's ticket, so they go back when the child exits.
+//!
+//! Two ways to give the child the parent's resident pages ([`keeps_window`]):
+//! - *lazy* (the default): the window is inherited, so the kernel keeps the parent's resident
+//!   pages mapped in the child, copy-on-write, as for any private memory. The child registers the
+//!   inherited window with a userfaultfd of its own before its program runs (registrations are
+//!   not inherited), and its core starts from the parent's page states, checksums included. The
+//!   parent writes nothing back: the clone holds what the parent's segment held, which is what
+//!   those checksums describe, so each side later writes its own changes to its own segment.
+//!   Evicting a page still shared with the other process makes it private first
+//!   (`UFFDIO_MOVE` refuses shared pages with EBUSY; see `fault::move_one`).
+//! - *eager* (`RACKMEM_FORK=eager`, huge units, memory from a node agent): the window is
+//!   `MADV_DONTFORK`; the parent writes back every dirty resident page, and the child starts with
+//!   every page remote, fetched from its clone.
 
 use crate::error::RuntimeError;
 use crate::process::{clear_global, global, set_global, ACTIVE_CALLS, FORKING};
@@ -92,11 +105,19 @@ fn clone_on_agent(
     Ok((grants, allocations, ticket))
 }
 
+/// True if a forked child inherits the window and keeps its parent's resident pages (the lazy
+/// fork; see the module documentation): 4 KiB units on bricks named at start, unless
+/// `RACKMEM_FORK=eager`. Huge units and memory from a node agent fork eagerly: a huge unit
+/// shared after a fork would be split by the kernel at its first write, and a child refused its
+/// agent's clones must find no window at all (a segmentation fault, never zeros).
+pub(crate) fn keeps_window(cfg: &crate::config::Config, unit: rackmem_pager::Unit, agent: bool) -> bool {
+    cfg.fork_lazy && unit == rackmem_pager::Unit::Page && !agent
+}
+
 /// `pthread_atfork` prepare hook. Quiesces the runtime (no program thread inside it, handler
-/// parked, write-back drained), writes back every dirty resident page, and takes a
-/// copy-on-write clone of each segment on its brick: the child's frozen view of the parent's
-/// remote pages. The window is `MADV_DONTFORK`, so the child gets no copy of the resident pages:
-/// it starts with every page remote, from the clone.
+/// parked, write-back drained) and takes a copy-on-write clone of each segment on its brick: the
+/// child's frozen view of the parent's remote pages. An eager fork first writes back every dirty
+/// resident page, since its child gets no copy of them; a lazy fork's child keeps them.
 pub fn fork_prepare() {
     let Some(rt) = global() else {
         return;
@@ -108,7 +129,11 @@ pub fn fork_prepare() {
     let inner = &rt.inner;
     handler::pause(inner);
     writeback::drain(inner);
-    let flushed = sys::without_sigpipe(|| writeback::flush_dirty(inner));
+    let flushed = if inner.keeps_window() {
+        0
+    } else {
+        sys::without_sigpipe(|| writeback::flush_dirty(inner))
+    };
     let mut grants = Vec::new();
     let mut failure = None;
     let mut adopt = None;
@@ -136,8 +161,13 @@ pub fn fork_prepare() {
         }
     }
     if inner.cfg.verbose {
+        let kept = if inner.keeps_window() {
+            format!("the child keeps {} resident pages", inner.lock().resident())
+        } else {
+            format!("flushed {flushed} dirty pages")
+        };
         eprintln!(
-            "rackmem[{}]: fork: flushed {flushed} dirty pages, cloned {} segment(s)",
+            "rackmem[{}]: fork: {kept}, cloned {} segment(s)",
             std::process::id(),
             grants.len()
         );
@@ -171,6 +201,55 @@ fn close_parent_fds(parent: &Inner) {
     sys::close_inherited(parent.uffd.as_raw_fd());
     sys::close_inherited(parent.stage_uffd.as_raw_fd());
     sys::close_inherited(parent.bell.as_raw_fd());
+}
+
+/// The child's segment table: a link pair attached to each clone, in the parent's order, with
+/// the parent's migrated ranges (they live in the clones of the same segments).
+fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, RuntimeError> {
+    let table = SegmentTable::default();
+    let clone_allocations = state.adopt.as_ref().map(|(a, _)| a.clone());
+    for (i, b) in parent.table.all().iter().enumerate() {
+        let seg = state.grants[i].clone();
+        let fault = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
+        fault.attach(&seg.grant, &seg.session_key)?;
+        fault.set_receive_spin(parent.cfg.link_spin);
+        let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
+        writeback.attach(&seg.grant, &seg.session_key)?;
+        let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
+        table.push(b.pages, |first_page| Segment {
+            first_page,
+            pages: b.pages,
+            addr: b.addr.clone(),
+            grant: seg.grant,
+            session_key: seg.session_key,
+            fault,
+            writeback,
+            allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
+            limiter: ratelimit::RateLimiter::new(0),
+            shared,
+        });
+    }
+    // Ranges the parent migrated live in the clones of the same segments.
+    table.copy_moved_from(&parent.table);
+    Ok(table)
+}
+
+/// A lazy fork's child (see the module documentation): the inherited window, with the parent's
+/// resident pages still mapped copy-on-write, registered with the child's own userfaultfd before
+/// its program runs; a core that starts from the parent's page states; links to the clones.
+/// The protections and the file mappings the parent lent window pages to are inherited as they
+/// are.
+fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, RuntimeError> {
+    // SAFETY: the parent's window, inherited by this child at the same addresses; the parent's
+    // `Mapping` of it is in the runtime object the child forgets (never dropped here), so this
+    // is its only owner; only raw addresses reach it.
+    let window = unsafe { Mapping::adopt(parent.window.addr(), parent.window.len()) };
+    let table = clone_table(parent, state)?;
+    let core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
+    let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core), true)?;
+    let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    *child.inner.holes.lock().unwrap_or_else(|e| e.into_inner()) = holes;
+    Ok(child)
 }
 
 /// `pthread_atfork` child hook: build the child's own runtime over the same window addresses,
@@ -234,6 +313,9 @@ pub fn fork_child() {
         sys::exit_immediately(sys::EXIT_RUNTIME_FAILED);
     }
     let result = sys::without_sigpipe(|| -> Result<Arc<Runtime>, RuntimeError> {
+        if parent.keeps_window() {
+            return lazy_child(parent, &state);
+        }
         // The window's addresses are free in the child (the window is MADV_DONTFORK): take
         // them back before anything else maps memory, or a buffer could land there. Pages the
         // parent lent to file or shared mappings hold those mappings here too (they are not
@@ -278,31 +360,7 @@ pub fn fork_child() {
             drop(gaps);
         }
         let window = Mapping::reserve_at(base, len)?;
-        let table = SegmentTable::default();
-        let clone_allocations = state.adopt.as_ref().map(|(a, _)| a.clone());
-        for (i, b) in parent.table.all().iter().enumerate() {
-            let seg = state.grants[i].clone();
-            let fault = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
-            fault.attach(&seg.grant, &seg.session_key)?;
-            fault.set_receive_spin(parent.cfg.link_spin);
-            let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
-            writeback.attach(&seg.grant, &seg.session_key)?;
-            let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
-            table.push(b.pages, |first_page| Segment {
-                first_page,
-                pages: b.pages,
-                addr: b.addr.clone(),
-                grant: seg.grant,
-                session_key: seg.session_key,
-                fault,
-                writeback,
-                allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
-                limiter: ratelimit::RateLimiter::new(0),
-                shared,
-            });
-        }
-        // Ranges the parent migrated live in the clones of the same segments.
-        table.copy_moved_from(&parent.table);
+        let table = clone_table(parent, &state)?;
         let c = parent.lock();
         // After the flush every resident page is clean: the child sees the brick's copy (or
         // zeros); same-filled pages live in the parent's core only, so the child gets them too.
@@ -322,7 +380,7 @@ pub fn fork_child() {
             }
             out
         };
-        let child = Runtime::assemble(parent.cfg.clone(), window, table, adopted, Some(core))?;
+        let child = Runtime::assemble(parent.cfg.clone(), window, table, adopted, Some(core), false)?;
         // Subpages released inside units that are away from the window read zeros in the child
         // too (its segments are clones of the parent's, stale there as in the parent's).
         let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -222,6 +222,11 @@ impl Inner {
         self.unit == Unit::Huge
     }
 
+    /// True if a forked child inherits the window with the resident pages (see `fork.rs`).
+    pub fn keeps_window(&self) -> bool {
+        crate::fork::keeps_window(&self.cfg, self.unit, self.agent.is_some())
+    }
+
     /// Pages in a unit (1, or 512 for huge units).
     pub fn upp(&self) -> u64 {
         self.unit.pages()

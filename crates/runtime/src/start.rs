@@ -46,7 +46,7 @@ impl Runtime {
             let agent = agent::Agent::connect(&path, cfg.timeout)?;
             let bytes = cfg.window_bytes.unwrap_or(DEFAULT_AGENT_WINDOW) / (2 << 20) * (2 << 20);
             let window = Mapping::reserve(bytes.max(2 << 20) as usize, 2 << 20)?;
-            return Self::assemble(cfg, window, SegmentTable::default(), Some(agent), None);
+            return Self::assemble(cfg, window, SegmentTable::default(), Some(agent), None, false);
         }
         let links = connect_links(&cfg)?;
         let table = SegmentTable::default();
@@ -70,23 +70,28 @@ impl Runtime {
             return Err(RuntimeError::NoSegment("no bricks configured".into()));
         }
         let window = Mapping::reserve(window_pages as usize * PAGE_SIZE, 2 << 20)?;
-        Self::assemble(cfg, window, table, None, None)
+        Self::assemble(cfg, window, table, None, None, false)
     }
 
-    /// Builds the runtime over an already reserved window (also used by a forked child).
+    /// Builds the runtime over an already reserved window (also used by a forked child, with
+    /// the core it inherits). `kept`: the window is the parent's, inherited by a lazy fork with
+    /// the parent's resident pages still mapped (see `fork.rs`).
     pub(crate) fn assemble(
         cfg: Config,
         window: Mapping,
         table: SegmentTable,
         agent: Option<agent::Agent>,
         inherited: Option<Core>,
+        kept: bool,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         let window_pages = (window.len() / PAGE_SIZE) as u64;
         let unit = match &inherited {
             Some(c) => c.unit(),
             None => choose_unit(&cfg, &table, agent.is_some(), window.len()),
         };
-        rackmem_sys::madvise_dontfork(window.addr(), window.len())?;
+        if !crate::fork::keeps_window(&cfg, unit, agent.is_some()) {
+            rackmem_sys::madvise_dontfork(window.addr(), window.len())?;
+        }
         if unit == Unit::Huge {
             // Without MADV_HUGEPAGE a THP moved into the window is mapped by its 512 pages
             // (AnonHugePages stayed 0 through a scan, 1.7x slower). With it, a write fault on
@@ -100,15 +105,27 @@ impl Runtime {
             features: Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP | Features::THREAD_ID,
             nonblocking: true,
         })?;
-        uffd.register(
-            window.addr(),
-            window.len(),
-            RegisterMode {
-                missing: true,
-                wp: false,
-                minor: false,
-            },
-        )?;
+        // An inherited window holds the file mappings the parent lent window pages to (a
+        // registration for missing faults covers anonymous memory only): register around them.
+        let lent: Vec<(u64, u64)> = match (&inherited, kept) {
+            (Some(c), true) => lent_runs(c.prot_bytes()),
+            _ => Vec::new(),
+        };
+        let mut at = 0u64;
+        for (s, n) in lent.into_iter().chain(std::iter::once((window_pages, 0))) {
+            if s > at {
+                uffd.register(
+                    window.addr() + at as usize * PAGE_SIZE,
+                    (s - at) as usize * PAGE_SIZE,
+                    RegisterMode {
+                        missing: true,
+                        wp: false,
+                        minor: false,
+                    },
+                )?;
+            }
+            at = s + n;
+        }
         let slots = match unit {
             Unit::Page => STAGING_SLOTS,
             Unit::Huge => crate::huge::HUGE_SLOTS,
@@ -158,10 +175,12 @@ impl Runtime {
         stats
             .window_bytes_allocated
             .store(core.regions().allocated_pages() * PAGE, Ordering::Relaxed);
-        // A forked child's peak footprint starts at what it inherits.
+        // A forked child's peak footprint starts at what it inherits, and a lazy fork's child
+        // holds its parent's resident pages.
         stats
             .peak_committed_pages
             .store(core.committed_pages(), Ordering::Relaxed);
+        stats.set_resident(core.resident() * unit.pages());
         let handlers = cfg.handlers.max(1);
         // Every runtime of a run (a forked child's too, built here again) takes a slot of the
         // run's budget; without one the process keeps a budget of its own and says why.
@@ -301,6 +320,21 @@ impl Runtime {
         }
         Ok(Arc::new(Runtime { inner }))
     }
+}
+
+/// Runs `(first page, pages)` of pages lent to file or shared mappings, in page order.
+fn lent_runs(prot_bytes: &[u8]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (p, &b) in prot_bytes.iter().enumerate() {
+        if b & rackmem_pager::prot::FOREIGN == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((s, n)) if *s + *n == p as u64 => *n += 1,
+            _ => out.push((p as u64, 1)),
+        }
+    }
+    out
 }
 
 /// The window's unit for a new runtime: huge units when asked for and possible, else 4 KiB

@@ -221,6 +221,9 @@ pub struct Stats {
     /// Evicted pages that were not read-write (read-only, `PROT_NONE`, executable): moved out
     /// through a staging slot given their protection.
     pub evictions_protected: AtomicU64,
+    /// Evictions that found their page still shared copy-on-write with a lazily forked child
+    /// or parent, and made it private first (`UFFDIO_MOVE` moves only pages of one process).
+    pub evictions_shared: AtomicU64,
     /// Pages evicted with no fault to serve: the run's other processes grew while this one was
     /// idle over its share of the run's budget, and it gave the room back (`run_budget.rs`).
     pub evictions_given_back: AtomicU64,
@@ -467,6 +470,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::evictions_protected`].
     #[serde(default)]
     pub evictions_protected: u64,
+    /// See [`Stats::evictions_shared`].
+    #[serde(default)]
+    pub evictions_shared: u64,
     /// See [`Stats::evictions_given_back`].
     #[serde(default)]
     pub evictions_given_back: u64,
@@ -690,6 +696,7 @@ impl Stats {
             evictions_clean: g(&self.evictions_clean),
             evictions_same_filled: g(&self.evictions_same_filled),
             evictions_protected: g(&self.evictions_protected),
+            evictions_shared: g(&self.evictions_shared),
             evictions_given_back: g(&self.evictions_given_back),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),

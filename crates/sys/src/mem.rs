@@ -110,6 +110,18 @@ impl Mapping {
         Ok(m)
     }
 
+    /// Takes ownership of `[addr, addr + len)`, mapped already: the window a forked child
+    /// inherits from its parent (whose own `Mapping` of it is never dropped in the child), so
+    /// that the child keeps the parent's resident pages copy-on-write instead of mapping fresh
+    /// memory there.
+    ///
+    /// # Safety
+    /// The range is mapped, page-aligned, owned by no other `Mapping` that will be dropped in
+    /// this process, and reached only through raw addresses (as every `Mapping`'s memory is).
+    pub unsafe fn adopt(addr: usize, len: usize) -> Mapping {
+        Mapping { addr, len }
+    }
+
     /// Reserves `len` bytes (rounded up to 2 MiB) aligned to 2 MiB and advised
     /// `MADV_HUGEPAGE`, for a window or staging area of huge units: each 2 MiB unit can then be
     /// one transparent huge page, moved whole by one `UFFDIO_MOVE`. Whether the kernel gives

@@ -439,6 +439,88 @@ fn move_of_a_page_shared_with_a_forked_child_is_busy_until_cow_is_broken() {
     assert!(rackmem_sys::try_break_cow(8 * PAGE_SIZE).is_err());
 }
 
+/// What a lazy fork stands on (the runtime's `fork.rs`): a child inherits a registered range
+/// with its present pages, copy-on-write, but not the registration (no `EVENT_FORK`). Left so,
+/// a missing page reads as zeros (the kernel fills it); registered again with a userfaultfd of
+/// the child's own, it stays missing (with `SIGBUS`, a kernel read of it fails instead of
+/// waiting for a handler), and the present page keeps the parent's contents. The child's write
+/// to it is its own.
+#[test]
+fn a_forked_child_keeps_present_pages_but_must_register_the_range_again() {
+    let _serial = serial();
+    let u = open(Features::MOVE);
+    let win = Mapping::reserve(2 * PAGE_SIZE, PAGE_SIZE).expect("map");
+    u.register(win.addr(), win.len(), MISSING).expect("register");
+    u.copy(win.addr(), &pattern(0), CopyMode::default()).expect("copy");
+    let want = pattern(0);
+    let addr = win.addr();
+    fn exit(code: i32) -> ! {
+        // SAFETY: leaving the child at once, without the parent's destructors.
+        unsafe { libc::_exit(code) }
+    }
+    let same = |at: usize, want: &[u8]| {
+        // SAFETY: `at` is a present page of the inherited range, read byte by byte.
+        (0..PAGE_SIZE).all(|i| unsafe { std::ptr::read_volatile((at + i) as *const u8) } == want[i])
+    };
+
+    // Unregistered: the missing page is zero-filled by the kernel on a touch.
+    let child = fork_child(|| {
+        if !same(addr, &want) {
+            exit(1);
+        }
+        if !same(addr + PAGE_SIZE, &[0u8; PAGE_SIZE]) {
+            exit(2);
+        }
+    });
+    let status = wait_child(child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "unregistered child: status {status:#x} (1: present page changed, 2: missing page not zeros)"
+    );
+
+    // Registered again by the child: the missing page is the child's userfaultfd's to serve.
+    let (r, w) = pipe();
+    let child = fork_child(|| {
+        let Ok(mine) = Uffd::open(&OpenOptions {
+            features: Features::SIGBUS,
+            nonblocking: true,
+        }) else {
+            exit(3)
+        };
+        if mine.register(addr, 2 * PAGE_SIZE, MISSING).is_err() {
+            exit(4);
+        }
+        // SAFETY: the kernel reads 16 bytes of the missing, registered page into a pipe.
+        let n = unsafe { libc::write(w, (addr + PAGE_SIZE) as *const libc::c_void, 16) };
+        // SAFETY: reading this thread's errno right after the call.
+        if n != -1 || unsafe { *libc::__errno_location() } != libc::EFAULT {
+            exit(5);
+        }
+        if !same(addr, &want) {
+            exit(6);
+        }
+        // The child's write breaks the sharing: its own copy.
+        // SAFETY: a present, writable page of the inherited range.
+        unsafe { std::ptr::write_volatile(addr as *mut u8, want[0] ^ 0xff) };
+        // SAFETY: as above.
+        if unsafe { std::ptr::read_volatile(addr as *const u8) } != want[0] ^ 0xff {
+            exit(7);
+        }
+    });
+    close(r);
+    close(w);
+    let status = wait_child(child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "registered child: status {status:#x} (3/4: open/register, 5: the missing page was not \
+         missing, 6: present page changed, 7: own write lost)"
+    );
+    let mut b = vec![0u8; PAGE_SIZE];
+    win.read(0, &mut b);
+    assert_eq!(b, want, "the child's write reached the parent");
+    assert_eq!(present(&win), vec![0], "the children's touches reached the parent");
+}
+
 #[test]
 fn madvise_dontneed_raises_a_remove_event_and_copy_waits_for_it() {
     let _serial = serial();

@@ -387,6 +387,25 @@ pub fn assert_used_remote_memory_at(s: &ProcStats, percent: u64) {
     );
 }
 
+/// [`assert_used_remote_memory`] for the processes of a program that forks: a lazily forked
+/// child starts with its parent's resident pages (copy-on-write), which may be more than its
+/// own share of the run's budget until it gives the excess back (its watchdog rings within a
+/// quarter second), so its peak is bounded by the run's budget, which bounded its parent's.
+pub fn assert_used_remote_memory_forked(s: &ProcStats) {
+    let run = s.extra("run_budget_bytes");
+    if run == 0 || s.peak_resident_bytes <= s.budget_bytes + RESIDENT_SLACK_BYTES {
+        return assert_used_remote_memory(s);
+    }
+    assert!(
+        s.peak_resident_bytes <= run + RESIDENT_SLACK_BYTES,
+        "peak resident {} exceeds the run's budget {run} (+{RESIDENT_SLACK_BYTES} slack): {s:?}",
+        s.peak_resident_bytes
+    );
+    let mut within = s.clone();
+    within.peak_resident_bytes = within.budget_bytes;
+    assert_used_remote_memory(&within);
+}
+
 /// The least local buffer a process keeps whatever its share (the runtime's 32 pages).
 const MIN_BUDGET_BYTES: u64 = 32 * 4096;
 
