@@ -192,6 +192,45 @@ fn forked_child_and_parent_each_see_their_own_copy() {
 /// it private first (`evictions_shared`). The eager fork (`RACKMEM_FORK=eager`: window not
 /// inherited, dirty pages written back, every page refetched) gives the same results and never
 /// meets a shared page.
+/// A child made without the C library's fork (the raw clone system call: no atfork hook runs,
+/// so no runtime registers its window) must find no window: a touch of the parent's buffer
+/// stops it with a signal. It must never read zeros where the parent's pages were remote (the
+/// lazy fork inherits the window only for forks that run the hooks). Natively the child reads
+/// the parent's data; the parent's own data is checked in every run.
+#[test]
+fn a_child_made_without_fork_hooks_has_no_window() {
+    require_root();
+    let prog = program("raw_fork");
+    let n = native(&prog, &["32"]);
+    assert!(n.status.success(), "native raw_fork: {}", show(&n));
+    assert!(
+        String::from_utf8_lossy(&n.stdout).contains("child: data"),
+        "natively the child reads its parent's data: {}",
+        show(&n)
+    );
+    for (fork, extra) in [("lazy", &[][..]), ("lazy", SOCKET), ("eager", &[][..])] {
+        let mut c = Command::new(rackmem());
+        c.env("RACKMEM_FORK", fork)
+            .args(["run", "--local", "25%"])
+            .args(extra)
+            .arg("--")
+            .arg(&prog)
+            .arg("32");
+        let o = run_with_deadline(c, LIMIT);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("child: signal"),
+            "{fork} fork {extra:?}: a child made without fork hooks must be stopped by a signal: {}",
+            show(&o)
+        );
+        assert_eq!(
+            checksums(&o),
+            checksums(&n),
+            "{fork} fork {extra:?}: the parent's data changed"
+        );
+    }
+}
+
 #[test]
 fn a_lazily_forked_child_keeps_its_parents_resident_pages() {
     require_root();

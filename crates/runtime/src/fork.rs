@@ -6,8 +6,10 @@
 //! the parent's ticket, so they go back when the child exits.
 //!
 //! Two ways to give the child the parent's resident pages ([`keeps_window`]):
-//! - *lazy* (the default): the window is inherited, so the kernel keeps the parent's resident
-//!   pages mapped in the child, copy-on-write, as for any private memory. The child registers the
+//! - *lazy* (the default): the window is inherited by this fork (the prepare hook lifts its
+//!   `MADV_DONTFORK` for the fork, so a child made without these hooks gets no window), so the
+//!   kernel keeps the parent's resident pages mapped in the child, copy-on-write, as for any
+//!   private memory. The child registers the
 //!   inherited window with a userfaultfd of its own before its program runs (registrations are
 //!   not inherited), and its core starts from the parent's page states, checksums included. The
 //!   parent writes nothing back: the clone holds what the parent's segment held, which is what
@@ -37,6 +39,36 @@ struct ForkState {
     /// Segments from the node agent: the clones' allocation of each segment, in the table's
     /// order, and the ticket the child adopts them with.
     adopt: Option<(Vec<u64>, String)>,
+    /// The window's own ranges (byte address, length) made inheritable for this fork (a lazy
+    /// fork), to be made `MADV_DONTFORK` again in the parent after it.
+    inheritable: Vec<(usize, usize)>,
+}
+
+/// The window's own ranges (not lent to the program's file mappings), as (address, length).
+fn own_ranges(inner: &Inner) -> Vec<(usize, usize)> {
+    let lent = crate::start::lent_runs(inner.lock().prot_bytes());
+    let pages = (inner.window.len() / PAGE_SIZE) as u64;
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for (s, n) in lent.into_iter().chain(std::iter::once((pages, 0))) {
+        if s > at {
+            out.push((inner.page_addr(at), (s - at) as usize * PAGE_SIZE));
+        }
+        at = s + n;
+    }
+    out
+}
+
+/// Makes the window's own ranges inherited by a fork (`MADV_DOFORK`) or not (`MADV_DONTFORK`,
+/// the state outside a fork: see `start.rs`).
+fn set_inheritable(ranges: &[(usize, usize)], inherit: bool) -> Result<(), rackmem_sys::SysError> {
+    for &(addr, len) in ranges {
+        match inherit {
+            true => rackmem_sys::madvise_dofork(addr, len)?,
+            false => rackmem_sys::madvise_dontfork(addr, len)?,
+        }
+    }
+    Ok(())
 }
 
 /// Has each segment (all from the node agent) cloned for the child: the agent has the control
@@ -160,6 +192,17 @@ pub fn fork_prepare() {
             }
         }
     }
+    // The window is inherited by this fork only (a child made without these hooks gets none).
+    let mut inheritable = Vec::new();
+    if inner.keeps_window() && failure.is_none() {
+        inheritable = own_ranges(inner);
+        if let Err(e) = set_inheritable(&inheritable, true) {
+            // The child would miss part of its window: it stops with this message instead.
+            let _ = set_inheritable(&inheritable, false);
+            inheritable.clear();
+            failure = Some(format!("the window cannot be inherited by the child: {e}"));
+        }
+    }
     if inner.cfg.verbose {
         let kept = if inner.keeps_window() {
             format!("the child keeps {} resident pages", inner.lock().resident())
@@ -172,7 +215,12 @@ pub fn fork_prepare() {
             grants.len()
         );
     }
-    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState { grants, failure, adopt });
+    *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState {
+        grants,
+        failure,
+        adopt,
+        inheritable,
+    });
 }
 
 /// `pthread_atfork` parent hook: resume.
@@ -180,7 +228,13 @@ pub fn fork_parent() {
     let Some(rt) = global() else {
         return;
     };
-    FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let state = FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(s) = state {
+        if let Err(e) = set_inheritable(&s.inheritable, false) {
+            rt.inner
+                .internal_error(&format!("making the window not inherited by forks again: {e}"));
+        }
+    }
     handler::resume(&rt.inner);
     FORKING.store(false, Ordering::Release);
 }

@@ -89,9 +89,6 @@ impl Runtime {
             Some(c) => c.unit(),
             None => choose_unit(&cfg, &table, agent.is_some(), window.len()),
         };
-        if !crate::fork::keeps_window(&cfg, unit, agent.is_some()) {
-            rackmem_sys::madvise_dontfork(window.addr(), window.len())?;
-        }
         if unit == Unit::Huge {
             // Without MADV_HUGEPAGE a THP moved into the window is mapped by its 512 pages
             // (AnonHugePages stayed 0 through a scan, 1.7x slower). With it, a write fault on
@@ -111,9 +108,15 @@ impl Runtime {
             (Some(c), true) => lent_runs(c.prot_bytes()),
             _ => Vec::new(),
         };
+        // The window is `MADV_DONTFORK` outside a fork: only a fork through the C library's hooks,
+        // whose child registers the window again, may inherit it (`fork::fork_prepare` lifts it
+        // for that one fork). A child made any other way (a raw `clone`, `_Fork`) gets no window
+        // and stops on a touch of it, rather than reading zeros where pages are remote. Not over
+        // the program's file mappings (inherited as the program made them).
         let mut at = 0u64;
         for (s, n) in lent.into_iter().chain(std::iter::once((window_pages, 0))) {
             if s > at {
+                rackmem_sys::madvise_dontfork(window.addr() + at as usize * PAGE_SIZE, (s - at) as usize * PAGE_SIZE)?;
                 uffd.register(
                     window.addr() + at as usize * PAGE_SIZE,
                     (s - at) as usize * PAGE_SIZE,
@@ -323,7 +326,7 @@ impl Runtime {
 }
 
 /// Runs `(first page, pages)` of pages lent to file or shared mappings, in page order.
-fn lent_runs(prot_bytes: &[u8]) -> Vec<(u64, u64)> {
+pub(crate) fn lent_runs(prot_bytes: &[u8]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     for (p, &b) in prot_bytes.iter().enumerate() {
         if b & rackmem_pager::prot::FOREIGN == 0 {

@@ -226,10 +226,7 @@ impl Runtime {
             // SAFETY: window pages lent to a program's file mapping (only raw addresses reach
             // them), taken back for the window.
             let back = unsafe { rackmem_sys::remap_anonymous(addr, len) }
-                .and_then(|_| match self.inner.keeps_window() {
-                    true => Ok(()),
-                    false => rackmem_sys::madvise_dontfork(addr, len),
-                })
+                .and_then(|_| rackmem_sys::madvise_dontfork(addr, len))
                 .map_err(crate::RuntimeError::from)
                 .and_then(|_| {
                     self.inner

@@ -316,6 +316,11 @@ pub fn madvise_dontfork(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_DONTFORK, "madvise(DONTFORK)")
 }
 
+/// `madvise(MADV_DOFORK)`: undoes [`madvise_dontfork`], so a forked child inherits the range.
+pub fn madvise_dofork(addr: usize, len: usize) -> Result<(), SysError> {
+    madvise(addr, len, libc::MADV_DOFORK, "madvise(DOFORK)")
+}
+
 /// Forces a private copy of the page holding `addr` (breaking copy-on-write sharing with a
 /// forked child, so that `UFFDIO_MOVE` stops failing with `EBUSY`) without changing
 /// its contents, even if other threads write it at the same time.
