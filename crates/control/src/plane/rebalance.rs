@@ -14,6 +14,7 @@
 //! a new segment on its own brick (a copy, which needs room there while it moves).
 //!
 //! **Bounds.** One move per allocation (an allocation is in a plan once); at most
+//! [`MAX_MOVES`] moves per plan; at most
 //! `max_in_flight_bytes` of allocations moving at once (one always moves, however large); a
 //! move not done within [`MOVE_TIMEOUT`] is given up, and its allocation stays where it was.
 //!
@@ -34,6 +35,10 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 256 << 20;
 /// How long a move may be under way before it is given up: an agent that cannot order its
 /// process (it restarted, the process takes no orders) never finishes it.
 pub const MOVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Most moves one plan holds: it is made under the control plane's lock, and its status is
+/// one reply.
+pub const MAX_MOVES: usize = 1024;
 
 /// The rebalance under way (or the last one), and when each of its moves started.
 pub(super) struct Running {
@@ -87,8 +92,23 @@ pub(super) fn plan(
     let mut moves = Vec::new();
     let mut planned: HashSet<u64> = HashSet::new();
     let mut stuck: HashSet<u64> = HashSet::new();
-    // Each round plans a move or leaves a brick as it is, so this many rounds are enough.
-    for _ in 0..candidates.len() + rooms.len() {
+    // Brick → (size, candidate) of the candidates' segments on it, largest first (then in
+    // allocation order): a round looks at the fullest brick's only.
+    let mut on: HashMap<u64, Vec<(u64, usize)>> = HashMap::new();
+    for (i, c) in candidates.iter().enumerate() {
+        for &(_, brick, size) in &c.segments {
+            on.entry(brick).or_default().push((size, i));
+        }
+    }
+    for v in on.values_mut() {
+        v.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    }
+    // Each round plans a move or leaves a brick as it is, so this many rounds are enough; a
+    // plan holds at most MAX_MOVES (the next rebalance goes on from there).
+    for _ in 0..candidates.len().min(MAX_MOVES) + rooms.len() {
+        if moves.len() >= MAX_MOVES {
+            break;
+        }
         let fullest = rooms
             .iter()
             .filter(|(id, r)| !stuck.contains(*id) && percent(r.used, r.capacity) > mean + tolerance)
@@ -106,16 +126,11 @@ pub(super) fn plan(
                 .then(a.cmp(b))
         });
         let src = &rooms[&from];
-        // (size, candidate index, target)
+        // (size, candidate index, target): the first that fits, in size order, is the largest.
         let mut best: Option<(u64, usize, u64)> = None;
-        for (i, c) in candidates.iter().enumerate() {
+        for &(size, i) in on.get(&from).map_or(&[][..], Vec::as_slice) {
+            let c = &candidates[i];
             if planned.contains(&c.allocation) {
-                continue;
-            }
-            let Some(&(_, _, size)) = c.segments.iter().find(|s| s.1 == from) else {
-                continue;
-            };
-            if best.is_some_and(|(s, _, _)| s >= size) {
                 continue;
             }
             // Its other segments are copied on their own bricks while it moves.
@@ -136,6 +151,7 @@ pub(super) fn plan(
             });
             if let Some(to) = to {
                 best = Some((size, i, to));
+                break;
             }
         }
         let Some((size, i, to)) = best else {
