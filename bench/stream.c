@@ -6,7 +6,11 @@
  * With init=varied the arrays start with a different value in every element: constant arrays
  * are same-filled pages, which rackmem (like zram) keeps as one word and never moves, so only
  * varied arrays measure a link.
- * usage: stream [elements=10000000] [iterations=5] [threads=1, 0 = every online CPU] [init=const|varied]
+ * With progress (a fifth argument) every kernel run prints a line as it ends, flushed:
+ *   step ITERATION KERNEL START END BYTES   (START, END: wall-clock seconds since the epoch)
+ * so a script can take the throughput over any stretch of time (scripts/drain-bench does,
+ * around a brick drain).
+ * usage: stream [elements=10000000] [iterations=5] [threads=1, 0 = every online CPU] [init=const|varied] [progress]
  * prints: result name=stream elements=.. bytes=.. seconds=.. copy_mb_s=.. scale_mb_s=.. add_mb_s=.. triad_mb_s=..
  *         rate=.. checksum=..
  * (bytes = footprint of the three arrays; seconds = best triad time; rate = triad_mb_s) */
@@ -33,16 +37,32 @@ static long nthreads;
 static double *a, *b, *c;
 static double best[4] = { 1e30, 1e30, 1e30, 1e30 };
 static pthread_barrier_t bar;
+static int progress;
+
+/* Wall-clock seconds: progress lines are matched with other programs' times. */
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 static void *kernels(void *arg) {
     long id = (long)arg;
     size_t from = n * id / nthreads, to = n * (id + 1) / nthreads;
     const double s = 3.0;
     for (int k = 0; k < iters; k++) {
-        double t[5];
+        double t[5], w[5];
         for (int kernel = 0; kernel < 4; kernel++) {
             pthread_barrier_wait(&bar);
-            if (id == 0) t[kernel] = now();
+            if (id == 0) {
+                t[kernel] = now();
+                w[kernel] = wall();
+                if (progress && kernel > 0) {
+                    printf("step %d %d %.6f %.6f %.0f\n", k, kernel - 1, w[kernel - 1], w[kernel],
+                           (kernel - 1 < 2 ? 16.0 : 24.0) * n);
+                    fflush(stdout);
+                }
+            }
             switch (kernel) {
             case 0: for (size_t i = from; i < to; i++) c[i] = a[i]; break;
             case 1: for (size_t i = from; i < to; i++) b[i] = s * c[i]; break;
@@ -53,6 +73,11 @@ static void *kernels(void *arg) {
         pthread_barrier_wait(&bar);
         if (id == 0) {
             t[4] = now();
+            w[4] = wall();
+            if (progress) {
+                printf("step %d 3 %.6f %.6f %.0f\n", k, w[3], w[4], 24.0 * n);
+                fflush(stdout);
+            }
             for (int kernel = 0; kernel < 4; kernel++)
                 if (t[kernel + 1] - t[kernel] < best[kernel]) best[kernel] = t[kernel + 1] - t[kernel];
         }
@@ -71,6 +96,8 @@ int main(int argc, char **argv) {
     if (!a || !b || !c || !ids) { fprintf(stderr, "stream: out of memory\n"); return 1; }
     int varied = argc > 4 && strcmp(argv[4], "varied") == 0;
     if (argc > 4 && !varied && strcmp(argv[4], "const") != 0) { fprintf(stderr, "stream: init must be const or varied\n"); return 2; }
+    progress = argc > 5 && strcmp(argv[5], "progress") == 0;
+    if (argc > 5 && !progress) { fprintf(stderr, "stream: the fifth argument is progress or nothing\n"); return 2; }
     for (size_t i = 0; i < n; i++) {
         double d = varied ? (double)(i % 1000003) * 1e-7 : 0.0;
         a[i] = 1.0 + d; b[i] = 2.0 + d; c[i] = d;

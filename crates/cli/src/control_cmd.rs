@@ -108,6 +108,11 @@ pub struct ControlArgs {
     /// topology's `power` first). An allocation may ask for either (`placement`).
     #[arg(long, value_name = "spread|pack", default_value = "spread")]
     placement: rackmem_control::api::Objective,
+    /// A brick that registers or comes back up starts a rebalance onto it: allocations move
+    /// from the fullest bricks until every brick's used share is within 10 points of the mean,
+    /// as `rackmem ctl rebalance` does (off by default: moving pages costs the programs).
+    #[arg(long)]
+    rebalance_on_join: bool,
     /// Time a connection has to send a request's headers (also how long an idle kept-alive
     /// connection stays open).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
@@ -197,6 +202,7 @@ pub fn run(args: ControlArgs) -> Result<i32> {
     config.grant_lifetime = args.grant_lifetime;
     config.node_quota = args.node_quota;
     config.placement = args.placement;
+    config.rebalance_on_join = args.rebalance_on_join;
     config.switch_driver = Some(
         rackmem_control::switch::open(&args.switch_driver)
             .with_context(|| format!("--switch-driver {}", args.switch_driver))?,

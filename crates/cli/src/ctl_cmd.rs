@@ -3,7 +3,7 @@
 use crate::values::{parse_port, parse_rate, parse_size_arg};
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use rackmem_control::api::{AllocationRequest, NodeRegistration, PortSpec, TokenRequest};
+use rackmem_control::api::{AllocationRequest, MoveState, NodeRegistration, PortSpec, TokenRequest};
 use rackmem_control::client::{Client, ClientError};
 use rackmem_runtime::size::format_size;
 use serde::Serialize;
@@ -18,7 +18,8 @@ pub mod exit {
     pub const UNREACHABLE: i32 = 69;
     /// The control plane refused the credentials (401) or the role (403).
     pub const DENIED: i32 = 77;
-    /// `drain`: the brick still held segments when --timeout ran out (it stays draining).
+    /// `drain`: the brick still held segments when --timeout ran out (it stays draining);
+    /// `rebalance`: moves were still under way.
     pub const TIMED_OUT: i32 = 75;
 }
 
@@ -153,6 +154,27 @@ enum CtlCommand {
         /// End the drain: the brick takes segments again.
         #[arg(long)]
         cancel: bool,
+    },
+    /// Rebalance (admins only): move allocations from the fullest bricks onto bricks with room
+    /// (a brick that joined) until every brick's used share is within --tolerance points of the
+    /// mean, while programs run (the moves a drain makes). Prints the plan, then waits, with a
+    /// progress bar, until every move is done (exit 0) or some were given up (exit 1).
+    Rebalance {
+        /// Only print the plan: nothing moves.
+        #[arg(long)]
+        dry_run: bool,
+        /// How far (percentage points of used capacity) a brick may stay from the mean share.
+        #[arg(long, value_name = "POINTS", default_value_t = rackmem_control::plane::DEFAULT_TOLERANCE_POINTS)]
+        tolerance: f64,
+        /// Most bytes of allocations moving at once (one always moves, however large).
+        #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size_arg)]
+        max_in_flight: u64,
+        /// How long to wait for the moves (exit 75 then; they go on).
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::values::parse_duration)]
+        timeout: std::time::Duration,
+        /// Start the moves and return at once.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Register a node by hand (agents do this themselves).
     AddNode {
@@ -306,6 +328,95 @@ fn wait_drained(
     Ok(b)
 }
 
+/// A rebalance's plan as `rackmem ctl rebalance` prints it: the moves, then each brick's used
+/// share before and as planned.
+fn rebalance_plan(r: &rackmem_control::api::Rebalance) -> String {
+    let mut moves = table(&["allocation", "node", "segments (brick → brick)", "bytes", "state"]);
+    for m in &r.moves {
+        moves.add_row(vec![
+            m.allocation.to_string(),
+            m.node.to_string(),
+            m.segments
+                .iter()
+                .map(|s| format!("{}: {} → {}", s.segment_id, s.from_brick_id, s.to_brick_id))
+                .collect::<Vec<_>>()
+                .join(", "),
+            format_size(m.segments.iter().map(|s| s.size_bytes).sum()),
+            format!("{:?}", m.state).to_lowercase(),
+        ]);
+    }
+    let mut bricks = table(&["brick", "name", "capacity", "used", "planned"]);
+    let share = |used: u64, cap: u64| {
+        if cap == 0 {
+            "-".to_string()
+        } else {
+            format!("{} ({:.1}%)", format_size(used), used as f64 * 100.0 / cap as f64)
+        }
+    };
+    for b in &r.bricks {
+        bricks.add_row(vec![
+            b.brick_id.to_string(),
+            b.name.clone(),
+            format_size(b.capacity_bytes),
+            share(b.used_bytes, b.capacity_bytes),
+            share(b.planned_bytes, b.capacity_bytes),
+        ]);
+    }
+    format!(
+        "{} move(s){} (mean share {:.1}%, tolerance {} points):\n{moves}\n{bricks}",
+        r.moves.len(),
+        if r.dry_run { ", a dry run" } else { "" },
+        r.mean_percent,
+        r.tolerance_points
+    )
+}
+
+/// Waits until every move of rebalance `r` is done or given up, showing how many are (a bar on
+/// a terminal, unless `json`); at most `timeout`.
+fn wait_rebalanced(
+    c: &Client,
+    mut r: rackmem_control::api::Rebalance,
+    timeout: std::time::Duration,
+    json: bool,
+) -> Result<rackmem_control::api::Rebalance, CtlError> {
+    use std::io::IsTerminal;
+    use std::time::{Duration, Instant};
+    let bar = if json || !std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(r.moves.len() as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("rebalancing [{bar:30}] {pos}/{len} moves ended ({elapsed})")
+            .map_err(|e| CtlError::Other(e.into()))?,
+    );
+    let deadline = Instant::now() + timeout;
+    while !r.finished {
+        if Instant::now() >= deadline {
+            bar.abandon();
+            let left = r
+                .moves
+                .iter()
+                .filter(|m| matches!(m.state, MoveState::Pending | MoveState::Moving))
+                .count();
+            return Err(CtlError::TimedOut(format!(
+                "{left} of {} move(s) still under way after {timeout:?}: they go on (GET /v1/rebalance shows them)",
+                r.moves.len()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(250).min(deadline.saturating_duration_since(Instant::now())));
+        r = c.rebalance_status()?;
+        let ended = r
+            .moves
+            .iter()
+            .filter(|m| matches!(m.state, MoveState::Done | MoveState::Abandoned))
+            .count();
+        bar.set_position(ended as u64);
+    }
+    bar.finish();
+    Ok(r)
+}
+
 fn resolve_node(c: &Client, node: &str) -> Result<u64, CtlError> {
     if let Ok(id) = node.parse::<u64>() {
         return Ok(id);
@@ -442,6 +553,51 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 print(json, &b, |b| {
                     format!("brick {} is drained: it holds no segment", b.name)
                 })?
+            }
+        }
+        CtlCommand::Rebalance {
+            dry_run,
+            tolerance,
+            max_in_flight,
+            timeout,
+            no_wait,
+        } => {
+            let req = rackmem_control::api::RebalanceRequest {
+                dry_run,
+                tolerance_points: Some(tolerance),
+                max_in_flight_bytes: Some(max_in_flight),
+            };
+            let plan = c.rebalance(&req)?;
+            if dry_run || no_wait || plan.moves.is_empty() {
+                print(json, &plan, rebalance_plan)?
+            } else {
+                if !json {
+                    eprintln!("{}", rebalance_plan(&plan));
+                }
+                let r = wait_rebalanced(c, plan, timeout, json)?;
+                print(json, &r, |r| {
+                    let done = r.moves.iter().filter(|m| m.state == MoveState::Done).count();
+                    format!("rebalanced: {done} of {} move(s) done", r.moves.len())
+                })?;
+                let abandoned: Vec<String> = r
+                    .moves
+                    .iter()
+                    .filter(|m| m.state == MoveState::Abandoned)
+                    .map(|m| {
+                        format!(
+                            "allocation {}: {}",
+                            m.allocation,
+                            m.why.as_deref().unwrap_or("given up")
+                        )
+                    })
+                    .collect();
+                if !abandoned.is_empty() {
+                    return Err(CtlError::Other(anyhow::anyhow!(
+                        "{} move(s) were given up (their allocations stay where they were): {}",
+                        abandoned.len(),
+                        abandoned.join("; ")
+                    )));
+                }
             }
         }
         CtlCommand::Processes => print(json, &c.processes()?, |p| {

@@ -135,23 +135,8 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool, n_bricks: usize) -> 
     let mut brick_logs = Vec::new();
     let tls_files = tls.then(|| tls_files(dir.path()));
     for i in 0..n_bricks {
-        let mut cmd = Command::new(rackmem());
-        cmd.args(["brick", "--listen"]);
-        match &tls_files {
-            None => cmd.arg(format!("unix:{}", dir.path().join(format!("b{i}.sock")).display())),
-            Some((_, cert, key)) => cmd.args(["tls://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]),
-        };
-        // Port 0, and the address read back from the brick: a port picked here and released
-        // could be taken by another process's connection before the brick binds it (a brick
-        // that failed that way once left this test waiting for its registration, unexplained).
-        cmd.args(["--size", "1GiB", "--control", &url, "--name", &format!("b{i}")])
-            .args(["--heartbeat-ms", "100", "--metrics", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut g = Guard::spawn(&mut cmd);
-        let log = lines_of(g.child().stderr.take().expect("stderr"));
-        brick_metrics.push(metrics_address(&log, &format!("brick b{i}")));
+        let (g, metrics, log) = spawn_brick(dir.path(), &url, i, tls_files.as_ref());
+        brick_metrics.push(metrics);
         bricks.push(g);
         brick_logs.push(log);
     }
@@ -195,6 +180,35 @@ fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool, n_bricks: usize) -> 
     };
     c.start_agent();
     c
+}
+
+/// Starts managed brick `b{i}` of 1 GiB (on a Unix socket in `dir`, or TLS with `tls`'s
+/// certificate and key) registering with `url`: its guard, its metrics address and its
+/// standard error.
+fn spawn_brick(
+    dir: &Path,
+    url: &str,
+    i: usize,
+    tls: Option<&(String, String, String)>,
+) -> (Guard, String, std::sync::mpsc::Receiver<String>) {
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["brick", "--listen"]);
+    match tls {
+        None => cmd.arg(format!("unix:{}", dir.join(format!("b{i}.sock")).display())),
+        Some((_, cert, key)) => cmd.args(["tls://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]),
+    };
+    // Port 0, and the address read back from the brick: a port picked here and released
+    // could be taken by another process's connection before the brick binds it (a brick
+    // that failed that way once left this test waiting for its registration, unexplained).
+    cmd.args(["--size", "1GiB", "--control", url, "--name", &format!("b{i}")])
+        .args(["--heartbeat-ms", "100", "--metrics", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut g = Guard::spawn(&mut cmd);
+    let log = lines_of(g.child().stderr.take().expect("stderr"));
+    let metrics = metrics_address(&log, &format!("brick b{i}"));
+    (g, metrics, log)
 }
 
 fn live_allocations(url: &str) -> Vec<serde_json::Value> {
@@ -1907,6 +1921,77 @@ impl Writer {
         let w: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(w[1], w[3], "{who}: the buffer differs from its model:\n{out}");
     }
+}
+
+/// Bytes in segments on the brick named `name`.
+fn used_on(url: &str, name: &str) -> u64 {
+    let b = brick_named(url, name);
+    b["capacity_bytes"].as_u64().unwrap_or(0) - b["free_bytes"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_brick_that_joins_under_running_writers_takes_load_when_the_rack_rebalances() {
+    require_root();
+    // Two bricks, each allocation striped over both; two writers keep rewriting their buffers.
+    let mut c = cluster_on(&[], false, false, 2);
+    let one = Writer::start(&c, "32");
+    let two = Writer::start(&c, "24");
+    let before = (used_on(&c.url, "b0"), used_on(&c.url, "b1"));
+    assert!(before.0 > 0 && before.1 > 0, "the writers hold nothing: {before:?}");
+
+    // A third brick joins; a dry run plans moves onto it and moves nothing.
+    let (g, _, log) = spawn_brick(c.dir.path(), &c.url, 2, None);
+    c._bricks.push(g);
+    c._brick_logs.push(log);
+    wait_for("b2 to register", || {
+        ctl_json(&c.url, &["bricks"]).as_array().map_or(0, Vec::len) == 3
+    });
+    let plan = ctl_json(&c.url, &["rebalance", "--dry-run", "--tolerance", "1"]);
+    let moves = plan["moves"].as_array().cloned().unwrap_or_default();
+    assert!(!moves.is_empty(), "no move planned onto the new brick: {plan}");
+    let b2 = brick_named(&c.url, "b2");
+    let b2_id = b2["id"].as_u64().expect("id");
+    assert!(
+        moves.iter().all(|m| m["segments"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["to_brick_id"] == b2_id))),
+        "every move sends a segment to b2: {plan}"
+    );
+    assert_eq!(b2["segments"], 0, "a dry run moved something: {b2}");
+    let o = ctl(&c.url, &["rebalance", "--dry-run", "--tolerance", "1"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("a dry run") && text.contains("planned"),
+        "{}",
+        show(&o)
+    );
+
+    // The rebalance: the planned moves happen while both write, and end done.
+    let o = ctl(
+        &c.url,
+        &["--json", "rebalance", "--tolerance", "1", "--timeout", "100s"],
+    );
+    assert!(o.status.success(), "rebalance: {}\nagent:\n{}", show(&o), c.agent_log());
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let moves = r["moves"].as_array().cloned().unwrap_or_default();
+    assert!(
+        r["finished"] == true && !moves.is_empty() && moves.iter().all(|m| m["state"] == "done"),
+        "{r}"
+    );
+    let after = (used_on(&c.url, "b0"), used_on(&c.url, "b1"), used_on(&c.url, "b2"));
+    assert!(after.2 > 0, "b2 took nothing: {after:?}");
+    assert!(after.0 < before.0, "b0 gave nothing: {before:?} -> {after:?}");
+    let b2 = brick_named(&c.url, "b2");
+    assert!(
+        b2["segments"].as_u64().unwrap_or(0) > 0,
+        "ctl bricks shows no segment on b2: {b2}"
+    );
+
+    one.finish("the first writer");
+    two.finish("the second writer");
+    wait_for("the programs' allocations to go back", || {
+        live_allocations(&c.url).is_empty()
+    });
 }
 
 /// The brick named `name` as `ctl bricks --json` shows it.

@@ -480,21 +480,22 @@ pub struct PoolReply {
     /// Pool allocations whose release was asked while a process used them: the agent releases
     /// each once no process uses it, and hands none of them out again.
     pub release: Vec<u64>,
-    /// Segments of the node's allocations on draining bricks (`rackmem ctl drain`), each with
-    /// the brick the control plane picked for its pages: the agent has the process using it move
-    /// them there and return the allocation, or releases it if it is an unused pool allocation.
+    /// Segments of the node's allocations on draining bricks (`rackmem ctl drain`) or that a
+    /// rebalance moves now (`rackmem ctl rebalance`), each with the brick the control plane
+    /// picked for its pages: the agent has the process using it move them there and return the
+    /// allocation, or releases it if it is an unused pool allocation.
     #[serde(default)]
     pub evacuate: Vec<Evacuation>,
 }
 
-/// A segment to move off a draining brick, in a [`PoolReply`].
+/// A segment to move off a draining brick, or that a rebalance moves, in a [`PoolReply`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Evacuation {
     /// The allocation it belongs to.
     pub allocation: u64,
     /// The segment.
     pub segment_id: u64,
-    /// The draining brick that holds it.
+    /// The brick that holds it (draining, or one a rebalance moves load from).
     pub brick_id: u64,
     /// Its size.
     pub size_bytes: u64,
@@ -922,4 +923,106 @@ pub struct DrainRequest {
 pub struct ServeRateRequest {
     /// Bytes/s (READ and WRITE together); `null`: none (only the ports bound the rates).
     pub serve_bps: Option<u64>,
+}
+
+/// `POST /v1/rebalance` (admins): plan moves of segments from the fullest bricks onto bricks
+/// with room, and start them unless `dry_run`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RebalanceRequest {
+    /// Only plan: nothing moves.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// How far (in percentage points of used capacity) a brick may stay from the mean share
+    /// (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance_points: Option<f64>,
+    /// Most bytes of allocations moving at once (default 256 MiB; one allocation always
+    /// moves, however large).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_bytes: Option<u64>,
+}
+
+/// Where a planned move stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MoveState {
+    /// Waiting for room in the bytes in flight.
+    Pending,
+    /// Listed to its node's agent: its process is moving the pages.
+    Moving,
+    /// The allocation is gone (its pages left for a new allocation on the target).
+    Done,
+    /// Given up (`why` says why); the allocation stays where it was.
+    Abandoned,
+}
+
+/// One segment of a planned move: from its brick to another (or a copy on its own brick: an
+/// allocation goes back whole, so its segments that are not the point of the move are carried
+/// too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SegmentMove {
+    /// The segment.
+    pub segment_id: u64,
+    /// Its brick now.
+    pub from_brick_id: u64,
+    /// The brick its pages go to.
+    pub to_brick_id: u64,
+    /// Its size.
+    pub size_bytes: u64,
+}
+
+/// One allocation a rebalance moves (all of its segments together: an allocation goes back
+/// whole).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RebalanceMove {
+    /// The allocation.
+    pub allocation: u64,
+    /// Its node.
+    pub node: u64,
+    /// Its segments and where each goes.
+    pub segments: Vec<SegmentMove>,
+    /// Where the move stands.
+    pub state: MoveState,
+    /// Why it was abandoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// A brick's share of used capacity, before a rebalance and as planned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BrickShare {
+    /// The brick.
+    pub brick_id: u64,
+    /// Its name.
+    pub name: String,
+    /// Its capacity.
+    pub capacity_bytes: u64,
+    /// Bytes in segments when the plan was made.
+    pub used_bytes: u64,
+    /// Bytes in segments once every planned move is done.
+    pub planned_bytes: u64,
+}
+
+/// A rebalance: its plan and how far it got (`GET /v1/rebalance`, and the reply to a `POST`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Rebalance {
+    /// Only planned: nothing moves.
+    pub dry_run: bool,
+    /// The tolerance the plan was made with (percentage points around the mean share).
+    pub tolerance_points: f64,
+    /// The mean share of used capacity over the bricks that take segments (percent).
+    pub mean_percent: f64,
+    /// Most bytes of allocations moving at once.
+    pub max_in_flight_bytes: u64,
+    /// What started it: `operator` or `brick_joined`.
+    pub reason: String,
+    /// When it was planned (ms since the Unix epoch).
+    pub planned_unix_ms: u64,
+    /// The moves, in the order they start.
+    pub moves: Vec<RebalanceMove>,
+    /// The bricks that take segments: used before, and as planned.
+    pub bricks: Vec<BrickShare>,
+    /// Every move is done or abandoned (or there were none).
+    pub finished: bool,
 }

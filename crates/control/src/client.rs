@@ -528,6 +528,16 @@ impl Client {
         self.request(Method::Put, &format!("/v1/bricks/{id}/drain"), Some(&req))
     }
 
+    /// `POST /v1/rebalance` (admins only).
+    pub fn rebalance(&self, req: &crate::api::RebalanceRequest) -> Result<crate::api::Rebalance, ClientError> {
+        self.request(Method::Post, "/v1/rebalance", Some(req))
+    }
+
+    /// `GET /v1/rebalance` (admins only).
+    pub fn rebalance_status(&self) -> Result<crate::api::Rebalance, ClientError> {
+        self.get("/v1/rebalance")
+    }
+
     /// `GET /v1/circuits` (admins only).
     pub fn circuits(&self) -> Result<crate::api::Circuits, ClientError> {
         self.get("/v1/circuits")

@@ -743,6 +743,7 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
         ("/v1/circuits/{id}/move", &["post"]),
         ("/v1/bricks/{id}/serve-rate", &["put"]),
         ("/v1/allocations/{id}/clone", &["post"]),
+        ("/v1/rebalance", &["get", "post"]),
     ] {
         let p = paths
             .get(path)

@@ -1,6 +1,6 @@
-//! Draining a brick, the agent's part: the control plane lists, in the reply to each pool
-//! report, the segments of this node's allocations on draining bricks and where each goes
-//! ([`Evacuation`]). The agent's `agent-evacuate` thread takes the latest list and, for each
+//! Draining a brick, and rebalancing, the agent's part: the control plane lists, in the reply
+//! to each pool report, the segments of this node's allocations on draining bricks or that a
+//! rebalance moves now, and where each goes ([`Evacuation`]). The agent's `agent-evacuate` thread takes the latest list and, for each
 //! segment: releases an unused pool allocation at once; orders the process that uses a pool
 //! allocation or holds one to move the pages off and return it (an `evacuate` order on the
 //! process's order connection, as `rackmem migrate --pid` uses); and says why it cannot when no
@@ -54,7 +54,7 @@ pub(super) fn evacuate_loop(shared: &Shared) {
 fn stuck(shared: &Shared, e: &Evacuation, why: &str) {
     if lock(&shared.evacuations).said.insert(e.segment_id) {
         eprintln!(
-            "rackmem agent: segment {} of allocation {} on draining brick {} cannot move yet: {why}",
+            "rackmem agent: segment {} of allocation {} on brick {} cannot move yet: {why}",
             e.segment_id, e.allocation, e.brick_id
         );
     }
@@ -122,11 +122,11 @@ fn run(shared: &Shared, list: Vec<Evacuation>) {
         let r = super::orders::evacuate(shared, pid, moves);
         match (r.ok, r.error) {
             (true, _) => eprintln!(
-                "rackmem agent: process {pid} moved {} of {n} segment(s) off draining bricks",
+                "rackmem agent: process {pid} moved {} of {n} segment(s) (a drain or a rebalance)",
                 r.evacuated.map_or(0, |v| v.len())
             ),
             (false, Some(e)) => eprintln!(
-                "rackmem agent: process {pid} did not empty its segments on draining bricks: {}: {}; will ask again",
+                "rackmem agent: process {pid} did not empty the segments a drain or a rebalance moves: {}: {}; will ask again",
                 e.code, e.message
             ),
             (false, None) => {}

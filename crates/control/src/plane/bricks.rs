@@ -157,6 +157,7 @@ impl ControlPlane {
                 load_bps,
             },
         );
+        self.brick_joined(id);
         Ok(api::BrickRegistered {
             id,
             heartbeat_interval_ms: u64::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u64::MAX),
@@ -197,16 +198,15 @@ impl ControlPlane {
                 rate_bps: b.paths.get(&id).map(|(links, bw)| graph.rate_limit(links, *bw)),
             })
             .collect();
+        let serve_bps = Some(b.rec.serve_bps.unwrap_or(0));
         if !b.up {
             b.up = true;
             let largest = b.extents.largest();
             self.index.update(id, None, largest);
             tracing::info!(brick = id, "brick is up again");
+            self.brick_joined(id);
         }
-        Ok(api::HeartbeatReply {
-            segments,
-            serve_bps: Some(b.rec.serve_bps.unwrap_or(0)),
-        })
+        Ok(api::HeartbeatReply { segments, serve_bps })
     }
 
     /// Marks down the bricks whose last heartbeat is older than the brick timeout; returns

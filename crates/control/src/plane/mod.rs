@@ -27,11 +27,13 @@ mod drain;
 mod leases;
 mod nodes;
 mod placement;
+mod rebalance;
 mod tokens;
 
 pub use allocations::{Allocated, MAX_STRIPE};
 pub use bricks::MAX_KEY_BYTES;
 pub use leases::DEFAULT_GRANT_LIFETIME;
+pub use rebalance::{DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_TOLERANCE_POINTS, MOVE_TIMEOUT};
 
 use crate::alloc::{BrickIndex, FreeExtents};
 use crate::api::{self, Endpoint, HeartbeatStats};
@@ -213,6 +215,10 @@ pub struct ControlPlane {
     dirty_switches: BTreeSet<String>,
     /// How long circuits took to set up (placed, switches configured, committed).
     circuit_setup: prometheus_client::metrics::histogram::Histogram,
+    /// The rebalance under way, or the last one (not stored: see `rebalance.rs`).
+    rebalance: Option<rebalance::Running>,
+    /// Whether a brick that joins starts a rebalance.
+    rebalance_on_join: bool,
 }
 
 impl ControlPlane {
@@ -265,6 +271,8 @@ impl ControlPlane {
         std::mem::swap(&mut fresh.switches, &mut self.switches);
         fresh.switch_states = std::mem::take(&mut self.switch_states);
         fresh.circuit_setup = self.circuit_setup.clone();
+        fresh.rebalance = self.rebalance.take();
+        fresh.rebalance_on_join = self.rebalance_on_join;
         *self = fresh;
         self.publish_tokens();
         // Another replica may have made or released circuits meanwhile.
@@ -313,6 +321,8 @@ impl ControlPlane {
             switch_states: BTreeMap::new(),
             dirty_switches: BTreeSet::new(),
             circuit_setup: prometheus_client::metrics::histogram::Histogram::new(rackmem_metrics::LATENCY_BUCKETS_S),
+            rebalance: None,
+            rebalance_on_join: false,
         };
         for s in snap.switches {
             p.graph.add_switch(&s.name);
@@ -1114,6 +1124,139 @@ mod tests {
         let r = p.report_pool(n, api::PoolReport::default()).unwrap();
         assert!(
             r.evacuate[0].to_brick_id.is_none() && r.evacuate[0].why.is_some(),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_rebalance_lists_its_moves_to_their_node_bounded_and_ends_when_they_are_gone() {
+        let mut p = plane();
+        let a = p.register_brick(reg("a", 7)).unwrap().id;
+        let n = node(&mut p, "n");
+        let holder = |pid| {
+            Some(api::Holder {
+                agent: "run".into(),
+                connection: 1,
+                pid,
+                uid: 0,
+                start_ticks: 1,
+            })
+        };
+        let mut held = Vec::new();
+        for pid in 0..4 {
+            held.push(
+                p.allocate(AllocationRequest {
+                    node: n,
+                    size_bytes: 8 * M,
+                    holder: holder(pid),
+                    ..AllocationRequest::default()
+                })
+                .unwrap(),
+            );
+        }
+        // Made by hand: no agent can move it, so it is not planned.
+        p.allocate(AllocationRequest {
+            node: n,
+            size_bytes: 8 * M,
+            ..AllocationRequest::default()
+        })
+        .unwrap();
+        assert!(matches!(p.rebalance_status(), Err(PlaneError::NotFound(_))));
+        // A brick joins: a has 40 of 64 MiB (62.5%), b none; the mean is 31.25%.
+        let b = p.register_brick(reg("b", 8)).unwrap().id;
+        let dry = p
+            .rebalance(
+                api::RebalanceRequest {
+                    dry_run: true,
+                    tolerance_points: Some(10.0),
+                    max_in_flight_bytes: Some(8 * M),
+                },
+                "operator",
+            )
+            .unwrap();
+        assert_eq!(dry.moves.len(), 2, "{dry:?}");
+        assert!(dry.moves.iter().all(|m| m.segments[0].to_brick_id == b));
+        let planned: Vec<u64> = dry.bricks.iter().map(|x| x.planned_bytes).collect();
+        assert_eq!(planned, vec![24 * M, 16 * M], "{dry:?}");
+        assert!(
+            p.report_pool(n, api::PoolReport::default())
+                .unwrap()
+                .evacuate
+                .is_empty(),
+            "a dry run moves nothing"
+        );
+
+        let r = p
+            .rebalance(
+                api::RebalanceRequest {
+                    max_in_flight_bytes: Some(8 * M),
+                    ..Default::default()
+                },
+                "operator",
+            )
+            .unwrap();
+        let states: Vec<api::MoveState> = r.moves.iter().map(|m| m.state).collect();
+        assert_eq!(
+            states,
+            vec![api::MoveState::Moving, api::MoveState::Pending],
+            "one 8 MiB move in flight"
+        );
+        let e = p.report_pool(n, api::PoolReport::default()).unwrap().evacuate;
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(
+            (e[0].brick_id, e[0].to_brick_id, e[0].allocation),
+            (a, Some(b), r.moves[0].allocation)
+        );
+        assert!(matches!(
+            p.rebalance(api::RebalanceRequest::default(), "operator"),
+            Err(PlaneError::Conflict(_))
+        ));
+        // Its process moved the pages to a new allocation on b and returned this one.
+        p.allocate(AllocationRequest {
+            node: n,
+            size_bytes: 8 * M,
+            bricks: Some(vec![b]),
+            holder: holder(9),
+            ..AllocationRequest::default()
+        })
+        .unwrap();
+        p.free(r.moves[0].allocation).unwrap();
+        let e = p.report_pool(n, api::PoolReport::default()).unwrap().evacuate;
+        assert_eq!(e.len(), 1, "the next one starts: {e:?}");
+        assert_eq!(e[0].allocation, r.moves[1].allocation);
+        p.free(r.moves[1].allocation).unwrap();
+        let s = p.rebalance_status().unwrap();
+        assert!(s.finished, "{s:?}");
+        assert!(s.moves.iter().all(|m| m.state == api::MoveState::Done), "{s:?}");
+        assert!(held.iter().any(|h| h.id == s.moves[0].allocation));
+    }
+
+    #[test]
+    fn a_brick_that_joins_starts_a_rebalance_when_the_policy_is_on() {
+        let mut p = plane();
+        p.set_rebalance_on_join(true);
+        p.register_brick(reg("a", 7)).unwrap();
+        let n = node(&mut p, "n");
+        for pid in 0..4 {
+            p.allocate(AllocationRequest {
+                node: n,
+                size_bytes: 8 * M,
+                holder: Some(api::Holder {
+                    agent: "run".into(),
+                    connection: 1,
+                    pid,
+                    uid: 0,
+                    start_ticks: 1,
+                }),
+                ..AllocationRequest::default()
+            })
+            .unwrap();
+        }
+        let b = p.register_brick(reg("b", 8)).unwrap().id;
+        let r = p.rebalance_status().unwrap();
+        assert_eq!(r.reason, "brick_joined");
+        assert!(
+            !r.moves.is_empty() && r.moves.iter().all(|m| m.segments[0].to_brick_id == b),
             "{r:?}"
         );
     }

@@ -80,10 +80,11 @@ impl ControlPlane {
             .filter(|a| n.allocations.contains(a))
             .collect();
         self.pools.insert(node, report);
-        Ok(api::PoolReply {
-            release,
-            evacuate: self.evacuations(node),
-        })
+        self.rebalance_tick();
+        let mut evacuate = self.evacuations(node);
+        let listed: std::collections::HashSet<u64> = evacuate.iter().map(|e| e.allocation).collect();
+        evacuate.extend(self.rebalance_evacuations(node, &listed));
+        Ok(api::PoolReply { release, evacuate })
     }
 
     /// `DELETE /v1/allocations/{id}`: releases the allocation, unless it is in its node's pool

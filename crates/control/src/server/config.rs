@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub placement: crate::api::Objective,
     /// What configures the switches for circuits (`None`: [`crate::switch::DryRun`]).
     pub switch_driver: Option<Box<dyn crate::switch::SwitchDriver>>,
+    /// A brick that registers or comes back up starts a rebalance onto it
+    /// (`--rebalance-on-join`; the defaults of `POST /v1/rebalance`).
+    pub rebalance_on_join: bool,
 }
 
 impl ServerConfig {
@@ -82,6 +85,7 @@ impl ServerConfig {
             node_quota: crate::plane::NodeQuota::default(),
             placement: crate::api::Objective::default(),
             switch_driver: None,
+            rebalance_on_join: false,
         }
     }
 }

@@ -178,6 +178,7 @@ pub fn spawn(mut config: ServerConfig) -> Result<ServerHandle, ServerError> {
     plane.set_grant_lifetime(config.grant_lifetime);
     plane.set_node_quota(config.node_quota);
     plane.set_placement(config.placement);
+    plane.set_rebalance_on_join(config.rebalance_on_join);
     if let Some(d) = config.switch_driver.take() {
         plane.set_switch_driver(d);
     }

@@ -74,6 +74,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(meta::openapi_json))
         .routes(routes!(meta::metrics))
         .routes(routes!(bricks::set_draining))
+        .routes(routes!(bricks::start_rebalance, bricks::get_rebalance))
 }
 
 /// What [`build`] needs besides the control plane.

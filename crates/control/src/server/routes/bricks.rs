@@ -1,8 +1,8 @@
 //! `/v1/bricks`: registration, heartbeats, reading and forgetting bricks.
 
 use crate::api::{
-    Brick, BrickRegistered, BrickRegistration, DrainRequest, ErrorBody, HeartbeatReply, HeartbeatStats,
-    ServeRateRequest,
+    Brick, BrickRegistered, BrickRegistration, DrainRequest, ErrorBody, HeartbeatReply, HeartbeatStats, Rebalance,
+    RebalanceRequest, ServeRateRequest,
 };
 use crate::server::authz::{authorized, Target};
 use crate::server::error::ApiError;
@@ -103,6 +103,34 @@ pub(crate) async fn set_draining(
     ApiJson(req): ApiJson<DrainRequest>,
 ) -> Result<Json<Brick>, ApiError> {
     authorized(&st, c, Target::Admin, move |p| p.set_draining(id, req.draining))
+        .await
+        .map(Json)
+}
+
+/// Plans a rebalance (admins): moves of allocations from the fullest bricks onto bricks with
+/// room until every brick's used share is within the tolerance of the mean; starts them unless
+/// a dry run.
+#[utoipa::path(post, path = "/v1/rebalance", tag = "bricks", request_body = RebalanceRequest,
+    responses(
+        (status = 200, description = "The plan (and, unless a dry run, its moves started)", body = Rebalance),
+        (status = 409, description = "A rebalance is under way", body = ErrorBody),
+        (status = 422, description = "Invalid tolerance", body = ErrorBody),
+    ))]
+pub(crate) async fn start_rebalance(
+    State(st): State<AppState>,
+    Caller(c): Caller,
+    ApiJson(req): ApiJson<RebalanceRequest>,
+) -> Result<Json<Rebalance>, ApiError> {
+    authorized(&st, c, Target::Admin, move |p| p.rebalance(req, "operator"))
+        .await
+        .map(Json)
+}
+
+/// The rebalance under way, or the last one (admins).
+#[utoipa::path(get, path = "/v1/rebalance", tag = "bricks",
+    responses((status = 200, body = Rebalance), (status = 404, description = "None since the control plane started", body = ErrorBody)))]
+pub(crate) async fn get_rebalance(State(st): State<AppState>, Caller(c): Caller) -> Result<Json<Rebalance>, ApiError> {
+    authorized(&st, c, Target::Admin, move |p| p.rebalance_status())
         .await
         .map(Json)
 }
