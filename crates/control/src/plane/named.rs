@@ -203,25 +203,25 @@ impl ControlPlane {
                     .segments
                     .pop()
                     .ok_or_else(|| PlaneError::NotFound(format!("segment {:?} has no memory", named.name)))?;
-                if node != rec.node {
-                    // The creator's grant names the creator; another node gets its own, good as
-                    // long as any grant of this control plane.
-                    let b = self.bricks.get(&s.brick_id).ok_or_else(|| {
-                        PlaneError::NotFound(format!("brick {} of segment {:?}", s.brick_id, named.name))
-                    })?;
-                    let issued = grant::issue(
-                        &b.key,
-                        s.segment_id,
-                        s.offset,
-                        s.size_bytes,
-                        node,
-                        self.grant_expiry(),
-                        s.rate_limit_bps,
-                    );
-                    s.grant_hex = issued.grant_hex;
-                    s.session_key_hex = issued.session_key_hex;
-                    s.grant_expires_unix_s = super::leases::grant_expiry_of(&s.grant_hex);
-                }
+                // Signed now for the opener's node: the stored grant names the creator and
+                // may have expired while the segment lived (nobody renews a named segment's
+                // grants; an attached link keeps working, a new ATTACH needs a fresh one).
+                let b = self
+                    .bricks
+                    .get(&s.brick_id)
+                    .ok_or_else(|| PlaneError::NotFound(format!("brick {} of segment {:?}", s.brick_id, named.name)))?;
+                let issued = grant::issue(
+                    &b.key,
+                    s.segment_id,
+                    s.offset,
+                    s.size_bytes,
+                    node,
+                    self.grant_expiry(),
+                    s.rate_limit_bps,
+                );
+                s.grant_hex = issued.grant_hex;
+                s.session_key_hex = issued.session_key_hex;
+                s.grant_expires_unix_s = super::leases::grant_expiry_of(&s.grant_hex);
                 Some(s)
             }
         };
