@@ -64,20 +64,34 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * address) are mapped into the process, so transfers and atomics are memory operations;
  * RACKMEM_SHARED_MEMORY=0 keeps them on the socket.
  *
+ * Agent memory: with no RACKMEM_BRICKS but a node agent (RACKMEM_AGENT, which `rackmem run
+ * --agent` sets), segments come from the control plane through the agent, which checks the
+ * process's user and quotas as it does for the window's memory. rackmem_seg_alloc gets a
+ * segment of this process's own; rackmem_seg_open a named segment of the control plane, which
+ * processes of the same user open on any node (the name belongs to the user who created it:
+ * another user's open is refused with EACCES). It counts against the quota of the node that
+ * created it, lives while a process holds it open, and is freed by the last close; a process
+ * that exits or is killed closes what it held (its agent sees its connection close). The
+ * process attaches to the brick directly with the grant the agent returns, so put, get,
+ * rackmem_quiet and the atomics work as on a configured brick.
+ *
  * Errors: every call returns -1 (NULL for the allocators, UINT64_MAX for the atomics, see
  * there) and sets errno:
  *   EINVAL  offset or offset+len past the end of the segment, an atomic's offset not a
- *           multiple of 8, a NULL buffer with a non-zero length, a bad name or size
+ *           multiple of 8, a NULL buffer with a non-zero length, a bad name or size (on
+ *           agent memory a name is 1 to 128 characters of A-Z a-z 0-9 - _ . :)
  *   EBADF   a segment handle that was freed (or never allocated)
- *   ENOMEM  the brick has no room for the segment
+ *   ENOMEM  the brick has no room for the segment; on agent memory also: over the process's,
+ *           the user's or the node's quota, or no brick with room
  *   ENOENT  rackmem_seg_open of a name with no live segment and bytes == 0
  *   EEXIST  rackmem_seg_open of a live segment smaller than `bytes`
- *   EACCES  the brick refused the secret
+ *   EACCES  the brick refused the secret; on agent memory, a name another user created
  *   EMFILE  64 segments are open in this process already
- *   ENODEV  no brick is configured (RACKMEM_BRICKS unset; a node agent's segments are not
- *           supported here yet)
+ *   ENODEV  neither a brick nor a node agent is configured (RACKMEM_BRICKS and RACKMEM_AGENT
+ *           unset)
  *   ENOTSUP a child of fork() asked for a segment (see below)
- *   EIO     the brick was lost or failed
+ *   EAGAIN  the node agent serves as many processes as it may
+ *   EIO     the brick was lost or failed; the node agent or control plane cannot be reached
  *
  * Thread safety: every call may be made from any thread at once, on the same segment or not.
  * Transfers from different threads to overlapping bytes are not ordered with each other;
@@ -93,14 +107,16 @@ int rackmem_get_stats(struct rackmem_stats *out);
 typedef struct rackmem_seg rackmem_seg;
 
 /* Allocates a segment of at least `bytes` (rounded up to the brick's 1 MiB chunk), zero-filled,
- * on the configured bricks in turn. Returns NULL and sets errno on failure. Freed by
- * rackmem_seg_free, or when the process exits. */
+ * on the configured bricks in turn (on agent memory: where the control plane places it).
+ * Returns NULL and sets errno on failure. Freed by rackmem_seg_free, or when the process
+ * exits. */
 rackmem_seg *rackmem_seg_alloc(size_t bytes);
 
 /* Opens the segment named `name` (1 to 255 bytes, NUL-terminated) on the first configured
- * brick, creating it with `bytes` (zero-filled) if no live segment has that name; bytes == 0
- * opens an existing one only. Every process that opens the name, on any node, shares the same
- * memory; it lives while one of them holds it open. Returns NULL and sets errno on failure. */
+ * brick (on agent memory: the control plane's segment of that name), creating it with `bytes`
+ * (zero-filled) if no live segment has that name; bytes == 0 opens an existing one only. Every
+ * process that opens the name, on any node, shares the same memory; it lives while one of them
+ * holds it open. Returns NULL and sets errno on failure. */
 rackmem_seg *rackmem_seg_open(const char *name, size_t bytes);
 
 /* Closes the segment (freeing it once no process holds it). This thread's non-blocking

@@ -1,5 +1,7 @@
 //! `rackmem bench transfer`: one-sided put and get (issue 24) from 8 B to 64 MiB on each link
-//! kind (shared memory, Unix socket, TCP loopback, each to a brick in this process), by the
+//! kind (shared memory, Unix socket, TCP loopback, each to a brick in this process; and, asked
+//! for, `granted-tcp`: a named segment a control plane in this process grants on a managed
+//! brick, as programs on agent memory get theirs), by the
 //! inline path, the bulk path and the calibrated engine, beside a local `memcpy` of the same
 //! size and Open MPI's `MPI_Put`/`MPI_Get` with passive target (two ranks on this machine,
 //! over its shared memory and over TCP), all in the same run, rounds interleaved.
@@ -85,17 +87,182 @@ struct Target {
     link: String,
     _brick: BrickHandle,
     _engine: Engine,
+    /// The control plane that granted the segment (`granted-tcp`).
+    _server: Option<rackmem_control::server::ServerHandle>,
     seg: Arc<Segment>,
 }
 
+/// Grants named segments of an in-process control plane, as a node agent would hand them to a
+/// process (the agent only passes the grant on: the transfers go to the brick either way).
+struct PlaneGranter {
+    client: rackmem_control::client::Client,
+    node: u64,
+    /// Allocation → name, to close it.
+    names: std::sync::Mutex<BTreeMap<u64, String>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl PlaneGranter {
+    fn holder() -> rackmem_control::api::Holder {
+        rackmem_control::api::Holder {
+            agent: "bench".into(),
+            connection: 1,
+            pid: std::process::id(),
+            uid: 0,
+            start_ticks: 0,
+        }
+    }
+}
+
+impl rackmem_putget::Granter for PlaneGranter {
+    fn grant(&self, name: Option<&str>, bytes: u64) -> Result<rackmem_putget::Granted, rackmem_putget::PutGetError> {
+        use rackmem_putget::PutGetError;
+        let fail = |message: String| PutGetError::Granter {
+            code: "bench".into(),
+            message,
+        };
+        let name = name.map_or_else(
+            || {
+                format!(
+                    "scratch-{}",
+                    self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                )
+            },
+            str::to_string,
+        );
+        let s = self
+            .client
+            .open_segment(&rackmem_control::api::SegmentOpen {
+                node: self.node,
+                name: name.clone(),
+                size_bytes: bytes,
+                holder: PlaneGranter::holder(),
+            })
+            .map_err(|e| fail(e.to_string()))?;
+        let seg = s.segment.ok_or_else(|| fail("no grant in the reply".into()))?;
+        let grant = hex::decode(&seg.grant_hex)
+            .ok()
+            .and_then(|g| rackmem_proto::Grant::decode(&g).ok())
+            .ok_or_else(|| fail("a grant that does not decode".into()))?;
+        let session_key: [u8; rackmem_proto::KEY_LEN] = hex::decode(&seg.session_key_hex)
+            .ok()
+            .and_then(|k| k.try_into().ok())
+            .ok_or_else(|| fail("a session key that does not decode".into()))?;
+        let brick = seg.brick_address.parse().map_err(|e| fail(format!("{e}")))?;
+        self.names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(s.allocation, name);
+        Ok(rackmem_putget::Granted {
+            allocation: s.allocation,
+            brick,
+            grant: rackmem_putget::SegmentGrant { grant, session_key },
+        })
+    }
+
+    fn give_back(&self, allocation: u64) -> Result<(), rackmem_putget::PutGetError> {
+        let name = self.names.lock().unwrap_or_else(|e| e.into_inner()).remove(&allocation);
+        if let Some(name) = name {
+            let req = rackmem_control::api::SegmentClose {
+                node: self.node,
+                holder: PlaneGranter::holder(),
+            };
+            let _ = self.client.close_segment(&name, &req);
+        }
+        Ok(())
+    }
+}
+
+/// `granted-tcp`: a control plane in this process, a managed brick on TCP loopback registered
+/// with it, and a named segment the control plane grants (what `rackmem_seg_open` gets on agent
+/// memory), attached with its grant.
+fn granted_target(bytes: u64, link_spin: Duration) -> Result<Target, BenchError> {
+    use crate::Context;
+    let key = [0x6bu8; 32].to_vec();
+    let brick = Brick::start(BrickConfig {
+        listen: ListenAddr::Tcp("127.0.0.1:0".into()),
+        size_bytes: (bytes * 4).max(64 << 20),
+        key: key.clone(),
+        secret: None,
+        managed: true,
+        limits: Default::default(),
+        tls: None,
+    })
+    .map_err(step("starting a managed brick"))?;
+    let store: Box<dyn rackmem_control::store::Store> = Box::<rackmem_control::store::MemoryStore>::default();
+    let token = rackmem_control::auth::new_admin_token().context("making an admin token")?;
+    let mut cfg = rackmem_control::server::ServerConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), store)
+        .with_admin_token(&token);
+    // No heartbeats here: the brick must not be marked down while it is measured.
+    cfg.brick_timeout = Duration::from_secs(7 * 24 * 3600);
+    let server = rackmem_control::server::spawn(cfg).context("starting the control plane")?;
+    let client = rackmem_control::client::Client::new(&[server.url()])
+        .context("a client of the control plane")?
+        .with_token(Some(token));
+    let port = |name: &str| rackmem_control::api::PortSpec {
+        name: name.into(),
+        bandwidth_bps: 100_000_000_000,
+        switch: None,
+    };
+    client
+        .register_brick(&rackmem_control::api::BrickRegistration {
+            name: "bench-brick".into(),
+            address: format!("tcp://{}", brick.local_addr().trim_start_matches("tcp://")),
+            capacity_bytes: (bytes * 4).max(64 << 20),
+            ports: vec![port("p0")],
+            key_hex: hex::encode(&key),
+            serve_bps: None,
+        })
+        .context("registering the brick")?;
+    let node = client
+        .register_node(&rackmem_control::api::NodeRegistration {
+            name: "bench-node".into(),
+            ports: vec![port("eth0")],
+        })
+        .context("registering the node")?
+        .id;
+    let granter = Arc::new(PlaneGranter {
+        client,
+        node,
+        names: Default::default(),
+        next: Default::default(),
+    });
+    let engine = Engine::with_granter(
+        EngineConfig {
+            bricks: Vec::new(),
+            secret: Vec::new(),
+            timeout: Duration::from_secs(30),
+            sharing: Sharing::Never,
+            tls: None,
+            threshold: Threshold::Calibrate,
+            link_spin,
+        },
+        Some(granter),
+    );
+    let h = engine
+        .open(b"bench-transfer", bytes)
+        .map_err(step("opening a granted segment"))?;
+    let seg = engine.segment(h).map_err(step("the segment"))?;
+    Ok(Target {
+        link: "granted-tcp".to_string(),
+        _brick: brick,
+        _engine: engine,
+        _server: Some(server),
+        seg,
+    })
+}
+
 fn target(link: &str, bytes: u64, tmp: &std::path::Path, link_spin: Duration) -> Result<Target, BenchError> {
+    if link == "granted-tcp" {
+        return granted_target(bytes, link_spin);
+    }
     let (listen, sharing) = match link {
         "shm" => (ListenAddr::Unix(tmp.join("transfer-shm.sock")), Sharing::Always),
         "unix" => (ListenAddr::Unix(tmp.join("transfer-unix.sock")), Sharing::Never),
         "tcp" => (ListenAddr::Tcp("127.0.0.1:0".into()), Sharing::Never),
         other => {
             return Err(BenchError::Config(format!(
-                "--links: unknown link `{other}` (shm, unix, tcp)"
+                "--links: unknown link `{other}` (shm, unix, tcp, granted-tcp)"
             )))
         }
     };
@@ -125,6 +292,7 @@ fn target(link: &str, bytes: u64, tmp: &std::path::Path, link_spin: Duration) ->
         link: link.to_string(),
         _brick: brick,
         _engine: engine,
+        _server: None,
         seg,
     })
 }
@@ -288,7 +456,7 @@ pub fn run(cfg: &TransferConfig) -> Result<Output, BenchError> {
                 let op = if put { "put" } else { "get" };
                 let mpi_ns = match t.link.as_str() {
                     "shm" => mpi_shm.as_ref(),
-                    "tcp" => mpi_tcp.as_ref(),
+                    "tcp" | "granted-tcp" => mpi_tcp.as_ref(),
                     _ => None,
                 }
                 .and_then(|m| m.get(&(op.to_string(), bytes)).copied());

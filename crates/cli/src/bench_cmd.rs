@@ -50,8 +50,9 @@ enum Which {
         /// Interleaved rounds per size (the median counts).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
-        /// Link kinds.
-        #[arg(long, value_delimiter = ',', default_value = "shm,unix,tcp", value_parser = ["shm", "unix", "tcp"])]
+        /// Link kinds (granted-tcp: a named segment granted by a control plane in this process,
+        /// on a managed brick on TCP loopback, as rackmem_seg_open gets it on agent memory).
+        #[arg(long, value_delimiter = ',', default_value = "shm,unix,tcp", value_parser = ["shm", "unix", "tcp", "granted-tcp"])]
         links: Vec<String>,
         /// Leave out the MPI peer (which needs mpicc and mpirun: scripts/programs.sh installs them).
         #[arg(long)]

@@ -70,6 +70,9 @@ enum CtlCommand {
     Nodes,
     /// List the allocations and their segments.
     Allocations,
+    /// List the named segments (one-sided segments processes open by name, on any node): owner,
+    /// size, brick and holders.
+    Segments,
     /// List the programs running on agent memory, with their figures as their agents last
     /// reported them (every second or two): local buffer, faults, bytes each way, fault
     /// latency, miss concurrency and C-AMAT. `rackmem top` shows the same, refreshing.
@@ -668,6 +671,24 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                         rate(s.rate_limit_bps),
                     ]);
                 }
+            }
+            t.to_string()
+        })?,
+        CtlCommand::Segments => print(json, &c.named_segments(None)?, |segs| {
+            let mut t = table(&["name", "uid", "size", "allocation", "node", "holders"]);
+            for s in segs {
+                t.add_row(vec![
+                    s.name.clone(),
+                    s.uid.to_string(),
+                    format_size(s.size_bytes),
+                    s.allocation.to_string(),
+                    s.node.to_string(),
+                    s.holders
+                        .iter()
+                        .map(|h| format!("node {} pid {}", h.node, h.holder.pid))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ]);
             }
             t.to_string()
         })?,

@@ -192,7 +192,9 @@ fn bench_transfer_writes_json_and_a_chart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (j, svg) = (dir.path().join("t.json"), dir.path().join("t.svg"));
     let mut c = Command::new(rackmem());
-    c.args(["bench", "transfer", "--sizes", "8,300000", "--rounds", "1", "--json"])
+    c.args(["bench", "transfer", "--sizes", "8,300000", "--rounds", "1"])
+        // granted-tcp: a segment granted by a control plane, as on agent memory.
+        .args(["--links", "shm,unix,tcp,granted-tcp", "--json"])
         .arg(&j)
         .arg("--svg")
         .arg(&svg)
@@ -203,7 +205,7 @@ fn bench_transfer_writes_json_and_a_chart() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
     let rows = v["transfer"].as_array().expect("rows");
-    assert_eq!(rows.len(), 3 * 2 * 2, "3 links × put/get × 2 sizes: {v}");
+    assert_eq!(rows.len(), 4 * 2 * 2, "4 links × put/get × 2 sizes: {v}");
     for r in rows {
         for k in ["inline_ns", "bulk_ns", "engine_ns", "memcpy_ns"] {
             assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k} missing: {r}");
@@ -212,10 +214,11 @@ fn bench_transfer_writes_json_and_a_chart() {
         assert_eq!(
             r["mpi_ns"].as_f64().is_some(),
             with_mpi,
-            "MPI beside shm and tcp only: {r}"
+            "MPI beside shm and the tcp links only: {r}"
         );
     }
-    assert_eq!(v["summary"].as_array().map(Vec::len), Some(6), "{v}");
+    assert!(rows.iter().any(|r| r["link"] == "granted-tcp"), "{v}");
+    assert_eq!(v["summary"].as_array().map(Vec::len), Some(8), "{v}");
     let chart = std::fs::read_to_string(&svg).expect("chart");
     assert!(chart.starts_with("<svg") && chart.contains("tcp engine") && chart.contains("MPI (shm)"));
 }

@@ -390,6 +390,84 @@ pub struct CloneRequest {
 /// Most segments one clone request names.
 pub const MAX_CLONE_SEGMENTS: usize = 1024;
 
+/// Most holders one named segment has at once (each costs the control plane a stored entry).
+pub const MAX_NAMED_HOLDERS: usize = 1024;
+
+/// `POST /v1/segments`: create-or-open the named segment `name` for process `holder` of node
+/// `node` (issue 24: one-sided segments shared by processes on several nodes).
+///
+/// Names are global, and each belongs to the user (`holder.uid`) who created it: another user's
+/// open is refused (403 `forbidden`; deny by default). The first open with `size_bytes > 0`
+/// creates it: one segment, placed like an allocation of `node` and counted against that node's
+/// quota while it lives. Later opens return the same segment, with a grant for the opener's
+/// node; one asking for more bytes than it has is refused (409 `conflict`), and an open with
+/// `size_bytes == 0` of a name that does not exist is 404 `not_found`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentOpen {
+    /// The node whose process opens it (a node token names only its own).
+    pub node: u64,
+    /// The segment's name: 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] characters of `A-Z a-z 0-9 - _ . :`.
+    pub name: String,
+    /// Bytes to create it with (0: open an existing segment only).
+    pub size_bytes: u64,
+    /// The process that holds it from now on, until it closes it (or its agent finds it gone).
+    pub holder: Holder,
+}
+
+/// `POST /v1/segments/{name}/close`: process `holder` of node `node` holds the segment no more.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentClose {
+    /// The node whose process held it.
+    pub node: u64,
+    /// The holder, as it opened the segment (`agent` and `connection` identify it).
+    pub holder: Holder,
+}
+
+/// One holder of a named segment: a process of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamedHolder {
+    /// The node.
+    pub node: u64,
+    /// The process, as its agent named it.
+    pub holder: Holder,
+}
+
+/// A named segment (`GET /v1/segments`), and for its opener the grant to attach it with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NamedSegment {
+    /// Its name.
+    pub name: String,
+    /// The user it belongs to (only this user's processes may open it).
+    pub uid: u32,
+    /// The allocation that holds its memory (of the node that created it).
+    pub allocation: u64,
+    /// The node that created it, whose quota it counts against.
+    pub node: u64,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// When it was created.
+    pub created_unix_ms: u64,
+    /// Who holds it now; it is released when the last one closes it.
+    pub holders: Vec<NamedHolder>,
+    /// In an open's reply: the segment with a grant and session key for the opener's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<Segment>,
+}
+
+/// The reply to `POST /v1/segments/{name}/close`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NamedClosed {
+    /// The segment's name.
+    pub name: String,
+    /// Holders left.
+    pub holders: u64,
+    /// True when this close was the last and the segment was released.
+    pub released: bool,
+}
+
 /// One segment of an allocation: everything a node needs to attach it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Segment {

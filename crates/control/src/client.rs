@@ -454,6 +454,41 @@ impl Client {
         self.get(&format!("/v1/allocations?node={node}"))
     }
 
+    /// `POST /v1/segments`: create-or-open a named segment. Safe to retry (a holder that opens
+    /// a name again is held once), so a reply lost after the commit is asked for again, as
+    /// [`Client::allocate`] does.
+    pub fn open_segment(&self, req: &crate::api::SegmentOpen) -> Result<crate::api::NamedSegment, ClientError> {
+        let mut wait = ALLOCATE_RETRY_WAIT;
+        let mut attempt = 1;
+        loop {
+            match self.request(Method::Post, "/v1/segments", Some(req)) {
+                Err(e) if attempt < ALLOCATE_ATTEMPTS && may_have_committed(&e) => {
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// `POST /v1/segments/{name}/close`: a holder of a named segment closes it.
+    pub fn close_segment(
+        &self,
+        name: &str,
+        req: &crate::api::SegmentClose,
+    ) -> Result<crate::api::NamedClosed, ClientError> {
+        self.request(Method::Post, &format!("/v1/segments/{name}/close"), Some(req))
+    }
+
+    /// `GET /v1/segments[?node=ID]`: the named segments (of one node: created or held by it).
+    pub fn named_segments(&self, node: Option<u64>) -> Result<Vec<crate::api::NamedSegment>, ClientError> {
+        match node {
+            Some(n) => self.get(&format!("/v1/segments?node={n}")),
+            None => self.get("/v1/segments"),
+        }
+    }
+
     /// `GET /v1/allocations/{id}`.
     pub fn allocation(&self, id: u64) -> Result<Allocation, ClientError> {
         self.get(&format!("/v1/allocations/{id}"))

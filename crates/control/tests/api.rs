@@ -744,6 +744,8 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
         ("/v1/bricks/{id}/serve-rate", &["put"]),
         ("/v1/allocations/{id}/clone", &["post"]),
         ("/v1/rebalance", &["get", "post"]),
+        ("/v1/segments", &["get", "post"]),
+        ("/v1/segments/{name}/close", &["post"]),
     ] {
         let p = paths
             .get(path)
@@ -762,6 +764,10 @@ fn openapi_lists_every_route_and_metrics_have_the_series() {
         "ErrorBody",
         "Graph",
         "Link",
+        "SegmentOpen",
+        "SegmentClose",
+        "NamedSegment",
+        "NamedClosed",
     ] {
         assert!(schemas.contains_key(s), "schema {s} missing");
     }
@@ -1347,4 +1353,93 @@ fn a_node_reports_only_its_own_processes_and_only_sane_figures() {
         seen.iter().map(|p| (p.node, p.report.pid)).collect::<Vec<_>>(),
         vec![(n2, 20)]
     );
+}
+
+/// Named segments over REST with node tokens: a node opens for itself only, another node's
+/// open of the same name gets a grant of its own for the same range, a node lists what it
+/// created or holds, the name and holders survive a restart, and the last close frees it.
+#[test]
+fn named_segments_are_shared_by_nodes_and_survive_a_restart() {
+    use rackmem_control::api::{Holder, SegmentClose, SegmentOpen};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("control.db");
+    let (server, admin) = start(&db, |_| {});
+    admin.register_brick(&brick_reg("b", 256 * MIB, GBPS)).unwrap();
+    let (t1, t2, t3) = (
+        token(&admin, "node", "n1"),
+        token(&admin, "node", "n2"),
+        token(&admin, "node", "n3"),
+    );
+    let (c1, c2, c3) = (
+        client_as(&server, &t1),
+        client_as(&server, &t2),
+        client_as(&server, &t3),
+    );
+    let n1 = c1.register_node(&node_reg("n1", GBPS)).unwrap().id;
+    let n2 = c2.register_node(&node_reg("n2", GBPS)).unwrap().id;
+    c3.register_node(&node_reg("n3", GBPS)).unwrap();
+    let holder = |connection| Holder {
+        agent: "agent-x".into(),
+        connection,
+        pid: 4000 + connection as u32,
+        uid: 1000,
+        start_ticks: 9,
+    };
+    let open = |node, size_bytes, connection| SegmentOpen {
+        node,
+        name: "job-7.counters".into(),
+        size_bytes,
+        holder: holder(connection),
+    };
+    // A node token opens for its own node only.
+    assert_eq!(server_err(c1.open_segment(&open(n2, MIB, 1))).1, "forbidden");
+    assert_eq!(server_err(c1.open_segment(&open(n1, 0, 1))).1, "not_found");
+    let a = c1.open_segment(&open(n1, 2 * MIB, 1)).unwrap();
+    let b = c2.open_segment(&open(n2, 0, 2)).unwrap();
+    let (sa, sb) = (a.segment.clone().unwrap(), b.segment.clone().unwrap());
+    assert_eq!(
+        (sa.segment_id, sa.offset, sa.size_bytes),
+        (sb.segment_id, sb.offset, sb.size_bytes)
+    );
+    let g = rackmem_proto::Grant::decode(&hex::decode(&sb.grant_hex).unwrap()).unwrap();
+    g.verify(&key_of("b"), 1).unwrap();
+    assert_eq!(g.node, n2, "the opener's node");
+    assert_eq!(server_err(c2.open_segment(&open(n2, 4 * MIB, 2))).1, "conflict");
+    let mut other = open(n2, 0, 3);
+    other.holder.uid = 1001;
+    assert_eq!(server_err(c2.open_segment(&other)).1, "forbidden");
+    // Not an allocation anyone lists; counted to the creator.
+    assert!(admin.allocations().unwrap().is_empty());
+    assert_eq!(admin.node(n1).unwrap().allocated_bytes, 2 * MIB);
+    assert_eq!(c2.named_segments(None).unwrap().len(), 1, "n2 holds it");
+    assert!(
+        c3.named_segments(None).unwrap().is_empty(),
+        "n3 neither made nor holds it"
+    );
+    assert_eq!(server_err(c3.named_segments(Some(n1))).1, "forbidden");
+    let before = admin.named_segments(None).unwrap();
+    assert_eq!(before[0].holders.len(), 2);
+    server.stop().unwrap();
+
+    let (server, admin) = start(&db, |_| {});
+    assert_eq!(
+        admin.named_segments(None).unwrap(),
+        before,
+        "names and holders are stored"
+    );
+    let (c1, c2) = (client_as(&server, &t1), client_as(&server, &t2));
+    let close = |node, connection| SegmentClose {
+        node,
+        holder: holder(connection),
+    };
+    assert_eq!(
+        server_err(c2.close_segment("job-7.counters", &close(n2, 1))).1,
+        "not_found"
+    );
+    let r = c2.close_segment("job-7.counters", &close(n2, 2)).unwrap();
+    assert_eq!((r.holders, r.released), (1, false));
+    let r = c1.close_segment("job-7.counters", &close(n1, 1)).unwrap();
+    assert_eq!((r.holders, r.released), (0, true));
+    assert!(admin.named_segments(None).unwrap().is_empty());
+    assert_eq!(admin.node(n1).unwrap().allocated_bytes, 0);
 }

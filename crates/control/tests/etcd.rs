@@ -75,6 +75,7 @@ fn allocation(id: u64, node: u64) -> Record {
         holder: None,
         // Circuits round-trip like the rest of the record.
         circuit: id % 2 == 1,
+        named: None,
     })
 }
 

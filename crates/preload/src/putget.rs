@@ -4,14 +4,18 @@
 //! `errno`.
 //!
 //! The engine is configured by the same environment as the window (`RACKMEM_BRICKS`,
-//! `RACKMEM_SECRET`, `RACKMEM_TIMEOUT_MS`, `RACKMEM_SHARED_MEMORY`, `RACKMEM_TLS_CA`) plus
-//! `RACKMEM_TRANSFER_THRESHOLD`, read at the first call: under `rackmem run`, or in a program
-//! linked with `-lrackmem` whose environment names a brick. It does not need the window's
-//! runtime to be up.
+//! `RACKMEM_SECRET`, `RACKMEM_TIMEOUT_MS`, `RACKMEM_SHARED_MEMORY`, `RACKMEM_TLS_CA`, or
+//! `RACKMEM_AGENT` for agent memory) plus `RACKMEM_TRANSFER_THRESHOLD`, read at the first call:
+//! under `rackmem run`, or in a program linked with `-lrackmem` whose environment names a brick
+//! or an agent. With no brick named, segments come from the node agent (its control plane
+//! places them and names them across nodes). It does not need the window's runtime to be up.
 
 use crate::{set_errno, Inside};
 use libc::{c_char, c_int, c_void, size_t};
-use rackmem_putget::{keep_alive_loop, Engine, EngineConfig, Pending, PutGetError, Segment, Sharing, Threshold};
+use rackmem_putget::{
+    keep_alive_loop, BrickAddr, Engine, EngineConfig, Granted, Granter, Pending, PutGetError, Segment, SegmentGrant,
+    Sharing, Threshold,
+};
 use rackmem_runtime::config::{Config, ShareChoice};
 use rackmem_runtime::CallGuard;
 use std::cell::RefCell;
@@ -43,6 +47,60 @@ thread_local! {
     static PENDING: RefCell<Pending> = RefCell::new(Pending::default());
 }
 
+/// The node agent as the engine's [`Granter`] (agent memory: no `RACKMEM_BRICKS`): a
+/// connection of its own, without orders (the window's runtime, if any, keeps its own). The
+/// agent closes everything a connection holds when it closes, so a process that dies gives its
+/// segments (and its holds on named ones) back.
+struct AgentGranter {
+    agent: rackmem_runtime::agent::Agent,
+}
+
+fn agent_error(e: rackmem_runtime::agent::AgentError) -> PutGetError {
+    use rackmem_runtime::agent::AgentError as E;
+    match e {
+        E::Refused { code, message, .. } => PutGetError::Granter { code, message },
+        E::Unreachable { .. } => PutGetError::Granter {
+            code: "unreachable".into(),
+            message: e.to_string(),
+        },
+        E::Malformed { .. } => PutGetError::Granter {
+            code: "malformed".into(),
+            message: e.to_string(),
+        },
+    }
+}
+
+impl Granter for AgentGranter {
+    fn grant(&self, name: Option<&str>, bytes: u64) -> Result<Granted, PutGetError> {
+        let a = self.agent.segment(name, bytes).map_err(agent_error)?;
+        let malformed = |why: String| PutGetError::Granter {
+            code: "malformed".into(),
+            message: why,
+        };
+        let given = (|| {
+            let s = a.segments.first().ok_or_else(|| malformed("no segment".into()))?;
+            let (grant, session_key) = rackmem_runtime::agent::credentials(s).map_err(malformed)?;
+            let brick = s
+                .brick_address
+                .parse::<BrickAddr>()
+                .map_err(|e| malformed(format!("brick address {:?}: {e}", s.brick_address)))?;
+            Ok(Granted {
+                allocation: a.allocation,
+                brick,
+                grant: SegmentGrant { grant, session_key },
+            })
+        })();
+        if given.is_err() {
+            let _ = self.agent.release(a.allocation);
+        }
+        given
+    }
+
+    fn give_back(&self, allocation: u64) -> Result<(), PutGetError> {
+        self.agent.release(allocation).map_err(agent_error)
+    }
+}
+
 fn build() -> Result<Arc<Engine>, (c_int, String)> {
     let fail = |e: PutGetError| (e.errno(), e.to_string());
     let cfg = Config::from_env()
@@ -54,25 +112,38 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
             .map_err(|e| (libc::EINVAL, format!("RACKMEM_TRANSFER_THRESHOLD: {e}")))?,
         Err(_) => Threshold::Calibrate,
     };
-    let engine = Arc::new(Engine::new(EngineConfig {
-        bricks: cfg.bricks.clone(),
-        secret: cfg.secret.clone(),
-        timeout: cfg.timeout,
-        sharing: match cfg.shared_memory {
-            ShareChoice::Never => Sharing::Never,
-            ShareChoice::Auto => Sharing::Auto,
-            ShareChoice::Always => Sharing::Always,
+    // Agent memory (no brick named): segments come from the node agent's control plane.
+    let granter: Option<Arc<dyn Granter>> = match (&cfg.agent, cfg.bricks.is_empty()) {
+        (Some(path), true) => {
+            let agent = rackmem_runtime::agent::Agent::connect_without_orders(path, cfg.timeout)
+                .map_err(|e| fail(agent_error(e)))?;
+            Some(Arc::new(AgentGranter { agent }))
+        }
+        _ => None,
+    };
+    let from_agent = granter.is_some();
+    let engine = Arc::new(Engine::with_granter(
+        EngineConfig {
+            bricks: cfg.bricks.clone(),
+            secret: cfg.secret.clone(),
+            timeout: cfg.timeout,
+            sharing: match cfg.shared_memory {
+                ShareChoice::Never => Sharing::Never,
+                ShareChoice::Auto => Sharing::Auto,
+                ShareChoice::Always => Sharing::Always,
+            },
+            tls: cfg.tls.clone(),
+            threshold,
+            link_spin: std::time::Duration::from_micros(
+                std::env::var("RACKMEM_PUTGET_SPIN_US")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0),
+            ),
         },
-        tls: cfg.tls.clone(),
-        threshold,
-        link_spin: std::time::Duration::from_micros(
-            std::env::var("RACKMEM_PUTGET_SPIN_US")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0),
-        ),
-    }));
-    if cfg.bricks.is_empty() {
+        granter,
+    ));
+    if cfg.bricks.is_empty() && !from_agent {
         return Err(fail(PutGetError::NotConfigured));
     }
     // SAFETY: registers a plain `extern "C" fn()` with static lifetime as a fork child hook.

@@ -105,6 +105,20 @@ pub enum AgentRequest {
         /// The segments to clone, grouped by the allocation that holds them.
         sources: Vec<CloneSource>,
     },
+    /// A one-sided segment for `rackmem_seg_open` / `rackmem_seg_alloc` (issue 24): with a
+    /// `name`, the control plane's named segment of that name, shared by every process of the
+    /// same user that opens it on any node (created with `bytes` if it does not exist; `bytes`
+    /// 0: open only); without, a segment of `bytes` of its own. The answer is one segment and
+    /// the allocation to `release` when done (which, for a name, closes this process's hold:
+    /// the last close frees it). Everything a connection opened is closed when it closes.
+    Segment {
+        /// The segment's name (1 to 128 of `A-Z a-z 0-9 - _ . :`), or none for a segment of
+        /// its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// Bytes to create it with.
+        bytes: u64,
+    },
     /// The forked child takes the clones its parent asked for: they are this connection's from
     /// now on (returned when it closes). `ticket` is the one the `clone` answer carried.
     Adopt {
@@ -145,8 +159,8 @@ pub struct EvacuateMove {
 
 impl AgentRequest {
     /// The `op` of every request, as the wire names it.
-    pub const OPS: [&'static str; 10] = [
-        "hello", "grow", "release", "rates", "report", "orders", "migrate", "evacuate", "clone", "adopt",
+    pub const OPS: [&'static str; 11] = [
+        "hello", "grow", "release", "rates", "report", "orders", "migrate", "evacuate", "clone", "adopt", "segment",
     ];
 }
 

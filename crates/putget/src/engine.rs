@@ -1,7 +1,9 @@
-//! The process's one-sided segments: allocation and naming on the configured bricks, handles
-//! that stay invalid once freed, the plan of each link (measured once per brick and kind of
-//! link, then cached), and the keep-alive that stops a brick from closing, and so freeing, a
-//! segment that a program holds without using for a while.
+//! The process's one-sided segments: allocation and naming on the configured bricks, or, with
+//! no brick configured, segments a [`Granter`] obtains (the node agent's control plane, which
+//! names segments across nodes); handles that stay invalid once freed, the plan of each link
+//! (measured once per brick and kind of link, then cached), and the keep-alive that stops a
+//! brick from closing, and so freeing, a segment that a program holds without using for a
+//! while.
 
 use crate::error::PutGetError;
 use crate::plan::{calibrate, Plan, Threshold, CALIBRATION_BYTES};
@@ -12,6 +14,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::Duration;
+
+/// Longest name of a segment a [`Granter`] gives (the control plane's limit).
+pub const MAX_GRANTED_NAME: usize = 128;
 
 /// Most segments one process holds at once (each has its own connection, and a brick serves a
 /// connection with a thread).
@@ -26,6 +31,30 @@ pub enum Sharing {
     Auto,
     /// Map segments of `unix:` bricks, and fail if one cannot share.
     Always,
+}
+
+/// A segment a [`Granter`] obtained: the allocation to give back, the brick that holds it, and
+/// the grant (with its session key) to attach to it with.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    /// The granter's id for it, for [`Granter::give_back`].
+    pub allocation: u64,
+    /// The brick that holds it.
+    pub brick: BrickAddr,
+    /// The grant and its session key.
+    pub grant: rackmem_proto::SegmentGrant,
+}
+
+/// Where segments come from when no brick is configured: in a program on agent memory, the
+/// node agent (the C layer wires in the runtime's connection to it), whose control plane places
+/// segments and names them for processes on every node.
+pub trait Granter: Send + Sync {
+    /// A segment: the one named `name` (created with `bytes` unless it exists; `bytes` 0: open
+    /// only), or, with no name, one of `bytes` for this process alone.
+    fn grant(&self, name: Option<&str>, bytes: u64) -> Result<Granted, PutGetError>;
+    /// Gives back what [`Granter::grant`] returned (for a name: this process's hold, the last
+    /// of which frees it).
+    fn give_back(&self, allocation: u64) -> Result<(), PutGetError>;
 }
 
 /// What the engine needs: the bricks and how to reach them.
@@ -53,6 +82,8 @@ pub struct EngineConfig {
 /// The process's one-sided segments. `Send + Sync`: every call may come from any thread.
 pub struct Engine {
     cfg: EngineConfig,
+    /// Where segments come from when `cfg.bricks` is empty.
+    granter: Option<Arc<dyn Granter>>,
     segments: RwLock<HashMap<u64, Arc<Segment>>>,
     next_handle: AtomicU64,
     next_brick: AtomicUsize,
@@ -64,8 +95,14 @@ pub struct Engine {
 impl Engine {
     /// An engine over `cfg`'s bricks; connects to nothing until a segment is asked for.
     pub fn new(cfg: EngineConfig) -> Engine {
+        Engine::with_granter(cfg, None)
+    }
+
+    /// An engine whose segments come from `granter` when `cfg` names no brick.
+    pub fn with_granter(cfg: EngineConfig, granter: Option<Arc<dyn Granter>>) -> Engine {
         Engine {
             cfg,
+            granter,
             segments: RwLock::new(HashMap::new()),
             // Handles are never reused, so a freed one stays invalid; never 0 (NULL in C).
             next_handle: AtomicU64::new(1),
@@ -86,6 +123,9 @@ impl Engine {
         if bytes == 0 {
             return Err(PutGetError::Invalid("a segment of 0 bytes".into()));
         }
+        if let (true, Some(g)) = (self.cfg.bricks.is_empty(), &self.granter) {
+            return self.add_granted(g.as_ref(), None, bytes);
+        }
         self.add(|link| Ok(link.alloc_segment(&self.cfg.secret, bytes)?), None)
     }
 
@@ -99,8 +139,69 @@ impl Engine {
                 name.len()
             )));
         }
+        if let (true, Some(g)) = (self.cfg.bricks.is_empty(), &self.granter) {
+            // The control plane's names are of a charset it can put in a URL and a log.
+            let name = std::str::from_utf8(name)
+                .ok()
+                .filter(|n| {
+                    n.len() <= MAX_GRANTED_NAME && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+                })
+                .ok_or_else(|| {
+                    PutGetError::Invalid(format!(
+                        "a segment name on agent memory is 1 to {MAX_GRANTED_NAME} characters of A-Z a-z 0-9 - _ . :"
+                    ))
+                })?;
+            return self.add_granted(g.as_ref(), Some(name), bytes);
+        }
         // A name lives on one brick: always the first, so every process finds it there.
         self.add(|link| Ok(link.open_segment(&self.cfg.secret, name, bytes)?), Some(0))
+    }
+
+    /// A segment `g` grants, attached by a link of its own; given back if anything after the
+    /// grant fails.
+    fn add_granted(&self, g: &dyn Granter, name: Option<&str>, bytes: u64) -> Result<u64, PutGetError> {
+        let held = self.segments.read().unwrap_or_else(|e| e.into_inner()).len();
+        if held >= MAX_SEGMENTS {
+            return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
+        }
+        let granted = g.grant(name, bytes)?;
+        let r = self.attach_granted(&granted).and_then(|mut seg| {
+            seg.allocation = Some(granted.allocation);
+            let seg = Arc::new(seg);
+            let plan = self.plan_at(&granted.brick, seg.is_mapped(), || {
+                let scratch = g.grant(None, CALIBRATION_BYTES)?;
+                let s = self.attach_granted(&scratch);
+                // Measured, then given back: the scratch segment is this process's alone.
+                Ok((s, Some((scratch.allocation, scratch.brick))))
+            })?;
+            let _ = seg.plan.set(plan);
+            self.insert(seg)
+        });
+        if r.is_err() {
+            let _ = g.give_back(granted.allocation);
+        }
+        r
+    }
+
+    /// A new link to `granted`'s brick, attached with its grant.
+    fn attach_granted(&self, granted: &Granted) -> Result<Segment, PutGetError> {
+        self.segment_at(&granted.brick, |link| {
+            link.attach(&granted.grant.grant, &granted.grant.session_key)?;
+            Ok(granted.grant.clone())
+        })
+    }
+
+    /// Keeps `seg` under a new handle, unless [`MAX_SEGMENTS`] are held already.
+    fn insert(&self, seg: Arc<Segment>) -> Result<u64, PutGetError> {
+        let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+        // Checked again where it counts: other threads may have added segments meanwhile.
+        // Refused here, the new segment's connection closes and the brick frees it.
+        if segments.len() >= MAX_SEGMENTS {
+            return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
+        }
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        segments.insert(handle, seg);
+        Ok(handle)
     }
 
     fn add(
@@ -116,28 +217,23 @@ impl Engine {
             return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
         }
         let i = brick.unwrap_or_else(|| self.next_brick.fetch_add(1, Ordering::Relaxed)) % self.cfg.bricks.len();
-        let seg = Arc::new(self.segment_on(i, carve)?);
-        let plan = self.plan_for(i, seg.is_mapped())?;
+        let addr = &self.cfg.bricks[i];
+        let seg = Arc::new(self.segment_at(addr, carve)?);
+        let plan = self.plan_at(addr, seg.is_mapped(), || {
+            let scratch = self.segment_at(addr, |l| Ok(l.alloc_segment(&self.cfg.secret, CALIBRATION_BYTES)?));
+            Ok((scratch, None))
+        })?;
         let _ = seg.plan.set(plan);
-        let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
-        // Checked again where it counts: other threads may have added segments meanwhile.
-        // Refused here, the new segment's connection closes and the brick frees it.
-        if segments.len() >= MAX_SEGMENTS {
-            return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
-        }
-        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        segments.insert(handle, seg);
-        Ok(handle)
+        self.insert(seg)
     }
 
-    /// A new link to brick `i`, a segment for it (`carve`), and its mapping where the brick is
-    /// on this host and sharing is wanted.
-    fn segment_on(
+    /// A new link to brick `addr`, a segment for it (`carve`), and its mapping where the brick
+    /// is on this host and sharing is wanted.
+    fn segment_at(
         &self,
-        i: usize,
+        addr: &BrickAddr,
         carve: impl FnOnce(&Link) -> Result<rackmem_proto::SegmentGrant, PutGetError>,
     ) -> Result<Segment, PutGetError> {
-        let addr = &self.cfg.bricks[i];
         let link = Link::connect_with(addr, self.cfg.timeout, self.cfg.tls.as_ref())?;
         link.set_receive_spin(self.cfg.link_spin);
         let grant = carve(&link)?;
@@ -151,28 +247,45 @@ impl Engine {
             grant,
             mapping,
             plan: OnceLock::new(),
+            allocation: None,
         })
     }
 
-    /// The plan of brick `i`'s links (mapped or not): pinned, cached, or measured now on a
-    /// scratch segment of the brick (allocated for it and freed after: measuring PUT writes,
-    /// and the program's own segment may be a named one others use).
-    fn plan_for(&self, i: usize, mapped: bool) -> Result<Arc<Plan>, PutGetError> {
+    /// The plan of brick `addr`'s links (mapped or not): pinned, cached, or measured now on a
+    /// scratch segment of the brick (`scratch`: made for it, with what to give back to the
+    /// granter after; measuring PUT writes, and the program's own segment may be a named one
+    /// others use).
+    #[allow(clippy::type_complexity)]
+    fn plan_at(
+        &self,
+        addr: &BrickAddr,
+        mapped: bool,
+        scratch: impl FnOnce() -> Result<(Result<Segment, PutGetError>, Option<(u64, BrickAddr)>), PutGetError>,
+    ) -> Result<Arc<Plan>, PutGetError> {
         if let Threshold::Pinned(t) = self.cfg.threshold {
             return Ok(Arc::new(Plan::pinned(t)));
         }
-        let key = (self.cfg.bricks[i].to_string(), mapped);
+        let key = (addr.to_string(), mapped);
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plans.get(&key) {
             return Ok(p.clone());
         }
-        // No scratch segment (a full brick), or one the brick shares when it did not share the
-        // program's (or the other way round): the default plan, rather than no segment or a
-        // measurement of the wrong link. Kept, so the brick is not asked again.
-        let p = match self.segment_on(i, |l| Ok(l.alloc_segment(&self.cfg.secret, CALIBRATION_BYTES)?)) {
-            Ok(scratch) if scratch.is_mapped() == mapped => Arc::new(calibrate(&scratch).unwrap_or_default()),
-            _ => Arc::new(Plan::default()),
+        // No scratch segment (a full brick), one on another brick (a granter places it where
+        // it likes), or one the brick shares when it did not share the program's (or the other
+        // way round): the default plan, rather than no segment or a measurement of the wrong
+        // link. Kept, so the brick is not asked again.
+        let (seg, give_back) = match scratch() {
+            Ok(s) => s,
+            Err(_) => (Err(PutGetError::NotConfigured), None),
         };
+        let same_brick = give_back.as_ref().is_none_or(|(_, b)| b == addr);
+        let p = match seg {
+            Ok(s) if same_brick && s.is_mapped() == mapped => Arc::new(calibrate(&s).unwrap_or_default()),
+            Ok(_) | Err(_) => Arc::new(Plan::default()),
+        };
+        if let (Some((allocation, _)), Some(g)) = (give_back, &self.granter) {
+            let _ = g.give_back(allocation);
+        }
         plans.insert(key, p.clone());
         Ok(p)
     }
@@ -206,7 +319,12 @@ impl Engine {
         // Dropping the last reference closes the connection, which detaches as well; a DETACH
         // first tells the brick at once, even while another thread still holds the segment.
         let r = seg.link.detach();
+        let allocation = seg.allocation;
         drop(seg);
+        // A granted segment goes back to its granter too (for a name: this process's hold).
+        if let (Some(a), Some(g)) = (allocation, &self.granter) {
+            g.give_back(a)?;
+        }
         r.map_err(PutGetError::from)
     }
 

@@ -6,10 +6,19 @@ use rackmem_transport::LinkError;
 /// Errors of one-sided operations.
 #[derive(Debug, thiserror::Error)]
 pub enum PutGetError {
-    /// No brick to allocate from: neither `RACKMEM_BRICKS` nor a brick list was given (segments
-    /// from a node agent's control plane are not supported yet).
-    #[error("no brick configured for one-sided segments: set RACKMEM_BRICKS (rackmem run does)")]
+    /// No brick to allocate from and no granter: neither `RACKMEM_BRICKS` nor a node agent
+    /// (`RACKMEM_AGENT`) was given.
+    #[error("no brick or node agent configured for one-sided segments: set RACKMEM_BRICKS or RACKMEM_AGENT (rackmem run does)")]
     NotConfigured,
+    /// The granter (the node agent, or the control plane behind it) refused or could not be
+    /// asked; `code` is its error code (`docs/control-plane.md`).
+    #[error("node agent: {code}: {message}")]
+    Granter {
+        /// The agent's or control plane's error code (`unreachable` when it could not be asked).
+        code: String,
+        /// What happened.
+        message: String,
+    },
     /// The handle names no live segment of this process (never allocated, or freed).
     #[error("segment handle {0:#x} is not a live segment of this process (freed?)")]
     BadHandle(u64),
@@ -41,14 +50,25 @@ impl PutGetError {
     /// The `errno` a C caller sees: `EINVAL` for bad offsets, lengths, alignment and names,
     /// `EBADF` for a freed or unknown segment, `ENOMEM` when the brick has no space, `ENOENT`
     /// for a name no live segment has, `EEXIST` for a named segment smaller than asked,
-    /// `EACCES` for a wrong secret, `EMFILE` for too many segments, `ENODEV` when no brick is
-    /// configured, `EIO` when the brick is lost or fails.
+    /// `EACCES` for a wrong secret or a name of another user, `EMFILE` for too many segments,
+    /// `ENODEV` when neither a brick nor a node agent is configured, `EIO` when the brick is
+    /// lost or fails or the agent cannot be asked. A granter's codes read the same way
+    /// (`not_found` ENOENT, `conflict` EEXIST, quotas and capacity ENOMEM).
     pub fn errno(&self) -> i32 {
         match self {
             PutGetError::NotConfigured => libc::ENODEV,
             PutGetError::BadHandle(_) => libc::EBADF,
             PutGetError::OutOfRange { .. } | PutGetError::Misaligned(_) | PutGetError::Invalid(_) => libc::EINVAL,
             PutGetError::TooManySegments(_) => libc::EMFILE,
+            PutGetError::Granter { code, .. } => match code.as_str() {
+                "forbidden" | "permission_denied" => libc::EACCES,
+                "not_found" => libc::ENOENT,
+                "conflict" => libc::EEXIST,
+                "quota_exceeded" | "insufficient_capacity" | "insufficient_bandwidth" => libc::ENOMEM,
+                "invalid" | "bad_request" => libc::EINVAL,
+                "too_many_connections" => libc::EAGAIN,
+                _ => libc::EIO,
+            },
             PutGetError::Link(LinkError::Refused { status, .. }) => match status {
                 Status::OutOfRange | Status::BadRequest => libc::EINVAL,
                 Status::NoSpace => libc::ENOMEM,

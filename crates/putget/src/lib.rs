@@ -24,8 +24,11 @@ mod nbi;
 mod plan;
 mod segment;
 
-pub use engine::{keep_alive_loop, Engine, EngineConfig, Sharing, MAX_SEGMENTS};
+pub use engine::{keep_alive_loop, Engine, EngineConfig, Granted, Granter, Sharing, MAX_GRANTED_NAME, MAX_SEGMENTS};
 pub use error::PutGetError;
 pub use nbi::{Pending, MAX_PENDING, MAX_PENDING_BYTES};
 pub use plan::{calibrate, Direction, Path, Plan, Probe, Threshold, CALIBRATION_BYTES};
+/// The types a [`Granter`] fills a [`Granted`] with.
+pub use rackmem_proto::SegmentGrant;
+pub use rackmem_transport::BrickAddr;
 pub use segment::{Segment, BULK_PIECE_BYTES, BULK_WINDOW, INLINE_FRAME_BYTES};

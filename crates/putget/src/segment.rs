@@ -37,6 +37,8 @@ pub struct Segment {
     pub(crate) mapping: Option<SharedMemory>,
     /// Which path serves a transfer of a given size; set once the link is calibrated.
     pub(crate) plan: OnceLock<Arc<Plan>>,
+    /// The [`Granter`](crate::Granter)'s id for it, when one granted it (given back at free).
+    pub(crate) allocation: Option<u64>,
 }
 
 impl std::fmt::Debug for Segment {

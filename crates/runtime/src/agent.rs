@@ -96,8 +96,19 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Connects and says hello.
+    /// Connects and says hello, and opens the order connection.
     pub fn connect(path: &str, timeout: Duration) -> Result<Agent, AgentError> {
+        Agent::connect_with(path, timeout, true)
+    }
+
+    /// Connects and says hello, without the order connection: a second connection of a
+    /// process whose runtime has its own (one-sided segments), which must not take the
+    /// runtime's orders.
+    pub fn connect_without_orders(path: &str, timeout: Duration) -> Result<Agent, AgentError> {
+        Agent::connect_with(path, timeout, false)
+    }
+
+    fn connect_with(path: &str, timeout: Duration, orders: bool) -> Result<Agent, AgentError> {
         let unreachable = |cause: String| AgentError::Unreachable {
             path: path.to_string(),
             cause,
@@ -128,7 +139,9 @@ impl Agent {
         })?;
         // An agent too old to take orders refuses `orders`: the program runs all the same, and
         // `rackmem migrate --pid` says the process takes no orders.
-        a.orders = open_orders(path, timeout).ok();
+        if orders {
+            a.orders = open_orders(path, timeout).ok();
+        }
         Ok(a)
     }
 
@@ -204,6 +217,22 @@ impl Agent {
             _ => Err(AgentError::Malformed {
                 op: "grow",
                 why: "no allocation and segments in the answer".into(),
+            }),
+        }
+    }
+
+    /// Asks for a one-sided segment (`rackmem_seg_open` / `rackmem_seg_alloc`): the named
+    /// segment `name` (created with `bytes` if it does not exist; `bytes` 0: open only), or,
+    /// without a name, one of `bytes` of its own; one segment. `release` its allocation when
+    /// done.
+    pub fn segment(&self, name: Option<&str>, bytes: u64) -> Result<AgentAllocation, AgentError> {
+        let name = name.map(str::to_string);
+        let r = self.call("segment", AgentRequest::Segment { name, bytes })?;
+        match (r.allocation, r.segments) {
+            (Some(allocation), Some(segments)) if segments.len() == 1 => Ok(AgentAllocation { allocation, segments }),
+            _ => Err(AgentError::Malformed {
+                op: "segment",
+                why: "not one allocation with one segment in the answer".into(),
             }),
         }
     }

@@ -1,6 +1,6 @@
 //! One process's connection: its requests answered in order (hello first; grows checked
-//! against the quotas, then allocated with an idempotency key and a holder; releases; rates),
-//! and everything it holds returned when it closes.
+//! against the quotas, then allocated with an idempotency key and a holder; one-sided
+//! segments, named or not; releases; rates), and everything it holds returned when it closes.
 
 use super::node::for_node;
 use super::protocol::{
@@ -40,10 +40,17 @@ struct Connection<'a> {
     mine: HashMap<u64, u64>,
     /// Pool allocations this connection uses (memory pushed to the node).
     pooled: std::collections::HashSet<u64>,
+    /// Named segments this connection holds, by their allocation.
+    named: HashMap<u64, super::named::Hold>,
 }
 
 impl Connection<'_> {
     fn grow(&mut self, bytes: u64, brick: Option<&str>) -> Reply {
+        self.allocate(bytes, brick, false)
+    }
+
+    /// A grow (`single`: one segment, never from the pool: a one-sided segment of its own).
+    fn allocate(&mut self, bytes: u64, brick: Option<&str>, single: bool) -> Reply {
         let shared = self.shared;
         // A migration's target: one segment on that brick, placed and accounted by the control
         // plane like any allocation (it refuses a brick that is full or not the node's to use).
@@ -59,7 +66,7 @@ impl Connection<'_> {
         };
         // Memory pushed to the node first: it is attached already and counts to no quota (an
         // admin gave it to the node).
-        if on.is_none() {
+        if on.is_none() && !single {
             if let Some((id, _, segments)) = super::pool::take(shared, self.id, self.cred.pid, bytes) {
                 self.pooled.insert(id);
                 return Reply::grown(id, segments.iter().map(agent_segment).collect());
@@ -85,7 +92,7 @@ impl Connection<'_> {
         let req = |node| AllocationRequest {
             node,
             size_bytes: bytes,
-            stripe: Some(if on.is_some() { 1 } else { cfg.stripe.max(1) }),
+            stripe: Some(if on.is_some() || single { 1 } else { cfg.stripe.max(1) }),
             bricks: on.map(|b| vec![b]),
             idempotency_key: Some(key.clone()),
             holder: Some(holder.clone()),
@@ -109,6 +116,104 @@ impl Connection<'_> {
                 shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
                 client_refusal(&e)
             }
+        }
+    }
+
+    /// `segment`: a one-sided segment: the named segment `name` (created with `bytes` if it
+    /// does not exist), or one of `bytes` of this connection's own.
+    fn segment(&mut self, name: Option<String>, bytes: u64) -> Reply {
+        let Some(name) = name else {
+            if bytes == 0 {
+                return refusal("bad_request", "a segment of 0 bytes");
+            }
+            return self.allocate(bytes, None, true);
+        };
+        let shared = self.shared;
+        let (uid, pid) = (self.cred.uid, self.cred.pid);
+        // The opener's quotas: a hold counts its size to the process and its user, as a grow
+        // does (checked with the size asked for; an open of an existing name asks for 0).
+        let reserved = lock(&shared.holdings).reserve(&shared.cfg, self.id, uid, pid, bytes);
+        if let Err(why) = reserved {
+            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return refusal("quota_exceeded", why);
+        }
+        let holder = self.holder();
+        let req = |node| crate::api::SegmentOpen {
+            node,
+            name: name.clone(),
+            size_bytes: bytes,
+            holder: holder.clone(),
+        };
+        let r = for_node(shared, |node| shared.client.open_segment(&req(node)));
+        let mut h = lock(&shared.holdings);
+        h.answered(self.id, uid, pid, bytes);
+        let s = match r {
+            Ok(s) => s,
+            Err(e) => {
+                drop(h);
+                shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+                return client_refusal(&e);
+            }
+        };
+        let Some(seg) = s.segment.as_ref() else {
+            return refusal(
+                "control_plane_error",
+                format!("segment {name:?} came without its grant"),
+            );
+        };
+        let hold = self.named.entry(s.allocation).or_insert_with(|| {
+            h.hold_named(&name, self.id, uid, pid, s.size_bytes);
+            super::named::Hold {
+                name: name.clone(),
+                bytes: s.size_bytes,
+                opens: 0,
+            }
+        });
+        hold.opens = hold.opens.saturating_add(1);
+        drop(h);
+        Reply::grown(s.allocation, vec![agent_segment(seg)])
+    }
+
+    /// Releases one open of named segment `allocation`; the last closes this connection's hold.
+    fn close_named(&mut self, allocation: u64) -> Reply {
+        let Some(hold) = self.named.get_mut(&allocation) else {
+            return refusal("not_found", format!("allocation {allocation} is not this process's"));
+        };
+        hold.opens = hold.opens.saturating_sub(1);
+        if hold.opens > 0 {
+            return Reply::done();
+        }
+        let name = hold.name.clone();
+        match super::named::close(self.shared, &name, &self.holder()) {
+            Ok(()) => {
+                self.forget_named(allocation);
+                Reply::done()
+            }
+            Err(e) => {
+                // Still held: a later release (or the connection's close) tries again.
+                if let Some(h) = self.named.get_mut(&allocation) {
+                    h.opens = 1;
+                }
+                client_refusal(&e)
+            }
+        }
+    }
+
+    /// Forgets a named segment this connection held.
+    fn forget_named(&mut self, allocation: u64) {
+        if let Some(h) = self.named.remove(&allocation) {
+            lock(&self.shared.holdings).release_named(&h.name, self.id, self.cred.uid, self.cred.pid, h.bytes);
+        }
+    }
+
+    /// This connection's process, as the control plane records who holds what.
+    fn holder(&self) -> Holder {
+        Holder {
+            agent: self.shared.run.clone(),
+            connection: self.id,
+            pid: self.cred.pid,
+            uid: self.cred.uid,
+            start_ticks: self.start_ticks,
         }
     }
 
@@ -295,6 +400,8 @@ impl Connection<'_> {
             }
             _ if !*hello => refusal("bad_request", "say hello first"),
             Request::Grow { bytes, brick } => self.grow(bytes, brick.as_deref()),
+            Request::Segment { name, bytes } => self.segment(name, bytes),
+            Request::Release { allocation } if self.named.contains_key(&allocation) => self.close_named(allocation),
             Request::Release { allocation } if self.pooled.remove(&allocation) => {
                 super::pool::give_back(shared, allocation);
                 Reply::done()
@@ -366,6 +473,7 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
         start_ticks: process_start_ticks(cred.pid).unwrap_or(0),
         mine: HashMap::new(),
         pooled: std::collections::HashSet::new(),
+        named: HashMap::new(),
     };
     let mut who = format!("pid {}", cred.pid);
     let mut hello = false;
@@ -426,6 +534,18 @@ pub(super) fn serve(shared: &Shared, conn: UnixStream, cred: rackmem_sys::PeerCr
     // to the pool.
     for id in std::mem::take(&mut c.pooled) {
         super::pool::give_back(shared, id);
+    }
+    // Its named segments' holds close (the last holder's close frees the segment); one the
+    // control plane misses is closed by the next reconciliation, which finds it unheld.
+    let named: Vec<u64> = c.named.keys().copied().collect();
+    for id in named {
+        let Some(name) = c.named.get(&id).map(|h| h.name.clone()) else {
+            continue;
+        };
+        if let Err(e) = super::named::close(shared, &name, &c.holder()) {
+            eprintln!("rackmem agent: closing segment {name:?} of {who}: {e}; will retry");
+        }
+        c.forget_named(id);
     }
     let ids: Vec<u64> = c.mine.keys().copied().collect();
     for id in ids {

@@ -16,6 +16,8 @@ pub(super) struct Holdings {
     /// Bytes held or being asked for, per user and per process.
     per_uid: HashMap<u32, u64>,
     per_pid: HashMap<u32, u64>,
+    /// Named segments held: (name, connection).
+    named: HashSet<(String, u64)>,
 }
 
 impl Holdings {
@@ -95,6 +97,24 @@ impl Holdings {
     pub(super) fn release(&mut self, allocation: u64, uid: u32, pid: u32, bytes: u64) {
         self.held.remove(&allocation);
         self.sub(uid, pid, bytes);
+    }
+
+    /// `connection` (process `pid` of user `uid`) holds named segment `name` of `bytes` now.
+    pub(super) fn hold_named(&mut self, name: &str, connection: u64, uid: u32, pid: u32, bytes: u64) {
+        self.add(uid, pid, bytes);
+        self.named.insert((name.to_string(), connection));
+    }
+
+    /// `connection` holds named segment `name` no more.
+    pub(super) fn release_named(&mut self, name: &str, connection: u64, uid: u32, pid: u32, bytes: u64) {
+        self.named.remove(&(name.to_string(), connection));
+        self.sub(uid, pid, bytes);
+    }
+
+    /// The named segments held, as (name, connection), and the connections with a request in
+    /// flight.
+    pub(super) fn named_and_in_flight(&self) -> (HashSet<(String, u64)>, HashSet<u64>) {
+        (self.named.clone(), self.in_flight.keys().copied().collect())
     }
 
     /// The process holding `allocation`, if a connection of this run does.

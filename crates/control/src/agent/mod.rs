@@ -31,7 +31,8 @@
 //! control plane; `orders` forwards `rackmem migrate --pid` (and a drain's `evacuate`) to a
 //! process's runtime; `evacuate` moves this node's segments off draining bricks; `metrics`
 //! the agent's metrics; `clones` keeps the copy-on-write clones asked for a forked child
-//! until it adopts them.
+//! until it adopts them; `named` keeps the named segments processes open (one-sided segments
+//! shared by processes on several nodes) and closes the holds nobody has any more.
 
 mod clones;
 mod connection;
@@ -39,6 +40,7 @@ mod evacuate;
 mod holdings;
 mod leases;
 mod metrics;
+mod named;
 mod node;
 mod orders;
 mod pool;

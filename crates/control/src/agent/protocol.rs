@@ -18,7 +18,7 @@ pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) use rackmem_proto::AgentRequest as Request;
 
 /// The operations of the protocol.
-const OPS: [&str; 10] = Request::OPS;
+const OPS: [&str; 11] = Request::OPS;
 
 /// A reply (one definition, shared with the runtime that reads it).
 pub(super) use rackmem_proto::AgentReply as Reply;

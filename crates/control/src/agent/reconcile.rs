@@ -19,6 +19,9 @@ pub(super) fn release_loop(shared: &Shared) {
             if let Err(e) = reconcile(shared) {
                 eprintln!("rackmem agent: cannot reconcile with the control plane: {e}; will retry");
             }
+            if let Err(e) = super::named::reconcile(shared) {
+                eprintln!("rackmem agent: cannot reconcile named segments with the control plane: {e}; will retry");
+            }
             next_reconcile = Instant::now() + shared.cfg.reconcile_interval;
         }
         std::thread::sleep(Duration::from_millis(500).min(shared.cfg.reconcile_interval));

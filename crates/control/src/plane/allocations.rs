@@ -137,6 +137,7 @@ impl ControlPlane {
             request_sha256,
             holder: req.holder.clone(),
             circuit,
+            named: None,
         })?;
         Ok((view, Allocated::Created))
     }
@@ -233,6 +234,7 @@ impl ControlPlane {
             request_sha256,
             holder: req.holder.clone(),
             circuit: false,
+            named: None,
         })?;
         Ok((view, Allocated::Created))
     }
@@ -248,6 +250,12 @@ impl ControlPlane {
             return Err(PlaneError::Invalid(
                 "size_bytes must be positive (DELETE the allocation to release it)".to_string(),
             ));
+        }
+        if let Some(n) = &cur.named {
+            return Err(PlaneError::Conflict(format!(
+                "allocation {id} is named segment {:?}, whose size is fixed at its creation",
+                n.name
+            )));
         }
         let covered: u64 = cur.segments.iter().map(|s| s.size_bytes).sum();
         if size_bytes > covered {
@@ -311,6 +319,9 @@ impl ControlPlane {
         if let Some(k) = &rec.idempotency_key {
             self.idempotency.insert((rec.node, k.clone()), rec.id);
         }
+        if let Some(n) = &rec.named {
+            self.names.insert(n.name.clone(), rec.id);
+        }
         let view = self.allocation_view(&rec);
         self.allocations.insert(rec.id, rec);
         view
@@ -333,6 +344,9 @@ impl ControlPlane {
         }
         if let Some(k) = &rec.idempotency_key {
             self.idempotency.remove(&(rec.node, k.clone()));
+        }
+        if let Some(n) = &rec.named {
+            self.names.remove(&n.name);
         }
         self.deferred.remove(&id);
         if rec.circuit {
@@ -421,10 +435,12 @@ impl ControlPlane {
             .ok_or_else(|| PlaneError::NotFound(format!("allocation {id} does not exist")))
     }
 
-    /// `GET /v1/allocations` (optionally of one node).
+    /// `GET /v1/allocations` (optionally of one node), named segments left out (they are
+    /// `GET /v1/segments`'s: an agent must neither pool them nor return them as orphans).
     pub fn allocations(&self, node: Option<u64>) -> Vec<api::Allocation> {
         self.allocations
             .values()
+            .filter(|a| a.named.is_none())
             .filter(|a| node.is_none_or(|n| a.node == n))
             .map(|a| self.allocation_view(a))
             .collect()

@@ -21,7 +21,13 @@ impl ControlPlane {
         };
         let mut out = Vec::new();
         let draining = |brick: u64| self.bricks.get(&brick).is_some_and(|b| b.rec.draining);
-        for a in n.allocations.iter().filter_map(|id| self.allocations.get(id)) {
+        // A named segment's holders attach by name on several nodes; no one agent can move it.
+        for a in n
+            .allocations
+            .iter()
+            .filter_map(|id| self.allocations.get(id))
+            .filter(|a| a.named.is_none())
+        {
             if !a.segments.iter().any(|s| draining(s.brick_id)) {
                 continue;
             }

@@ -17,6 +17,7 @@
 //! - `circuits`: ports and switch links held by one allocation, and the switch rules that
 //!   connect them;
 //! - `leases`: how long grants are good for, and renewing them;
+//! - `named`: named segments that processes on several nodes open and close by name;
 //! - `tokens`: the API tokens kept in the store.
 
 mod allocations;
@@ -25,6 +26,7 @@ mod bricks;
 mod circuits;
 mod drain;
 mod leases;
+mod named;
 mod nodes;
 mod placement;
 mod rebalance;
@@ -187,6 +189,8 @@ pub struct ControlPlane {
     /// load). Keys are scoped to the node they allocate for, which a node token can only be
     /// its own: a node reusing another node's key neither finds nor learns of its allocation.
     idempotency: HashMap<(u64, String), u64>,
+    /// Name → the allocation of the named segment (rebuilt from the records at load).
+    names: HashMap<String, u64>,
     counters: Counters,
     index: BrickIndex,
     stored_switches: HashSet<String>,
@@ -305,6 +309,7 @@ impl ControlPlane {
             node_names: HashMap::new(),
             allocations: BTreeMap::new(),
             idempotency: HashMap::new(),
+            names: HashMap::new(),
             counters: snap.counters,
             index: BrickIndex::default(),
             stored_switches: HashSet::new(),
@@ -395,6 +400,9 @@ impl ControlPlane {
             if let Some(k) = &a.idempotency_key {
                 p.idempotency.insert((a.node, k.clone()), a.id);
             }
+            if let Some(n) = &a.named {
+                p.names.insert(n.name.clone(), a.id);
+            }
             p.allocations.insert(a.id, a);
         }
         for (id, b) in &p.bricks {
@@ -474,17 +482,17 @@ impl ControlPlane {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::alloc::EXTENT_ALIGN;
     use crate::api::{AllocationRequest, BrickRegistration, NodeRegistration, PortSpec};
     use crate::store::{MemoryStore, Op};
 
-    const M: u64 = EXTENT_ALIGN;
+    pub(super) const M: u64 = EXTENT_ALIGN;
 
     /// A control plane whose nodes may take the whole rack (these tests fill bricks with one
     /// node; the quota has its own test).
-    fn plane() -> ControlPlane {
+    pub(super) fn plane() -> ControlPlane {
         let mut p = ControlPlane::open(
             Box::new(MemoryStore::default()),
             None,
@@ -517,7 +525,7 @@ mod tests {
         }
     }
 
-    fn node(p: &mut ControlPlane, name: &str) -> u64 {
+    pub(super) fn node(p: &mut ControlPlane, name: &str) -> u64 {
         p.register_node(NodeRegistration {
             name: name.into(),
             ports: port(1000),
@@ -526,7 +534,7 @@ mod tests {
         .id
     }
 
-    fn brick(p: &mut ControlPlane, name: &str, cap: u64) -> u64 {
+    pub(super) fn brick(p: &mut ControlPlane, name: &str, cap: u64) -> u64 {
         p.register_brick(BrickRegistration {
             name: name.into(),
             address: format!("tcp://{name}:7070"),

@@ -60,7 +60,7 @@ impl ControlPlane {
         n.allocations
             .iter()
             .filter_map(|a| self.allocations.get(a))
-            .filter(|a| a.holder.is_none())
+            .filter(|a| a.holder.is_none() && a.named.is_none())
             .filter(|a| listed.is_none_or(|l| report.is_some_and(|r| l(r, a.id))))
             .flat_map(|a| a.segments.iter().map(|s| s.size_bytes))
             .sum()

@@ -7,7 +7,7 @@ use super::config::PublicRoutes;
 use super::error::ApiError;
 use super::error::{method_not_allowed, not_found};
 use super::metrics::Metrics;
-use super::routes::{allocations, bricks, circuits, graph, meta, nodes, processes, tokens, ui};
+use super::routes::{allocations, bricks, circuits, graph, meta, nodes, processes, segments, tokens, ui};
 use super::state::AppState;
 use crate::api::{BrickState, Endpoint, ErrorBody, ErrorDetail, LeaderInfo, LiveSegment, Port, PortSpec, Segment};
 use crate::auth::TokenTable;
@@ -33,6 +33,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
         (name = "bricks", description = "Memory bricks: registration and heartbeats"),
         (name = "nodes", description = "Nodes (compute bricks) and their rate limits"),
         (name = "allocations", description = "Segments of bricks granted to nodes"),
+        (name = "segments", description = "Named segments, opened by processes on several nodes"),
         (name = "graph", description = "The resource graph"),
         (name = "circuits", description = "Circuits: links held by one allocation, and the switch rules connecting them"),
         (name = "tokens", description = "API tokens (admins only)"),
@@ -64,6 +65,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(allocations::renew_allocation))
         .routes(routes!(allocations::clone_allocation))
+        .routes(routes!(segments::open_segment, segments::list_segments))
+        .routes(routes!(segments::close_segment))
         .routes(routes!(graph::get_graph))
         .routes(routes!(circuits::list_circuits))
         .routes(routes!(circuits::move_circuit))

@@ -169,6 +169,21 @@ pub struct AllocationRecord {
     /// True when its paths are a circuit (their ports and switch links are its alone).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub circuit: bool,
+    /// Set when it is a named segment's memory (`/v1/segments`): its name, owner and holders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub named: Option<Box<NamedRecord>>,
+}
+
+/// What makes an allocation a named segment: stored with it, so a restarted control plane (or
+/// another replica) knows the name and who holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedRecord {
+    /// The name (global; see `api::SegmentOpen`).
+    pub name: String,
+    /// The user it belongs to.
+    pub uid: u32,
+    /// Who holds it now.
+    pub holders: Vec<crate::api::NamedHolder>,
 }
 
 /// An API token, as stored: only the SHA-256 of its secret, never the secret itself.

@@ -8,5 +8,6 @@ pub(crate) mod graph;
 pub(crate) mod meta;
 pub(crate) mod nodes;
 pub(crate) mod processes;
+pub(crate) mod segments;
 pub(crate) mod tokens;
 pub(crate) mod ui;

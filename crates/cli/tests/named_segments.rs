@@ -1,0 +1,291 @@
+//! Named one-sided segments on agent memory (issue 24): a control plane, a managed brick and two
+//! node agents on this machine (two nodes), with programs under `rackmem run --agent` on each
+//! that open the same name through their agent. Their atomics, run at once from both nodes, sum
+//! exactly; one node's puts are read by the other's gets, checked word by word and by checksum;
+//! another user's open of the name is refused; a holder killed with SIGKILL gives its hold back;
+//! and the last close frees the segment on the brick (its own statistics say so).
+
+mod common;
+use common::*;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+/// The user tests run another tenant's process as (nobody on Debian-like systems).
+const NOBODY: u32 = 65534;
+const MIB: u64 = 1 << 20;
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + START_LIMIT;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An agent for node `name` on `socket`, admitting `nobody` too (the other tenant).
+fn spawn_agent(url: &str, name: &str, socket: &Path) -> Guard {
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["agent", "--control", url, "--name", name, "--socket"])
+        .arg(socket)
+        .args(["--allow-uid", &NOBODY.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let g = Guard::spawn(&mut cmd);
+    wait_for("the agent's socket", || UnixStream::connect(socket).is_ok());
+    g
+}
+
+/// `tests/c/named_seg` under `rackmem run --agent SOCKET`, driven a line at a time.
+struct Prog {
+    guard: Guard,
+    input: ChildStdin,
+    lines: Receiver<String>,
+    pid: u32,
+}
+
+impl Prog {
+    /// Started on the agent at `socket`, `extra` options to `rackmem run`.
+    fn start(socket: &Path, extra: &[&str]) -> Prog {
+        let mut cmd = Command::new(rackmem());
+        cmd.arg("run")
+            .arg("--agent")
+            .arg(socket)
+            .args(extra)
+            .arg("--")
+            .arg(program("named_seg"))
+            // Its window needs little: small steps keep the nodes' quotas for the segments.
+            .env("RACKMEM_GROW", "16MiB")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut guard = Guard::spawn(&mut cmd);
+        let input = guard.child().stdin.take().expect("stdin");
+        let lines = lines_of(guard.child().stdout.take().expect("stdout"));
+        let mut p = Prog {
+            guard,
+            input,
+            lines,
+            pid: 0,
+        };
+        let pid = p.ask("pid");
+        p.pid = pid
+            .strip_prefix("ok ")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no pid: {pid}"));
+        p
+    }
+
+    fn send(&mut self, cmd: &str) {
+        writeln!(self.input, "{cmd}").unwrap_or_else(|e| panic!("sending {cmd:?}: {e}"));
+    }
+
+    fn answer(&mut self, cmd: &str) -> String {
+        self.lines
+            .recv_timeout(LIMIT)
+            .unwrap_or_else(|e| panic!("no answer to {cmd:?}: {e}"))
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        self.send(cmd);
+        self.answer(cmd)
+    }
+
+    /// `cmd`, which must succeed; what follows "ok".
+    fn ok(&mut self, cmd: &str) -> String {
+        let a = self.ask(cmd);
+        assert!(a == "ok" || a.starts_with("ok "), "{cmd}: {a}");
+        a.trim_start_matches("ok").trim().to_string()
+    }
+}
+
+fn segments(url: &str) -> Vec<serde_json::Value> {
+    ctl_json(url, &["segments"]).as_array().cloned().unwrap_or_default()
+}
+
+fn holder_pids(url: &str, name: &str) -> Vec<u64> {
+    segments(url)
+        .iter()
+        .filter(|s| s["name"] == name)
+        .flat_map(|s| s["holders"].as_array().cloned().unwrap_or_default())
+        .filter_map(|h| h["holder"]["pid"].as_u64())
+        .collect()
+}
+
+/// The brick's own count of live segments (`rackmem_brick_segments` on its metrics page).
+fn brick_segments(metrics: &str) -> u64 {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(metrics).expect("the brick's metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out.lines()
+        .find_map(|l| l.strip_prefix("rackmem_brick_segments "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no rackmem_brick_segments on the brick's page: {out}")) as u64
+}
+
+/// Where a process's "metrics at http://ADDR/metrics" line says its metrics are.
+fn metrics_address(log: &Receiver<String>) -> String {
+    let deadline = Instant::now() + START_LIMIT;
+    loop {
+        let line = log
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the brick said where its metrics are");
+        if let Some(rest) = line.split("metrics at http://").nth(1) {
+            return rest.trim_end_matches("/metrics").to_string();
+        }
+    }
+}
+
+/// One request line to an agent as user `uid`, through `tests/c/agent_client`; its answers.
+fn agent_client_as(socket: &Path, uid: u32, lines: &[&str]) -> Vec<serde_json::Value> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program("agent_client"));
+    cmd.arg(socket).arg("0").args(lines).uid(uid).gid(uid);
+    let o = run_with_deadline(cmd, LIMIT);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+#[test]
+fn processes_on_two_nodes_share_a_named_segment() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // nobody's client must reach the sockets in this directory.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let brick_sock = format!("unix:{}", dir.path().join("b0.sock").display());
+    let mut brick = start_managed_brick(&url, &brick_sock, "256MiB", "b0", |c| {
+        c.args(["--metrics", "127.0.0.1:0"]).stderr(Stdio::piped());
+    });
+    let brick_log = lines_of(brick.child().stderr.take().expect("the brick's stderr"));
+    let brick_metrics = metrics_address(&brick_log);
+    std::thread::spawn(move || for _ in brick_log {});
+    let sockets: Vec<PathBuf> = ["n1", "n2"]
+        .iter()
+        .map(|n| dir.path().join(format!("{n}.sock")))
+        .collect();
+    let _agents: Vec<Guard> = ["n1", "n2"]
+        .iter()
+        .zip(&sockets)
+        .map(|(n, s)| spawn_agent(&url, n, s))
+        .collect();
+    let before = brick_segments(&brick_metrics);
+    assert_eq!(before, 0, "a new brick");
+
+    // Node 1 creates it, node 2 opens it (size 0: open only), each over its own agent.
+    // Node 1's processes map the brick's memory (it is on this host), node 2's go over its
+    // socket: their atomics meet as the processor's and the brick's on the same words.
+    let mut p1 = Prog::start(&sockets[0], &[]);
+    let mut p2 = Prog::start(&sockets[1], &["--no-shared-memory"]);
+    assert_eq!(
+        p2.ask("open counter 0"),
+        format!("err {}", libc::ENOENT),
+        "no such name yet"
+    );
+    assert_eq!(p1.ok(&format!("open counter {}", 4 * MIB)), (4 * MIB).to_string());
+    assert_eq!(p2.ok("open counter 0"), (4 * MIB).to_string());
+    assert_eq!(
+        p2.ask(&format!("open counter {}", 8 * MIB)),
+        format!("err {}", libc::EEXIST),
+        "larger than it is"
+    );
+    let mut pids = holder_pids(&url, "counter");
+    pids.sort_unstable();
+    let mut want = vec![u64::from(p1.pid), u64::from(p2.pid)];
+    want.sort_unstable();
+    assert_eq!(pids, want, "{:?}", segments(&url));
+    let nodes: Vec<u64> = segments(&url)[0]["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .filter_map(|h| h["node"].as_u64())
+        .collect();
+    assert_eq!(nodes.len(), 2);
+    assert_ne!(nodes[0], nodes[1], "the holders are on two nodes");
+    // The larger open failed and left p2 its segment: a close and an open again.
+    p2.ok("free");
+    assert_eq!(p2.ok("open counter 0"), (4 * MIB).to_string());
+
+    // Puts on one node, gets on the other, both ways, word by word and by checksum.
+    p1.ok(&format!("fill 7 0 {MIB}"));
+    let sum = p2.ok(&format!("check 7 0 {MIB}"));
+    assert_eq!(p1.ok(&format!("check 7 0 {MIB}")), sum);
+    p2.ok(&format!("fill 9 {} 65536", 2 * MIB));
+    p1.ok(&format!("check 9 {} 65536", 2 * MIB));
+
+    // Atomics from both nodes at once (and a second process on each): the exact total.
+    let mut p3 = Prog::start(&sockets[0], &[]);
+    let mut p4 = Prog::start(&sockets[1], &["--no-shared-memory"]);
+    p3.ok("open counter 0");
+    p4.ok("open counter 0");
+    let off = 3 * MIB;
+    let n = 3000;
+    let mut all = [p1, p2, p3, p4];
+    for p in all.iter_mut() {
+        p.send(&format!("add {off} {n}"));
+    }
+    for p in all.iter_mut() {
+        let a = p.answer("add");
+        assert_eq!(a, "ok", "add: {a}");
+    }
+    let [mut p1, mut p2, mut p3, mut p4] = all;
+    assert_eq!(p1.ok(&format!("word {off}")), (4 * n).to_string());
+    assert_eq!(p2.ok(&format!("word {off}")), (4 * n).to_string());
+
+    // Another user's process may not open the name (nor is told more than that).
+    let refused = agent_client_as(
+        &sockets[1],
+        NOBODY,
+        &[
+            r#"{"op":"hello","pid":1,"program":"test"}"#,
+            r#"{"op":"segment","name":"counter","bytes":0}"#,
+        ],
+    );
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert_eq!(refused[1]["ok"], false, "{refused:?}");
+    assert_eq!(refused[1]["error"]["code"], "forbidden", "{refused:?}");
+
+    // A holder killed with SIGKILL: its agent sees its connection close and closes its hold.
+    let killed = p4.pid;
+    p4.guard.kill_group();
+    wait_for("the killed holder's hold to go", || {
+        !holder_pids(&url, "counter").contains(&u64::from(killed))
+    });
+    assert_eq!(holder_pids(&url, "counter").len(), 3);
+
+    // The last close frees it: on the control plane, and on the brick.
+    assert!(brick_segments(&brick_metrics) > before, "the brick holds the segment");
+    p3.ok("free");
+    p2.ok("free");
+    assert_eq!(segments(&url).len(), 1, "still held by one process");
+    // The programs' windows hold segments of their own on the brick too (none of them grows
+    // meanwhile: they only wait for their next line).
+    let held = brick_segments(&brick_metrics);
+    p1.ok("free");
+    wait_for("the named segment to go", || segments(&url).is_empty());
+    wait_for("the brick to free the segment", || {
+        brick_segments(&brick_metrics) == held - 1
+    });
+    // The name is free again: a new segment, zero-filled.
+    assert_eq!(p2.ok(&format!("open counter {MIB}")), MIB.to_string());
+    assert_eq!(p2.ok(&format!("word {}", MIB / 2)), "0");
+    p2.ok("free");
+    drop(p1.input);
+    drop(p2.input);
+    drop(p3.input);
+    for g in [&mut p1.guard, &mut p2.guard, &mut p3.guard] {
+        let st = g.wait_until(LIMIT).expect("the program exits at the end of its input");
+        assert!(st.success(), "{st:?}");
+    }
+}

@@ -1,0 +1,115 @@
+/* named_seg: one-sided segments driven line by line from standard input, so that a test can
+ * make processes on several nodes open the same named segment and take turns (or run at
+ * once). The calls are resolved at run time (under `rackmem run`, or built with -lrackmem).
+ * One current segment at a time (a failed open or alloc keeps it). Every command prints one
+ * line: "ok ..." or "err ERRNO".
+ *
+ *   open NAME BYTES      rackmem_seg_open; prints its size
+ *   alloc BYTES          rackmem_seg_alloc; prints its size
+ *   add OFF N            adds 1 to the word at OFF N times, alternating fetch-add and
+ *                        compare-and-swap
+ *   word OFF             prints the word at OFF
+ *   fill SEED OFF LEN    puts the pattern SEED at OFF (LEN bytes, a multiple of 8)
+ *   check SEED OFF LEN   gets LEN bytes at OFF and compares them with the pattern SEED;
+ *                        prints their checksum
+ *   free                 rackmem_seg_free
+ *   pid                  prints this process's id
+ * End of input exits. */
+#include "common.h"
+#include <dlfcn.h>
+#include <errno.h>
+#include <unistd.h>
+#include "../../include/rackmem.h"
+
+static rackmem_seg *(*seg_alloc)(size_t);
+static rackmem_seg *(*seg_open)(const char *, size_t);
+static void (*seg_free)(rackmem_seg *);
+static size_t (*seg_size)(rackmem_seg *);
+static int (*put)(rackmem_seg *, uint64_t, const void *, size_t);
+static int (*get)(rackmem_seg *, uint64_t, void *, size_t);
+static uint64_t (*fetch_add)(rackmem_seg *, uint64_t, uint64_t);
+static uint64_t (*compare_swap)(rackmem_seg *, uint64_t, uint64_t, uint64_t);
+
+#define RESOLVE(var, name) \
+    do { *(void **)&var = dlsym(RTLD_DEFAULT, name); if (!var) return 0; } while (0)
+
+static int resolve(void) {
+    RESOLVE(seg_alloc, "rackmem_seg_alloc");
+    RESOLVE(seg_open, "rackmem_seg_open");
+    RESOLVE(seg_free, "rackmem_seg_free");
+    RESOLVE(seg_size, "rackmem_seg_size");
+    RESOLVE(put, "rackmem_put");
+    RESOLVE(get, "rackmem_get");
+    RESOLVE(fetch_add, "rackmem_atomic_fetch_add");
+    RESOLVE(compare_swap, "rackmem_atomic_compare_swap");
+    return 1;
+}
+
+static int add_n(rackmem_seg *s, uint64_t off, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        if (i % 2 == 0) {
+            errno = 0;
+            fetch_add(s, off, 1);
+            if (errno) return -1;
+        } else {
+            uint64_t cur;
+            if (get(s, off, &cur, 8)) return -1;
+            for (;;) {
+                errno = 0;
+                uint64_t old = compare_swap(s, off, cur, cur + 1);
+                if (errno) return -1;
+                if (old == cur) break;
+                cur = old;
+            }
+        }
+    }
+    return 0;
+}
+
+int main(void) {
+    if (!resolve()) { printf("rackmem=absent\n"); return 0; }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rackmem_seg *s = NULL;
+    char line[512], name[256];
+    unsigned long long a, b, c;
+    while (fgets(line, sizeof line, stdin)) {
+        errno = 0;
+        if (sscanf(line, "open %255s %llu", name, &a) == 2) {
+            rackmem_seg *t = seg_open(name, a); /* on failure, the current segment stays */
+            if (t) { s = t; printf("ok %zu\n", seg_size(s)); } else printf("err %d\n", errno);
+        } else if (sscanf(line, "alloc %llu", &a) == 1) {
+            rackmem_seg *t = seg_alloc(a);
+            if (t) { s = t; printf("ok %zu\n", seg_size(s)); } else printf("err %d\n", errno);
+        } else if (sscanf(line, "add %llu %llu", &a, &b) == 2) {
+            if (add_n(s, a, b)) printf("err %d\n", errno); else printf("ok\n");
+        } else if (sscanf(line, "word %llu", &a) == 1) {
+            uint64_t w;
+            if (get(s, a, &w, 8)) printf("err %d\n", errno); else printf("ok %llu\n", (unsigned long long)w);
+        } else if (sscanf(line, "fill %llu %llu %llu", &a, &b, &c) == 3) {
+            uint64_t *buf = malloc(c);
+            if (!buf) DIE("malloc %llu", c);
+            fill(buf, c / 8, a);
+            if (put(s, b, buf, c)) printf("err %d\n", errno); else printf("ok\n");
+            free(buf);
+        } else if (sscanf(line, "check %llu %llu %llu", &a, &b, &c) == 3) {
+            uint64_t *buf = malloc(c);
+            if (!buf) DIE("malloc %llu", c);
+            if (get(s, b, buf, c)) {
+                printf("err %d\n", errno);
+            } else {
+                verify(buf, c / 8, a, "a segment another process filled");
+                printf("ok %016llx\n", (unsigned long long)fnv1a(buf, c, 0));
+            }
+            free(buf);
+        } else if (!strncmp(line, "free", 4)) {
+            seg_free(s);
+            s = NULL;
+            printf("ok\n");
+        } else if (!strncmp(line, "pid", 3)) {
+            printf("ok %d\n", (int)getpid());
+        } else {
+            printf("err %d\n", EINVAL);
+        }
+    }
+    return 0;
+}
