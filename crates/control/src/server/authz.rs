@@ -36,6 +36,23 @@ where
     .await
 }
 
+/// Which node's records a listing by `c` shows, asked for `node` (`None`: every node):
+/// `Ok(Some(filter))`, or `Ok(None)` for a node token whose node has not registered yet, which
+/// sees nothing. An admin lists any node or all; a node token lists its own node (its own when
+/// it names none); anyone else must be allowed the node it names, or be an admin to list all.
+pub(crate) fn listing_scope(
+    p: &ControlPlane,
+    c: &Principal,
+    node: Option<u64>,
+) -> Result<Option<Option<u64>>, PlaneError> {
+    match (c.role, node) {
+        (Role::Admin, n) => Ok(Some(n)),
+        (Role::Node, None) => Ok(p.node_id(&c.name).map(Some)),
+        (_, Some(n)) => may(p, c, &Target::Node(n)).map(|()| Some(Some(n))),
+        (_, None) => may(p, c, &Target::Admin).map(|()| Some(None)),
+    }
+}
+
 /// Whether `c` may touch `t` (deny by default: each role passes only where named here).
 pub(crate) fn may(p: &ControlPlane, c: &Principal, t: &Target) -> Result<(), PlaneError> {
     let ok = match (c.role, t) {

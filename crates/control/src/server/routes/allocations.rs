@@ -4,7 +4,7 @@
 use crate::api::{Allocation, AllocationRequest, CloneRequest, ErrorBody, Released, ResizeRequest};
 use crate::auth::Role;
 use crate::plane::Allocated;
-use crate::server::authz::{authorized, may, Target};
+use crate::server::authz::{authorized, listing_scope, Target};
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, Caller, Id};
 use crate::server::state::{with_plane, AppState};
@@ -64,23 +64,11 @@ pub(crate) async fn list_allocations(
     let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let node = q.node;
     with_plane(&st, move |p| {
-        let node = match (c.role, node) {
-            (Role::Admin, n) => n,
-            // A node sees its own allocations only (none before it registers).
-            (Role::Node, None) => match p.node_id(&c.name) {
-                Some(id) => Some(id),
-                None => return Ok(Vec::new()),
-            },
-            (_, Some(n)) => {
-                may(p, &c, &Target::Node(n))?;
-                Some(n)
-            }
-            (_, None) => {
-                may(p, &c, &Target::Admin)?;
-                None
-            }
-        };
-        Ok(p.allocations(node))
+        // A node sees its own allocations only (none before it registers).
+        Ok(match listing_scope(p, &c, node)? {
+            Some(node) => p.allocations(node),
+            None => Vec::new(),
+        })
     })
     .await
     .map(Json)

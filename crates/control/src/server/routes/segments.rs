@@ -2,9 +2,8 @@
 //! (create-or-open, close, list).
 
 use crate::api::{ErrorBody, NamedClosed, NamedSegment, SegmentClose, SegmentOpen};
-use crate::auth::Role;
 use crate::plane::Allocated;
-use crate::server::authz::{authorized, may, Target};
+use crate::server::authz::{authorized, listing_scope, Target};
 use crate::server::error::ApiError;
 use crate::server::extract::{ApiJson, Caller};
 use crate::server::state::{with_plane, AppState};
@@ -77,22 +76,10 @@ pub(crate) async fn list_segments(
     let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let node = q.node;
     with_plane(&st, move |p| {
-        let node = match (c.role, node) {
-            (Role::Admin, n) => n,
-            (Role::Node, None) => match p.node_id(&c.name) {
-                Some(id) => Some(id),
-                None => return Ok(Vec::new()),
-            },
-            (_, Some(n)) => {
-                may(p, &c, &Target::Node(n))?;
-                Some(n)
-            }
-            (_, None) => {
-                may(p, &c, &Target::Admin)?;
-                None
-            }
-        };
-        Ok(p.named_segments(node))
+        Ok(match listing_scope(p, &c, node)? {
+            Some(node) => p.named_segments(node),
+            None => Vec::new(),
+        })
     })
     .await
     .map(Json)
