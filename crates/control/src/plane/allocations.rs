@@ -35,6 +35,16 @@ fn request_digest(req: &api::AllocationRequest) -> String {
 }
 
 impl ControlPlane {
+    /// The most one brick lends to a segment (0 with no brick): a segment larger than this
+    /// fits nowhere.
+    pub(crate) fn largest_usable_bytes(&self) -> u64 {
+        self.bricks
+            .values()
+            .map(|b| b.extents.usable_bytes())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// `POST /v1/allocations`: [`ControlPlane::allocate_once`] without saying whether the
     /// allocation is new.
     pub fn allocate(&mut self, req: api::AllocationRequest) -> Result<api::Allocation, PlaneError> {
@@ -106,12 +116,7 @@ impl ControlPlane {
         pl.objective = req.placement.unwrap_or(self.placement);
         let circuit = req.circuit.unwrap_or(false);
         let per_segment = pl.per_segment;
-        let usable: u64 = self
-            .bricks
-            .values()
-            .map(|b| b.extents.usable_bytes())
-            .max()
-            .unwrap_or(0);
+        let usable = self.largest_usable_bytes();
         if per_segment > usable {
             return Err(PlaneError::InsufficientCapacity(format!(
                 "each of the {stripe} segments would need {per_segment} bytes; the largest brick lends {usable}"

@@ -92,12 +92,7 @@ impl ControlPlane {
         }
         let mut pl = Placement::new(req.node, req.size_bytes, 1, 0, None, None)?;
         pl.objective = self.placement;
-        let usable: u64 = self
-            .bricks
-            .values()
-            .map(|b| b.extents.usable_bytes())
-            .max()
-            .unwrap_or(0);
+        let usable = self.largest_usable_bytes();
         if pl.per_segment > usable {
             return Err(PlaneError::InsufficientCapacity(format!(
                 "segment {:?} would need {} bytes; the largest brick lends {usable}",
