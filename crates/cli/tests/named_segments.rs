@@ -27,11 +27,12 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 }
 
 /// An agent for node `name` on `socket`, admitting `nobody` too (the other tenant).
-fn spawn_agent(url: &str, name: &str, socket: &Path) -> Guard {
+fn spawn_agent(url: &str, name: &str, socket: &Path, extra: &[&str]) -> Guard {
     let mut cmd = Command::new(rackmem());
     cmd.args(["agent", "--control", url, "--name", name, "--socket"])
         .arg(socket)
         .args(["--allow-uid", &NOBODY.to_string()])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -178,7 +179,7 @@ fn processes_on_two_nodes_share_a_named_segment() {
     let _agents: Vec<Guard> = ["n1", "n2"]
         .iter()
         .zip(&sockets)
-        .map(|(n, s)| spawn_agent(&url, n, s))
+        .map(|(n, s)| spawn_agent(&url, n, s, &[]))
         .collect();
     let before = brick_segments(&brick_metrics);
     assert_eq!(before, 0, "a new brick");
@@ -255,6 +256,23 @@ fn processes_on_two_nodes_share_a_named_segment() {
     assert_eq!(refused.len(), 2, "{refused:?}");
     assert_eq!(refused[1]["ok"], false, "{refused:?}");
     assert_eq!(refused[1]["error"]["code"], "forbidden", "{refused:?}");
+
+    // An open of an existing name asks for 0 bytes, but the hold counts the segment's size: a
+    // process whose quota (1 MiB on node 3) cannot hold 4 MiB is refused, and holds nothing.
+    let small = dir.path().join("n3.sock");
+    let _n3 = spawn_agent(&url, "n3", &small, &["--quota-per-process", "1MiB"]);
+    let over = agent_client_as(
+        &small,
+        0,
+        &[
+            r#"{"op":"hello","pid":1,"program":"test"}"#,
+            r#"{"op":"segment","name":"counter","bytes":0}"#,
+        ],
+    );
+    assert_eq!(over.len(), 2, "{over:?}");
+    assert_eq!(over[1]["ok"], false, "{over:?}");
+    assert_eq!(over[1]["error"]["code"], "quota_exceeded", "{over:?}");
+    assert_eq!(holder_pids(&url, "counter").len(), 4, "{:?}", segments(&url));
 
     // A holder killed with SIGKILL: its agent sees its connection close and closes its hold.
     let killed = p4.pid;

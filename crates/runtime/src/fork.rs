@@ -300,7 +300,13 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
     let window = unsafe { Mapping::adopt(parent.window.addr(), parent.window.len()) };
     let table = clone_table(parent, state)?;
     let core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
+    let inherited = core.resident() * parent.unit_bytes() as u64;
     let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core), true)?;
+    child
+        .inner
+        .stats
+        .inherited_resident_bytes
+        .store(inherited, std::sync::atomic::Ordering::Relaxed);
     let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();
     *child.inner.holes.lock().unwrap_or_else(|e| e.into_inner()) = holes;
     Ok(child)

@@ -224,6 +224,9 @@ pub struct Stats {
     /// Evictions that found their page still shared copy-on-write with a lazily forked child
     /// or parent, and made it private first (`UFFDIO_MOVE` moves only pages of one process).
     pub evictions_shared: AtomicU64,
+    /// Bytes resident at the start: the pages a lazily forked child kept from its parent
+    /// (copy-on-write). They may pass the child's own share of the budget until it evicts them.
+    pub inherited_resident_bytes: AtomicU64,
     /// Pages evicted with no fault to serve: the run's other processes grew while this one was
     /// idle over its share of the run's budget, and it gave the room back (`run_budget.rs`).
     pub evictions_given_back: AtomicU64,
@@ -473,6 +476,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::evictions_shared`].
     #[serde(default)]
     pub evictions_shared: u64,
+    /// See [`Stats::inherited_resident_bytes`].
+    #[serde(default)]
+    pub inherited_resident_bytes: u64,
     /// See [`Stats::evictions_given_back`].
     #[serde(default)]
     pub evictions_given_back: u64,
@@ -697,6 +703,7 @@ impl Stats {
             evictions_same_filled: g(&self.evictions_same_filled),
             evictions_protected: g(&self.evictions_protected),
             evictions_shared: g(&self.evictions_shared),
+            inherited_resident_bytes: g(&self.inherited_resident_bytes),
             evictions_given_back: g(&self.evictions_given_back),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),

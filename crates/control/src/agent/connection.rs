@@ -155,6 +155,21 @@ impl Connection<'_> {
                 return client_refusal(&e);
             }
         };
+        // The reservation was for the size asked for (0 for an open of an existing name): a new
+        // hold must fit the quotas at the segment's real size, or this open is undone.
+        let fits = match self.named.contains_key(&s.allocation) {
+            true => Ok(()),
+            false => h.fits(&shared.cfg, uid, pid, s.size_bytes),
+        };
+        if let Err(why) = fits {
+            drop(h);
+            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = super::named::close(shared, &name, &holder) {
+                // The agent's reconcile closes holds nobody has; say why this one stayed.
+                eprintln!("rackmem agent: closing the refused open of segment {name:?}: {e}");
+            }
+            return refusal("quota_exceeded", why);
+        }
         let Some(seg) = s.segment.as_ref() else {
             return refusal(
                 "control_plane_error",

@@ -31,6 +31,15 @@ impl Holdings {
         pid: u32,
         bytes: u64,
     ) -> Result<(), String> {
+        self.fits(cfg, uid, pid, bytes)?;
+        self.add(uid, pid, bytes);
+        *self.in_flight.entry(connection).or_default() += 1;
+        Ok(())
+    }
+
+    /// Whether process `pid` of user `uid` may hold `bytes` more under the quotas of `cfg`;
+    /// otherwise says which quota it would pass.
+    pub(super) fn fits(&self, cfg: &AgentConfig, uid: u32, pid: u32, bytes: u64) -> Result<(), String> {
         let by_pid = self.per_pid.get(&pid).copied().unwrap_or(0);
         let by_uid = self.per_uid.get(&uid).copied().unwrap_or(0);
         if by_pid.saturating_add(bytes) > cfg.quota_per_process_bytes {
@@ -47,8 +56,6 @@ impl Holdings {
                 cfg.quota_per_uid_bytes
             ));
         }
-        self.add(uid, pid, bytes);
-        *self.in_flight.entry(connection).or_default() += 1;
         Ok(())
     }
 
