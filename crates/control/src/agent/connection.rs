@@ -77,16 +77,9 @@ impl Connection<'_> {
         // Checked and reserved under one lock, before the control plane is asked.
         let reserved = lock(&shared.holdings).reserve(cfg, self.id, uid, pid, bytes);
         if let Err(why) = reserved {
-            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
-            return refusal("quota_exceeded", why);
+            return self.over_quota(why);
         }
-        let holder = Holder {
-            agent: shared.run.clone(),
-            connection: self.id,
-            pid,
-            uid,
-            start_ticks: self.start_ticks,
-        };
+        let holder = self.holder();
         // One key for this grow, kept across the client's retries and a re-registration.
         let key = new_idempotency_key();
         let req = |node| AllocationRequest {
@@ -134,8 +127,7 @@ impl Connection<'_> {
         // does (checked with the size asked for; an open of an existing name asks for 0).
         let reserved = lock(&shared.holdings).reserve(&shared.cfg, self.id, uid, pid, bytes);
         if let Err(why) = reserved {
-            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
-            return refusal("quota_exceeded", why);
+            return self.over_quota(why);
         }
         let holder = self.holder();
         let req = |node| crate::api::SegmentOpen {
@@ -163,12 +155,11 @@ impl Connection<'_> {
         };
         if let Err(why) = fits {
             drop(h);
-            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = super::named::close(shared, &name, &holder) {
                 // The agent's reconcile closes holds nobody has; say why this one stayed.
                 eprintln!("rackmem agent: closing the refused open of segment {name:?}: {e}");
             }
-            return refusal("quota_exceeded", why);
+            return self.over_quota(why);
         }
         let Some(seg) = s.segment.as_ref() else {
             return refusal(
@@ -219,6 +210,12 @@ impl Connection<'_> {
         if let Some(h) = self.named.remove(&allocation) {
             lock(&self.shared.holdings).release_named(&h.name, self.id, self.cred.uid, self.cred.pid, h.bytes);
         }
+    }
+
+    /// A request refused by the agent's own quotas (counted with the refusals).
+    fn over_quota(&self, why: String) -> Reply {
+        self.shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        refusal("quota_exceeded", why)
     }
 
     /// This connection's process, as the control plane records who holds what.
@@ -280,16 +277,9 @@ impl Connection<'_> {
         };
         let reserved = lock(&shared.holdings).reserve_for_child(&shared.cfg, self.id, uid, bytes);
         if let Err(why) = reserved {
-            shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
-            return refusal("quota_exceeded", why);
+            return self.over_quota(why);
         }
-        let holder = Holder {
-            agent: shared.run.clone(),
-            connection: self.id,
-            pid,
-            uid,
-            start_ticks: self.start_ticks,
-        };
+        let holder = self.holder();
         let mut made: Vec<crate::api::Allocation> = Vec::new();
         let mut failed = None;
         for s in &sources {
