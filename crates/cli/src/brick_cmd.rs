@@ -323,24 +323,28 @@ fn load_key(path: Option<&std::path::Path>) -> Result<Vec<u8>> {
         Ok(_) => bail!("the key file {} is empty", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let k = random_hex(32)?;
-            // The key signs grants: readable by the brick's user only.
-            let created = {
+            // Written whole to a file of its own, then linked into place (a link fails if the
+            // name exists): a brick of the same name starting at the same moment reads either
+            // nothing or the whole key, never an empty file. Readable by the brick's user only:
+            // the key signs grants.
+            let tmp = path.with_extension(format!("key.{}.{}", std::process::id(), random_hex(4)?));
+            let written = {
                 use std::os::unix::fs::OpenOptionsExt as _;
                 std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode(0o600)
-                    .open(path)
+                    .open(&tmp)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes()))
             };
-            let mut f = match created {
-                Ok(f) => f,
+            let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => Ok(k.into_bytes()),
                 // Another brick of the same name made it meanwhile: use its key.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return load_key(Some(path)),
-                Err(e) => return Err(e).with_context(|| format!("creating the key file {}", path.display())),
-            };
-            std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes())
-                .with_context(|| format!("writing the key file {}", path.display()))?;
-            Ok(k.into_bytes())
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => load_key(Some(path)),
+                Err(e) => Err(e).with_context(|| format!("creating the key file {}", path.display())),
+            }
         }
         Err(e) => Err(e).with_context(|| format!("reading the key file {}", path.display())),
     }
