@@ -16,34 +16,10 @@
  *   pid                  prints this process's id
  * End of input exits. */
 #include "common.h"
-#include <dlfcn.h>
 #include <errno.h>
 #include <unistd.h>
-#include "../../include/rackmem.h"
+#include "putget_api.h"
 
-static rackmem_seg *(*seg_alloc)(size_t);
-static rackmem_seg *(*seg_open)(const char *, size_t);
-static void (*seg_free)(rackmem_seg *);
-static size_t (*seg_size)(rackmem_seg *);
-static int (*put)(rackmem_seg *, uint64_t, const void *, size_t);
-static int (*get)(rackmem_seg *, uint64_t, void *, size_t);
-static uint64_t (*fetch_add)(rackmem_seg *, uint64_t, uint64_t);
-static uint64_t (*compare_swap)(rackmem_seg *, uint64_t, uint64_t, uint64_t);
-
-#define RESOLVE(var, name) \
-    do { *(void **)&var = dlsym(RTLD_DEFAULT, name); if (!var) return 0; } while (0)
-
-static int resolve(void) {
-    RESOLVE(seg_alloc, "rackmem_seg_alloc");
-    RESOLVE(seg_open, "rackmem_seg_open");
-    RESOLVE(seg_free, "rackmem_seg_free");
-    RESOLVE(seg_size, "rackmem_seg_size");
-    RESOLVE(put, "rackmem_put");
-    RESOLVE(get, "rackmem_get");
-    RESOLVE(fetch_add, "rackmem_atomic_fetch_add");
-    RESOLVE(compare_swap, "rackmem_atomic_compare_swap");
-    return 1;
-}
 
 static int add_n(rackmem_seg *s, uint64_t off, uint64_t n) {
     for (uint64_t i = 0; i < n; i++) {
@@ -67,7 +43,7 @@ static int add_n(rackmem_seg *s, uint64_t off, uint64_t n) {
 }
 
 int main(void) {
-    if (!resolve()) { printf("rackmem=absent\n"); return 0; }
+    if (!resolve_putget()) { printf("rackmem=absent\n"); return 0; }
     setvbuf(stdout, NULL, _IOLBF, 0);
     rackmem_seg *s = NULL;
     char line[512], name[256];

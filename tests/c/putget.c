@@ -12,41 +12,11 @@
  *        putget fork                a child of fork() cannot touch its parent's segment (EBADF)
  *                                  nor disturb its transfers in flight, even when it exits */
 #include "common.h"
-#include <dlfcn.h>
 #include <errno.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "../../include/rackmem.h"
+#include "putget_api.h"
 
-static rackmem_seg *(*seg_alloc)(size_t);
-static rackmem_seg *(*seg_open)(const char *, size_t);
-static void (*seg_free)(rackmem_seg *);
-static size_t (*seg_size)(rackmem_seg *);
-static int (*put)(rackmem_seg *, uint64_t, const void *, size_t);
-static int (*get)(rackmem_seg *, uint64_t, void *, size_t);
-static int (*put_nbi)(rackmem_seg *, uint64_t, const void *, size_t);
-static int (*get_nbi)(rackmem_seg *, uint64_t, void *, size_t);
-static int (*quiet)(void);
-static uint64_t (*fetch_add)(rackmem_seg *, uint64_t, uint64_t);
-static uint64_t (*compare_swap)(rackmem_seg *, uint64_t, uint64_t, uint64_t);
-
-#define RESOLVE(var, name) \
-    do { *(void **)&var = dlsym(RTLD_DEFAULT, name); if (!var) return 0; } while (0)
-
-static int resolve(void) {
-    RESOLVE(seg_alloc, "rackmem_seg_alloc");
-    RESOLVE(seg_open, "rackmem_seg_open");
-    RESOLVE(seg_free, "rackmem_seg_free");
-    RESOLVE(seg_size, "rackmem_seg_size");
-    RESOLVE(put, "rackmem_put");
-    RESOLVE(get, "rackmem_get");
-    RESOLVE(put_nbi, "rackmem_put_nbi");
-    RESOLVE(get_nbi, "rackmem_get_nbi");
-    RESOLVE(quiet, "rackmem_quiet");
-    RESOLVE(fetch_add, "rackmem_atomic_fetch_add");
-    RESOLVE(compare_swap, "rackmem_atomic_compare_swap");
-    return 1;
-}
 
 /* Expects the call's result `got` to be the failure value and errno to be `want`. */
 #define EXPECT_ERR(got, failure, want, what)                                                     \
@@ -263,7 +233,7 @@ static int forked(void) {
 }
 
 int main(int argc, char **argv) {
-    if (!resolve()) { printf("rackmem=absent\n"); return 0; }
+    if (!resolve_putget()) { printf("rackmem=absent\n"); return 0; }
     if (argc >= 4 && !strcmp(argv[1], "model")) return model(arg_mib(argc, argv, 2, 8) + 12345, strtoull(argv[3], 0, 0));
     if (argc >= 5 && !strcmp(argv[1], "counter")) return counter(argv[2], atoi(argv[3]), strtoull(argv[4], 0, 0));
     if (argc >= 2 && !strcmp(argv[1], "fork")) return forked();

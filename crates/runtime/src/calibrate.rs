@@ -67,9 +67,12 @@ impl RecycleCalibration {
             .iter()
             .map(|(p, c, m)| format!("{p}: copy {:.1} µs, move {:.1} µs", us(*c), us(*m)))
             .collect();
+        let runs = match self.min_pages {
+            1 => "every fetched run moves in recycled pages, none is copied".to_string(),
+            n => format!("runs of {n} pages and more move in recycled pages, shorter ones are copied"),
+        };
         format!(
-            "runs of {} pages and more move in recycled pages, shorter ones are copied ({}; measured in {:.1} ms)",
-            self.min_pages,
+            "{runs} ({}; measured in {:.1} ms)",
             per.join(", "),
             self.took.as_secs_f64() * 1e3
         )
