@@ -69,10 +69,6 @@ fn free_port() -> String {
     l.local_addr().expect("addr").to_string()
 }
 
-fn wait_for(what: &str, ok: impl FnMut() -> bool) {
-    wait_for_or(what, &[], ok)
-}
-
 /// [`wait_for`], failing with what the processes behind `logs` printed.
 fn wait_for_or(what: &str, logs: &[std::sync::mpsc::Receiver<String>], mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + START_LIMIT;
@@ -942,20 +938,6 @@ fn connect(socket: &Path) -> (UnixStream, BufReader<UnixStream>) {
     // A generous deadline: an agent that never answers fails the test instead of hanging it.
     s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
     (s.try_clone().expect("clone"), BufReader::new(s))
-}
-
-/// An agent of its own (node `name`) on `socket` with `extra` options.
-fn spawn_agent(url: &str, name: &str, socket: &Path, extra: &[&str]) -> Guard {
-    let mut cmd = Command::new(rackmem());
-    cmd.args(["agent", "--control", url, "--name", name, "--socket"])
-        .arg(socket)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let g = Guard::spawn(&mut cmd);
-    wait_for("the agent's socket", || UnixStream::connect(socket).is_ok());
-    g
 }
 
 fn mode_of(p: &Path) -> (u32, u32) {

@@ -17,7 +17,7 @@
 mod common;
 use common::*;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const DATA_NODE: &str = "10.231.0.1";
 const DATA_BRICK: &str = "10.231.0.2";
@@ -157,14 +157,6 @@ impl Lab {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", ns]).args(args);
         c
-    }
-}
-
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + START_LIMIT;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -8,38 +8,14 @@
 mod common;
 use common::*;
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The user tests run another tenant's process as (nobody on Debian-like systems).
 const NOBODY: u32 = 65534;
 const MIB: u64 = 1 << 20;
-
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + START_LIMIT;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// An agent for node `name` on `socket`, admitting `nobody` too (the other tenant).
-fn spawn_agent(url: &str, name: &str, socket: &Path, extra: &[&str]) -> Guard {
-    let mut cmd = Command::new(rackmem());
-    cmd.args(["agent", "--control", url, "--name", name, "--socket"])
-        .arg(socket)
-        .args(["--allow-uid", &NOBODY.to_string()])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let g = Guard::spawn(&mut cmd);
-    wait_for("the agent's socket", || UnixStream::connect(socket).is_ok());
-    g
-}
 
 /// `tests/c/named_seg` under `rackmem run --agent SOCKET`, driven a line at a time.
 struct Prog {
@@ -179,7 +155,7 @@ fn processes_on_two_nodes_share_a_named_segment() {
     let _agents: Vec<Guard> = ["n1", "n2"]
         .iter()
         .zip(&sockets)
-        .map(|(n, s)| spawn_agent(&url, n, s, &[]))
+        .map(|(n, s)| spawn_agent(&url, n, s, &["--allow-uid", &NOBODY.to_string()]))
         .collect();
     let before = brick_segments(&brick_metrics);
     assert_eq!(before, 0, "a new brick");
@@ -260,7 +236,12 @@ fn processes_on_two_nodes_share_a_named_segment() {
     // An open of an existing name asks for 0 bytes, but the hold counts the segment's size: a
     // process whose quota (1 MiB on node 3) cannot hold 4 MiB is refused, and holds nothing.
     let small = dir.path().join("n3.sock");
-    let _n3 = spawn_agent(&url, "n3", &small, &["--quota-per-process", "1MiB"]);
+    let _n3 = spawn_agent(
+        &url,
+        "n3",
+        &small,
+        &["--allow-uid", &NOBODY.to_string(), "--quota-per-process", "1MiB"],
+    );
     let over = agent_client_as(
         &small,
         0,

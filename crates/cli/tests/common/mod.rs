@@ -510,6 +510,32 @@ pub fn start_brick_with(listen: &str, size: &str, secret: &str, extra: &[&str]) 
 
 pub const START_LIMIT: Duration = Duration::from_secs(30);
 
+/// Waits until `ok` holds, checking every 50 ms, and fails the test after [`START_LIMIT`].
+pub fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + START_LIMIT;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `rackmem agent` for node `name` of the control plane at `url`, on `socket`, with
+/// `extra` options, and waits until its socket takes connections.
+pub fn spawn_agent(url: &str, name: &str, socket: &Path, extra: &[&str]) -> Guard {
+    let mut cmd = Command::new(rackmem());
+    cmd.args(["agent", "--control", url, "--name", name, "--socket"])
+        .arg(socket)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let g = Guard::spawn(&mut cmd);
+    wait_for("the agent's socket", || {
+        std::os::unix::net::UnixStream::connect(socket).is_ok()
+    });
+    g
+}
+
 /// Starts `rackmem control` on an ephemeral port; returns the guard and its URL.
 pub fn start_control(db: &std::path::Path) -> (Guard, String) {
     start_control_on(db, "127.0.0.1:0")
