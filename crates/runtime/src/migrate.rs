@@ -461,10 +461,8 @@ impl Runtime {
         self.send_parked(parked);
         inner.core_cv.notify_all();
         let finalize_ns = t3.elapsed().as_nanos() as u64;
-        // Not part of this move: readies the target for the next.
-        if bounced {
-            self.populate_ahead(index);
-        }
+        // Not part of this move: readies the target for the next, whichever route this took.
+        self.populate_ahead(index);
         Ok(MigrationTimes {
             setup_ns,
             allocate_ns,
@@ -700,9 +698,10 @@ impl Runtime {
     }
 
     /// After a move into migration segment `index` of a mapped brick: asks its brick, without
-    /// waiting, to hold memory for the next [`POPULATE_STEP_PAGES`] it hands out, so that the
-    /// next small move finds them held ([`Runtime::held_by_brick`] collects the answer). At
-    /// most one such request per segment is in flight.
+    /// waiting, to hold memory for the next [`POPULATE_STEP_PAGES`] it hands out (unless the
+    /// last POPULATE covers them), so that the next small move finds them held
+    /// ([`Runtime::held_by_brick`] collects the answer). At most one such request per segment
+    /// is in flight, so a segment holds at most that much populated ahead of its use.
     fn populate_ahead(&self, index: usize) {
         let inner = &self.inner;
         let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
@@ -713,10 +712,10 @@ impl Runtime {
             return;
         };
         let next = m.next_page;
-        if m.ahead.is_some() || next >= m.pages || (m.held.start <= next && next < m.held.end) {
+        let r = next..(next + POPULATE_STEP_PAGES).min(m.pages);
+        if m.ahead.is_some() || r.is_empty() || (m.held.start <= r.start && r.end <= m.held.end) {
             return;
         }
-        let r = next..(next + POPULATE_STEP_PAGES).min(m.pages);
         let sent = seg
             .fault
             .submit_populate(r.start * PAGE, (r.end - r.start) * PAGE)
