@@ -172,7 +172,9 @@ uint64_t rackmem_atomic_compare_swap(rackmem_seg *seg, uint64_t offset, uint64_t
  *                  the range's pages move to that brick (pulled by it from the source brick,
  *                  or through this process), and later evictions of the range write there.
  *                  With a node agent the control plane places and accounts the room there.
- *                  A pinned range is unpinned.
+ *                  A pinned range is unpinned. Prefixed "direct:" the brick pulls the pages
+ *                  whatever their size, prefixed "bounce:" they go through this process (for
+ *                  measuring one against the other; unprefixed, RACKMEM_MIGRATION chooses).
  * The program keeps running meanwhile: other threads may read and write the range, and no write
  * is lost. Returns 0, or -1 with errno:
  *   EINVAL  the range is empty or not inside rackmem memory;

@@ -7,6 +7,9 @@
  *           word it overwrites holds what it wrote there in the previous pass. At the end the
  *           buffer is checked against the model (pass numbers) and both checksums are printed:
  *           "checksum BUFFER model MODEL".
+ *   pages:  ROUNDS times, runs of 1 to 4 pages spread over the buffer (one run every 61 pages)
+ *           move one by one to brick B bounced ("bounce:B"), then the whole buffer goes back to
+ *           A, while the writer runs as in moves; prints "small-moves N" and the checksums.
  *   kill:   moves the first half to B and back (B now holds a migration segment), prints
  *           "kill-target" and waits for a line on stdin (the test kills brick B meanwhile),
  *           then migrates the second half to B, which must fail with EIO while the writer goes
@@ -121,7 +124,7 @@ int main(int argc, char **argv) {
     unpin_fn unpin = (unpin_fn)dlsym(RTLD_DEFAULT, "rackmem_unpin");
     is_remote_fn is_remote = (is_remote_fn)dlsym(RTLD_DEFAULT, "rackmem_is_remote");
     if (!migrate || !unpin || !is_remote) { printf("rackmem=absent\n"); return 0; }
-    if (argc < 5) DIE("usage: migrate_rw moves|kill|bad MIB BRICK_A BRICK_B [ROUNDS]");
+    if (argc < 5) DIE("usage: migrate_rw moves|pages|kill|bad MIB BRICK_A BRICK_B [ROUNDS]");
     const char *mode = argv[1], *a = argv[3], *b = argv[4];
     size_t len = arg_mib(argc, argv, 2, 32);
     int rounds = argc > 5 ? atoi(argv[5]) : 2;
@@ -164,6 +167,27 @@ int main(int argc, char **argv) {
             migrate_or_die(migrate, buf, len, a);           /* local -> brick */
         }
         /* Let the writer finish a pass over the buffer's new home. */
+        uint64_t p0 = passes;
+        while (passes < p0 + 2) usleep(1000);
+        finish(t);
+        return 0;
+    }
+    if (!strcmp(mode, "pages")) {
+        char to[512];
+        snprintf(to, sizeof to, "bounce:%s", b);
+        size_t pages = len / 4096, moved = 0;
+        for (int r = 0; r < rounds; r++) {
+            for (size_t pg = (size_t)r; pg < pages; pg += 61) {
+                size_t n = 1 + pg % 4;
+                if (pg + n > pages) break;
+                struct rackmem_migration m;
+                if (migrate((char *)buf + pg * 4096, n * 4096, to, &m) != 0)
+                    DIE("rackmem_migrate of %zu pages at page %zu to %s failed: %s", n, pg, to, strerror(errno));
+                moved++;
+            }
+            migrate_or_die(migrate, buf, len, a);
+        }
+        printf("small-moves %zu\n", moved);
         uint64_t p0 = passes;
         while (passes < p0 + 2) usleep(1000);
         finish(t);

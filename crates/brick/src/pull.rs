@@ -16,16 +16,26 @@
 //! never sends what was not asked for, and nothing is dropped or sent twice. A failure ends the
 //! pull with its status (`Unreachable` before anything was read, `SourceLost` after); the node
 //! then decides (bounce, or give up), never the brick.
+//!
+//! A target keeps its links to sources between orders ([`PullLinks`]): connecting and HELLO
+//! cost more than a small order's transfer (`docs/benchmarks.md`, "Direct migration"). A kept
+//! link holds no rights: it is detached after every order, and the next order attaches it
+//! with its own pull grant, so a grant's expiry or a source's restart leaves nothing usable
+//! behind. Links are capped ([`MAX_KEPT_LINKS`]) and dropped after [`KEPT_LINK_IDLE`] unused, or
+//! at the first failure; a kept link that fails before its ATTACH_PULL is answered (the source
+//! restarted, or closed it as idle) is replaced by a fresh connection once.
 
 use crate::data::{with_segment, Attached};
 use crate::reply::{err, ok, Reply};
 use crate::session::{bind, now_unix, Session};
 use crate::state::Shared;
+use crate::sync::lock;
 use rackmem_proto::{
     rights, verify_attach_proof, Extent, PullError, PullGrant, PullOrder, Status, KEY_LEN, MAX_EXTENTS,
 };
 use rackmem_transport::{BrickAddr, Link, LinkError};
 use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Bytes one read of a pull asks for.
@@ -35,6 +45,69 @@ pub(crate) const READ_BYTES: usize = 256 << 10;
 pub(crate) const WINDOW: usize = 4;
 /// Longest a pull waits for the source to connect or answer one read.
 const SOURCE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most links to sources a target keeps between orders (each is an authenticated connection
+/// the source counts against this brick's address; a migration has one order in flight, so a
+/// few nodes migrating at once need no more).
+pub(crate) const MAX_KEPT_LINKS: usize = 8;
+/// A kept link unused for this long is closed at the next order (well under a source's idle
+/// timeout, so a kept link is seldom one the source has closed already).
+pub(crate) const KEPT_LINK_IDLE: Duration = Duration::from_secs(30);
+
+/// Detached links to source bricks, kept between pull orders, oldest first.
+#[derive(Default)]
+pub(crate) struct PullLinks {
+    idle: Mutex<Vec<Kept>>,
+}
+
+struct Kept {
+    source: String,
+    link: Link,
+    since: Instant,
+}
+
+impl PullLinks {
+    /// A kept link to `source`, if one is fresh; drops the stale ones.
+    fn take(&self, source: &str) -> Option<Link> {
+        let now = Instant::now();
+        let (link, stale) = {
+            let mut idle = lock(&self.idle);
+            let (keep, stale): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut *idle)
+                .into_iter()
+                .partition(|k| now.duration_since(k.since) < KEPT_LINK_IDLE && !k.link.is_broken());
+            *idle = keep;
+            let link = idle
+                .iter()
+                .rposition(|k| k.source == source)
+                .map(|i| idle.remove(i).link);
+            (link, stale)
+        };
+        // Closed outside the lock: a close may wait on the socket.
+        drop(stale);
+        link
+    }
+
+    /// Keeps a detached link to `source` for the next order; the oldest goes past the cap.
+    fn put(&self, source: &str, link: Link) {
+        if link.is_broken() {
+            return;
+        }
+        let old = {
+            let mut idle = lock(&self.idle);
+            let old = if idle.len() >= MAX_KEPT_LINKS {
+                Some(idle.remove(0))
+            } else {
+                None
+            };
+            idle.push(Kept {
+                source: source.to_string(),
+                link,
+                since: Instant::now(),
+            });
+            old
+        };
+        drop(old);
+    }
+}
 
 /// ATTACH_PULL: binds the connection, read-only, to the pull grant's range of its segment.
 pub(crate) fn attach_pull(shared: &Shared, session: &mut Session, pull: &PullGrant, proof: &[u8; KEY_LEN]) -> Reply {
@@ -134,20 +207,45 @@ pub(crate) fn pull(shared: &Shared, attached: Option<&Attached>, order: &PullOrd
         // This brick has no CA to check the source's certificate with: the node bounces.
         return unreachable("TLS", &"this brick verifies no peer certificates");
     }
-    let src = match Link::connect(&addr, SOURCE_TIMEOUT) {
-        Ok(l) => l,
-        Err(e) => return unreachable("connecting", &e),
-    };
-    if let Err(e) = src.attach_pull(&order.pull, &order.key) {
+    let refused = |e: LinkError| {
         // The source refused the credential: not a route problem, and never bounced.
-        return err(
+        err(
             Status::Forbidden,
             format!("the source brick {} refused the pull: {e}", order.source),
             false,
-        );
-    }
+        )
+    };
+    let fresh = || Link::connect(&addr, SOURCE_TIMEOUT);
+    let src = match shared.pull_links.take(&order.source) {
+        Some(kept) => match kept.attach_pull(&order.pull, &order.key) {
+            Ok(()) => kept,
+            // An answer is the source's word on this grant: a new connection would get the same.
+            Err(e @ LinkError::Refused { .. }) => return refused(e),
+            // The kept link is dead (the source restarted, or closed it as idle): once afresh.
+            Err(_) => {
+                drop(kept);
+                match fresh() {
+                    Ok(l) => match l.attach_pull(&order.pull, &order.key) {
+                        Ok(()) => l,
+                        Err(e) => return refused(e),
+                    },
+                    Err(e) => return unreachable("connecting", &e),
+                }
+            }
+        },
+        None => match fresh() {
+            Ok(l) => match l.attach_pull(&order.pull, &order.key) {
+                Ok(()) => l,
+                Err(e) => return refused(e),
+            },
+            Err(e) => return unreachable("connecting", &e),
+        },
+    };
     let r = copy(shared, a, &src, order);
-    let _ = src.detach();
+    // Detached before it is kept: an idle link holds no rights on the source.
+    if !matches!(r, Err(Failed::Source(_))) && src.detach().is_ok() {
+        shared.pull_links.put(&order.source, src);
+    }
     match r {
         Ok(bytes) => ok(bytes.to_le_bytes().to_vec()),
         Err(Failed::Source(e)) => err(

@@ -184,6 +184,7 @@ impl Brick {
             threads: Mutex::new(Vec::new()),
             brick_id,
             names: Default::default(),
+            pull_links: Default::default(),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()

@@ -50,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) names: crate::onesided::Names,
     /// The rates the brick enforces.
     pub(crate) pacer: Pacer,
+    /// Links to source bricks kept between pull orders (direct migration).
+    pub(crate) pull_links: crate::pull::PullLinks,
 }
 
 /// A handle on an open connection, to shut it down when the brick stops.

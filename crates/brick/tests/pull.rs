@@ -238,3 +238,67 @@ fn a_pull_from_a_brick_that_cannot_be_reached_says_so() {
     // The link to the target goes on.
     assert_eq!(read(&dst, 0, 4096), vec![0u8; 4096]);
 }
+
+/// FNV-1a over the bytes: the checksum two copies are compared by.
+fn checksum(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// An order for `len` bytes from `src` of the granted segment to `dst` of the target's.
+fn order_for(source: &BrickAddr, sg: &SegmentGrant, src: u64, dst: u64, len: u64) -> PullOrder {
+    let (pull, key) = PullGrant::issue(sg, src, len, now() + 60);
+    PullOrder {
+        source: source.to_string(),
+        pull,
+        key,
+        pieces: vec![PullPiece { dst, src, len }],
+    }
+}
+
+/// A target keeps its link to a source between orders (the second order opens no connection
+/// to it), and when the source restarted in between, the next order connects afresh and
+/// copies the right bytes.
+#[test]
+fn a_target_keeps_its_link_to_a_source_and_reconnects_after_the_source_restarts() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let sock = d.path().join("a.sock");
+    let (ha, a) = brick(ListenAddr::Unix(sock.clone()), b"key-a");
+    let (_hb, b) = brick(ListenAddr::Tcp("127.0.0.1:0".into()), b"key-b");
+    let dst = Link::connect(&b, T).expect("connect");
+    dst.alloc_segment(SECRET, 8 * MIB).expect("alloc");
+    let (src, sg) = filled(&a, 4 * MIB, 3);
+    let want = pattern(4 * MIB, 3);
+    assert_eq!(dst.pull(&order_for(&a, &sg, 0, 0, MIB)).expect("first pull"), MIB);
+    // This test's link and the one the target kept.
+    assert_eq!(ha.stats().connections, 2, "the target keeps its link to the source");
+    assert_eq!(dst.pull(&order_for(&a, &sg, MIB, MIB, MIB)).expect("second pull"), MIB);
+    assert_eq!(ha.stats().connections, 2, "the second order reuses the kept link");
+    assert_eq!(
+        checksum(&read(&dst, 0, 2 * MIB)),
+        checksum(&want[..2 * MIB as usize]),
+        "both orders copied the source's bytes"
+    );
+    drop(src);
+    ha.shutdown();
+    let (_ha2, a2) = brick(ListenAddr::Unix(sock), b"key-a");
+    assert_eq!(a2, a, "the source restarts at its address");
+    let (_src2, sg2) = filled(&a2, 4 * MIB, 4);
+    let want2 = pattern(4 * MIB, 4);
+    assert_eq!(
+        dst.pull(&order_for(&a2, &sg2, MIB, 2 * MIB, 2 * MIB))
+            .expect("a pull after the source restarted reconnects"),
+        2 * MIB
+    );
+    assert_eq!(
+        checksum(&read(&dst, 2 * MIB, 2 * MIB)),
+        checksum(&want2[MIB as usize..3 * MIB as usize]),
+        "the restarted source's bytes"
+    );
+    assert_eq!(
+        checksum(&read(&dst, 0, 2 * MIB)),
+        checksum(&want[..2 * MIB as usize]),
+        "the earlier orders' bytes stay"
+    );
+}

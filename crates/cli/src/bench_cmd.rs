@@ -143,7 +143,9 @@ enum Which {
     Control(ControlArgs),
     /// Migration (seed 001's Tables I-III): buffers of 4 KiB to 32 MiB on a loopback brick moved
     /// into the local buffer on demand (faults) and by `rackmem_migrate`, and to a second brick
-    /// bounced through the process, with the four step times; medians of interleaved rounds.
+    /// bounced through the process and pulled by it (direct), beside the link's floor (a plain
+    /// read of the same size), with the four step times; medians of interleaved rounds, over TCP
+    /// loopback and over Unix sockets (shared memory).
     Migration {
         /// Interleaved rounds.
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=25))]

@@ -50,7 +50,7 @@ Defaults (each can be overridden):
   Outrunning the link: a program that spends more than half of its time waiting on faults for
     5 s, mostly re-fetching pages evicted earlier, is told once on standard error, with its
     fault rate and a --local that would hold its working set.
-  Migration (rackmem_migrate to another brick): direct. The target brick pulls pieces of 4 MiB
+  Migration (rackmem_migrate to another brick): direct. The target brick pulls pieces of 1 MiB
     and more from the source brick with a pull grant for exactly that range; smaller pieces, and
     pieces whose target cannot reach the source, are bounced through the program.
     RACKMEM_MIGRATION=bounce bounces every piece; RACKMEM_MIGRATION=direct is the default.";

@@ -101,7 +101,13 @@ impl Runtime {
             let mut a = r.start;
             while a < r.end {
                 let b = (a + CHUNK_PAGES).min(r.end);
-                if let Err(e) = self.move_piece(a, b, to, Some((t, seg_page + (a - r.start)))) {
+                if let Err(e) = self.move_piece(
+                    a,
+                    b,
+                    to,
+                    Some((t, seg_page + (a - r.start))),
+                    crate::migrate::Route::Chosen,
+                ) {
                     // The agent asks again a second later: a target that received nothing goes
                     // back at once, or each retry would hold one more. No lookup reaches it.
                     if inner.table.homes_on(t).is_empty() {

@@ -41,11 +41,16 @@ const MIGRATION_SEGMENT_BYTES: u64 = 64 << 20;
 /// Most bytes one pull order asks of the target brick: bounds how long the order's answer
 /// takes, and how long write-backs to the target's segment queue behind it on its link.
 const ORDER_BYTES: u64 = 8 << 20;
-/// Smallest piece a target brick pulls; smaller ones are bounced. Each pull order costs the
-/// target a connection to the source (connect, HELLO, ATTACH_PULL with its MACs): measured on
-/// TCP loopback (`docs/benchmarks.md`, "Direct migration"), direct took 0.2-0.5 x the bounce's
-/// speed up to 128 KiB, 0.9-1.0 x at 1-4 MiB and 1.37 x at 32 MiB.
-const DIRECT_MIN_BYTES: u64 = 4 << 20;
+/// Smallest piece a target brick pulls; smaller ones are bounced. A target keeps its links to
+/// sources between orders, so an order costs a round trip to it and an ATTACH_PULL and DETACH
+/// on the kept link, no connection: measured in one run of `rackmem bench migration`
+/// (`docs/benchmarks.md`, "Direct migration"), direct beat the bounce from 1 MiB on and lost
+/// below 128 KiB, where the order's round trips outweigh a bounce of a few pages.
+const DIRECT_MIN_BYTES: u64 = 1 << 20;
+/// Pages of a migration segment on a mapped brick that one POPULATE asks the brick to hold
+/// memory for, ahead of small bounced moves (1 MiB): later moves into them copy into the
+/// mapping instead of sending a request, and the request is paid once per step.
+const POPULATE_STEP_PAGES: u64 = 256;
 /// How long a pull grant is valid: far more than an order takes, and no longer.
 const PULL_GRANT_LIFETIME: Duration = Duration::from_secs(60);
 /// Longest a move waits for the write-backs to its old home already in flight.
@@ -56,8 +61,21 @@ const READY_WAIT: Duration = Duration::from_secs(30);
 pub enum Target {
     /// The local buffer: fetched and pinned.
     Local,
-    /// A brick of `RACKMEM_BRICKS`.
-    Brick(BrickAddr),
+    /// A brick of `RACKMEM_BRICKS`, and how the pages get there.
+    Brick(BrickAddr, Route),
+}
+
+/// How a move to a brick carries its pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `RACKMEM_MIGRATION`'s choice: pulled by the target from pieces of
+    /// [`DIRECT_MIN_BYTES`] on, bounced below (and always with `RACKMEM_MIGRATION=bounce`).
+    Chosen,
+    /// Pulled by the target whatever the size (`"direct:ADDR"`; bounced only when the target
+    /// cannot reach the source): for measuring the two against each other in one run.
+    Pull,
+    /// Bounced through this process (`"bounce:ADDR"`).
+    Bounce,
 }
 
 /// The four steps of one migration (seed 001, Table III), and what it moved.
@@ -142,6 +160,11 @@ pub(crate) struct MigrationSegment {
     addr: BrickAddr,
     pages: u64,
     next_page: u64,
+    /// Pages its brick holds memory for (populated at this process's request): the last
+    /// POPULATE that answered.
+    held: std::ops::Range<u64>,
+    /// A POPULATE sent ahead of the next moves, not yet waited for, and its pages.
+    ahead: Option<(rackmem_transport::DetachedTicket, std::ops::Range<u64>)>,
 }
 
 /// The runtime's migration state: the segments carved for migrations.
@@ -166,24 +189,35 @@ impl Migrations {
             m.index = new;
             m.addr = addr.clone();
             m.pages = pages;
+            // Held pages were the old segment's; its POPULATE's answer is dropped with its link.
+            m.held = 0..0;
+            m.ahead = None;
         }
     }
 }
 
 impl Runtime {
-    /// Parses a `rackmem_migrate` target: `"local"` or an address of `RACKMEM_BRICKS`.
+    /// Parses a `rackmem_migrate` target: `"local"` or an address of `RACKMEM_BRICKS`,
+    /// optionally prefixed by `direct:` or `bounce:` to force the route (see [`Route`]).
     pub fn migration_target(&self, target: &str) -> Result<Target, MigrateError> {
         if target == "local" {
             return Ok(Target::Local);
         }
-        let addr: BrickAddr = target
+        let (route, brick) = if let Some(b) = target.strip_prefix("direct:") {
+            (Route::Pull, b)
+        } else if let Some(b) = target.strip_prefix("bounce:") {
+            (Route::Bounce, b)
+        } else {
+            (Route::Chosen, target)
+        };
+        let addr: BrickAddr = brick
             .parse()
             .map_err(|_| MigrateError::UnknownBrick(target.to_string()))?;
         // With an agent, the control plane says which bricks the node may use (at Allocate).
         if self.inner.agent.is_none() && !self.inner.cfg.bricks.contains(&addr) {
             return Err(MigrateError::UnknownBrick(target.to_string()));
         }
-        Ok(Target::Brick(addr))
+        Ok(Target::Brick(addr, route))
     }
 
     /// Moves `[addr, addr+len)` (page-rounded outward) to `target` and returns when it is
@@ -212,7 +246,7 @@ impl Runtime {
         }
         let times = sys::without_sigpipe(|| match target {
             Target::Local => self.pin_local(first, end, t0),
-            Target::Brick(b) => self.move_to_brick(first, end, b, t0),
+            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0),
         })?;
         let s = &inner.stats;
         s.migrations.fetch_add(1, Ordering::Relaxed);
@@ -286,6 +320,7 @@ impl Runtime {
         first: u64,
         end: u64,
         target: &BrickAddr,
+        route: Route,
         t0: Instant,
     ) -> Result<MigrationTimes, MigrateError> {
         let inner = &self.inner;
@@ -307,7 +342,7 @@ impl Runtime {
         inner.lock().unpin(first, end - first);
         times.setup_ns = t0.elapsed().as_nanos() as u64;
         for (a, b) in todo {
-            let t = self.move_piece(a, b, target, None)?;
+            let t = self.move_piece(a, b, target, None, route)?;
             times.setup_ns += t.setup_ns;
             times.allocate_ns += t.allocate_ns;
             times.transfer_ns += t.transfer_ns;
@@ -325,6 +360,7 @@ impl Runtime {
         end: u64,
         target: &BrickAddr,
         room: Option<(usize, u64)>,
+        route: Route,
     ) -> Result<MigrationTimes, MigrateError> {
         let inner = &self.inner;
         let n = end - first;
@@ -368,12 +404,24 @@ impl Runtime {
                 return Err(e);
             }
         };
+        // A move the bounce carries (the size says so before the pages are counted): into pages
+        // the brick holds memory for, so that a mapped target takes them by a memory copy.
+        let bounced = match route {
+            Route::Bounce => true,
+            Route::Pull => false,
+            Route::Chosen => !inner.cfg.migration_direct || n * PAGE < DIRECT_MIN_BYTES,
+        };
+        let held = bounced && self.held_by_brick(index, seg_page, n);
         let allocate_ns = t1.elapsed().as_nanos() as u64;
         // Transfer: the brick-valid pages, old home → target: pulled by the target brick
         // (direct), or bounced through this process when it cannot reach the source.
         let t2 = Instant::now();
         let pages = inner.lock().move_pages(id);
-        let tried = inner.cfg.migration_direct && pages.len() as u64 * PAGE >= DIRECT_MIN_BYTES;
+        let tried = match route {
+            Route::Chosen => inner.cfg.migration_direct && pages.len() as u64 * PAGE >= DIRECT_MIN_BYTES,
+            Route::Pull => true,
+            Route::Bounce => false,
+        };
         let direct = if tried {
             self.pull_direct(&pages, first, index, seg_page, target)
         } else {
@@ -389,7 +437,7 @@ impl Runtime {
                     inner.stats.migration_direct_fallbacks.fetch_add(1, Ordering::Relaxed);
                 }
                 inner.stats.migration_pieces_bounced.fetch_add(1, Ordering::Relaxed);
-                self.bounce(&pages, first, index, seg_page, target)
+                self.bounce(&pages, first, index, seg_page, target, held)
             }
             Err(e) => Err(e),
         };
@@ -412,11 +460,14 @@ impl Runtime {
         };
         self.send_parked(parked);
         inner.core_cv.notify_all();
+        let finalize_ns = t3.elapsed().as_nanos() as u64;
+        // Not part of this move: readies the target for the next, whichever route this took.
+        self.populate_ahead(index);
         Ok(MigrationTimes {
             setup_ns,
             allocate_ns,
             transfer_ns,
-            finalize_ns: t3.elapsed().as_nanos() as u64,
+            finalize_ns,
             bytes,
         })
     }
@@ -424,7 +475,9 @@ impl Runtime {
     /// Bounces `pages` (window pages from `first` on, brick-valid, of one move) through this
     /// process into segment `index` from its page `seg_page`: read from their homes, grouped
     /// by source segment and merged where contiguous there, then written to the target, one
-    /// batch of [`BATCH_PAGES`] at a time. Returns the bytes carried.
+    /// batch of [`BATCH_PAGES`] at a time. `held`: the target brick holds memory for the
+    /// target pages already (a mapped target then takes them by a memory copy). Returns the
+    /// bytes carried.
     fn bounce(
         &self,
         pages: &[u64],
@@ -432,11 +485,14 @@ impl Runtime {
         index: usize,
         seg_page: u64,
         target: &BrickAddr,
+        held: bool,
     ) -> Result<u64, MigrateError> {
         let inner = &self.inner;
         let dst = inner.segment(index);
         let mut bytes = 0u64;
-        let mut buf = vec![0u8; BATCH_PAGES * PAGE_SIZE];
+        // No bigger than the move: a single page's bounce would spend more on a batch-sized
+        // buffer's mapping than on its copy.
+        let mut buf = vec![0u8; pages.len().min(BATCH_PAGES) * PAGE_SIZE];
         for batch in pages.chunks(BATCH_PAGES) {
             let mut at = 0usize;
             let mut k = 0;
@@ -478,8 +534,9 @@ impl Runtime {
                     _ => extents.push((off, PAGE_SIZE as u32)),
                 }
             }
-            // Fresh: the target brick, not this process, first touches its memory.
-            dst.write(&extents, &buf[..at], true)
+            // Unless the brick holds them, fresh: the target brick, not this process, first
+            // touches its memory.
+            dst.write(&extents, &buf[..at], !held)
                 .map_err(|e| MigrateError::TargetLost {
                     addr: target.to_string(),
                     err: e.to_string(),
@@ -593,6 +650,81 @@ impl Runtime {
         self.inner.core_cv.notify_all();
     }
 
+    /// True if the brick of segment `index` holds memory for its pages `[page, page+n)`,
+    /// making it so for a small move (at most [`POPULATE_STEP_PAGES`]) into a migration
+    /// segment on a mapped brick: the POPULATE sent ahead at the last move is collected (it has
+    /// usually answered by now), else one of [`POPULATE_STEP_PAGES`] from `page` is sent and
+    /// waited for. Advisory: false when the segment is not mapped, is no migration segment,
+    /// the move is larger, or the request fails (the bounce then writes over the link, as for
+    /// any fresh page).
+    fn held_by_brick(&self, index: usize, page: u64, n: u64) -> bool {
+        let inner = &self.inner;
+        if n > POPULATE_STEP_PAGES {
+            return false;
+        }
+        let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
+            return false;
+        };
+        let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = list.iter_mut().find(|m| m.index == index) else {
+            return false;
+        };
+        let covers = |r: &std::ops::Range<u64>| r.start <= page && page + n <= r.end;
+        if let Some((t, r)) = m.ahead.take() {
+            if seg.fault.wait_detached(t, &mut []).is_ok() {
+                m.held = r;
+            }
+        }
+        if covers(&m.held) {
+            return true;
+        }
+        let r = page..(page + POPULATE_STEP_PAGES).min(m.pages);
+        match seg
+            .fault
+            .submit_populate(r.start * PAGE, (r.end - r.start) * PAGE)
+            .and_then(|t| t.wait(&mut []))
+        {
+            Ok(()) => {
+                m.held = r;
+                covers(&m.held)
+            }
+            Err(e) => {
+                if inner.cfg.verbose {
+                    eprintln!("rackmem: populating brick {} ahead of migrations: {e}", seg.addr);
+                }
+                false
+            }
+        }
+    }
+
+    /// After a move into migration segment `index` of a mapped brick: asks its brick, without
+    /// waiting, to hold memory for the next [`POPULATE_STEP_PAGES`] it hands out (unless the
+    /// last POPULATE covers them), so that the next small move finds them held
+    /// ([`Runtime::held_by_brick`] collects the answer). At most one such request per segment
+    /// is in flight, so a segment holds at most that much populated ahead of its use.
+    fn populate_ahead(&self, index: usize) {
+        let inner = &self.inner;
+        let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
+            return;
+        };
+        let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = list.iter_mut().find(|m| m.index == index) else {
+            return;
+        };
+        let next = m.next_page;
+        let r = next..(next + POPULATE_STEP_PAGES).min(m.pages);
+        if m.ahead.is_some() || r.is_empty() || (m.held.start <= r.start && r.end <= m.held.end) {
+            return;
+        }
+        let sent = seg
+            .fault
+            .submit_populate(r.start * PAGE, (r.end - r.start) * PAGE)
+            .map(|t| t.detach());
+        if let Ok(t) = sent {
+            m.ahead = Some((t, r));
+        }
+    }
+
     /// Room for window pages `[first, first+n)` on `target`: their own place in the window's
     /// segment on that brick (where the concatenation puts them), else the next free pages of a
     /// segment carved there for migrations (carving one if none has room). Returns the segment
@@ -650,6 +782,8 @@ impl Runtime {
             addr: target.clone(),
             pages,
             next_page: n,
+            held: 0..0,
+            ahead: None,
         });
         Ok((index, 0))
     }
@@ -671,6 +805,8 @@ impl Runtime {
             addr: target.clone(),
             pages,
             next_page: n,
+            held: 0..0,
+            ahead: None,
         });
         Ok((index, 0))
     }
@@ -812,7 +948,7 @@ pub(crate) fn serve_orders(inner: std::sync::Arc<crate::inner::Inner>) {
                 let done = moves
                     .iter()
                     .map(|m| match rt.migration_target(&m.to)? {
-                        Target::Brick(b) => Ok((m.segment_id, b)),
+                        Target::Brick(b, _) => Ok((m.segment_id, b)),
                         Target::Local => Err(MigrateError::UnknownBrick(m.to.clone())),
                     })
                     .collect::<Result<Vec<_>, MigrateError>>()
