@@ -59,8 +59,9 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * RACKMEM_TRANSFER_THRESHOLD pins the size from which transfers take the bulk path (`auto`,
  * the default: measured on each brick's link at its first segment, on a scratch segment, in a
  * few tens of milliseconds at most; `inline`; `bulk`; or a size such as `64KiB`).
- * RACKMEM_PUTGET_SPIN_US makes a caller poll for the brick's answer that long before it
- * sleeps (default 0: on a machine with few CPUs the poller takes the CPU the brick needs). Segments of a brick on this host (unix:
+ * RACKMEM_PUTGET_SPIN_US is how long a caller may poll for the brick's answer before it
+ * sleeps (default 50; each link measures polled and slept waits and takes the shorter, since
+ * on a machine with busy CPUs the poller takes the CPU the brick needs; 0 never polls). Segments of a brick on this host (unix:
  * address) are mapped into the process, so transfers and atomics are memory operations;
  * RACKMEM_SHARED_MEMORY=0 keeps them on the socket.
  *

@@ -16,6 +16,9 @@ use crate::{BenchError, Output};
 use rackmem_brick::{Brick, BrickConfig, BrickHandle, ListenAddr};
 use rackmem_putget::{Engine, EngineConfig, Path as XferPath, Segment, Sharing, Threshold};
 use rackmem_transport::BrickAddr;
+
+/// The engine's default polling bound, µs (`RACKMEM_PUTGET_SPIN_US`), for the bench's option.
+pub use rackmem_putget::DEFAULT_LINK_SPIN_US;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;

@@ -57,9 +57,10 @@ enum Which {
         /// Leave out the MPI peer (which needs mpicc and mpirun: scripts/programs.sh installs them).
         #[arg(long)]
         no_mpi: bool,
-        /// How long the engine's links poll for an answer before sleeping, µs (as
-        /// RACKMEM_PUTGET_SPIN_US does for rackmem_put/rackmem_get; default 0, as theirs).
-        #[arg(long, default_value_t = 0)]
+        /// How long the engine's links may poll for an answer before sleeping, µs (as
+        /// RACKMEM_PUTGET_SPIN_US does for rackmem_put/rackmem_get, with the same default; 0
+        /// never polls; above 0 each link measures both and takes the faster).
+        #[arg(long, default_value_t = rackmem_bench::transfer::DEFAULT_LINK_SPIN_US)]
         link_spin_us: u64,
     },
     /// The floors: userfaultfd fault from local memory (blocking and busy-polling handler) and

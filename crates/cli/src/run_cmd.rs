@@ -112,6 +112,12 @@ pub struct RunArgs {
     /// Most pages fetched per fault on a sequential stream (0 disables prefetch).
     #[arg(long, value_name = "PAGES")]
     prefetch: Option<u32>,
+    /// Shortest fetched run, in 4 KiB pages, received into recycled pages and moved into the
+    /// window; shorter runs are copied into fresh pages (also RACKMEM_RECYCLE_MIN_PAGES). By
+    /// default rackmem measures both on this machine at start (a few milliseconds) and takes
+    /// the run length from which moving is no slower; --verbose prints the measurement.
+    #[arg(long, value_name = "PAGES", value_parser = clap::value_parser!(u64).range(1..))]
+    recycle_min_pages: Option<u64>,
     /// Which resident pages leave the local buffer when it is full (also RACKMEM_EVICTION):
     /// refault (the default) protects pages that fault back soon after they were evicted, the
     /// program's hot set, which eviction then leaves alone; pages seen once leave first in,
@@ -335,6 +341,26 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if let Some(p) = args.prefetch {
         cmd.env(env::PREFETCH, p.to_string());
+    }
+    if let Some(n) = args.recycle_min_pages {
+        cmd.env(env::RECYCLE_MIN_PAGES, n.to_string());
+    } else if std::env::var_os(env::RECYCLE_MIN_PAGES).is_none() {
+        // Measured once per run, for every process of it (they share the machine).
+        match rackmem_runtime::calibrate::recycle_crossover() {
+            Ok(c) => {
+                if args.verbose {
+                    eprintln!("rackmem: {}", c.describe());
+                }
+                cmd.env(env::RECYCLE_MIN_PAGES, c.min_pages.to_string());
+            }
+            // The program's own start fails with the same cause and says it; here the pager's
+            // default stays.
+            Err(e) if args.verbose => eprintln!(
+                "rackmem: could not measure copy against move ({e}); runs of {} pages and more move in recycled pages",
+                rackmem_runtime::calibrate::DEFAULT_MIN_PAGES
+            ),
+            Err(_) => {}
+        }
     }
     if let Some(e) = args.eviction {
         cmd.env(env::EVICTION, e.name());

@@ -175,6 +175,9 @@ pub struct Core {
     /// Test-only planted bug: a fault's early read may be sent while its page is still being
     /// written back (see `plant_early_read_evicting`).
     early_read_evicting: bool,
+    /// Shortest fetched run, in 4 KiB pages, received into spent slots and moved in rather than
+    /// copied ([`crate::fault::RECYCLE_MIN_PAGES`] unless set).
+    recycle_min_pages: u64,
 }
 
 impl Core {
@@ -226,7 +229,20 @@ impl Core {
             staged_sums: HashMap::new(),
             stale_sums: false,
             early_read_evicting: false,
+            recycle_min_pages: crate::fault::RECYCLE_MIN_PAGES,
         }
+    }
+
+    /// Sets the shortest fetched run (4 KiB pages, at least 1) received into spent slots and
+    /// moved into the window; shorter runs are copied. A choice of transfer path only: either
+    /// path installs the same bytes, so any value keeps every invariant.
+    pub fn set_recycle_min_pages(&mut self, pages: u64) {
+        self.recycle_min_pages = pages.max(1);
+    }
+
+    /// See [`Core::set_recycle_min_pages`].
+    pub fn recycle_min_pages(&self) -> u64 {
+        self.recycle_min_pages
     }
 
     /// The window's unit.
@@ -1067,6 +1083,8 @@ impl Core {
         c.placement.unpin(0..self.window_pages);
         // The child measures its own read-ahead; the parent's probes stay the parent's.
         c.probes = Probes::new(self.probes.one_in());
+        // Same machine, same crossover.
+        c.recycle_min_pages = self.recycle_min_pages;
         c
     }
 

@@ -33,9 +33,10 @@ use crate::slots::SpentRun;
 use crate::state::{Location, PageState};
 use std::sync::{Mutex, MutexGuard};
 
-/// Shortest run received into spent slots and moved in (shorter runs are copied: for single
-/// pages a move gains nothing over the fresh page a copy takes; GUPS at 25% local on shared
-/// memory: 80.0 k updates/s moving, 83.1 k copying).
+/// Default of the shortest run received into spent slots and moved in (shorter runs are
+/// copied: for single pages a move gains nothing over the fresh page a copy takes; GUPS at 25%
+/// local on shared memory: 80.0 k updates/s moving, 83.1 k copying). `rackmem run` measures
+/// the machine's own crossover at start and sets it ([`Core::set_recycle_min_pages`]).
 pub const RECYCLE_MIN_PAGES: u64 = 4;
 
 /// Locks the core, whether or not a thread panicked while holding it (the core's state is
@@ -600,7 +601,7 @@ pub fn claim<B: Backend>(lock: &Mutex<Core>, b: &mut B, plan: &Plan) -> Option<R
     // Receive into spent staging slots when a run of them is long enough (their pages then move
     // into the window); else into the backend's buffer, copied in.
     // Not a strided run: its slots would be the span's, most of them passed over.
-    if run.ahead.is_none() && n * c.unit().pages() >= RECYCLE_MIN_PAGES && plan.picks.is_empty() {
+    if run.ahead.is_none() && n * c.unit().pages() >= c.recycle_min_pages() && plan.picks.is_empty() {
         run.spent = c.slots.take_spent(n as usize);
     }
     Some(run)

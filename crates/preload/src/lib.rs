@@ -229,6 +229,11 @@ fn window_runtime(size: usize) -> Option<Arc<Runtime>> {
     ((size as u64) >= rt.config().threshold_bytes).then_some(rt)
 }
 
+fn get_errno() -> c_int {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() }
+}
+
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };

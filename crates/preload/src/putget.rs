@@ -10,7 +10,7 @@
 //! or an agent. With no brick named, segments come from the node agent (its control plane
 //! places them and names them across nodes). It does not need the window's runtime to be up.
 
-use crate::{set_errno, Inside};
+use crate::{get_errno, set_errno, Inside};
 use libc::{c_char, c_int, c_void, size_t};
 use rackmem_putget::{
     keep_alive_loop, BrickAddr, Engine, EngineConfig, Granted, Granter, Pending, PutGetError, Segment, SegmentGrant,
@@ -138,7 +138,7 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
                 std::env::var("RACKMEM_PUTGET_SPIN_US")
                     .ok()
                     .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0),
+                    .unwrap_or(rackmem_putget::DEFAULT_LINK_SPIN_US),
             ),
         },
         granter,
@@ -187,12 +187,19 @@ fn segment(seg: *mut c_void) -> Result<Arc<Segment>, c_int> {
 }
 
 /// Runs `f` as one API call (fork waits for it; what it allocates stays local); `Err(errno)`
-/// sets errno and yields `fail`.
+/// sets errno and yields `fail`. A call that succeeds leaves errno as the caller set it: the
+/// atomics' callers tell an error from a word holding `UINT64_MAX` by errno alone (the header
+/// says so), and the system calls under a call may set it on their way (a polling read's
+/// `EAGAIN`).
 fn call<T>(fail: T, f: impl FnOnce() -> Result<T, c_int>) -> T {
     let _call = CallGuard::enter();
     let _inside = Inside::enter();
+    let saved = get_errno();
     match f() {
-        Ok(v) => v,
+        Ok(v) => {
+            set_errno(saved);
+            v
+        }
         Err(e) => {
             set_errno(e);
             fail

@@ -57,6 +57,13 @@ pub trait Granter: Send + Sync {
     fn give_back(&self, allocation: u64) -> Result<(), PutGetError>;
 }
 
+/// Default of [`EngineConfig::link_spin`], µs: the fault path's own default. Measured on the
+/// 2-vCPU guest (`docs/benchmarks.md`, "Links that poll only while it pays"): an 8-byte put
+/// over TCP loopback took 7.3 µs polling against 21 µs sleeping on a quiet machine (Open MPI's
+/// `MPI_Put` 9.1 µs), and polling lost by up to 10 × beside busy CPUs, which the link's
+/// measured choice avoids.
+pub const DEFAULT_LINK_SPIN_US: u64 = 50;
+
 /// What the engine needs: the bricks and how to reach them.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -72,10 +79,11 @@ pub struct EngineConfig {
     pub tls: Option<TlsClient>,
     /// How the inline/bulk threshold is set.
     pub threshold: Threshold,
-    /// How long a link polls for an answer before it sleeps (`RACKMEM_PUTGET_SPIN_US`, default
-    /// 0). Measured on a loaded 2-vCPU machine (`rackmem bench transfer --link-spin-us`, same
-    /// run): an 8-byte put over a Unix socket took 14 µs sleeping and 115 µs spinning 50 µs,
-    /// because the spinning waiter holds the CPU the brick's thread needs to answer.
+    /// How long a link may poll for an answer before it sleeps (`RACKMEM_PUTGET_SPIN_US`,
+    /// [`DEFAULT_LINK_SPIN_US`] by default; 0 never polls). Above 0 each link measures polled and
+    /// slept waits and takes the shorter (`rackmem_transport`'s `spin` module), so polling is
+    /// used where it pays (a quiet machine) and dropped where the poller would hold off the
+    /// brick's thread (a loaded one).
     pub link_spin: Duration,
 }
 

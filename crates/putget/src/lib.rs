@@ -24,7 +24,10 @@ mod nbi;
 mod plan;
 mod segment;
 
-pub use engine::{keep_alive_loop, Engine, EngineConfig, Granted, Granter, Sharing, MAX_GRANTED_NAME, MAX_SEGMENTS};
+pub use engine::{
+    keep_alive_loop, Engine, EngineConfig, Granted, Granter, Sharing, DEFAULT_LINK_SPIN_US, MAX_GRANTED_NAME,
+    MAX_SEGMENTS,
+};
 pub use error::PutGetError;
 pub use nbi::{Pending, MAX_PENDING, MAX_PENDING_BYTES};
 pub use plan::{calibrate, Direction, Path, Plan, Probe, Threshold, CALIBRATION_BYTES};

@@ -60,6 +60,9 @@ pub mod env {
     pub const EVICTION: &str = "RACKMEM_EVICTION";
     /// how a migration between bricks carries pages: direct (the default) or bounce.
     pub const MIGRATION: &str = "RACKMEM_MIGRATION";
+    /// shortest fetched run (4 KiB pages) moved into the window from recycled pages rather than
+    /// copied (`rackmem run` measures it at start: `crate::calibrate`).
+    pub const RECYCLE_MIN_PAGES: &str = "RACKMEM_RECYCLE_MIN_PAGES";
     /// where `rackmem run` finds the runtime library (default: next to its own binary).
     pub const PRELOAD: &str = "RACKMEM_PRELOAD";
     /// Huge units: `1`/`on` backs the window by 2 MiB transparent huge pages, `0`/`off` (the
@@ -173,6 +176,11 @@ pub struct Config {
     /// it sleeps (default 50; 0 = sleep at once). Each link measures whether polling pays and
     /// polls only while it does (`rackmem_transport`'s `Link::set_receive_spin`).
     pub link_spin: Duration,
+    /// `RACKMEM_RECYCLE_MIN_PAGES`: the shortest fetched run, in 4 KiB pages, received into
+    /// recycled pages and moved into the window; shorter runs are copied into fresh pages
+    /// (default [`rackmem_pager::fault::RECYCLE_MIN_PAGES`]; `rackmem run` sets the crossover it
+    /// measured on this machine, [`crate::calibrate`]).
+    pub recycle_min_pages: u64,
     /// `RACKMEM_SHARED_MEMORY`: whether to map the segments of bricks on this host (Unix-socket
     /// addresses) into the process, so faults and write-back copy memory instead of using the
     /// socket (default: yes, see [`ShareChoice::Auto`]; TCP bricks always use their links).
@@ -365,6 +373,7 @@ impl Config {
             verbose: var(env::VERBOSE).is_some_and(|v| v != "0"),
             grow_bytes: size(env::GROW, 256 << 20)?.max(2 << 20),
             link_spin: Duration::from_micros(num(env::LINK_SPIN_US, 50)?),
+            recycle_min_pages: num(env::RECYCLE_MIN_PAGES, rackmem_pager::fault::RECYCLE_MIN_PAGES)?.max(1),
             shared_memory: match var(env::SHARED_MEMORY).as_deref().map(str::trim) {
                 // An emulated network is emulated on the link: mapping the segment would skip it.
                 _ if var(rackmem_transport::EMULATE_ENV).is_some_and(|v| !v.trim().is_empty()) => ShareChoice::Never,

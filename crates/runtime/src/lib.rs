@@ -19,6 +19,7 @@
 //! which brick to use beyond the list it is given.
 
 pub mod agent;
+pub mod calibrate;
 pub mod config;
 mod error;
 mod evacuate;

@@ -161,6 +161,7 @@ impl Runtime {
         let forked = inherited.is_some();
         let core = inherited.unwrap_or_else(|| {
             let mut c = Core::with_unit(window_pages, unit, slots as u32, cfg.eviction.build());
+            c.set_recycle_min_pages(cfg.recycle_min_pages);
             // Read-ahead probes are a 4 KiB path's measure (huge units read no stream ahead).
             if unit == Unit::Page {
                 c.set_probe_rate(cfg.readahead_sample);
