@@ -610,6 +610,60 @@ fn freeing_memory_does_not_shrink_the_local_buffer() {
     );
 }
 
+/// Pages evicted earlier that come back in random order while the local buffer has room (the
+/// program freed a larger array) are read around: a fault takes the remote pages after it too,
+/// as Linux's swap reads a cluster around a fault. `random_reread` reads one word of each of the
+/// 12,288 pages of a 48 MiB array in random order after freeing 64 MiB at 50% local (the whole
+/// array fits the 56 MiB buffer again): with the default read-around far fewer faults than pages,
+/// with `RACKMEM_READ_AROUND=1` (the faulting page alone) about one fault per page. Both runs must
+/// read what the native run reads, on the mapped segment and over the socket.
+#[test]
+fn pages_coming_back_at_random_into_free_room_are_read_around() {
+    require_root();
+    let prog = program("random_reread");
+    let args = ["64", "48"];
+    let want = checksums(&native(&prog, &args));
+    let faults = |read_around: Option<&str>, extra: &[&str]| -> (u64, u64) {
+        let stats = build_dir().join(format!("stats-random_reread-{}.jsonl", unique()));
+        let mut c = Command::new(rackmem());
+        c.args(["run", "--local", "50%", "--stats-json"])
+            .arg(&stats)
+            .args(extra)
+            .arg("--")
+            .arg(&prog)
+            .args(args);
+        c.env_remove("RACKMEM_READ_AROUND");
+        if let Some(v) = read_around {
+            c.env("RACKMEM_READ_AROUND", v);
+        }
+        let o = run_with_deadline(c, LIMIT);
+        assert!(o.status.success(), "random_reread failed: {}", show(&o));
+        assert_eq!(checksums(&o), want, "the array read back differs from the native run");
+        assert_used_remote_memory_at(busiest(&read_stats(&stats)), 50);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let field = |k: &str| -> u64 {
+            out.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("random_reread printed no {k}: {out}"))
+        };
+        (field("pages="), field("reread_faults="))
+    };
+    for extra in [&[][..], SOCKET] {
+        let (pages, around) = faults(None, extra);
+        assert!(
+            around * 3 < pages,
+            "with read-around ({extra:?}), {around} faults brought back {pages} pages in random order into free room: \
+             expected under a third as many faults as pages"
+        );
+        let (pages, alone) = faults(Some("1"), extra);
+        assert!(
+            alone * 10 >= pages * 9,
+            "without read-around ({extra:?}), {alone} faults brought back {pages} pages: expected about one a page"
+        );
+    }
+}
+
 /// Runs `rackmem run --local 25% -- PROG ARGS` and returns its standard error, after checking
 /// that the program's output is the native run's.
 fn stderr_of_unreachable(prog: &str, args: &[&str], installed_by: &str) -> String {

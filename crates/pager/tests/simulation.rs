@@ -93,6 +93,8 @@ struct Shape {
     slots: u32,
     threads: usize,
     prefetch: usize,
+    /// Pages a random fault reads around while the buffer has room.
+    read_around: usize,
     /// How often the write-back thread runs, against the program's 50 and the handler's 30.
     writeback_weight: u64,
     steps: usize,
@@ -121,6 +123,8 @@ impl Shape {
             writeback_weight: 2 + rng.below(30),
             threads: 1 + rng.below(4) as usize,
             prefetch,
+            // From the window's draw, so that every other draw of a seed stays as it was.
+            read_around: [0, 4, 8][(window % 3) as usize],
             steps: 2_000,
             brick_faults: if rng.chance(100) { 2 } else { 0 },
             policy: if rng.chance(500) {
@@ -911,6 +915,10 @@ impl Backend for Sim {
 
     fn prefetch_pages(&self) -> usize {
         self.shape.prefetch
+    }
+
+    fn read_around_pages(&self) -> usize {
+        self.shape.read_around
     }
 
     fn zero_hash(&self) -> u64 {

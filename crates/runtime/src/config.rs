@@ -31,6 +31,8 @@ pub mod env {
     pub const PIPELINE: &str = "RACKMEM_PIPELINE";
     /// most pages fetched per fault on a sequential stream.
     pub const PREFETCH: &str = "RACKMEM_PREFETCH";
+    /// most pages fetched per random fault while the local buffer has room.
+    pub const READ_AROUND: &str = "RACKMEM_READ_AROUND";
     /// one read-ahead page in this many is left remote as a probe.
     pub const READAHEAD_SAMPLE: &str = "RACKMEM_READAHEAD_SAMPLE";
     /// how long a brick may take to answer.
@@ -145,6 +147,10 @@ pub struct Config {
     pub pipeline: usize,
     /// `RACKMEM_PREFETCH`: most pages fetched per fault on a sequential stream (default 128; 0 = off).
     pub prefetch_pages: usize,
+    /// `RACKMEM_READ_AROUND`: most pages fetched from a fault that starts no stream, while the
+    /// local buffer has free room (`rackmem_pager::fault::plan`; default
+    /// [`DEFAULT_READ_AROUND`]; 0 or 1 = the faulting page alone).
+    pub read_around_pages: usize,
     /// `RACKMEM_READAHEAD_SAMPLE`: one page read ahead in this many is left remote to measure
     /// read-ahead accuracy (`rackmem_pager::probe`; default 256; 0 = off).
     pub readahead_sample: u32,
@@ -263,6 +269,13 @@ pub fn default_handler(cpus: usize) -> HandlerMode {
 /// Most fault handler threads: faults in flight per program are at most this many.
 pub const MAX_HANDLERS: usize = 4;
 
+/// Pages a random fault fetches while the local buffer has room (`RACKMEM_READ_AROUND`): as
+/// many as Linux's swap reads around a fault (`vm.page-cluster` 3).
+pub const DEFAULT_READ_AROUND: usize = 8;
+
+/// Most pages `RACKMEM_READ_AROUND` may ask for (a run is bounded by a quarter of the budget too).
+pub const MAX_READ_AROUND: usize = 128;
+
 /// Faults one handler keeps in flight over a link by default (`RACKMEM_PIPELINE`).
 pub const DEFAULT_PIPELINE: usize = 16;
 
@@ -348,6 +361,7 @@ impl Config {
             handlers_explicit: var(env::HANDLERS).is_some(),
             pipeline: (num(env::PIPELINE, DEFAULT_PIPELINE as u64)? as usize).min(MAX_PIPELINE),
             prefetch_pages: num(env::PREFETCH, 128)? as usize,
+            read_around_pages: (num(env::READ_AROUND, DEFAULT_READ_AROUND as u64)? as usize).min(MAX_READ_AROUND),
             readahead_sample: num(env::READAHEAD_SAMPLE, 256)?.min(u64::from(u32::MAX)) as u32,
             timeout: Duration::from_millis(num(env::TIMEOUT_MS, 10_000)?),
             watchdog: Duration::from_millis(num(env::WATCHDOG_MS, 2_000)?),

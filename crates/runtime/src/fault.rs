@@ -386,6 +386,14 @@ impl Backend for Handler {
         self.inner.cfg.prefetch_pages
     }
 
+    fn read_around_pages(&self) -> usize {
+        // A unit is already 2 MiB.
+        if self.inner.huge() {
+            return 0;
+        }
+        self.inner.cfg.read_around_pages
+    }
+
     fn zero_hash(&self) -> u64 {
         self.zero_hash
     }
