@@ -42,6 +42,9 @@ struct ForkState {
     /// The window's own ranges (byte address, length) made inheritable for this fork (a lazy
     /// fork), to be made `MADV_DONTFORK` again in the parent after it.
     inheritable: Vec<(usize, usize)>,
+    /// Per grant: a lazy clone (CLONE_LAZY of a mapped segment), which the child reaches over
+    /// its links only (mapping it would make the brick copy it whole).
+    lazy: Vec<bool>,
 }
 
 /// The window's own ranges (not lent to the program's file mappings), as (address, length).
@@ -179,8 +182,22 @@ pub fn fork_prepare() {
             Err(e) => failure = Some(format!("no copy-on-write clone of the parent's segments: {e}")),
         }
     }
+    let mut lazy = Vec::new();
     for b in inner.table.all().into_iter().filter(|_| inner.agent.is_none()) {
-        match sys::without_sigpipe(|| b.fault.clone_segment()) {
+        // A lazy fork of a mapped segment: the brick copies nothing now, and a page only when
+        // either side first overwrites it; this process's writes go over its link meanwhile
+        // (`Segment::mapped_for_overwrite`). An eager fork's child starts with every page
+        // remote and maps its clone: it gets a copy.
+        let cow = inner.keeps_window() && b.shared.is_some();
+        let cloned = sys::without_sigpipe(|| match cow {
+            true => b.fault.clone_segment_lazy(),
+            false => b.fault.clone_segment(),
+        });
+        if cow && cloned.is_ok() {
+            b.lazy_clones.store(true, Ordering::Release);
+        }
+        lazy.push(cow);
+        match cloned {
             Ok(g) => grants.push(g),
             Err(e) => {
                 // The parent goes on; the child will stop with this message.
@@ -220,6 +237,7 @@ pub fn fork_prepare() {
         failure,
         adopt,
         inheritable,
+        lazy,
     });
 }
 
@@ -269,7 +287,10 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
         fault.set_receive_spin(parent.cfg.link_spin);
         let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
         writeback.attach(&seg.grant, &seg.session_key)?;
-        let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
+        let shared = match state.lazy.get(i) {
+            Some(true) => None,
+            _ => segment::share_if(parent.cfg.shared_memory, &fault)?,
+        };
         table.push(b.pages, |first_page| Segment {
             first_page,
             pages: b.pages,
@@ -281,6 +302,7 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
             allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
             limiter: ratelimit::RateLimiter::new(0),
             shared,
+            lazy_clones: Default::default(),
         });
     }
     // Ranges the parent migrated live in the clones of the same segments.
@@ -299,7 +321,14 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
     // is its only owner; only raw addresses reach it.
     let window = unsafe { Mapping::adopt(parent.window.addr(), parent.window.len()) };
     let table = clone_table(parent, state)?;
-    let core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
+    let mut core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
+    if state.lazy.iter().any(|&l| l) {
+        // The parent compared its pages with its mapping and kept no checksums for them; the
+        // child reaches its lazy clones over its links and compares checksums, so a page
+        // without one must not pass for what the brick holds (a page the child zeroes would
+        // be taken as clean): it is written back if it is not zeros.
+        core.distrust_unchecked_resident();
+    }
     let inherited = core.resident() * parent.unit_bytes() as u64;
     let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core), true)?;
     child

@@ -101,6 +101,7 @@ impl Runtime {
                         allocation: Some(a.allocation),
                         limiter: ratelimit::RateLimiter::new(rate),
                         shared,
+                        lazy_clones: Default::default(),
                     });
                 }
                 if inner.cfg.verbose {

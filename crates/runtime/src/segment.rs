@@ -55,9 +55,30 @@ pub struct Segment {
     /// The segment mapped into this process, for a brick on this host (`RACKMEM_SHARED_MEMORY`):
     /// reads and writes are memory copies, and the links only carry discards and clones.
     pub shared: Option<SharedMemory>,
+    /// Set once a forked child's lazy clone of this mapped segment was made (CLONE_LAZY) and
+    /// until the brick says none lives: the brick must copy a page a clone still shares before
+    /// this process overwrites it, so writes go over the write-back link, where the brick does
+    /// that, instead of into the mapping.
+    pub lazy_clones: AtomicBool,
 }
 
 impl Segment {
+    /// The mapping, if this process may overwrite pages through it now (no lazy clone of the
+    /// segment may still share them).
+    pub fn mapped_for_overwrite(&self) -> Option<&SharedMemory> {
+        self.shared
+            .as_ref()
+            .filter(|_| !self.lazy_clones.load(Ordering::Acquire))
+    }
+
+    /// After writes that went over the link because of lazy clones: asks the brick whether any
+    /// still lives, and writes into the mapping again once none does.
+    pub fn check_lazy_clones(&self) {
+        if self.lazy_clones.load(Ordering::Acquire) && matches!(self.writeback.unshare(0, 0), Ok(0)) {
+            self.lazy_clones.store(false, Ordering::Release);
+        }
+    }
+
     /// Reads `extents` (offsets within the segment) into `out`, their bytes concatenated.
     pub fn read(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
         let Some(m) = &self.shared else {
@@ -81,7 +102,7 @@ impl Segment {
     /// memory cgroup of whoever touches it first, and a program confined to its local budget by
     /// a cgroup must not be charged for the brick's memory.
     pub fn write(&self, extents: &[Extent], data: &[u8], fresh: bool) -> Result<(), LinkError> {
-        let Some(m) = self.shared.as_ref().filter(|_| !fresh) else {
+        let Some(m) = self.mapped_for_overwrite().filter(|_| !fresh) else {
             return self.writeback.write_pages(extents, data);
         };
         let mut at = 0;
@@ -120,6 +141,7 @@ pub(crate) fn standalone(
         allocation: None,
         limiter: RateLimiter::new(0),
         shared,
+        lazy_clones: AtomicBool::new(false),
     }))
 }
 

@@ -190,7 +190,9 @@ impl Writer for Writes<'_> {
             return Examined::Clean;
         }
         let w = &mut self.per_brick[brick];
-        let (ext, data) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
+        // While a lazy clone of the segment may share the page, it goes over the link: the
+        // brick copies it into the clone first.
+        let (ext, data) = match mapped.and_then(|s| s.mapped_for_overwrite().map(|m| (s, m))) {
             Some((seg, m)) if v.backed => {
                 seg.limiter.acquire(PAGE);
                 m.write(off as usize, page);
@@ -224,6 +226,9 @@ impl Writer for Writes<'_> {
                     .stats
                     .bytes_written_back
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+            if !w.extents.is_empty() || !w.fresh_extents.is_empty() {
+                inner.segment(brick).check_lazy_clones();
             }
         }
     }
@@ -302,7 +307,7 @@ impl Writes<'_> {
                     .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
                     .as_ref();
                 let w = &mut self.per_brick[brick];
-                let (ext, out) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
+                let (ext, out) = match mapped.and_then(|s| s.mapped_for_overwrite().map(|m| (s, m))) {
                     Some((seg, m)) if v.backed => {
                         seg.limiter.acquire(bytes.len() as u64);
                         m.write(off as usize, bytes);
