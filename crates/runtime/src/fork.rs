@@ -157,6 +157,7 @@ pub fn fork_prepare() {
     let Some(rt) = global() else {
         return;
     };
+    let started = std::time::Instant::now();
     FORKING.store(true, Ordering::Release);
     while ACTIVE_CALLS.load(Ordering::Acquire) != 0 {
         std::thread::yield_now();
@@ -164,6 +165,7 @@ pub fn fork_prepare() {
     let inner = &rt.inner;
     handler::pause(inner);
     writeback::drain(inner);
+    let quiesced = started.elapsed();
     let flushed = if inner.keeps_window() {
         0
     } else {
@@ -188,7 +190,7 @@ pub fn fork_prepare() {
         // either side first overwrites it; this process's writes go over its link meanwhile
         // (`Segment::mapped_for_overwrite`). An eager fork's child starts with every page
         // remote and maps its clone: it gets a copy.
-        let cow = inner.keeps_window() && b.shared.is_some();
+        let cow = inner.keeps_window() && b.shared.get().is_some();
         let cloned = sys::without_sigpipe(|| match cow {
             true => b.fault.clone_segment_lazy(),
             false => b.fault.clone_segment(),
@@ -209,6 +211,7 @@ pub fn fork_prepare() {
             }
         }
     }
+    let cloned = started.elapsed() - quiesced;
     // The window is inherited by this fork only (a child made without these hooks gets none).
     let mut inheritable = Vec::new();
     if inner.keeps_window() && failure.is_none() {
@@ -227,9 +230,11 @@ pub fn fork_prepare() {
             format!("flushed {flushed} dirty pages")
         };
         eprintln!(
-            "rackmem[{}]: fork: {kept}, cloned {} segment(s)",
+            "rackmem[{}]: fork: {kept}, cloned {} segment(s) (quiesced in {} us, cloned in {} us)",
             std::process::id(),
-            grants.len()
+            grants.len(),
+            quiesced.as_micros(),
+            cloned.as_micros()
         );
     }
     *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState {
@@ -301,7 +306,11 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
             writeback,
             allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
             limiter: ratelimit::RateLimiter::new(0),
-            shared,
+            shared: segment::mapped(shared),
+            share_after: std::sync::atomic::AtomicU64::new(match state.lazy.get(i) {
+                Some(true) => segment::SHARE_AFTER_PAGES,
+                _ => 0,
+            }),
             lazy_clones: Default::default(),
         });
     }
@@ -320,7 +329,9 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
     // `Mapping` of it is in the runtime object the child forgets (never dropped here), so this
     // is its only owner; only raw addresses reach it.
     let window = unsafe { Mapping::adopt(parent.window.addr(), parent.window.len()) };
+    let started = std::time::Instant::now();
     let table = clone_table(parent, state)?;
+    let linked = started.elapsed();
     let mut core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
     if state.lazy.iter().any(|&l| l) {
         // The parent compared its pages with its mapping and kept no checksums for them; the
@@ -338,6 +349,14 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
         .store(inherited, std::sync::atomic::Ordering::Relaxed);
     let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();
     *child.inner.holes.lock().unwrap_or_else(|e| e.into_inner()) = holes;
+    if parent.cfg.verbose {
+        eprintln!(
+            "rackmem[{}]: fork: the child's runtime is ready in {} us (links to its clones {} us)",
+            std::process::id(),
+            started.elapsed().as_micros(),
+            linked.as_micros()
+        );
+    }
     Ok(child)
 }
 
