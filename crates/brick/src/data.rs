@@ -157,6 +157,15 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
                 Err(e) => err(Status::Internal, format!("discarding {offset:#x}+{len:#x}: {e}"), false),
             }
         }
+        Request::Unshare { offset, len } => {
+            if !need(rights::WRITE) {
+                return err(Status::Forbidden, "grant does not allow writes", true);
+            }
+            if !in_segment(a.size, offset, len) || len % PAGE_SIZE as u64 != 0 {
+                return out_of_range(offset, len);
+            }
+            ok(mem.clones.unshare(offset, len).to_le_bytes().to_vec())
+        }
         Request::Populate { offset, len } => {
             if !need(rights::WRITE) {
                 return err(Status::Forbidden, "grant does not allow writes", true);
@@ -191,7 +200,8 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
             }
             ok(Vec::new())
         }
-        Request::Clone => {
+        Request::Clone | Request::CloneLazy => {
+            let lazy = matches!(req, Request::CloneLazy);
             if !need(rights::CLONE) {
                 return err(Status::Forbidden, "grant does not allow clones", true);
             }
@@ -209,8 +219,19 @@ pub(crate) fn data_op(shared: &Shared, a: &Attached, mem: &GateState, req: Reque
                 // the pages that are all zeros (holes read as zeros), in a memory file of its
                 // own; in the pool if no memory file can be had (the pool reads missing pages
                 // as zeros too).
+                // A node that maps the segment and asked for a lazy clone: nothing is copied now
+                // (see `cow.rs`); it sends UNSHARE before it overwrites a page in its mapping.
+                // Released: swept before its grant was even sent; nothing to fill.
+                Some(m) if lazy && mem.cow.is_none() => {
+                    if let Err(ShareError::Memory(_)) = store.clone_lazy(mem, m, id, a.size) {
+                        store.copy_into_pool(m, off, a.size);
+                    }
+                }
                 Some(m) => {
-                    // Released: swept before its grant was even sent; nothing to fill.
+                    // A clone of a lazy clone is a copy of its whole view.
+                    if let Some(c) = &mem.cow {
+                        c.dissolve();
+                    }
                     if let Err(ShareError::Memory(_)) = store.clone_shared(m, id, a.size) {
                         store.copy_into_pool(m, off, a.size);
                     }

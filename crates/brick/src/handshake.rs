@@ -386,9 +386,29 @@ impl Stage {
     }
 
     /// Gives an authenticated connection (already counted by [`crate::guard::Guard::admit`])
-    /// a thread of its own, which answers its ALLOC or ATTACH first.
+    /// a thread of its own, which answers its ALLOC or ATTACH first unless it was answered
+    /// here.
     fn hand_off(&mut self, t: usize, mut p: Pending, op: Opcode, tag: u32, reply: Reply) {
         self.forget(t, &p);
+        // On a Unix socket, the answer goes out now, before the thread is made: a forked
+        // child connects twice and waited for each thread's start (of a fork's few
+        // milliseconds, the largest part after the clone). The socket has sent nothing yet, so
+        // a frame of a few hundred bytes fits; if it does not, the thread answers.
+        let mut first = Some((op, tag, reply));
+        let answer_now = first
+            .as_ref()
+            .filter(|(_, _, r)| r.fd.is_none() && !r.close && p.stream.passes_fds())
+            .map(|(op, tag, r)| encode_response(*op, *tag, r.status, &r.payload));
+        let mut broken = false;
+        if let Some(frame) = answer_now {
+            match p.stream.write(&frame) {
+                Ok(n) if n == frame.len() => first = None,
+                // Nothing went: the thread answers.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Part of the frame may be gone: the connection cannot go on.
+                _ => broken = true,
+            }
+        }
         let shared = self.shared.clone();
         let limits = &shared.guard.limits;
         let peer = p.peer;
@@ -407,8 +427,8 @@ impl Stage {
             shared.counters.connections.fetch_sub(1, Relaxed);
         };
         let ctl = match set_up {
-            Ok(c) => c,
-            Err(_) => return fail(p),
+            Ok(c) if !broken => c,
+            _ => return fail(p),
         };
         self.next_conn += 1;
         let id = self.next_conn;
@@ -419,7 +439,7 @@ impl Stage {
         let spawned = std::thread::Builder::new()
             .name(format!("brick-conn-{id}"))
             .spawn(move || {
-                serve_connection(&s, stream, session, Some((op, tag, reply)));
+                serve_connection(&s, stream, session, first);
                 lock(&s.conns).remove(&id);
                 s.counters.connections.fetch_sub(1, Relaxed);
                 s.guard.release(peer);

@@ -29,6 +29,7 @@
 mod accept;
 mod config;
 mod connection;
+mod cow;
 mod data;
 mod error;
 mod guard;

@@ -246,6 +246,7 @@ pub(crate) fn atomic(shared: &Shared, attached: Option<&Attached>, offset: u64, 
         if !inside(a, offset, 8) {
             return outside(a, offset, 8);
         }
+        shared.store.before_overwrite(mem, offset, 8);
         let old = run_atomic(&shared.store, mem, a.offset, offset, op);
         ok(old.to_le_bytes().to_vec())
     })
@@ -280,6 +281,8 @@ mod tests {
         let mem = GateState {
             alive: true,
             shared: None,
+            cow: None,
+            clones: Default::default(),
         };
         std::thread::scope(|s| {
             for _ in 0..4 {

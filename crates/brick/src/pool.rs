@@ -6,6 +6,7 @@
 //! they touch its memory, so releasing a segment waits for requests in flight and no request can
 //! reach memory that a later segment reuses.
 
+use crate::cow::{Clones, CowLink};
 use rackmem_proto::PAGE_SIZE;
 use rackmem_sys::SharedMemory;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -174,6 +175,10 @@ pub(crate) struct GateState {
     /// Set once a node on this host asked to map the segment: from then on its bytes live in
     /// this memory file, not in the pool.
     pub shared: Option<Arc<SharedMemory>>,
+    /// Set for a lazy clone (CLONE_LAZY): the pages it still shares with its source.
+    pub cow: Option<Arc<CowLink>>,
+    /// The lazy clones of this segment, which take its pages before they change.
+    pub clones: Clones,
 }
 
 impl GateState {
@@ -181,6 +186,8 @@ impl GateState {
         GateState {
             alive: true,
             shared: None,
+            cow: None,
+            clones: Clones::default(),
         }
     }
 }
@@ -423,6 +430,12 @@ impl Store {
         {
             let mut g = lock_w(&seg.gate);
             g.alive = false;
+            // Lazy clones of this segment take what they still share; a lazy clone's source
+            // stops copying into it.
+            g.clones.dissolve_all();
+            if let Some(c) = g.cow.take() {
+                c.clone_released();
+            }
             // Our mapping goes now; the memory goes when the last node that mapped it lets go.
             g.shared = None;
         }
@@ -544,7 +557,10 @@ impl Store {
     /// the caller), from wherever its bytes are.
     pub fn read(&self, mem: &GateState, base: u64, off: u64, out: &mut [u8]) {
         match &mem.shared {
-            Some(m) => m.read(off as usize, out),
+            Some(m) => match &mem.cow {
+                Some(c) => c.read(m, off, out),
+                None => m.read(off as usize, out),
+            },
             None => self.pool.read(base + off, out),
         }
     }
@@ -552,7 +568,13 @@ impl Store {
     /// Writes `data` at `off` of the segment at pool offset `base` (bounds checked by the caller).
     pub fn write(&self, mem: &GateState, base: u64, off: u64, data: &[u8]) {
         match &mem.shared {
-            Some(m) => m.write(off as usize, data),
+            Some(m) => {
+                mem.clones.unshare(off, data.len() as u64);
+                match &mem.cow {
+                    Some(c) => c.write(m, off, data),
+                    None => m.write(off as usize, data),
+                }
+            }
             None => self.pool.write(base + off, data),
         }
     }
@@ -561,10 +583,28 @@ impl Store {
     /// (page-aligned, bounds checked by the caller).
     pub fn discard(&self, mem: &GateState, base: u64, off: u64, len: u64) -> Result<(), rackmem_sys::SysError> {
         match &mem.shared {
-            Some(m) => m.discard(off as usize, len as usize),
+            Some(m) => {
+                mem.clones.unshare(off, len);
+                match &mem.cow {
+                    Some(c) => c.discard(m, off, len),
+                    None => m.discard(off as usize, len as usize),
+                }
+            }
             None => {
                 self.pool.discard(base + off, len);
                 Ok(())
+            }
+        }
+    }
+
+    /// Makes `[off, off + len)` of a segment in shared memory its own and no lazy clone's
+    /// before it changes in place (an atomic on the mapping): lazy clones take what they
+    /// share of it, and a lazy clone takes it from its source.
+    pub fn before_overwrite(&self, mem: &GateState, off: u64, len: u64) {
+        if mem.shared.is_some() {
+            mem.clones.unshare(off, len);
+            if let Some(c) = &mem.cow {
+                c.take_range(off, len);
             }
         }
     }
@@ -598,6 +638,10 @@ impl Store {
             return Err(ShareError::Released);
         }
         if let Some(m) = &g.shared {
+            // A node maps a lazy clone whole: it reads its own memory from then on.
+            if let Some(c) = &g.cow {
+                c.dissolve();
+            }
             return Ok(m.clone());
         }
         let m = SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?;
@@ -684,6 +728,30 @@ impl Store {
             return Err(ShareError::Released);
         }
         g.shared = Some(Arc::new(clone));
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Makes the clone `id` (just carved, `size` bytes) of the segment guarded by `source`,
+    /// which lives in memory file `m`, a lazy clone: an empty memory file of its own and a
+    /// link to its source (see `cow.rs`). Nothing is copied now.
+    pub fn clone_lazy(&self, source: &GateState, m: &Arc<SharedMemory>, id: u64, size: u64) -> Result<(), ShareError> {
+        let clone = Arc::new(
+            SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?,
+        );
+        let gate = match self.segs().live.get(&id) {
+            Some(s) => s.gate.clone(),
+            None => return Err(ShareError::Released),
+        };
+        let mut g = lock_w(&gate);
+        if !g.alive {
+            return Err(ShareError::Released);
+        }
+        let link = CowLink::new(m.clone(), clone.clone(), size);
+        source.clones.push(link.clone());
+        g.shared = Some(clone);
+        g.cow = Some(link);
         Ok(())
     }
 }

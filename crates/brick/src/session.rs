@@ -86,7 +86,7 @@ pub(crate) fn handle(shared: &Shared, session: &mut Session, req: Request) -> Re
             let Some(a) = session.attached.as_ref() else {
                 return err(Status::NotAttached, "ATTACH or ALLOC before data requests", true);
             };
-            if matches!(other, Request::Clone) && shared.cfg.managed {
+            if matches!(other, Request::Clone | Request::CloneLazy) && shared.cfg.managed {
                 // The control plane places every segment of a managed brick and accounts for its
                 // space; a clone it never heard of would be overwritten by its next placement.
                 // Kept open: the node may go on using its segment.
@@ -381,6 +381,9 @@ fn clone_into(shared: &Shared, session: &mut Session, g: &Grant, proof: &[u8; KE
         match &mem.shared {
             // As CLONE does: shared memory has no copy-on-write chunks.
             Some(m) => {
+                if let Some(c) = &mem.cow {
+                    c.dissolve();
+                }
                 if let Err(ShareError::Memory(_)) = shared.store.clone_shared(m, id, size) {
                     shared.store.copy_into_pool(m, dst, size);
                 }

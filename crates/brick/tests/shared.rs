@@ -197,3 +197,128 @@ fn shared_memory_outlives_a_brick_that_stops() {
     assert_eq!(b, page(5));
     assert!(matches!(l.ping(), Err(LinkError::BrickLost { .. })));
 }
+
+/// CLONE_LAZY: the clone copies nothing when it is made; a page its source overwrites after
+/// UNSHARE (or with a WRITE, which unshares by itself) keeps its old value in the clone; the
+/// clone's own writes stay its own; a clone of the lazy clone is made of its whole view; and
+/// once the source is released the clone still holds every value. Bad UNSHARE requests get a
+/// status, and the link goes on.
+#[test]
+fn a_lazy_clone_keeps_its_view_while_its_source_changes_and_after_it_is_released() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (h, a) = brick(ListenAddr::Unix(dir.path().join("b.sock")));
+    let before = h.stats().free_bytes;
+    let l = Link::connect(&a, T).expect("connect");
+    let g = l.alloc_segment(SECRET, 8 << 20).expect("alloc");
+    let m = l.share().expect("share");
+    let pages = 32u64;
+    for i in 0..pages {
+        m.write(i as usize * 4096, &page(i));
+    }
+    let resident = h.stats().resident_bytes;
+    let c = l.clone_segment_lazy().expect("lazy clone");
+    assert_eq!(
+        h.stats().resident_bytes,
+        resident,
+        "a lazy clone copies nothing when it is made"
+    );
+    let child = Link::connect(&a, T).expect("connect");
+    child.attach(&c.grant, &c.session_key).expect("attach the clone");
+    let mut b = vec![0u8; 4096];
+    let read = |link: &Link, i: u64, b: &mut Vec<u8>| {
+        link.read_pages(&[(i * 4096, 4096)], b).expect("read");
+        b.clone()
+    };
+    assert_eq!(
+        read(&child, 5, &mut b),
+        page(5),
+        "a shared page is read from the source"
+    );
+    // A second child of the same source, which reads nothing until the source is gone.
+    let c2 = l.clone_segment_lazy().expect("second lazy clone");
+    let child2 = Link::connect(&a, T).expect("connect");
+    child2
+        .attach(&c2.grant, &c2.session_key)
+        .expect("attach the second clone");
+
+    // The source overwrites pages 0..8 in its mapping after UNSHARE, and page 8 over its link.
+    assert_eq!(l.unshare(0, 8 * 4096).expect("unshare"), 2, "two lazy clones live");
+    for i in 0..8 {
+        m.write(i as usize * 4096, &page(100 + i));
+    }
+    l.write_pages(&[(8 * 4096, 4096)], &page(108)).expect("write");
+    for i in 0..9 {
+        assert_eq!(read(&child, i, &mut b), page(i), "page {i}: the clone keeps its value");
+    }
+    // The clone writes a whole page and part of another.
+    child
+        .write_pages(&[(10 * 4096, 4096)], &page(300))
+        .expect("clone writes");
+    assert_eq!(read(&child, 10, &mut b), page(300));
+    assert_eq!(
+        read(&l, 10, &mut b),
+        page(10),
+        "the source never sees the clone's write"
+    );
+
+    // A clone of the lazy clone: its whole view, copied.
+    let gc = child.clone_segment_lazy().expect("clone of a lazy clone");
+    let grand = Link::connect(&a, T).expect("connect");
+    grand.attach(&gc.grant, &gc.session_key).expect("attach the grandclone");
+    child
+        .write_pages(&[(11 * 4096, 4096)], &page(311))
+        .expect("clone writes again");
+    for i in 0..pages {
+        let want = match i {
+            10 => page(300),
+            _ => page(i),
+        };
+        assert_eq!(read(&grand, i, &mut b), want, "grandclone page {i}");
+    }
+
+    // Bad input: a range past the end, a misaligned one. The answer says so and the brick
+    // closes that connection, as for a bad DISCARD; the segment and its other links go on.
+    for (off, len) in [(8 << 20, 4096), (0, (8 << 20) + 4096), (4096, 100)] {
+        let bad = Link::connect(&a, T).expect("connect");
+        bad.attach(&g.grant, &g.session_key).expect("attach");
+        match bad.unshare(off, len) {
+            Err(LinkError::Refused { status, .. }) => assert_eq!(status, Status::OutOfRange, "{off:#x}+{len:#x}"),
+            other => panic!("UNSHARE {off:#x}+{len:#x}: expected OutOfRange, got {other:?}"),
+        }
+    }
+    // The first clone's link ended when it was cloned whole; the second still shares.
+    assert_eq!(l.unshare(0, 0).expect("the segment's own link goes on"), 1);
+    l.write_pages(&[(21 * 4096, 4096)], &page(121)).expect("write");
+
+    // The source is released (its last link and mapping go): the clone takes what it shared.
+    drop(m);
+    l.detach().expect("detach");
+    match l.unshare(0, 4096) {
+        Err(LinkError::Refused { status, .. }) => assert_eq!(status, Status::NotAttached),
+        other => panic!("UNSHARE after DETACH: expected NotAttached, got {other:?}"),
+    }
+    drop(l);
+    for i in 0..pages {
+        let want = match i {
+            10 => page(300),
+            11 => page(311),
+            _ => page(i),
+        };
+        assert_eq!(
+            read(&child, i, &mut b),
+            want,
+            "clone page {i} after its source was released"
+        );
+        assert_eq!(
+            read(&child2, i, &mut b),
+            page(i),
+            "second clone page {i} after its source was released"
+        );
+    }
+    drop((child, child2, grand));
+    let start = std::time::Instant::now();
+    while h.stats().free_bytes != before {
+        assert!(start.elapsed() < T, "segments not freed: {:?}", h.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

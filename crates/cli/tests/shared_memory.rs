@@ -61,13 +61,15 @@ fn forked_child_gets_a_copy_of_a_shared_segment() {
     assert!(s.len() >= 2, "expected the parent's and the child's statistics: {s:?}");
     for p in &s {
         assert_used_remote_memory_forked(p);
-        assert!(p.extra("bytes_fetched_shared") > 0, "{p:?}");
     }
+    // The parent reads its mapped segment; the lazily forked child reads its lazy clone over
+    // its link (docs/architecture.md, "fork").
+    assert!(s.iter().any(|p| p.extra("bytes_fetched_shared") > 0), "{s:?}");
 }
 
-/// Each child's clone is a memory file of its own, filled at the CLONE (docs/architecture.md,
-/// "fork"): every child must see the parent's memory as of its own fork, and the parent none of
-/// the children's writes.
+/// Each child's clone is a lazy clone of the parent's memory file (CLONE_LAZY,
+/// docs/architecture.md, "fork"): every child must see the parent's memory as of its own fork,
+/// and the parent none of the children's writes.
 #[test]
 fn a_loop_of_forks_over_shared_memory_gives_each_child_the_memory_as_of_its_fork() {
     require_root();
@@ -78,11 +80,33 @@ fn a_loop_of_forks_over_shared_memory_gives_each_child_the_memory_as_of_its_fork
             "expected the parent's and 12 children's statistics: {s:?}"
         );
         assert_used_remote_memory(busiest(&s));
-        // Children that touch pages read their mapped clones, as the parent reads its segment.
-        let want = if touch == "0" { 1 } else { 13 };
+        // The parent reads its mapped segment.
         assert!(
-            s.iter().filter(|p| p.extra("bytes_fetched_shared") > 0).count() >= want,
-            "fewer than {want} processes read a mapped segment: {s:?}"
+            s.iter().any(|p| p.extra("bytes_fetched_shared") > 0),
+            "no process read a mapped segment: {s:?}"
+        );
+    }
+}
+
+/// Lazy clones (CLONE_LAZY): four children of one parent read their fork-time views while the
+/// parent overwrites every page twice under a 10% local buffer, so its write-backs land on
+/// pages the children still share; a child forks a grandchild (a clone of a lazy clone). Every
+/// page of every view is checked; the output must equal the native run's. The same over a Unix
+/// socket, where a clone shares the pool's chunks copy-on-write. (A parent that exits while its
+/// child still shares its pages: `programs::daemonized_child_keeps_using_remote_memory`.)
+#[test]
+fn children_keep_their_fork_time_view_while_the_parent_overwrites_the_pages_they_share() {
+    require_root();
+    for extra in [&[][..], &["--no-shared-memory"][..]] {
+        let s = same_as_native_with("fork_cow", &["32", "4"], extra);
+        assert!(
+            s.len() >= 6,
+            "expected the statistics of the parent, 4 children and a grandchild ({extra:?}): {s:?}"
+        );
+        let parent = s.iter().max_by_key(|p| p.bytes_written_back).expect("statistics");
+        assert!(
+            parent.bytes_written_back >= 32 << 20,
+            "the parent must write back over the pages its children share ({extra:?}): {parent:?}"
         );
     }
 }

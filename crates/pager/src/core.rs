@@ -1088,6 +1088,25 @@ impl Core {
         c
     }
 
+    /// Every resident unit without an install checksum stops being brick-valid (see
+    /// [`PageTable::distrust_brick`]): for a forked child that compares checksums where its
+    /// parent compared with a mapping. Returns how many.
+    pub fn distrust_unchecked_resident(&mut self) -> u64 {
+        let units: Vec<u64> = self
+            .pages
+            .iter()
+            .enumerate()
+            .filter(|(u, s)| {
+                s.location() == Location::Resident && s.brick_valid() && !self.hashes.contains_key(&(*u as u32))
+            })
+            .map(|(u, _)| u as u64)
+            .collect();
+        for &u in &units {
+            self.pages.distrust_brick(u);
+        }
+        units.len() as u64
+    }
+
     /// The core a forked child starts from when it inherits the parent's window: the kernel
     /// keeps the parent's resident units mapped in the child (copy-on-write), so they stay
     /// resident here, with their brick-valid flags and install checksums, and join the child's

@@ -214,6 +214,15 @@ impl PageTable {
         *s = PageState::new(Location::Resident, true);
     }
 
+    /// The brick's copy of a resident page can no longer be told equal to it (a forked child
+    /// without its parent's way of comparing): the page stays resident, not brick-valid.
+    pub fn distrust_brick(&mut self, page: u64) {
+        let s = self.slot(page);
+        if s.location() == Location::Resident {
+            *s = PageState::new(Location::Resident, false);
+        }
+    }
+
     /// The program released the page (free, munmap, MADV_DONTNEED): any state → Empty. Returns
     /// the state it had.
     pub fn release(&mut self, page: u64) -> PageState {

@@ -107,6 +107,19 @@ pub enum Opcode {
     /// its pages copy-on-write. The response is empty; the connection stays attached to its
     /// own segment.
     CloneInto = 21,
+    /// Lazy clone of the attached segment, for a node that maps it (SHARE) and promises to send
+    /// UNSHARE before it overwrites, through its mapping, any page a live lazy clone may still
+    /// share. The clone starts empty and shares every page with its source: a page becomes the
+    /// clone's own when either side first overwrites it (the brick copies it then, one request
+    /// for a run), so the request costs no copy. A segment that is not in shared memory is
+    /// cloned as by CLONE (its chunks are copy-on-write already). The response carries a
+    /// [`SegmentGrant`](crate::SegmentGrant), as for CLONE.
+    CloneLazy = 22,
+    /// Copy `[offset, offset + length)` of the attached segment (page-aligned; same layout as
+    /// DISCARD) into every live lazy clone that still shares those pages, so that the node may
+    /// overwrite them in its mapping. A length of 0 copies nothing. The response is the number
+    /// of live lazy clones of the segment (u64), so a node learns when it need not ask again.
+    Unshare = 23,
 }
 
 impl Opcode {
@@ -135,6 +148,8 @@ impl Opcode {
             19 => AttachPull,
             20 => Pull,
             21 => CloneInto,
+            22 => CloneLazy,
+            23 => Unshare,
             _ => return None,
         })
     }
@@ -156,12 +171,12 @@ impl Opcode {
     pub fn max_request_payload(self) -> u32 {
         use Opcode::*;
         match self {
-            Hello | Clone | Detach | Ping | Stats | Share => 0,
+            Hello | Clone | CloneLazy | Detach | Ping | Stats | Share => 0,
             Alloc => MAX_SECRET as u32,
             Attach | CloneInto => (Grant::RATED_LEN + KEY_LEN) as u32,
             Read => MAX_EXTENT_LIST,
             Write => MAX_PAYLOAD,
-            Discard | Populate => 8,
+            Discard | Populate | Unshare => 8,
             Copy => 24,
             Open => (MAX_NAME + MAX_SECRET) as u32,
             Put => MAX_PAYLOAD,

@@ -65,6 +65,15 @@ pub enum Request {
     },
     /// CLONE.
     Clone,
+    /// CLONE_LAZY.
+    CloneLazy,
+    /// UNSHARE of a range (length 0: only the count of live lazy clones).
+    Unshare {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
     /// CLONE_INTO the segment of a grant, with the proof that this connection holds its
     /// session key.
     CloneInto {
@@ -192,6 +201,8 @@ impl Request {
             Request::Discard { .. } => Opcode::Discard,
             Request::Copy { .. } => Opcode::Copy,
             Request::Clone => Opcode::Clone,
+            Request::CloneLazy => Opcode::CloneLazy,
+            Request::Unshare { .. } => Opcode::Unshare,
             Request::CloneInto { .. } => Opcode::CloneInto,
             Request::Detach => Opcode::Detach,
             Request::Ping => Opcode::Ping,
@@ -226,7 +237,13 @@ impl Request {
         let mut offset = 0;
         let mut length = 0;
         match self {
-            Request::Hello | Request::Clone | Request::Detach | Request::Ping | Request::Stats | Request::Share => {}
+            Request::Hello
+            | Request::Clone
+            | Request::CloneLazy
+            | Request::Detach
+            | Request::Ping
+            | Request::Stats
+            | Request::Share => {}
             Request::Alloc { size_bytes, secret } => {
                 offset = *size_bytes;
                 payload.extend_from_slice(secret);
@@ -238,7 +255,9 @@ impl Request {
             Request::Read(ext) => encode_extents(ext, &mut payload),
             // Encoded above, without the intermediate payload.
             Request::Write { .. } => {}
-            Request::Discard { offset: o, len } | Request::Populate { offset: o, len } => {
+            Request::Discard { offset: o, len }
+            | Request::Populate { offset: o, len }
+            | Request::Unshare { offset: o, len } => {
                 offset = *o;
                 payload.extend_from_slice(&len.to_le_bytes());
             }
@@ -315,6 +334,7 @@ impl Request {
         match h.opcode {
             Opcode::Hello => empty(Request::Hello),
             Opcode::Clone => empty(Request::Clone),
+            Opcode::CloneLazy => empty(Request::CloneLazy),
             Opcode::Detach => empty(Request::Detach),
             Opcode::Ping => empty(Request::Ping),
             Opcode::Stats => empty(Request::Stats),
@@ -360,6 +380,13 @@ impl Request {
             Opcode::Discard => {
                 exact(p, 8)?;
                 Ok(Request::Discard {
+                    offset: h.offset,
+                    len: u64_at(p, 0),
+                })
+            }
+            Opcode::Unshare => {
+                exact(p, 8)?;
+                Ok(Request::Unshare {
                     offset: h.offset,
                     len: u64_at(p, 0),
                 })
@@ -543,6 +570,8 @@ mod tests {
             }),
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Discard { offset, len }),
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Populate { offset, len }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Request::Unshare { offset, len }),
+            Just(Request::CloneLazy),
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(src, dst, len)| Request::Copy { src, dst, len }),
             (
                 proptest::collection::vec(any::<u8>(), 1..=MAX_NAME),

@@ -331,7 +331,7 @@ impl Handler {
             let Some(seg) = inner.table.get(index) else {
                 continue;
             };
-            let Some(m) = seg.shared.as_ref() else {
+            let Some(m) = seg.shared.get() else {
                 continue;
             };
             let mut k = 0;
@@ -456,7 +456,7 @@ impl Backend for Handler {
         let Some(spent) = run.spent.as_mut() else {
             let r = match &self.direct {
                 Some((seg, off)) => {
-                    let Some(m) = seg.shared.as_ref() else {
+                    let Some(m) = seg.shared.get() else {
                         inner.internal_error("a direct install from a segment that is not mapped");
                     };
                     let len = (j - i) * PAGE_SIZE;
@@ -696,7 +696,7 @@ fn waits_on_link(inner: &Inner, run: &Run<Ahead>) -> bool {
         .table
         .lookup(run.page + i as u64)
         .and_then(|(seg, _)| inner.table.get(seg))
-        .is_some_and(|s| s.shared.is_none())
+        .is_some_and(|s| s.shared.get().is_none())
 }
 
 /// The segment and byte offset to install the run straight from, when every page of it is read
@@ -719,7 +719,7 @@ fn direct_source(
     let seg = inner
         .table
         .get(index)
-        .filter(|s| s.shared.is_some() && page + n <= seg_end)?;
+        .filter(|s| s.shared.get().is_some() && page + n <= seg_end)?;
     let total = brick_pages * PAGE;
     seg.limiter.acquire(total);
     let s = &inner.stats;
@@ -793,7 +793,7 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8], in_fli
         };
         let seg = inner.segment(*brick);
         seg.limiter.acquire(total as u64);
-        let one_request = seg.shared.is_none() && total as u64 <= rackmem_transport::MAX_BATCH_BYTES;
+        let one_request = seg.shared.get().is_none() && total as u64 <= rackmem_transport::MAX_BATCH_BYTES;
         if let ([ext], [start], true) = (extents.as_slice(), starts.as_slice(), one_request) {
             // The common case over a link, one run on one brick: sent, then `in_flight` while
             // it travels, then received straight into place.
@@ -830,11 +830,13 @@ fn fetch_into(inner: &Inner, page: u64, kinds: &[Source], out: &mut [u8], in_fli
             }
         }
         fetched_pages += (total / PAGE_SIZE) as u64;
-        if seg.shared.is_some() {
+        if seg.shared.get().is_some() {
             inner
                 .stats
                 .bytes_fetched_shared
                 .fetch_add(total as u64, Ordering::Relaxed);
+        } else {
+            seg.fetched_over_link((total / PAGE_SIZE) as u64);
         }
     }
     let s = &inner.stats;

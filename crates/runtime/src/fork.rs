@@ -42,6 +42,9 @@ struct ForkState {
     /// The window's own ranges (byte address, length) made inheritable for this fork (a lazy
     /// fork), to be made `MADV_DONTFORK` again in the parent after it.
     inheritable: Vec<(usize, usize)>,
+    /// Per grant: a lazy clone (CLONE_LAZY of a mapped segment), which the child reaches over
+    /// its links only (mapping it would make the brick copy it whole).
+    lazy: Vec<bool>,
 }
 
 /// The window's own ranges (not lent to the program's file mappings), as (address, length).
@@ -154,6 +157,7 @@ pub fn fork_prepare() {
     let Some(rt) = global() else {
         return;
     };
+    let started = std::time::Instant::now();
     FORKING.store(true, Ordering::Release);
     while ACTIVE_CALLS.load(Ordering::Acquire) != 0 {
         std::thread::yield_now();
@@ -161,6 +165,7 @@ pub fn fork_prepare() {
     let inner = &rt.inner;
     handler::pause(inner);
     writeback::drain(inner);
+    let quiesced = started.elapsed();
     let flushed = if inner.keeps_window() {
         0
     } else {
@@ -179,8 +184,22 @@ pub fn fork_prepare() {
             Err(e) => failure = Some(format!("no copy-on-write clone of the parent's segments: {e}")),
         }
     }
+    let mut lazy = Vec::new();
     for b in inner.table.all().into_iter().filter(|_| inner.agent.is_none()) {
-        match sys::without_sigpipe(|| b.fault.clone_segment()) {
+        // A lazy fork of a mapped segment: the brick copies nothing now, and a page only when
+        // either side first overwrites it; this process's writes go over its link meanwhile
+        // (`Segment::mapped_for_overwrite`). An eager fork's child starts with every page
+        // remote and maps its clone: it gets a copy.
+        let cow = inner.keeps_window() && b.shared.get().is_some();
+        let cloned = sys::without_sigpipe(|| match cow {
+            true => b.fault.clone_segment_lazy(),
+            false => b.fault.clone_segment(),
+        });
+        if cow && cloned.is_ok() {
+            b.lazy_clones.store(true, Ordering::Release);
+        }
+        lazy.push(cow);
+        match cloned {
             Ok(g) => grants.push(g),
             Err(e) => {
                 // The parent goes on; the child will stop with this message.
@@ -192,6 +211,7 @@ pub fn fork_prepare() {
             }
         }
     }
+    let cloned = started.elapsed() - quiesced;
     // The window is inherited by this fork only (a child made without these hooks gets none).
     let mut inheritable = Vec::new();
     if inner.keeps_window() && failure.is_none() {
@@ -210,9 +230,11 @@ pub fn fork_prepare() {
             format!("flushed {flushed} dirty pages")
         };
         eprintln!(
-            "rackmem[{}]: fork: {kept}, cloned {} segment(s)",
+            "rackmem[{}]: fork: {kept}, cloned {} segment(s) (quiesced in {} us, cloned in {} us)",
             std::process::id(),
-            grants.len()
+            grants.len(),
+            quiesced.as_micros(),
+            cloned.as_micros()
         );
     }
     *FORK_STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(ForkState {
@@ -220,6 +242,7 @@ pub fn fork_prepare() {
         failure,
         adopt,
         inheritable,
+        lazy,
     });
 }
 
@@ -269,7 +292,10 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
         fault.set_receive_spin(parent.cfg.link_spin);
         let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
         writeback.attach(&seg.grant, &seg.session_key)?;
-        let shared = segment::share_if(parent.cfg.shared_memory, &fault)?;
+        let shared = match state.lazy.get(i) {
+            Some(true) => None,
+            _ => segment::share_if(parent.cfg.shared_memory, &fault)?,
+        };
         table.push(b.pages, |first_page| Segment {
             first_page,
             pages: b.pages,
@@ -280,7 +306,12 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
             writeback,
             allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
             limiter: ratelimit::RateLimiter::new(0),
-            shared,
+            shared: segment::mapped(shared),
+            share_after: std::sync::atomic::AtomicU64::new(match state.lazy.get(i) {
+                Some(true) => segment::SHARE_AFTER_PAGES,
+                _ => 0,
+            }),
+            lazy_clones: Default::default(),
         });
     }
     // Ranges the parent migrated live in the clones of the same segments.
@@ -298,8 +329,17 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
     // `Mapping` of it is in the runtime object the child forgets (never dropped here), so this
     // is its only owner; only raw addresses reach it.
     let window = unsafe { Mapping::adopt(parent.window.addr(), parent.window.len()) };
+    let started = std::time::Instant::now();
     let table = clone_table(parent, state)?;
-    let core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
+    let linked = started.elapsed();
+    let mut core = parent.lock().forked_keeping_resident(parent.cfg.eviction.build());
+    if state.lazy.iter().any(|&l| l) {
+        // The parent compared its pages with its mapping and kept no checksums for them; the
+        // child reaches its lazy clones over its links and compares checksums, so a page
+        // without one must not pass for what the brick holds (a page the child zeroes would
+        // be taken as clean): it is written back if it is not zeros.
+        core.distrust_unchecked_resident();
+    }
     let inherited = core.resident() * parent.unit_bytes() as u64;
     let child = Runtime::assemble(parent.cfg.clone(), window, table, None, Some(core), true)?;
     child
@@ -309,6 +349,14 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
         .store(inherited, std::sync::atomic::Ordering::Relaxed);
     let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();
     *child.inner.holes.lock().unwrap_or_else(|e| e.into_inner()) = holes;
+    if parent.cfg.verbose {
+        eprintln!(
+            "rackmem[{}]: fork: the child's runtime is ready in {} us (links to its clones {} us)",
+            std::process::id(),
+            started.elapsed().as_micros(),
+            linked.as_micros()
+        );
+    }
     Ok(child)
 }
 

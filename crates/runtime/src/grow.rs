@@ -100,7 +100,9 @@ impl Runtime {
                         writeback,
                         allocation: Some(a.allocation),
                         limiter: ratelimit::RateLimiter::new(rate),
-                        shared,
+                        shared: segment::mapped(shared),
+                        share_after: Default::default(),
+                        lazy_clones: Default::default(),
                     });
                 }
                 if inner.cfg.verbose {

@@ -253,7 +253,7 @@ fn call_helper_if_queued(inner: &Inner) {
 /// interleaved rounds, `docs/benchmarks.md`); over a link a handler waits on its brick, and
 /// another can serve meanwhile.
 fn helpers_useful(inner: &Inner) -> bool {
-    inner.handlers() > 1 && (inner.cfg.handlers_explicit || inner.table.all().iter().any(|s| s.shared.is_none()))
+    inner.handlers() > 1 && (inner.cfg.handlers_explicit || inner.table.all().iter().any(|s| s.shared.get().is_none()))
 }
 
 /// At start: helpers serve from the start in the explicit handler modes (no placement), where

@@ -403,7 +403,7 @@ impl Handler {
             let Some(seg) = inner.table.get(index) else {
                 continue;
             };
-            let Some(m) = seg.shared.as_ref() else {
+            let Some(m) = seg.shared.get() else {
                 continue;
             };
             if v.brick_valid {
@@ -510,7 +510,7 @@ fn fetch_units(inner: &Inner, first: u64, kinds: &[Source], out: &mut [u8], fres
             if let Err(e) = seg.read(&[(off, (n * PAGE_SIZE) as u32)], &mut dst[at..at + n * PAGE_SIZE]) {
                 inner.brick_lost(seg_i, &format!("fetching window unit {:#x}", inner.unit_addr(unit)), &e);
             }
-            if seg.shared.is_some() {
+            if seg.shared.get().is_some() {
                 inner
                     .stats
                     .bytes_fetched_shared
@@ -619,6 +619,6 @@ pub(crate) fn mapped_unit(inner: &Inner, unit: u64) -> Option<(std::sync::Arc<cr
     inner
         .table
         .get(index)
-        .filter(|s| s.shared.is_some())
+        .filter(|s| s.shared.get().is_some())
         .map(|s| (s, off as usize))
 }

@@ -73,7 +73,7 @@ impl Handler {
 /// Asks the brick of segment `index`, if it is mapped, to populate `len` bytes at `off`,
 /// without waiting. Advisory: if it fails, those pages' first write-back goes over the link.
 fn populate(inner: &Inner, index: usize, off: u64, len: u64) {
-    let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
+    let Some(seg) = inner.table.get(index).filter(|s| s.shared.get().is_some()) else {
         return;
     };
     let sent = seg.fault.submit_populate(off, len).map(|t| t.detach());

@@ -182,7 +182,7 @@ impl ReadAheads {
         };
         // A mapped segment is a memory copy away: nothing to overlap by reading ahead. (Table
         // lookups never wait, so this is fine under the core lock.)
-        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
+        let Some(s) = inner.table.get(seg).filter(|s| s.shared.get().is_none()) else {
             return false;
         };
         // One segment, one extent: else the ordinary fetch does it at the fault.
@@ -262,7 +262,7 @@ impl ReadAheads {
             return false;
         };
         // A mapped segment is a memory copy away: nothing to wait for, nothing to overlap.
-        let Some(s) = inner.table.get(seg).filter(|s| s.shared.is_none()) else {
+        let Some(s) = inner.table.get(seg).filter(|s| s.shared.get().is_none()) else {
             return false;
         };
         if self.list.iter().filter(|a| a.early).count() >= depth {

@@ -25,7 +25,7 @@ use rackmem_transport::{BrickAddr, Link, LinkError};
 use rangemap::RangeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 /// Most segments one process can attach.
 pub const MAX_SEGMENTS: usize = 1024;
@@ -53,14 +53,57 @@ pub struct Segment {
     /// The link's rate limit (unlimited when standalone).
     pub limiter: RateLimiter,
     /// The segment mapped into this process, for a brick on this host (`RACKMEM_SHARED_MEMORY`):
-    /// reads and writes are memory copies, and the links only carry discards and clones.
-    pub shared: Option<SharedMemory>,
+    /// reads and writes are memory copies, and the links only carry discards and clones. Set
+    /// once: at the attach, or for a forked child's lazy clone once it fetched enough pages
+    /// over its link ([`Segment::fetched_over_link`]).
+    pub shared: OnceLock<SharedMemory>,
+    /// Pages a forked child's lazy clone (reached over the link, since mapping it makes the
+    /// brick copy everything it still shares) may fetch before it is mapped after all; 0: never.
+    pub share_after: AtomicU64,
+    /// Set once a forked child's lazy clone of this mapped segment was made (CLONE_LAZY) and
+    /// until the brick says none lives: the brick must copy a page a clone still shares before
+    /// this process overwrites it, so writes go over the write-back link, where the brick does
+    /// that, instead of into the mapping.
+    pub lazy_clones: AtomicBool,
 }
 
 impl Segment {
+    /// The mapping, if this process may overwrite pages through it now (no lazy clone of the
+    /// segment may still share them).
+    pub fn mapped_for_overwrite(&self) -> Option<&SharedMemory> {
+        self.shared.get().filter(|_| !self.lazy_clones.load(Ordering::Acquire))
+    }
+
+    /// `pages` were fetched over the link. A lazy clone that has fetched [`SHARE_AFTER_PAGES`]
+    /// is mapped (SHARE; the brick first copies what it still shares with its source): a child
+    /// that keeps faulting then reads by memory copy, as its parent does, while one that exits
+    /// soon (a fork and exec, a short connection) never pays the copy. If the brick cannot share
+    /// it, the link goes on.
+    pub fn fetched_over_link(&self, pages: u64) {
+        let crossed = self
+            .share_after
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                (l > 0).then_some(l.saturating_sub(pages))
+            })
+            .is_ok_and(|prev| prev <= pages);
+        if crossed && self.shared.get().is_none() {
+            if let Ok(m) = self.fault.share() {
+                let _ = self.shared.set(m);
+            }
+        }
+    }
+
+    /// After writes that went over the link because of lazy clones: asks the brick whether any
+    /// still lives, and writes into the mapping again once none does.
+    pub fn check_lazy_clones(&self) {
+        if self.lazy_clones.load(Ordering::Acquire) && matches!(self.writeback.unshare(0, 0), Ok(0)) {
+            self.lazy_clones.store(false, Ordering::Release);
+        }
+    }
+
     /// Reads `extents` (offsets within the segment) into `out`, their bytes concatenated.
     pub fn read(&self, extents: &[Extent], out: &mut [u8]) -> Result<(), LinkError> {
-        let Some(m) = &self.shared else {
+        let Some(m) = self.shared.get() else {
             return self.fault.read_pages(extents, out);
         };
         let mut at = 0;
@@ -81,7 +124,7 @@ impl Segment {
     /// memory cgroup of whoever touches it first, and a program confined to its local budget by
     /// a cgroup must not be charged for the brick's memory.
     pub fn write(&self, extents: &[Extent], data: &[u8], fresh: bool) -> Result<(), LinkError> {
-        let Some(m) = self.shared.as_ref().filter(|_| !fresh) else {
+        let Some(m) = self.mapped_for_overwrite().filter(|_| !fresh) else {
             return self.writeback.write_pages(extents, data);
         };
         let mut at = 0;
@@ -119,8 +162,25 @@ pub(crate) fn standalone(
         writeback,
         allocation: None,
         limiter: RateLimiter::new(0),
-        shared,
+        shared: mapped(shared),
+        share_after: AtomicU64::new(0),
+        lazy_clones: AtomicBool::new(false),
     }))
+}
+
+/// Pages a forked child fetches from its lazy clone over the link before it maps the clone
+/// (see [`Segment::fetched_over_link`]): 2 MiB, a few milliseconds over the link, about what
+/// mapping costs in copying for a parent of a few MiB remote, and more than a short-lived child
+/// fetches (a PostgreSQL backend of one connection took a median of 43 faults).
+pub const SHARE_AFTER_PAGES: u64 = 512;
+
+/// A segment's mapping slot, set when `m` is.
+pub fn mapped(m: Option<SharedMemory>) -> OnceLock<SharedMemory> {
+    let slot = OnceLock::new();
+    if let Some(m) = m {
+        let _ = slot.set(m);
+    }
+    slot
 }
 
 /// Maps the segment `fault` is attached to, if `choice` allows and the brick is on this host.
@@ -402,7 +462,7 @@ impl SegmentTable {
                 return;
             };
             let seg_end = seg_end.min(end);
-            let mapped = self.get(index).is_some_and(|s| s.shared.is_some());
+            let mapped = self.get(index).is_some_and(|s| s.shared.get().is_some());
             out.resize(out.len() + (seg_end - p) as usize, mapped);
             p = seg_end;
         }

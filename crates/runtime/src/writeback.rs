@@ -91,7 +91,7 @@ impl BrickWrites {
 /// there, and a dirty page differs within its first bytes more often than not. Other segments
 /// compare checksums: `hash` is the one taken when the page was installed or written back.
 fn unchanged(mapped: Option<&Arc<Segment>>, off: u64, brick_valid: bool, hash: u64, contents: &[u8]) -> bool {
-    match mapped.and_then(|s| s.shared.as_ref()) {
+    match mapped.and_then(|s| s.shared.get()) {
         Some(m) if brick_valid => m.equals(off as usize, contents),
         Some(_) => contents.chunks(64).all(|c| c.iter().fold(0, |a, &b| a | b) == 0),
         None => xxh3_64(contents) == hash,
@@ -183,14 +183,16 @@ impl Writer for Writes<'_> {
         // data, or into the mapped segment when the brick already holds memory for it (fresh
         // pages go over the link: see `Segment::write`).
         let mapped = self.mapped_of[brick]
-            .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
+            .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.get().is_some()))
             .as_ref();
         if unchanged(mapped, off, v.brick_valid, v.hash, page) {
             self.clean += 1;
             return Examined::Clean;
         }
         let w = &mut self.per_brick[brick];
-        let (ext, data) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
+        // While a lazy clone of the segment may share the page, it goes over the link: the
+        // brick copies it into the clone first.
+        let (ext, data) = match mapped.and_then(|s| s.mapped_for_overwrite().map(|m| (s, m))) {
             Some((seg, m)) if v.backed => {
                 seg.limiter.acquire(PAGE);
                 m.write(off as usize, page);
@@ -225,6 +227,9 @@ impl Writer for Writes<'_> {
                     .bytes_written_back
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
             }
+            if !w.extents.is_empty() || !w.fresh_extents.is_empty() {
+                inner.segment(brick).check_lazy_clones();
+            }
         }
     }
 
@@ -253,8 +258,8 @@ impl Writes<'_> {
         let runs = match crate::huge::mapped_unit(inner, u64::from(v.page)) {
             // In a mapped segment no checks were taken: the brick's copy is right there, and a
             // changed subpage differs from it within its first bytes more often than not.
-            Some((seg, off)) if old.is_none() && seg.shared.is_some() => {
-                let Some(m) = seg.shared.as_ref() else {
+            Some((seg, off)) if old.is_none() && seg.shared.get().is_some() => {
+                let Some(m) = seg.shared.get() else {
                     inner.internal_error("a mapped unit's segment is not mapped");
                 };
                 let mut subs = data.chunks_exact(PAGE_SIZE);
@@ -299,10 +304,10 @@ impl Writes<'_> {
                 let bytes = &data[at..at + n as usize * PAGE_SIZE];
                 p += n;
                 let mapped = self.mapped_of[brick]
-                    .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.is_some()))
+                    .get_or_insert_with(|| inner.table.get(brick).filter(|s| s.shared.get().is_some()))
                     .as_ref();
                 let w = &mut self.per_brick[brick];
-                let (ext, out) = match mapped.and_then(|s| s.shared.as_ref().map(|m| (s, m))) {
+                let (ext, out) = match mapped.and_then(|s| s.mapped_for_overwrite().map(|m| (s, m))) {
                     Some((seg, m)) if v.backed => {
                         seg.limiter.acquire(bytes.len() as u64);
                         m.write(off as usize, bytes);
@@ -369,7 +374,7 @@ pub(crate) fn flush_dirty(inner: &Inner) -> u64 {
         }
         let brick_valid = c.state(p).brick_valid();
         let hash = c.hash_of(p).unwrap_or(zero_hash);
-        let mapped = Some(&seg).filter(|s| s.shared.is_some());
+        let mapped = Some(&seg).filter(|s| s.shared.get().is_some());
         if unchanged(mapped, off, brick_valid, hash, &page) {
             continue;
         }

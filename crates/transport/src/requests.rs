@@ -119,6 +119,25 @@ impl Link {
         SegmentGrant::decode(&p).map_err(|e| self.lost(format!("bad grant in CLONE answer: {e}")))
     }
 
+    /// Lazy clone of the attached segment (CLONE_LAZY): nothing is copied until either side
+    /// overwrites a page. The caller maps the segment and must call [`Link::unshare`] before it
+    /// overwrites any page in its mapping while the clone lives.
+    pub fn clone_segment_lazy(&self) -> Result<SegmentGrant, LinkError> {
+        let p = self.call(&Request::CloneLazy)?;
+        SegmentGrant::decode(&p).map_err(|e| self.lost(format!("bad grant in CLONE_LAZY answer: {e}")))
+    }
+
+    /// UNSHARE: every live lazy clone of the attached segment takes its own copy of
+    /// `[offset, offset + len)` (page-aligned; 0 bytes: none). Returns the lazy clones still
+    /// live.
+    pub fn unshare(&self, offset: u64, len: u64) -> Result<u64, LinkError> {
+        let p = self.call(&Request::Unshare { offset, len })?;
+        let Ok(n) = <[u8; 8]>::try_from(p.as_slice()) else {
+            return Err(self.lost(format!("UNSHARE answer of {} bytes", p.len())));
+        };
+        Ok(u64::from_le_bytes(n))
+    }
+
     /// Copy-on-write clone of the attached segment into the segment of `grant` (a control
     /// plane's clone placed on this brick: see `Opcode::CloneInto`), proving with
     /// `session_key` that this connection holds the clone's grant. The link stays attached to
