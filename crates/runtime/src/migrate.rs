@@ -662,7 +662,7 @@ impl Runtime {
         if n > POPULATE_STEP_PAGES {
             return false;
         }
-        let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
+        let Some(seg) = inner.table.get(index).filter(|s| s.shared.get().is_some()) else {
             return false;
         };
         let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
@@ -704,7 +704,7 @@ impl Runtime {
     /// is in flight, so a segment holds at most that much populated ahead of its use.
     fn populate_ahead(&self, index: usize) {
         let inner = &self.inner;
-        let Some(seg) = inner.table.get(index).filter(|s| s.shared.is_some()) else {
+        let Some(seg) = inner.table.get(index).filter(|s| s.shared.get().is_some()) else {
             return;
         };
         let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
