@@ -849,18 +849,37 @@ fn migration_bench_moves_every_size_and_writes_json() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
-    let rows = v["migration"].as_array().expect("migration rows");
-    assert_eq!(rows.len(), 6, "{v}");
-    for r in rows {
-        for k in ["odpm_ns", "umpm_local_ns", "umpm_bounce_ns"] {
-            assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {r}");
+    // One table per link kind: TCP loopback, and Unix sockets with the segments mapped.
+    for kind in ["tcp", "unix"] {
+        let rows = v["migration"][kind]
+            .as_array()
+            .unwrap_or_else(|| panic!("migration rows over {kind}: {v}"));
+        assert_eq!(rows.len(), 6, "{kind}: {v}");
+        for r in rows {
+            for k in [
+                "odpm_ns",
+                "umpm_local_ns",
+                "umpm_bounce_ns",
+                "umpm_direct_ns",
+                "floor_ns",
+            ] {
+                assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{kind}: {k} in {r}");
+            }
+            // Both routes carry their pages: Transfer is measured.
+            for steps in ["bounce_steps_ns", "direct_steps_ns"] {
+                assert!(
+                    r[steps]["transfer"].as_f64().is_some_and(|x| x > 0.0),
+                    "{kind}: {steps} in {r}"
+                );
+            }
         }
-        // A bounce carries its pages: Transfer is measured.
-        assert!(
-            r["bounce_steps_ns"]["transfer"].as_f64().is_some_and(|x| x > 0.0),
-            "{r}"
-        );
     }
+    assert!(
+        v["single_page_shared_memory_ns"]["bounce"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{v}"
+    );
     let chart = std::fs::read_to_string(&svg).expect("chart written");
     assert!(chart.starts_with("<svg"), "{chart}");
 }
