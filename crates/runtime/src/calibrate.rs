@@ -95,46 +95,44 @@ pub fn recycle_crossover() -> Result<RecycleCalibration, RuntimeError> {
     // The window's stand-in and the staging slots' stand-in, both registered: MOVE's
     // destination must be, and pages go both ways. Nothing may fault in them (no handler
     // runs): only the ioctls below touch their pages.
-    let window = Mapping::reserve(bytes, PAGE_SIZE)?;
+    // Twice the longest run: a round's copies lie side by side (1 + 2 + … + 32 pages).
+    let window = Mapping::reserve(2 * bytes, PAGE_SIZE)?;
     let slots = Mapping::reserve(bytes, PAGE_SIZE)?;
     let mode = RegisterMode {
         missing: true,
         wp: false,
         minor: false,
     };
-    uffd.register(window.addr(), bytes, mode)?;
+    uffd.register(window.addr(), window.len(), mode)?;
     uffd.register(slots.addr(), bytes, mode)?;
     // What a fetch receives from: a brick's memory, read at a new place each time as a
     // fault's page would be.
     let brick: Vec<u8> = (0..BRICK_BYTES).map(|i| (i % 251) as u8).collect();
-    let mut at = 0usize;
-    // The handler's receive buffer (the copy path's), reused by every fetch.
-    let mut buffer = vec![0u8; bytes];
     // The slots start warm, as spent slots are: pages an eviction moved out and a write-back
     // sent.
     uffd.copy(slots.addr(), &brick[..bytes], CopyMode::default())?;
-    let mut times: Vec<(Vec<Duration>, Vec<Duration>)> = vec![(Vec::new(), Vec::new()); PROBE_PAGES.len()];
-    for round in 0..ROUNDS {
-        for (i, &pages) in PROBE_PAGES.iter().enumerate() {
-            let len = pages as usize * PAGE_SIZE;
-            // Alternate which path goes first, so neither always finds the caches as the
-            // other left them.
-            for copy_first in [round % 2 == 0, round % 2 != 0] {
-                at = (at + bytes) % (BRICK_BYTES - bytes);
-                let from = &brick[at..at + len];
-                if copy_first {
-                    times[i].0.push(copy_in(&uffd, &window, from, &mut buffer[..len])?);
-                } else {
-                    times[i].1.push(move_in(&uffd, &window, &slots, from)?);
+    // A program's other threads keep its address space live on other CPUs, so a move out of
+    // its page tables there flushes their TLBs (an interprocessor interrupt, dear on a virtual
+    // machine) where a copy into a missing entry flushes nothing. A thread of this process
+    // running on another CPU meanwhile makes the measurement pay what the program pays.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let peer = {
+        let done = done.clone();
+        std::thread::Builder::new()
+            .name("rackmem-calibrate".into())
+            .spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
                 }
-            }
-        }
+            })
+            .ok()
+    };
+    let measured = measure(&uffd, &window, &slots, &brick, bytes);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(p) = peer {
+        let _ = p.join();
     }
-    let probes: Vec<(u64, Duration, Duration)> = PROBE_PAGES
-        .iter()
-        .zip(times.iter_mut())
-        .map(|(&p, (c, m))| (p, median(c), median(m)))
-        .collect();
+    let probes = measured?;
     Ok(RecycleCalibration {
         min_pages: RecycleCalibration::threshold(&probes),
         probes,
@@ -142,17 +140,62 @@ pub fn recycle_crossover() -> Result<RecycleCalibration, RuntimeError> {
     })
 }
 
-/// The copy path for one run: the fetch received into the handler's buffer, `UFFDIO_COPY` of
-/// it into fresh pages, then the free that matches the allocation in the steady state (a spent
-/// slot given back); the window is empty after.
-fn copy_in(uffd: &Uffd, window: &Mapping, from: &[u8], buffer: &mut [u8]) -> Result<Duration, RuntimeError> {
-    let t = Instant::now();
-    buffer.copy_from_slice(from);
-    uffd.copy(window.addr(), buffer, CopyMode::default())?;
-    // SAFETY: the scratch window is this function's caller's own mapping; no reference points
-    // into it (it is only ever touched by these ioctls and this madvise).
-    unsafe { rackmem_sys::madvise_dontneed(window.addr(), buffer.len())? };
-    Ok(t.elapsed())
+/// The interleaved rounds of [`recycle_crossover`]: per probed length, the median copy and move.
+///
+/// Each round copies a run of every length into its own part of the window, then frees them
+/// all with one `MADV_DONTNEED` (as spent slots are freed past their cap, many at a time: one
+/// TLB flush for the lot), whose time is shared among the pages; then moves a run of every
+/// length in from the slots and back. Which half goes first alternates by round.
+fn measure(
+    uffd: &Uffd,
+    window: &Mapping,
+    slots: &Mapping,
+    brick: &[u8],
+    bytes: usize,
+) -> Result<Vec<(u64, Duration, Duration)>, RuntimeError> {
+    let mut at = 0usize;
+    let mut from = |len: usize| {
+        at = (at + bytes) % (BRICK_BYTES - bytes);
+        &brick[at..at + len]
+    };
+    // The handler's receive buffer (the copy path's), reused by every fetch.
+    let mut buffer = vec![0u8; bytes];
+    let total_pages: u64 = PROBE_PAGES.iter().sum();
+    let mut times: Vec<(Vec<Duration>, Vec<Duration>)> = vec![(Vec::new(), Vec::new()); PROBE_PAGES.len()];
+    for round in 0..ROUNDS {
+        for copy_half in [round % 2 == 0, round % 2 != 0] {
+            if copy_half {
+                let mut copies = Vec::with_capacity(PROBE_PAGES.len());
+                let mut offset = 0usize;
+                for &pages in &PROBE_PAGES {
+                    let len = pages as usize * PAGE_SIZE;
+                    let t = Instant::now();
+                    buffer[..len].copy_from_slice(from(len));
+                    uffd.copy(window.addr() + offset, &buffer[..len], CopyMode::default())?;
+                    copies.push(t.elapsed());
+                    offset += len;
+                }
+                let t = Instant::now();
+                // SAFETY: the scratch window is this measurement's own mapping; no reference
+                // points into it (only these ioctls and this madvise touch it).
+                unsafe { rackmem_sys::madvise_dontneed(window.addr(), offset)? };
+                let free_per_page = t.elapsed() / total_pages as u32;
+                for (i, (&pages, c)) in PROBE_PAGES.iter().zip(copies).enumerate() {
+                    times[i].0.push(c + free_per_page * pages as u32);
+                }
+            } else {
+                for (i, &pages) in PROBE_PAGES.iter().enumerate() {
+                    let len = pages as usize * PAGE_SIZE;
+                    times[i].1.push(move_in(uffd, window, slots, from(len))?);
+                }
+            }
+        }
+    }
+    Ok(PROBE_PAGES
+        .iter()
+        .zip(times.iter_mut())
+        .map(|(&p, (c, m))| (p, median(c), median(m)))
+        .collect())
 }
 
 /// The move path for one run: the fetch received into spent slots' pages, `UFFDIO_MOVE` of
