@@ -719,6 +719,12 @@ impl Store {
                 at += n;
             }
         }
+        self.with_live_gate(id, |g| g.shared = Some(Arc::new(clone)))
+    }
+
+    /// Runs `f` on the gate of live segment `id` under its write lock; `Released` if the
+    /// segment went (or is going) away meanwhile.
+    fn with_live_gate<R>(&self, id: u64, f: impl FnOnce(&mut GateState) -> R) -> Result<R, ShareError> {
         let gate = match self.segs().live.get(&id) {
             Some(s) => s.gate.clone(),
             None => return Err(ShareError::Released),
@@ -727,8 +733,7 @@ impl Store {
         if !g.alive {
             return Err(ShareError::Released);
         }
-        g.shared = Some(Arc::new(clone));
-        Ok(())
+        Ok(f(&mut g))
     }
 }
 
@@ -740,19 +745,12 @@ impl Store {
         let clone = Arc::new(
             SharedMemory::create(&format!("rackmem-segment-{id}"), size as usize).map_err(ShareError::Memory)?,
         );
-        let gate = match self.segs().live.get(&id) {
-            Some(s) => s.gate.clone(),
-            None => return Err(ShareError::Released),
-        };
-        let mut g = lock_w(&gate);
-        if !g.alive {
-            return Err(ShareError::Released);
-        }
-        let link = CowLink::new(m.clone(), clone.clone(), size);
-        source.clones.push(link.clone());
-        g.shared = Some(clone);
-        g.cow = Some(link);
-        Ok(())
+        self.with_live_gate(id, |g| {
+            let link = CowLink::new(m.clone(), clone.clone(), size);
+            source.clones.push(link.clone());
+            g.shared = Some(clone);
+            g.cow = Some(link);
+        })
     }
 }
 
