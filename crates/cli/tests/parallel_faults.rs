@@ -235,10 +235,50 @@ impl SwapFile {
     }
 }
 
+impl SwapFile {
+    /// Whether the kernel still lists this file as swap.
+    fn listed(&self) -> bool {
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let p = self.0.to_string_lossy();
+        swaps.lines().any(|l| l.split_whitespace().next() == Some(&*p))
+    }
+}
+
 impl Drop for SwapFile {
+    /// `swapoff` reads every swapped page back first and can fail while memory is short
+    /// (`ENOMEM`) or be interrupted; a swap file left on changes every later test and benchmark
+    /// on the machine (the peers' cgroups swap to it), so retry, and fail the test if it stays on.
     fn drop(&mut self) {
-        let _ = Command::new("swapoff").arg(&self.0).status();
-        let _ = std::fs::remove_file(&self.0);
+        let mut last = String::new();
+        for attempt in 0..20 {
+            if !self.listed() {
+                break;
+            }
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            match Command::new("swapoff").arg(&self.0).output() {
+                Ok(o) => last = show(&o),
+                Err(e) => last = format!("cannot run swapoff: {e}"),
+            }
+        }
+        let still_on = self.listed();
+        if !still_on {
+            let _ = std::fs::remove_file(&self.0);
+        }
+        if still_on {
+            let msg = format!(
+                "the test's swap file {} is still switched on after 20 tries of swapoff; switch it \
+                 off by hand (`swapoff {}`) before running more tests; last attempt: {last}",
+                self.0.display(),
+                self.0.display()
+            );
+            if std::thread::panicking() {
+                eprintln!("{msg}");
+            } else {
+                panic!("{msg}");
+            }
+        }
     }
 }
 
