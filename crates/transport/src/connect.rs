@@ -114,7 +114,7 @@ impl Link {
                 RxSock {
                     sock,
                     spin: Duration::ZERO,
-                    spin_choice: Default::default(),
+                    spin_choice: crate::spin::SpinChoice::for_peer(&text),
                     fds: received_fds.clone(),
                     deadline: None,
                     tls: tls_conn,

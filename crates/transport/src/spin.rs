@@ -11,7 +11,17 @@
 //! waited less. The other kind is tried again now and then in a short run of reads (a trial),
 //! more rarely while trials change nothing, so a change of load is noticed within a few
 //! thousand reads at the most.
+//!
+//! A new link to a brick starts from what the last links to the same brick learned (this
+//! process's, kept per address): otherwise every new link paid a trial of polling and then
+//! slept until the next trial, 64 reads later, however clearly polling had won on the link
+//! before it. A one-sided segment has a link of its own, so a program that allocates a segment
+//! and makes a few hundred puts spent most of them learning (`docs/benchmarks.md`, "The install
+//! path measured at start, and put/get that poll when it pays": put lost to `MPI_Put` in short
+//! runs only).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Weight of the newest wait in a kind's moving average.
@@ -29,9 +39,18 @@ const EVERY_MIN: u64 = 64;
 /// 2% of the time).
 const EVERY_MAX: u64 = 4096;
 
+/// Bricks whose links' last averages are remembered; past this many, the table is cleared (a
+/// process talks to a handful of bricks; this only bounds a process that talks to thousands).
+const REMEMBERED_BRICKS: usize = 64;
+
+/// The last averages (polled, slept) a link to each brick measured, by the brick's address.
+static LEARNED: Mutex<Option<HashMap<String, (f64, f64)>>> = Mutex::new(None);
+
 /// The measured waits of polling and sleeping reads on one link, and the choice they make.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct SpinChoice {
+    /// The brick's address, under which the link shares what it learns (empty: shares nothing).
+    peer: String,
     /// Moving averages of the wait, ns; `None` until a read of that kind was measured.
     polled: Option<f64>,
     slept: Option<f64>,
@@ -62,6 +81,34 @@ impl Trial {
 }
 
 impl SpinChoice {
+    /// The choice for a new link to `peer`: what the last link there learned, if one did (the
+    /// favoured kind at once, the other tried again after the fewest reads), else nothing yet.
+    pub(crate) fn for_peer(peer: &str) -> SpinChoice {
+        let learned = lock_learned().as_ref().and_then(|t| t.get(peer).copied());
+        SpinChoice {
+            peer: peer.to_owned(),
+            polled: learned.map(|l| l.0),
+            slept: learned.map(|l| l.1),
+            ..SpinChoice::default()
+        }
+    }
+
+    /// Shares both averages under the link's peer, once both are measured.
+    fn publish(&self) {
+        let (Some(p), Some(s)) = (self.polled, self.slept) else {
+            return;
+        };
+        if self.peer.is_empty() {
+            return;
+        }
+        let mut t = lock_learned();
+        let t = t.get_or_insert_with(HashMap::new);
+        if t.len() >= REMEMBERED_BRICKS && !t.contains_key(&self.peer) {
+            t.clear();
+        }
+        t.insert(self.peer.clone(), (p, s));
+    }
+
     /// Whether the next read should poll first.
     pub(crate) fn poll_next(&mut self) -> bool {
         if let Some(t) = &self.trial {
@@ -110,13 +157,20 @@ impl SpinChoice {
             } else {
                 EVERY_MIN
             };
+            self.publish();
             return;
         }
+        let first = self.favours_polling().is_none();
         let avg = self.average(polled);
         *avg = Some(match *avg {
             Some(a) => a + WEIGHT * (w - a),
             None => w,
         });
+        // Shared when the choice is first made and after every trial (not on every read: the
+        // table has one lock for the process's links).
+        if first {
+            self.publish();
+        }
     }
 
     fn average(&mut self, polled: bool) -> &mut Option<f64> {
@@ -131,6 +185,10 @@ impl SpinChoice {
     fn favours_polling(&self) -> Option<bool> {
         Some(self.polled? <= self.slept?)
     }
+}
+
+fn lock_learned() -> std::sync::MutexGuard<'static, Option<HashMap<String, (f64, f64)>>> {
+    LEARNED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -202,5 +260,40 @@ mod tests {
             polls >= 100 - TRIAL as usize,
             "polling taken up after a trial: {polls} {c:?}"
         );
+    }
+
+    #[test]
+    fn a_new_link_to_a_brick_starts_from_what_the_last_one_learned() {
+        let peer = "unix:/test/a-new-link-starts-from-the-last";
+        let mut first = SpinChoice::for_peer(peer);
+        run(&mut first, 200, 4, 14);
+        // Polling won on the first link: the second polls from its first read, with no trial.
+        let mut second = SpinChoice::for_peer(peer);
+        assert!(second.trial.is_none() && second.poll_next(), "{second:?}");
+        // (The first read above and these: one short of the first trial of sleeping.)
+        let polls = run(&mut second, EVERY_MIN as usize - 2, 4, 14);
+        assert_eq!(polls, EVERY_MIN as usize - 2, "{second:?}");
+        // Sleeping wins on another brick: its next link sleeps at once, and this brick's
+        // choice is untouched.
+        let other = "tcp:/test/a-new-link-starts-from-the-last:1";
+        let mut busy = SpinChoice::for_peer(other);
+        run(&mut busy, 200, 200, 30);
+        assert!(!SpinChoice::for_peer(other).poll_next());
+        assert!(SpinChoice::for_peer(peer).poll_next());
+        // A link of no known brick starts with its trial of polling, as before.
+        let mut fresh = SpinChoice::for_peer("unix:/test/never-seen");
+        assert!(fresh.poll_next() && fresh.trial.is_some());
+    }
+
+    #[test]
+    fn a_link_that_learns_sleeping_wins_tells_the_next_link() {
+        let peer = "unix:/test/learns-sleeping";
+        let mut first = SpinChoice::for_peer(peer);
+        run(&mut first, 100, 4, 14);
+        // The machine gets busy; a trial on the first link shows sleeping wins now.
+        run(&mut first, 3 * EVERY_MAX as usize, 200, 30);
+        let mut next = SpinChoice::for_peer(peer);
+        let polls = run(&mut next, EVERY_MIN as usize - 1, 200, 30);
+        assert_eq!(polls, 0, "{next:?}");
     }
 }
