@@ -162,10 +162,15 @@ enum CtlCommand {
     /// (a brick that joined) until every brick's used share is within --tolerance points of the
     /// mean, while programs run (the moves a drain makes). Prints the plan, then waits, with a
     /// progress bar, until every move is done (exit 0) or some were given up (exit 1).
+    /// `--status` shows the rebalance under way or the last one, as one a brick's joining started
+    /// (`rackmem control --rebalance-on-join`), and asks for nothing.
     Rebalance {
         /// Only print the plan: nothing moves.
         #[arg(long)]
         dry_run: bool,
+        /// Show the rebalance under way (or the last one) and its moves; start none.
+        #[arg(long, conflicts_with_all = ["dry_run", "no_wait"])]
+        status: bool,
         /// How far (percentage points of used capacity) a brick may stay from the mean share.
         #[arg(long, value_name = "POINTS", default_value_t = rackmem_control::plane::DEFAULT_TOLERANCE_POINTS)]
         tolerance: f64,
@@ -558,12 +563,23 @@ fn run_with(c: &Client, json: bool, cmd: CtlCommand) -> Result<(), CtlError> {
                 })?
             }
         }
+        CtlCommand::Rebalance { status: true, .. } => {
+            let r = c.rebalance_status()?;
+            print(json, &r, |r| {
+                format!(
+                    "{}\n{}",
+                    if r.finished { "finished" } else { "under way" },
+                    rebalance_plan(r)
+                )
+            })?
+        }
         CtlCommand::Rebalance {
             dry_run,
             tolerance,
             max_in_flight,
             timeout,
             no_wait,
+            status: false,
         } => {
             let req = rackmem_control::api::RebalanceRequest {
                 dry_run,

@@ -120,18 +120,37 @@ fn cluster_with(agent_extra: &[&str], proxy: bool) -> Cluster {
 /// written to `ca.pem` in the cluster's directory, when `tls` is set; `n_bricks` bricks (b0,
 /// b1, ...).
 fn cluster_on(agent_extra: &[&str], proxy: bool, tls: bool, n_bricks: usize) -> Cluster {
+    cluster_sized(agent_extra, proxy, tls, n_bricks, "1GiB", &[])
+}
+
+/// [`cluster_on`] with bricks of `brick_size` and more `rackmem control` options.
+fn cluster_sized(
+    agent_extra: &[&str],
+    proxy: bool,
+    tls: bool,
+    n_bricks: usize,
+    brick_size: &str,
+    control_extra: &[&str],
+) -> Cluster {
     let dir = tempfile::tempdir().expect("tempdir");
     // Tests run clients as another user: they must reach the socket's directory.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let listen = free_port();
-    let (control, url) = start_control_on(&dir.path().join("control.db"), &listen);
+    let (control, url) = if control_extra.is_empty() {
+        start_control_on(&dir.path().join("control.db"), &listen)
+    } else {
+        let store = format!("sqlite:{}", dir.path().join("control.db").display());
+        let mut args = vec!["--listen", &listen, "--brick-timeout", "5s", "--store", &store];
+        args.extend_from_slice(control_extra);
+        start_control_with(&args)
+    };
     let mut bricks = Vec::new();
     let mut brick_metrics = Vec::new();
     let mut brick_logs = Vec::new();
     let tls_files = tls.then(|| tls_files(dir.path()));
     for i in 0..n_bricks {
-        let (g, metrics, log) = spawn_brick(dir.path(), &url, i, tls_files.as_ref());
+        let (g, metrics, log) = spawn_brick_sized(dir.path(), &url, i, tls_files.as_ref(), brick_size);
         brick_metrics.push(metrics);
         bricks.push(g);
         brick_logs.push(log);
@@ -187,6 +206,17 @@ fn spawn_brick(
     i: usize,
     tls: Option<&(String, String, String)>,
 ) -> (Guard, String, std::sync::mpsc::Receiver<String>) {
+    spawn_brick_sized(dir, url, i, tls, "1GiB")
+}
+
+/// [`spawn_brick`] of `size`.
+fn spawn_brick_sized(
+    dir: &Path,
+    url: &str,
+    i: usize,
+    tls: Option<&(String, String, String)>,
+    size: &str,
+) -> (Guard, String, std::sync::mpsc::Receiver<String>) {
     let mut cmd = Command::new(rackmem());
     cmd.args(["brick", "--listen"]);
     match tls {
@@ -196,7 +226,7 @@ fn spawn_brick(
     // Port 0, and the address read back from the brick: a port picked here and released
     // could be taken by another process's connection before the brick binds it (a brick
     // that failed that way once left this test waiting for its registration, unexplained).
-    cmd.args(["--size", "1GiB", "--control", url, "--name", &format!("b{i}")])
+    cmd.args(["--size", size, "--control", url, "--name", &format!("b{i}")])
         .args(["--heartbeat-ms", "100", "--metrics", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -1969,6 +1999,75 @@ fn a_brick_that_joins_under_running_writers_takes_load_when_the_rack_rebalances(
         "ctl bricks shows no segment on b2: {b2}"
     );
 
+    one.finish("the first writer");
+    two.finish("the second writer");
+    wait_for("the programs' allocations to go back", || {
+        live_allocations(&c.url).is_empty()
+    });
+}
+
+/// `rackmem control --rebalance-on-join`: a brick that registers starts a rebalance by itself,
+/// with the default tolerance (10 points), and the programs writing meanwhile lose nothing.
+/// Bricks of 384 MiB: a program's window grows by two 128 MiB segments (one on each brick), so
+/// the two writers hold 256 MiB of each of b0 and b1 (67%), more than 10 points above the mean of
+/// three (44%), and a move has room for the copy of the allocation's segment that stays.
+#[test]
+fn a_brick_that_joins_takes_load_by_itself_when_the_control_plane_rebalances_on_join() {
+    require_root();
+    let mut c = cluster_sized(
+        &[],
+        false,
+        false,
+        2,
+        "384MiB",
+        &["--rebalance-on-join", "--node-quota", "1GiB"],
+    );
+    let one = Writer::start(&c, "32");
+    let two = Writer::start(&c, "24");
+    let before = (used_on(&c.url, "b0"), used_on(&c.url, "b1"));
+    assert!(before.0 > 0 && before.1 > 0, "the writers hold nothing: {before:?}");
+    // The bricks registered before anything was held: no rebalance moved anything yet.
+    let o = ctl(&c.url, &["--json", "rebalance", "--status"]);
+    if o.status.success() {
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        let moves = r["moves"].as_array().map_or(0, Vec::len);
+        assert_eq!(moves, 0, "a rebalance moved something before a brick joined: {r}");
+    } else {
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("no rebalance"),
+            "ctl rebalance --status before any: {}",
+            show(&o)
+        );
+    }
+
+    let (g, _, log) = spawn_brick_sized(c.dir.path(), &c.url, 2, None, "384MiB");
+    c._bricks.push(g);
+    c._brick_logs.push(log);
+    wait_for("b2 to register", || {
+        ctl_json(&c.url, &["bricks"]).as_array().map_or(0, Vec::len) == 3
+    });
+    // Nobody asks: the join starts the rebalance, and b2 ends up holding segments.
+    wait_for("b2 to take segments by itself", || {
+        brick_named(&c.url, "b2")["segments"].as_u64().unwrap_or(0) > 0
+    });
+    wait_for("the rebalance to finish", || {
+        let r = ctl_json(&c.url, &["rebalance", "--status"]);
+        r["finished"] == true
+    });
+    let r = ctl_json(&c.url, &["rebalance", "--status"]);
+    let moves = r["moves"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !moves.is_empty() && moves.iter().all(|m| m["state"] == "done"),
+        "the rebalance on join: {r}\nagent:\n{}",
+        c.agent_log()
+    );
+    let after = (used_on(&c.url, "b0"), used_on(&c.url, "b1"), used_on(&c.url, "b2"));
+    assert!(
+        after.2 > 0 && after.0 + after.1 < before.0 + before.1,
+        "{before:?} -> {after:?}"
+    );
+
+    // Both writers kept writing through the moves; their buffers equal their models.
     one.finish("the first writer");
     two.finish("the second writer");
     wait_for("the programs' allocations to go back", || {
