@@ -315,13 +315,21 @@ fn wait_drained(
         .map_err(|e| CtlError::Other(e.into()))?,
     );
     bar.set_message(b.name.clone());
+    if !b.named_segments.is_empty() && !json {
+        bar.suspend(|| eprintln!("{}", named_left(&b)));
+    }
     let deadline = Instant::now() + timeout;
     while !b.drained {
         if Instant::now() >= deadline {
             bar.abandon();
+            let named = if b.named_segments.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", named_left(&b))
+            };
             return Err(CtlError::TimedOut(format!(
                 "brick {} still holds {} segment(s) ({} in use) after {:?}: it stays draining (no new \
-                 segments go to it); run the command again to wait longer, or --cancel",
+                 segments go to it); run the command again to wait longer, or --cancel{named}",
                 b.name,
                 b.segments,
                 format_size(b.capacity_bytes.saturating_sub(b.free_bytes)),
@@ -334,6 +342,18 @@ fn wait_drained(
     }
     bar.finish();
     Ok(b)
+}
+
+/// What a drain cannot move on brick `b`: its named segments.
+fn named_left(b: &rackmem_control::api::Brick) -> String {
+    format!(
+        "{} named segment(s) on {} ({}) are not moved by a drain: processes on several nodes \
+         attach to them by name; the brick is drained when their holders close them \
+         (rackmem_seg_free)",
+        b.named_segments.len(),
+        b.name,
+        b.named_segments.join(", ")
+    )
 }
 
 /// A rebalance's plan as `rackmem ctl rebalance` prints it: the moves, then each brick's used

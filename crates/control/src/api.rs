@@ -128,6 +128,11 @@ pub struct Brick {
     /// Draining and holding no segment: it can be retired.
     #[serde(default)]
     pub drained: bool,
+    /// Names of the named segments on it (`rackmem_seg_open`), sorted. A drain does not move
+    /// them: their holders on several nodes attach by name and no one node's agent can move
+    /// them, so a brick holding one is drained only when their last holders close them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_segments: Vec<String>,
 }
 
 /// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).

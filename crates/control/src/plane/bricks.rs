@@ -342,7 +342,24 @@ impl ControlPlane {
             power: self.graph.power_of(&b.rec.name),
             draining: b.rec.draining,
             drained: b.rec.draining && b.segments.is_empty(),
+            named_segments: self.named_segments_on(b.rec.id),
         }
+    }
+
+    /// The names of the named segments with a segment on brick `id`, sorted.
+    fn named_segments_on(&self, id: u64) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .names
+            .iter()
+            .filter(|(_, a)| {
+                self.allocations
+                    .get(a)
+                    .is_some_and(|a| a.segments.iter().any(|s| s.brick_id == id))
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        v.sort();
+        v
     }
 
     /// `GET /v1/bricks/{id}`.

@@ -322,4 +322,27 @@ mod tests {
         let (s3, how) = open(&mut p, n2, "counter", M, &other).unwrap();
         assert_eq!((how, s3.uid), (Allocated::Created, 1001));
     }
+
+    /// A drain moves no named segment (its holders on several nodes attach by name), so the
+    /// brick's view names them, which `rackmem ctl drain` shows the operator, and the brick is
+    /// drained once their last holder closes them.
+    #[test]
+    fn a_draining_brick_names_the_named_segments_it_cannot_lose_until_they_are_closed() {
+        let mut p = plane();
+        let b1 = brick(&mut p, "b1", 64 * M);
+        let n1 = node(&mut p, "n1");
+        let a = holder("agent-a", 1, 1000);
+        open(&mut p, n1, "zeta", M, &a).unwrap();
+        open(&mut p, n1, "alpha", M, &a).unwrap();
+        // A brick with room, or the drain is refused.
+        brick(&mut p, "b2", 64 * M);
+        let v = p.set_draining(b1, true).unwrap();
+        assert_eq!(v.named_segments, vec!["alpha".to_string(), "zeta".to_string()]);
+        assert!(!v.drained && v.draining);
+        assert!(p.evacuations(n1).is_empty(), "a drain tried to move a named segment");
+        p.close_named("alpha", n1, &a).unwrap();
+        p.close_named("zeta", n1, &a).unwrap();
+        let v = p.brick(b1).unwrap();
+        assert!(v.named_segments.is_empty() && v.drained, "{v:?}");
+    }
 }
