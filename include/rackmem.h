@@ -90,7 +90,6 @@ int rackmem_get_stats(struct rackmem_stats *out);
  *   EMFILE  64 segments are open in this process already
  *   ENODEV  neither a brick nor a node agent is configured (RACKMEM_BRICKS and RACKMEM_AGENT
  *           unset)
- *   ENOTSUP a child of fork() asked for a segment (see below)
  *   EAGAIN  the node agent serves as many processes as it may
  *   EIO     the brick was lost or failed; the node agent or control plane cannot be reached
  *
@@ -100,9 +99,11 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * with respect to nothing else (a put over a word being added to may lose the add).
  * Non-blocking transfers belong to the thread that started them: rackmem_quiet completes
  * the calling thread's. fork(): the parent's segments stay the parent's; in the child, calls on
- * them fail with EBADF (and rackmem_seg_free of them too, harmlessly), new segments with
- * ENOTSUP, and transfers the forking thread had in flight are the parent's (rackmem_quiet in
- * the child returns 0). A child that execs starts afresh. */
+ * them fail with EBADF (and rackmem_seg_free of them too, harmlessly), and transfers the
+ * forking thread had in flight are the parent's (rackmem_quiet in the child does not wait for
+ * them). The child makes segments of its own, over connections of its own (so do its
+ * children); its copies of the parent's connections are closed, so the parent's segments are
+ * freed when the parent frees them or exits. A child that execs starts afresh. */
 
 /* An open segment; the pointer is a handle, never dereference it. */
 typedef struct rackmem_seg rackmem_seg;

@@ -10,7 +10,8 @@
  *                                  segment and each add 1 to one word N times, half by
  *                                  fetch-add and half by compare-and-swap; prints the total
  *        putget fork                a child of fork() cannot touch its parent's segment (EBADF)
- *                                  nor disturb its transfers in flight, even when it exits */
+ *                                  nor disturb its transfers in flight, even when it exits;
+ *                                  it makes segments of its own, and so does its child */
 #include "common.h"
 #include <errno.h>
 #include <sys/wait.h>
@@ -198,6 +199,42 @@ static int counter(const char *name, int procs, uint64_t n) {
     return total == n * (uint64_t)procs ? 0 : 5;
 }
 
+/* In a child of fork(): the segments of every ancestor (`theirs`, n of them) fail with EBADF,
+ * and a segment of its own works end to end; `depth` more generations do the same below it.
+ * Returns 0 when all of them did (or dies saying what failed). */
+static int own_segments(rackmem_seg **theirs, int n, int depth) {
+    uint64_t v = 1;
+    for (int i = 0; i < n; i++) {
+        EXPECT_ERR(put(theirs[i], 0, &v, 8), -1, EBADF, "child: put to an ancestor's segment");
+        EXPECT_ERR(fetch_add(theirs[i], 0, 1), UINT64_MAX, EBADF, "child: fetch_add on an ancestor's segment");
+    }
+    rackmem_seg *mine = seg_alloc(1 << 20);
+    if (!mine) DIE("child %d: its own segment: %s", depth, strerror(errno));
+    static uint64_t w[2048], back[2048];
+    for (size_t i = 0; i < 2048; i++) w[i] = pattern(20 + (uint64_t)depth, i);
+    if (put(mine, 4096, w, sizeof w) || put_nbi(mine, 65536, w, 800) || quiet())
+        DIE("child %d: put to its own segment: %s", depth, strerror(errno));
+    if (get(mine, 4096, back, sizeof back)) DIE("child %d: get: %s", depth, strerror(errno));
+    verify(back, 2048, 20 + (uint64_t)depth, "a forked child's own segment");
+    if (fetch_add(mine, 0, 7) != 0 || fetch_add(mine, 0, 1) != 7)
+        DIE("child %d: fetch_add on its own segment: %s", depth, strerror(errno));
+    if (depth > 0) {
+        theirs[n] = mine;
+        pid_t pid = fork();
+        if (pid < 0) DIE("fork: %s", strerror(errno));
+        if (pid == 0) exit(own_segments(theirs, n + 1, depth - 1));
+        int st;
+        if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            DIE("grandchild failed (status %d)", st);
+        /* Its child's exit left this one's segment whole. */
+        memset(back, 0, sizeof back);
+        if (get(mine, 4096, back, sizeof back)) DIE("child %d: get after its child: %s", depth, strerror(errno));
+        verify(back, 2048, 20 + (uint64_t)depth, "a forked child's own segment after its child exited");
+    }
+    seg_free(mine);
+    return 0;
+}
+
 static int forked(void) {
     rackmem_seg *s = seg_alloc(1 << 20);
     if (!s) DIE("rackmem_seg_alloc: %s", strerror(errno));
@@ -210,13 +247,11 @@ static int forked(void) {
     pid_t pid = fork();
     if (pid < 0) DIE("fork: %s", strerror(errno));
     if (pid == 0) {
-        uint64_t v = 1;
-        EXPECT_ERR(put(s, 0, &v, 8), -1, EBADF, "child: put to the parent's segment");
-        EXPECT_ERR(fetch_add(s, 0, 1), UINT64_MAX, EBADF, "child: fetch_add on the parent's segment");
-        EXPECT_ERR(seg_alloc(4096), NULL, ENOTSUP, "child: a new segment");
         if (quiet()) DIE("child: quiet: %s", strerror(errno));
         seg_free(s); /* must not cut the parent's connection */
-        exit(0);     /* runs thread-local destructors: they must not touch the parent's link */
+        rackmem_seg *ancestors[4] = {s};
+        /* exit runs thread-local destructors: they must not touch the parent's link. */
+        exit(own_segments(ancestors, 1, 2));
     }
     int st;
     if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) DIE("child failed (status %d)", st);

@@ -157,8 +157,10 @@ fn concurrent_atomics_from_several_processes_sum_exactly() {
     }
 }
 
-/// A child of fork() gets EBADF on its parent's segments and ENOTSUP for new ones, and neither
-/// its calls nor its exit disturb the parent's connection or its transfers in flight.
+/// A child of fork() gets EBADF on its parent's segments, and neither its calls nor its exit
+/// disturb the parent's connection or its transfers in flight; it makes segments of its own that
+/// work (patterns read back, atomics), and so does its child, which gets EBADF on both
+/// ancestors' segments.
 #[test]
 fn a_forked_child_leaves_its_parents_segments_alone() {
     require_root();

@@ -19,17 +19,34 @@ use rackmem_putget::{
 use rackmem_runtime::config::{Config, ShareChoice};
 use rackmem_runtime::CallGuard;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The process's engine, or why there is none (printed once, then `errno` on every call).
 static ENGINE: OnceLock<Result<Arc<Engine>, (c_int, String)>> = OnceLock::new();
 
 /// Set in a child of `fork()`: its parent's segments are reached over the parent's connections,
 /// which the child shares, so any use of them (or a close: `shutdown(2)` would cut the
-/// parent's) would corrupt the parent's traffic. The child's calls fail instead (EBADF on a
-/// segment, ENOTSUP to make one); a child that execs starts afresh.
+/// parent's) would corrupt the parent's traffic. The child makes an engine of its own instead
+/// ([`CHILD_ENGINE`]): its own connections, its own segments; the parent's handles name none of
+/// them (EBADF).
 static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// A forked child's engine, with the process it was made in: a grandchild finds its parent's
+/// here, and makes its own in turn. An engine inherited this way is never dropped (dropping
+/// would shut its parent's connections down).
+type Built = Result<Arc<Engine>, (c_int, String)>;
+static CHILD_ENGINE: Mutex<Option<(u32, Built)>> = Mutex::new(None);
+
+/// The engine (its address) whose connections a forked child of this lineage closed last.
+static CLOSED_FOR: AtomicUsize = AtomicUsize::new(0);
+
+/// The first handle of an engine made in process `pid`: above any handle the first engine
+/// (numbered from one) or another process's could hand out, so handles never name a segment of
+/// another generation's engine.
+fn first_handle(pid: u32) -> u64 {
+    (u64::from(pid) << 40) | 1
+}
 
 extern "C" fn forked_child() {
     FORKED.store(true, Ordering::Release);
@@ -40,6 +57,30 @@ extern "C" fn forked_child() {
             std::mem::forget(std::mem::take(&mut *p));
         }
     });
+    // Close (never shut down) the parent's connections here, so that they end when the parent
+    // exits rather than when the last of its children does: a brick frees a segment, and an
+    // agent a grant, when its connection ends. Only tried: a lock held at the fork by another
+    // of the parent's threads stays held here.
+    let parents = match CHILD_ENGINE.try_lock() {
+        Ok(c) => c.as_ref().and_then(|(_, e)| e.as_ref().ok().cloned()),
+        Err(_) => None,
+    }
+    .or_else(|| ENGINE.get().and_then(|e| e.as_ref().ok().cloned()));
+    // Once per engine: in a grandchild, the descriptors of an engine its parent already closed
+    // them for may be numbers the parent reused for files of its own.
+    let id = parents.as_ref().map_or(0, |e| Arc::as_ptr(e) as usize);
+    let first_time = id != 0 && CLOSED_FOR.swap(id, Ordering::AcqRel) != id;
+    if let Some(e) = parents.as_ref().filter(|_| first_time) {
+        e.try_for_each_fd(|fd| {
+            // SAFETY: closes a descriptor the parent's engine owns in this child, where that engine
+            // is never used or dropped again (calls go to the child's own engine), so nothing
+            // reads, writes or closes it after this.
+            unsafe { libc::close(fd) };
+        });
+    }
+    // The engine is not dropped: it stays in ENGINE / CHILD_ENGINE until replaced, and a
+    // replaced one is forgotten.
+    std::mem::forget(parents);
 }
 
 thread_local! {
@@ -53,6 +94,8 @@ thread_local! {
 /// segments (and its holds on named ones) back.
 struct AgentGranter {
     agent: rackmem_runtime::agent::Agent,
+    /// The connection's descriptors, taken when it was made (see [`Granter::raw_fds`]).
+    fds: Vec<std::os::fd::RawFd>,
 }
 
 fn agent_error(e: rackmem_runtime::agent::AgentError) -> PutGetError {
@@ -99,9 +142,16 @@ impl Granter for AgentGranter {
     fn give_back(&self, allocation: u64) -> Result<(), PutGetError> {
         self.agent.release(allocation).map_err(agent_error)
     }
+
+    fn raw_fds(&self) -> &[std::os::fd::RawFd] {
+        &self.fds
+    }
 }
 
-fn build() -> Result<Arc<Engine>, (c_int, String)> {
+/// Registers [`forked_child`] once per process image (a forked child's engines share it).
+static ATFORK: OnceLock<c_int> = OnceLock::new();
+
+fn build(first: u64) -> Result<Arc<Engine>, (c_int, String)> {
     let fail = |e: PutGetError| (e.errno(), e.to_string());
     let cfg = Config::from_env()
         .map_err(|e| (libc::EINVAL, format!("bad configuration: {e}")))?
@@ -117,37 +167,41 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
         (Some(path), true) => {
             let agent = rackmem_runtime::agent::Agent::connect_without_orders(path, cfg.timeout)
                 .map_err(|e| fail(agent_error(e)))?;
-            Some(Arc::new(AgentGranter { agent }))
+            let fds = agent.raw_fds();
+            Some(Arc::new(AgentGranter { agent, fds }))
         }
         _ => None,
     };
     let from_agent = granter.is_some();
-    let engine = Arc::new(Engine::with_granter(
-        EngineConfig {
-            bricks: cfg.bricks.clone(),
-            secret: cfg.secret.clone(),
-            timeout: cfg.timeout,
-            sharing: match cfg.shared_memory {
-                ShareChoice::Never => Sharing::Never,
-                ShareChoice::Auto => Sharing::Auto,
-                ShareChoice::Always => Sharing::Always,
+    let engine = Arc::new(
+        Engine::with_granter(
+            EngineConfig {
+                bricks: cfg.bricks.clone(),
+                secret: cfg.secret.clone(),
+                timeout: cfg.timeout,
+                sharing: match cfg.shared_memory {
+                    ShareChoice::Never => Sharing::Never,
+                    ShareChoice::Auto => Sharing::Auto,
+                    ShareChoice::Always => Sharing::Always,
+                },
+                tls: cfg.tls.clone(),
+                threshold,
+                link_spin: std::time::Duration::from_micros(
+                    std::env::var("RACKMEM_PUTGET_SPIN_US")
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(rackmem_putget::DEFAULT_LINK_SPIN_US),
+                ),
             },
-            tls: cfg.tls.clone(),
-            threshold,
-            link_spin: std::time::Duration::from_micros(
-                std::env::var("RACKMEM_PUTGET_SPIN_US")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(rackmem_putget::DEFAULT_LINK_SPIN_US),
-            ),
-        },
-        granter,
-    ));
+            granter,
+        )
+        .with_first_handle(first),
+    );
     if cfg.bricks.is_empty() && !from_agent {
         return Err(fail(PutGetError::NotConfigured));
     }
     // SAFETY: registers a plain `extern "C" fn()` with static lifetime as a fork child hook.
-    let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    let rc = *ATFORK.get_or_init(|| unsafe { libc::pthread_atfork(None, None, Some(forked_child)) });
     if rc != 0 {
         return Err((rc, "pthread_atfork failed: fork() could not be made safe".into()));
     }
@@ -163,26 +217,31 @@ fn build() -> Result<Arc<Engine>, (c_int, String)> {
     Ok(engine)
 }
 
+fn built(first: u64) -> Built {
+    let r = build(first);
+    if let Err((_, why)) = &r {
+        eprintln!("rackmem: one-sided segments unavailable: {why}");
+    }
+    r
+}
+
 fn engine() -> Result<Arc<Engine>, c_int> {
-    if FORKED.load(Ordering::Acquire) {
-        return Err(libc::ENOTSUP);
-    }
-    match ENGINE.get_or_init(|| {
-        let r = build();
-        if let Err((_, why)) = &r {
-            eprintln!("rackmem: one-sided segments unavailable: {why}");
+    let r = if FORKED.load(Ordering::Acquire) {
+        // A child of fork(): an engine made in this process, or one made now.
+        let pid = std::process::id();
+        let mut c = CHILD_ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+        if c.as_ref().is_some_and(|(made_in, _)| *made_in != pid) {
+            // The parent's (or a grandparent's) engine is forgotten, never dropped.
+            std::mem::forget(c.take());
         }
-        r
-    }) {
-        Ok(e) => Ok(e.clone()),
-        Err((errno, _)) => Err(*errno),
-    }
+        c.get_or_insert_with(|| (pid, built(first_handle(pid)))).1.clone()
+    } else {
+        ENGINE.get_or_init(|| built(1)).clone()
+    };
+    r.map_err(|(errno, _)| errno)
 }
 
 fn segment(seg: *mut c_void) -> Result<Arc<Segment>, c_int> {
-    if FORKED.load(Ordering::Relaxed) {
-        return Err(libc::EBADF);
-    }
     engine()?.segment(seg as u64).map_err(|e| e.errno())
 }
 
@@ -259,9 +318,6 @@ pub extern "C" fn rackmem_seg_free(seg: *mut c_void) {
         return;
     }
     call((), || {
-        if FORKED.load(Ordering::Relaxed) {
-            return Err(libc::EBADF);
-        }
         let e = engine()?;
         if let Ok(s) = e.segment(seg as u64) {
             // This thread's transfers on it finish first: their buffers are the caller's.
@@ -360,9 +416,6 @@ pub unsafe extern "C" fn rackmem_get_nbi(seg: *mut c_void, offset: u64, dst: *mu
 #[no_mangle]
 pub extern "C" fn rackmem_quiet() -> c_int {
     call(-1, || {
-        if FORKED.load(Ordering::Relaxed) {
-            return Ok(0);
-        }
         PENDING.with(|p| p.borrow_mut().quiet()).map_err(|e| e.errno())?;
         Ok(0)
     })

@@ -55,6 +55,12 @@ pub trait Granter: Send + Sync {
     /// Gives back what [`Granter::grant`] returned (for a name: this process's hold, the last
     /// of which frees it).
     fn give_back(&self, allocation: u64) -> Result<(), PutGetError>;
+    /// The file descriptors of the granter's own connections (a forked child closes its
+    /// parent's, so that the parent's exit is seen where they lead). Called in a child of
+    /// fork(): it must take no lock another thread may have held.
+    fn raw_fds(&self) -> &[std::os::fd::RawFd] {
+        &[]
+    }
 }
 
 /// Default of [`EngineConfig::link_spin`], µs: the fault path's own default. Measured on the
@@ -118,6 +124,30 @@ impl Engine {
             plans: Mutex::new(HashMap::new()),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
         }
+    }
+
+    /// This engine hands out handles from `first` on (never 0). A forked child's engine starts
+    /// where its parent's can never reach, so that a parent's handle used in the child names
+    /// no segment of the child's (EBADF) instead of another segment.
+    pub fn with_first_handle(self, first: u64) -> Engine {
+        self.next_handle.store(first.max(1), Ordering::Relaxed);
+        self
+    }
+
+    /// Calls `f` with the file descriptor of every segment's link and of the granter's
+    /// connections; false (and no call) when the segment table is locked. For a forked child,
+    /// which must close its parent's connections without using them: a lock another thread of
+    /// the parent held at the fork stays held in the child for ever, so it is only tried, and
+    /// nothing is allocated (the child's allocator may not be ready in a fork hook).
+    pub fn try_for_each_fd(&self, mut f: impl FnMut(std::os::fd::RawFd)) -> bool {
+        let Ok(segments) = self.segments.try_read() else {
+            return false;
+        };
+        segments.values().flat_map(|s| s.fds.iter()).for_each(|fd| f(*fd));
+        if let Some(g) = &self.granter {
+            g.raw_fds().iter().for_each(|fd| f(*fd));
+        }
+        true
     }
 
     /// The configuration.
@@ -251,6 +281,7 @@ impl Engine {
             (Sharing::Always, BrickAddr::Unix(_)) => Some(link.share()?),
         };
         Ok(Segment {
+            fds: link.raw_fds(),
             link,
             grant,
             mapping,

@@ -33,6 +33,9 @@ pub const BULK_WINDOW: usize = 8;
 /// A segment of a brick, attached by a link of its own.
 pub struct Segment {
     pub(crate) link: Link,
+    /// The link's file descriptors, taken when it was made (a forked child closes them without
+    /// taking the link's locks, which another thread may have held at the fork).
+    pub(crate) fds: Vec<std::os::fd::RawFd>,
     pub(crate) grant: SegmentGrant,
     pub(crate) mapping: Option<SharedMemory>,
     /// Which path serves a transfer of a given size; set once the link is calibrated.
