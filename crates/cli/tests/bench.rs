@@ -845,6 +845,14 @@ fn a_malformed_setup_or_a_missing_baseline_is_refused() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("defaults") && err.contains("taken"), "{err}");
 
+        if part == "apps" {
+            // The rows at the swap peers' bytes have this name.
+            let o = bench(&[part, "--peers", "", "--setup", "same-memory=--stats"]);
+            assert!(!o.status.success(), "{}", show(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("same-memory") && err.contains("taken"), "{err}");
+        }
+
         let o = bench(&[part, "--peers", "", "--baseline", "/nonexistent/old/rackmem"]);
         assert!(!o.status.success(), "{}", show(&o));
         let err = String::from_utf8_lossy(&o.stderr);
