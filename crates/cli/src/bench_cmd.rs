@@ -135,8 +135,10 @@ enum Which {
     /// Real applications (Redis under redis-benchmark, memcached, SQLite building an index, K-means, Graph500
     /// BFS, zstd --long, xz -T2, NumPy linear algebra and K-means, qsort, a Python dict, random updates
     /// from 1, 2 and all CPUs) natively, under `rackmem run --local P%` and under Linux swap to zram and
-    /// to a swap file with a memory cgroup limited to P% of the footprint measured natively.
-    /// Needs root for the swap peers.
+    /// to a swap file with a memory cgroup limited to P% of the footprint measured natively (and
+    /// 8 MiB); with swap peers, also under `rackmem run --local BYTES` of that cgroup's limit
+    /// (`rackmem same-memory`: the same bytes, fixed from the start). Needs root for the swap
+    /// peers.
     Apps(AppArgs),
     /// The control plane over HTTP: allocation and release latency and throughput with 1,000
     /// bricks and 10,000 live allocations, on SQLite and on etcd, beside the GET /healthz floor.
@@ -268,7 +270,8 @@ pub struct AppArgs {
     locals: Vec<u32>,
     #[command(flatten)]
     compare: CompareArgs,
-    /// Swap peers: zram, file (empty to skip).
+    /// Swap peers: zram, file (empty to skip). With peers, rackmem's defaults also run at the
+    /// bytes of the peers' cgroup limit (`rackmem same-memory` rows).
     #[arg(long, value_delimiter = ',', default_value = "zram,file")]
     peers: Vec<String>,
     /// Where the swap file goes (a directory on the disk to measure).

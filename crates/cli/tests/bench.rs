@@ -583,8 +583,9 @@ fn apps_against_swap_peers_leave_the_machine_as_found() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows = apps_json(&j);
-    // Per application: native, rackmem, zram, swap file.
-    check_rows(&rows, &["kmeans", "zstd"], 4);
+    // Per application: native, rackmem at 50% of the footprint, rackmem at the peers' bytes,
+    // zram, swap file.
+    check_rows(&rows, &["kmeans", "zstd"], 5);
     for r in rows
         .iter()
         .filter(|r| r["setup"] == "zram" || r["setup"] == "swap file")
@@ -592,7 +593,30 @@ fn apps_against_swap_peers_leave_the_machine_as_found() {
         let limit = r["cgroup_limit_bytes"].as_u64().expect("the peer's cgroup limit");
         let footprint = r["footprint_bytes"].as_u64().expect("footprint");
         assert_eq!(limit, footprint / 2 + (8 << 20), "50% of the footprint and 8 MiB: {r}");
+        // rackmem ran with the same bytes, as a fixed `--local`.
+        let same = rows
+            .iter()
+            .find(|s| s["app"] == r["app"] && s["setup"] == "rackmem same-memory")
+            .unwrap_or_else(|| panic!("no same-memory row for {}: {rows:#?}", r["app"]));
+        assert_eq!(same["local_bytes"].as_u64(), Some(limit), "the peers' bytes: {same}");
+        assert_eq!(same["local_pct"], r["local_pct"], "{same}");
+        if r["setup"] == "zram" && r["error"].is_null() {
+            assert!(same["vs_zram"].as_f64().is_some_and(|x| x > 0.0), "{same}");
+        }
     }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).expect("json")).expect("well-formed JSON");
+    assert!(
+        v["against_peers_same_memory"]["apps"]
+            .as_array()
+            .is_some_and(|a| a.len() == 2),
+        "rackmem at the peers' bytes against them: {v}"
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["setup"] != "rackmem" || r["local_bytes"].is_null()),
+        "the defaults' rows ran at a share of the footprint: {rows:#?}"
+    );
     assert!(
         rows.iter()
             .any(|r| r["setup"] == "rackmem" && r["vs_zram"].as_f64().is_some()),
@@ -820,6 +844,14 @@ fn a_malformed_setup_or_a_missing_baseline_is_refused() {
         assert!(!o.status.success(), "{}", show(&o));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("defaults") && err.contains("taken"), "{err}");
+
+        if part == "apps" {
+            // The rows at the swap peers' bytes have this name.
+            let o = bench(&[part, "--peers", "", "--setup", "same-memory=--stats"]);
+            assert!(!o.status.success(), "{}", show(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("same-memory") && err.contains("taken"), "{err}");
+        }
 
         let o = bench(&[part, "--peers", "", "--baseline", "/nonexistent/old/rackmem"]);
         assert!(!o.status.success(), "{}", show(&o));

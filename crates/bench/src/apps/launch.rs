@@ -40,12 +40,31 @@ pub(super) fn fail(reason: impl Into<String>) -> Failure {
     }
 }
 
+/// A rackmem run's local buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Local {
+    /// `--local P%`: P% of the window's peak footprint so far, growing with it.
+    Percent(u32),
+    /// `--local BYTES`: a byte budget fixed from the start, as a memory cgroup's limit is.
+    Bytes(u64),
+}
+
+impl Local {
+    /// The value of `--local`.
+    pub(super) fn arg(self) -> String {
+        match self {
+            Local::Percent(p) => format!("{p}%"),
+            Local::Bytes(b) => b.to_string(),
+        }
+    }
+}
+
 /// Where a program runs.
 pub(super) enum Launch<'a> {
     /// Natively, its peak RSS measured.
     Native,
-    /// Under `rackmem run --local P% OPTIONS…` of a build.
-    Rackmem(&'a Rackmem, &'a [String], u32),
+    /// Under `rackmem run --local LOCAL OPTIONS…` of a build.
+    Rackmem(&'a Rackmem, &'a [String], Local),
     /// In a memory cgroup (a swap peer).
     Cgroup(&'a mut MemoryCgroup),
 }
@@ -58,7 +77,7 @@ impl Launch<'_> {
                 c.args(args);
                 c
             }
-            Launch::Rackmem(rackmem, options, pct) => rackmem.run(&format!("{pct}%"), options, prog, args),
+            Launch::Rackmem(rackmem, options, local) => rackmem.run(&local.arg(), options, prog, args),
             Launch::Cgroup(cg) => {
                 cg.start_sampling();
                 cg.command(prog, args)

@@ -2,7 +2,9 @@
 //!
 //! Fourteen applications, each with a footprint of a few hundred MiB at `scale` 1, run natively,
 //! under `rackmem run --local P%` and, with root, under Linux swap to zram and to a swap file
-//! with a memory cgroup limited to the same P% of the footprint measured natively:
+//! with a memory cgroup limited to the same P% of the footprint measured natively (and 8 MiB),
+//! and with those peers under `rackmem run --local BYTES` of that cgroup's limit ([`SAME_MEMORY`]:
+//! the same bytes, fixed from the start, where P% is a share of the footprint *so far*):
 //!
 //! - `redis`: Debian's `redis-server` (jemalloc inside) loaded with a key space through
 //!   `redis-cli --pipe`, then `redis-benchmark` issues random GETs over it from outside the
@@ -68,7 +70,7 @@ pub use sqlite::sqlite_script;
 pub use zstd::zstd_input;
 
 use app::{prepare, run_one};
-use launch::{Failure, Launch, Outcome};
+use launch::{Failure, Launch, Local, Outcome};
 use report::{against_peers, bars, baseline_ratios, table};
 
 use crate::rackmem::Rackmem;
@@ -176,17 +178,43 @@ impl Series {
     }
 }
 
+/// The setup of the rows that run rackmem's defaults with the swap peers' memory: `--local` of
+/// the bytes of their cgroup's limit ([`cgroup_limit`]), fixed from the start as that limit is.
+pub const SAME_MEMORY: &str = "same-memory";
+
+/// The memory cgroup's limit for a swap peer at `pct`% of the native peak `footprint`, as
+/// `bench workloads` sizes it: the share of the footprint and 8 MiB for the program's own text
+/// and stacks. The same-memory rackmem rows get these bytes too.
+pub fn cgroup_limit(footprint: u64, pct: u32) -> u64 {
+    footprint * pct as u64 / 100 + (8 << 20)
+}
+
 /// One rackmem setup at one local buffer with one build: what a round runs after native.
 struct Variant<'a> {
     pct: u32,
-    /// The row's setup: `rackmem`, `rackmem NAME`, either with `@baseline`.
+    /// The row's setup: `rackmem`, `rackmem NAME`, `rackmem same-memory`, each with
+    /// `@baseline` for the baseline build.
     setup: String,
     rackmem: &'a Rackmem,
     options: &'a [String],
+    /// `--local` of the swap peers' bytes at `pct` instead of `pct`% (see [`SAME_MEMORY`]).
+    same_memory: bool,
+}
+
+impl Variant<'_> {
+    /// The local buffer of this variant's runs, once native runs measured `footprint`.
+    fn local(&self, footprint: u64) -> Local {
+        if self.same_memory {
+            Local::Bytes(cgroup_limit(footprint, self.pct))
+        } else {
+            Local::Percent(self.pct)
+        }
+    }
 }
 
 /// The rackmem variants of a round, in the order they run: every local buffer, every setup
-/// (the defaults first), the current build then the baseline.
+/// (the defaults first), the current build then the baseline; with swap peers, then the
+/// defaults at the peers' memory (each build).
 fn variants(cfg: &AppsConfig) -> Vec<Variant<'_>> {
     let setups: Vec<(String, &[String])> = std::iter::once(("rackmem".to_string(), &[][..]))
         .chain(
@@ -205,8 +233,21 @@ fn variants(cfg: &AppsConfig) -> Vec<Variant<'_>> {
                     setup: format!("{name}{}", b.build.suffix()),
                     rackmem: b,
                     options,
+                    same_memory: false,
                 });
             }
+        }
+        if cfg.peers.is_empty() {
+            continue;
+        }
+        for b in &builds {
+            v.push(Variant {
+                pct,
+                setup: format!("rackmem {SAME_MEMORY}{}", b.build.suffix()),
+                rackmem: b,
+                options: &[],
+                same_memory: true,
+            });
         }
     }
     v
@@ -235,8 +276,14 @@ pub fn run(cfg: &AppsConfig) -> Result<Output, BenchError> {
         "Applications (same run; {of}swap peers in a memory cgroup of the same share of the footprint; \"× zram\" = speed-up over zram at the same local buffer)\n{}\n",
         table(&rows)
     );
-    let (peers_text, peers_json) = against_peers(&rows, &cfg.locals);
+    let (peers_text, peers_json) = against_peers(&rows, &cfg.locals, "rackmem");
     text += &peers_text;
+    let same = format!("rackmem {SAME_MEMORY}");
+    let (same_text, same_json) = against_peers(&rows, &cfg.locals, &same);
+    let ran_same = rows.iter().any(|r| r.setup == same);
+    if ran_same {
+        text += &same_text;
+    }
     let mut json = serde_json::json!({
         "apps": rows,
         "against_peers": peers_json,
@@ -244,6 +291,9 @@ pub fn run(cfg: &AppsConfig) -> Result<Output, BenchError> {
         "scale": cfg.scale,
         "sizes": Sizes::at(cfg.scale),
     });
+    if ran_same {
+        json["against_peers_same_memory"] = same_json;
+    }
     if !cfg.extra_setups.is_empty() {
         json["setups"] = serde_json::json!(cfg
             .extra_setups
@@ -278,6 +328,11 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
         )));
     }
     Setup::check(&[], &cfg.extra_setups)?;
+    if cfg.extra_setups.iter().any(|s| s.name == SAME_MEMORY) {
+        return Err(BenchError::Config(format!(
+            "--setup {SAME_MEMORY}: the name is taken (rackmem at the swap peers' memory)"
+        )));
+    }
     let variants = variants(cfg);
     if !cfg.peers.is_empty() {
         crate::swap::require_root("bench apps with swap peers (use --peers '' to run without)")?;
@@ -298,6 +353,8 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
         let p = prepare(name, cfg)?;
         let mut native = Series::default();
         let mut rackmem: Vec<Series> = variants.iter().map(|_| Series::default()).collect();
+        // The most bytes each variant's runs had as a fixed budget (same-memory variants).
+        let mut local_bytes: Vec<Option<u64>> = vec![None; variants.len()];
         let mut footprint = 0u64;
         for _ in 0..cfg.repeat {
             interrupted()?;
@@ -308,11 +365,18 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 footprint = footprint.max(o.peak_rss_bytes.unwrap_or(0));
             }
             pb.inc(1);
-            for (v, series) in variants.iter().zip(rackmem.iter_mut()) {
+            for ((v, series), bytes) in variants.iter().zip(rackmem.iter_mut()).zip(local_bytes.iter_mut()) {
                 interrupted()?;
                 pb.set_message(format!("{name}: {} {}%", v.setup, v.pct));
+                // The peers' limit from the native peak measured so far (a run later in the
+                // round, the peers' from the peak of every round: the peak RSS of one program
+                // and input moves by a page or two between runs).
+                let local = v.local(footprint);
+                if let Local::Bytes(b) = local {
+                    *bytes = Some(bytes.unwrap_or(0).max(b));
+                }
                 let s = t0.elapsed().as_secs_f64();
-                series.push(s, run_one(&p, &mut Launch::Rackmem(v.rackmem, v.options, v.pct)));
+                series.push(s, run_one(&p, &mut Launch::Rackmem(v.rackmem, v.options, local)));
                 pb.inc(1);
             }
         }
@@ -336,15 +400,13 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                             ..Series::default()
                         };
                         pb.inc(cfg.repeat as u64);
-                        peers.push((b, pct, series, footprint * pct as u64 / 100 + (8 << 20)));
+                        peers.push((b, pct, series, cgroup_limit(footprint, pct)));
                     }
                     continue;
                 }
             };
             for &pct in &cfg.locals {
-                // The budget as `bench workloads` sizes it: the share of the footprint and 8 MiB
-                // for the program's own text and stacks.
-                let limit = footprint * pct as u64 / 100 + (8 << 20);
+                let limit = cgroup_limit(footprint, pct);
                 let mut series = Series::default();
                 for _ in 0..cfg.repeat {
                     interrupted()?;
@@ -368,7 +430,7 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
         }
         let base = median(&native.values);
         let expect = native.results.first().cloned().unwrap_or_default();
-        let row = |setup: &str, pct: u32, s: &Series, limit: Option<u64>| -> AppRow {
+        let row = |setup: &str, pct: u32, s: &Series, limit: Option<u64>, local: Option<u64>| -> AppRow {
             let matches = s.results.iter().all(|r| *r == expect);
             let mut error = s.error_text();
             if !matches {
@@ -395,16 +457,17 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 result_matches_native: matches && s.error.is_none(),
                 footprint_bytes: footprint,
                 cgroup_limit_bytes: limit,
+                local_bytes: local,
                 error,
                 oom: s.oom.clone(),
             }
         };
-        let mut app_rows = vec![row("native", 100, &native, None)];
-        for (v, s) in variants.iter().zip(&rackmem) {
-            app_rows.push(row(&v.setup, v.pct, s, None));
+        let mut app_rows = vec![row("native", 100, &native, None, None)];
+        for ((v, s), bytes) in variants.iter().zip(&rackmem).zip(&local_bytes) {
+            app_rows.push(row(&v.setup, v.pct, s, None, *bytes));
         }
         for (b, pct, s, limit) in &peers {
-            app_rows.push(row(b.name(), *pct, s, Some(*limit)));
+            app_rows.push(row(b.name(), *pct, s, Some(*limit), None));
         }
         let zram: Vec<(u32, f64)> = app_rows
             .iter()

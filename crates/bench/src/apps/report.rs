@@ -6,11 +6,16 @@
 pub struct AppRow {
     /// Application.
     pub app: String,
-    /// `native`, `rackmem` (its defaults), `rackmem NAME` (an extra setup), either with
-    /// `@baseline` (run with the baseline build), `zram` or `swap file`.
+    /// `native`, `rackmem` (its defaults), `rackmem NAME` (an extra setup), `rackmem
+    /// same-memory` (the defaults at the swap peers' bytes), each with `@baseline` (run with the
+    /// baseline build), `zram` or `swap file`.
     pub setup: String,
     /// Local buffer, percent of the footprint (100 for native).
     pub local_pct: u32,
+    /// The fixed byte budget rackmem ran with (`--local BYTES`), when it was not `local_pct`%:
+    /// the `rackmem same-memory` rows, at the swap peers' cgroup limit for `local_pct`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_bytes: Option<u64>,
     /// What `value` measures (higher is better).
     pub metric: String,
     /// Median of `values` (0 when the setup failed).
@@ -103,10 +108,16 @@ pub fn table(rows: &[AppRow]) -> String {
             r.app.clone(),
             format!("{:.0} MiB", r.footprint_bytes as f64 / 1048576.0),
             r.setup.clone(),
-            format!("{}%", r.local_pct),
+            match r.local_bytes {
+                Some(b) => format!("{}% = {:.1} MiB", r.local_pct, b as f64 / 1048576.0),
+                None => format!("{}%", r.local_pct),
+            },
             r.metric.clone(),
             if r.values.is_empty() {
                 "—".into()
+            } else if r.value < 10.0 {
+                // xz's MB/s under a small buffer is a fraction of one: keep two figures.
+                format!("{:.2}", r.value)
             } else {
                 format!("{:.1}", r.value)
             },
@@ -152,12 +163,13 @@ pub fn geomean(ratios: &[f64]) -> Option<f64> {
     (!ratios.is_empty()).then(|| (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp())
 }
 
-/// rackmem's defaults (the `rackmem` rows, current build) against native, seed 002 and the swap
-/// peers, one line per application: the slowdown at each local buffer, seed 002's at Xmem(25%)
-/// where the work is of the same kind, and rackmem ÷ each peer, or that the peer's cgroup
-/// OOM-killed the program where rackmem finished. Then the geometric mean of rackmem ÷ zram over
-/// the applications zram finished, per local buffer and over all. The text, and the same as JSON.
-pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Value) {
+/// rackmem's defaults (the rows of `setup`, current build: `rackmem` at P% of the footprint, or
+/// `rackmem same-memory` at the peers' bytes) against native, seed 002 and the swap peers, one
+/// line per application: the slowdown at each local buffer, seed 002's at Xmem(25%) where the
+/// work is of the same kind, and rackmem ÷ each peer, or that the peer's cgroup OOM-killed the
+/// program where rackmem finished. Then the geometric mean of rackmem ÷ zram over the
+/// applications zram finished, per local buffer and over all. The text, and the same as JSON.
+pub fn against_peers(rows: &[AppRow], locals: &[u32], setup: &str) -> (String, serde_json::Value) {
     let mut apps: Vec<&str> = Vec::new();
     for r in rows {
         if !apps.contains(&r.app.as_str()) {
@@ -190,7 +202,7 @@ pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Va
         let mut cells = vec![app.to_string(), format!("{:.0} MiB", footprint as f64 / 1048576.0)];
         let mut j = serde_json::json!({"app": app});
         for &pct in locals {
-            let cell = match find(app, "rackmem", pct) {
+            let cell = match find(app, setup, pct) {
                 Some(r) if r.error.is_none() => {
                     j["slowdown"][pct.to_string()] = serde_json::json!(r.slowdown_vs_native);
                     format!("{:.2}×", r.slowdown_vs_native)
@@ -209,7 +221,7 @@ pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Va
         }
         for &peer in &peers {
             for (i, &pct) in locals.iter().enumerate() {
-                let (Some(r), Some(p)) = (find(app, "rackmem", pct), find(app, peer, pct)) else {
+                let (Some(r), Some(p)) = (find(app, setup, pct), find(app, peer, pct)) else {
                     cells.push(String::new());
                     continue;
                 };
@@ -236,8 +248,13 @@ pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Va
         t.add_row(cells);
         json_apps.push(j);
     }
+    let what = if setup == "rackmem" {
+        "rackmem (defaults, --local P% of the footprint so far)".to_string()
+    } else {
+        format!("{setup} (defaults, --local of the peers' cgroup limit in bytes, fixed from the start)")
+    };
     let mut text = format!(
-        "rackmem (defaults) against native, seed 002 and the swap peers (slowdown = native ÷ rackmem; \
+        "{what} against native, seed 002 and the swap peers (slowdown = native ÷ rackmem; \
          \"÷ peer\" = rackmem's speed over the peer's at the same share)\n{t}\n"
     );
     let all: Vec<f64> = per_local.iter().flat_map(|(_, v)| v.iter().copied()).collect();
@@ -254,7 +271,7 @@ pub fn against_peers(rows: &[AppRow], locals: &[u32]) -> (String, serde_json::Va
         }
     }
     if !parts.is_empty() {
-        text += &format!("geometric mean of rackmem ÷ zram: {}", parts.join(", "));
+        text += &format!("geometric mean of {setup} ÷ zram: {}", parts.join(", "));
         if oom_killed > 0 {
             text += &format!(" (without the {oom_killed} where zram's cgroup OOM-killed the program)");
         }
@@ -302,6 +319,7 @@ mod tests {
             result_matches_native: true,
             footprint_bytes: 100 << 20,
             cgroup_limit_bytes: None,
+            local_bytes: None,
             error: None,
             oom: None,
         }
@@ -330,7 +348,7 @@ mod tests {
             row("pydict", "rackmem", 25, 1.0, 8.0),
             row("pydict", "zram", 25, 2.0, 8.0),
         ];
-        let (text, json) = against_peers(&rows, &[25]);
+        let (text, json) = against_peers(&rows, &[25], "rackmem");
         assert!(text.contains("zram OOM-killed, rackmem finished"), "{text}");
         assert!(text.contains("DGEMM 2.6–9.1×"), "{text}");
         assert!(text.contains("5.00×"), "numpy-linalg's slowdown: {text}");
@@ -344,7 +362,7 @@ mod tests {
         assert_eq!(qsort["vs_peer"]["swap file 25"].as_f64(), Some(8.0), "{json}");
         assert!(text.contains("without the 1 where zram's cgroup OOM-killed"), "{text}");
         let zram_only: Vec<AppRow> = rows.into_iter().filter(|r| r.setup != "swap file").collect();
-        let (text, _) = against_peers(&zram_only, &[25]);
+        let (text, _) = against_peers(&zram_only, &[25], "rackmem");
         assert!(
             !text.contains("swap file"),
             "a peer that did not run has no column: {text}"
