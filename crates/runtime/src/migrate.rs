@@ -189,6 +189,18 @@ pub(crate) struct MigrationSegment {
     ahead: Option<(rackmem_transport::DetachedTicket, std::ops::Range<u64>)>,
 }
 
+/// True if every window page of `[first, end)` lies in an allocation of the program.
+fn allocated(c: &rackmem_pager::Core, first: u64, end: u64) -> bool {
+    let mut p = first;
+    while p < end {
+        let Some((s, l)) = c.regions().region_containing(p) else {
+            return false;
+        };
+        p = s + l;
+    }
+    true
+}
+
 /// Joins neighbouring free runs that have both waited out `grace` (the joined run has too),
 /// in segment order.
 fn coalesce(free: &mut Vec<(std::ops::Range<u64>, Instant)>, now: Instant, grace: Duration) {
@@ -325,20 +337,15 @@ impl Runtime {
         }
         let first = ((addr - base) / PAGE_SIZE) as u64;
         let end = ((end_addr - base).div_ceil(PAGE_SIZE)) as u64;
-        {
-            let c = inner.lock_soon();
-            // Every page must lie in an allocation of the program.
-            let mut p = first;
-            while p < end {
-                let Some((s, l)) = c.regions().region_containing(p) else {
-                    return Err(outside());
-                };
-                p = s + l;
-            }
-        }
         let times = sys::without_sigpipe(|| match target {
-            Target::Local => self.pin_local(first, end, t0),
-            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0),
+            Target::Local => {
+                if !allocated(&inner.lock_soon(), first, end) {
+                    return Err(outside());
+                }
+                self.pin_local(first, end, t0)
+            }
+            // Checked there, under the lock the move's Setup takes anyway.
+            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0, outside),
         })?;
         let s = &inner.stats;
         s.migrations.fetch_add(1, Ordering::Relaxed);
@@ -414,6 +421,7 @@ impl Runtime {
         target: &BrickAddr,
         route: Route,
         t0: Instant,
+        outside: impl FnOnce() -> MigrateError,
     ) -> Result<MigrationTimes, MigrateError> {
         let inner = &self.inner;
         let _one = inner.migrations.lock_one();
@@ -423,6 +431,9 @@ impl Runtime {
         // runs, and each wait for it costs a single page's move more than its copy.
         let pieces = {
             let mut c = inner.lock_soon();
+            if !allocated(&c, first, end) {
+                return Err(outside());
+            }
             let pieces = c.placement().pieces(first..end);
             c.unpin(first, end - first);
             pieces
