@@ -21,8 +21,12 @@
 //! cost more than a small order's transfer (`docs/benchmarks.md`, "Direct migration"). A kept
 //! link holds no rights: it is detached after every order, and the next order attaches it
 //! with its own pull grant, so a grant's expiry or a source's restart leaves nothing usable
-//! behind. Links are capped ([`MAX_KEPT_LINKS`]) and dropped after [`KEPT_LINK_IDLE`] unused, or
-//! at the first failure; a kept link that fails before its ATTACH_PULL is answered (the source
+//! behind. Neither costs a round trip: the ATTACH_PULL goes out with the first reads behind it
+//! (the source serves a connection's requests in order, so they find it attached or fail as
+//! the attach did, and the attach's answer is read first), and the DETACH's answer is not
+//! waited for (the next order's ATTACH_PULL comes after it on the same connection). Links are
+//! capped ([`MAX_KEPT_LINKS`]) and dropped after [`KEPT_LINK_IDLE`] unused, or at the first
+//! failure; a kept link that fails before its ATTACH_PULL is answered (the source
 //! restarted, or closed it as idle) is replaced by a fresh connection once.
 
 use crate::data::{with_segment, Attached};
@@ -40,9 +44,9 @@ use std::time::{Duration, Instant};
 
 /// Bytes one read of a pull asks for.
 pub(crate) const READ_BYTES: usize = 256 << 10;
-/// Reads of a pull in flight at once: with [`READ_BYTES`], at most 1 MiB on its way to this
-/// brick per pull.
-pub(crate) const WINDOW: usize = 4;
+/// Reads of a pull in flight at once: with [`READ_BYTES`], at most 2 MiB on its way to this
+/// brick per pull (as a node's bulk GET keeps in flight, the link floor it is measured against).
+pub(crate) const WINDOW: usize = 8;
 /// Longest a pull waits for the source to connect or answer one read.
 const SOURCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most links to sources a target keeps between orders (each is an authenticated connection
@@ -215,39 +219,42 @@ pub(crate) fn pull(shared: &Shared, attached: Option<&Attached>, order: &PullOrd
             false,
         )
     };
+    // The ATTACH_PULL goes out with the first reads behind it, and the DETACH after the last
+    // is not waited for: on a kept link an order costs no round trip to the source besides its
+    // reads.
     let fresh = || Link::connect(&addr, SOURCE_TIMEOUT);
-    let src = match shared.pull_links.take(&order.source) {
-        Some(kept) => match kept.attach_pull(&order.pull, &order.key) {
-            Ok(()) => kept,
+    let (src, r) = match shared.pull_links.take(&order.source) {
+        Some(kept) => match copy(shared, a, &kept, order) {
             // An answer is the source's word on this grant: a new connection would get the same.
-            Err(e @ LinkError::Refused { .. }) => return refused(e),
+            Err(Failed::Attach(e @ LinkError::Refused { .. })) => return refused(e),
             // The kept link is dead (the source restarted, or closed it as idle): once afresh.
-            Err(_) => {
+            Err(Failed::Attach(_)) => {
                 drop(kept);
-                match fresh() {
-                    Ok(l) => match l.attach_pull(&order.pull, &order.key) {
-                        Ok(()) => l,
-                        Err(e) => return refused(e),
-                    },
+                let l = match fresh() {
+                    Ok(l) => l,
                     Err(e) => return unreachable("connecting", &e),
-                }
+                };
+                let r = copy(shared, a, &l, order);
+                (l, r)
             }
+            r => (kept, r),
         },
-        None => match fresh() {
-            Ok(l) => match l.attach_pull(&order.pull, &order.key) {
-                Ok(()) => l,
-                Err(e) => return refused(e),
-            },
-            Err(e) => return unreachable("connecting", &e),
-        },
+        None => {
+            let l = match fresh() {
+                Ok(l) => l,
+                Err(e) => return unreachable("connecting", &e),
+            };
+            let r = copy(shared, a, &l, order);
+            (l, r)
+        }
     };
-    let r = copy(shared, a, &src, order);
     // Detached before it is kept: an idle link holds no rights on the source.
-    if !matches!(r, Err(Failed::Source(_))) && src.detach().is_ok() {
+    if r.is_ok() && src.detach_unwaited().is_ok() {
         shared.pull_links.put(&order.source, src);
     }
     match r {
         Ok(bytes) => ok(bytes.to_le_bytes().to_vec()),
+        Err(Failed::Attach(e)) => refused(e),
         Err(Failed::Source(e)) => err(
             Status::SourceLost,
             format!("the source brick {} failed during the pull: {e}", order.source),
@@ -258,6 +265,8 @@ pub(crate) fn pull(shared: &Shared, attached: Option<&Attached>, order: &PullOrd
 }
 
 enum Failed {
+    /// The ATTACH_PULL failed: nothing was read.
+    Attach(LinkError),
     Source(LinkError),
     Here(Reply),
 }
@@ -304,19 +313,37 @@ fn chunks(order: &PullOrder) -> Vec<Chunk> {
     out
 }
 
-/// The transfer: [`WINDOW`] reads in flight, each written here before the next is asked for.
+/// The transfer: the ATTACH_PULL, then [`WINDOW`] reads in flight, each written here before
+/// the next is asked for. The attach's answer is collected before any read's: a read sent
+/// behind a refused attach fails, and its answer is dropped.
 fn copy(shared: &Shared, a: &Attached, src: &Link, order: &PullOrder) -> Result<u64, Failed> {
+    let attach = src
+        .submit_attach_pull(&order.pull, &order.key)
+        .map_err(Failed::Attach)?;
     let todo = chunks(order);
     let mut next = 0usize;
     let mut inflight = VecDeque::with_capacity(WINDOW);
+    let mut attach = Some(attach);
     let mut buf = vec![0u8; READ_BYTES];
     let mut bytes = 0u64;
     loop {
         while inflight.len() < WINDOW && next < todo.len() {
             let c = &todo[next];
-            let t = src.submit_read(&c.src).map_err(Failed::Source)?;
+            let t = match src.submit_read(&c.src) {
+                Ok(t) => t,
+                // Behind a failed attach, the attach's answer says why.
+                Err(e) => {
+                    return Err(match attach.take() {
+                        Some(t) => Failed::Attach(t.wait(&mut []).err().unwrap_or(e)),
+                        None => Failed::Source(e),
+                    })
+                }
+            };
             inflight.push_back((t, next));
             next += 1;
+        }
+        if let Some(t) = attach.take() {
+            t.wait(&mut []).map_err(Failed::Attach)?;
         }
         let Some((t, i)) = inflight.pop_front() else {
             return Ok(bytes);

@@ -146,6 +146,44 @@ fn a_buffer_moves_between_two_tcp_bricks_while_written() {
     moves_while_writing("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", &[], Path::Direct);
 }
 
+/// A move into a migration segment takes the pages a range moved out of earlier (once the
+/// grace period for faults that looked the old home up has passed), not fresh ones, while a
+/// thread keeps writing the buffer: every word the writer checks, and the model's checksum at
+/// the end, say the reused pages lost nothing.
+#[test]
+fn later_moves_reuse_the_pages_earlier_moves_left_while_written() {
+    require_root();
+    let prog = program("migrate_rw");
+    let (_a, a) = start_brick("tcp://127.0.0.1:0", "1GiB", "m1gr");
+    let (_b, b) = start_brick("tcp://127.0.0.1:0", "1GiB", "m1gr");
+    let stats = build_dir().join(format!("stats-migrate-reuse-{}.jsonl", unique()));
+    let mut c = run_cmd(&prog, "8MiB", &a, &b, &["moves", "32", &a, &b, "6"], &stats);
+    // The grace period is the watchdog's limit (100 ms at least): a round carries 64 MiB over
+    // TCP, so two rounds take longer, and the later rounds find the pages earlier ones left.
+    c.env("RACKMEM_WATCHDOG_MS", "100");
+    let o = run_with_deadline(c, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let (have, want) = checksum_line(&out);
+    assert_eq!(have, want, "the buffer differs from the program's model:\n{out}");
+    let moved_to_b = out
+        .lines()
+        .filter(|l| l.starts_with(&format!("migrated 32 MiB to {b}:")))
+        .count();
+    assert_eq!(moved_to_b, 6, "six moves to brick B:\n{out}");
+    let s = read_stats(&stats);
+    let s = busiest(&s);
+    // At least one later round moves the whole buffer (8,192 pages) into a run an earlier
+    // round left (a free run is reused only once its grace has passed, so how many depends on
+    // the rounds' pace).
+    assert!(
+        s.extra("migration_pages_reused") >= 8192,
+        "pages of migration segments reused: {}, expected the whole buffer at least once:\n{out}",
+        s.extra("migration_pages_reused")
+    );
+    assert_used_remote_memory_at(s, 25);
+}
+
 #[test]
 fn a_source_brick_killed_half_way_through_a_pull_fails_the_migration_only() {
     require_root();

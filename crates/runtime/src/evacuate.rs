@@ -69,12 +69,7 @@ impl Runtime {
             // A fault that looked a segment up before the last Finalize takes it (an `Arc`) a
             // moment later: it has had far longer than that once the watchdog's limit for one
             // fault has passed.
-            std::thread::sleep(
-                inner
-                    .cfg
-                    .watchdog
-                    .clamp(Duration::from_millis(100), Duration::from_secs(2)),
-            );
+            std::thread::sleep(crate::migrate::fault_grace(&inner.cfg));
             let mut retired = inner.retired.list.lock().unwrap_or_else(|e| e.into_inner());
             for (id, index) in emptied {
                 if let Some(s) = inner.table.retire(index) {

@@ -41,6 +41,10 @@ const MIGRATION_SEGMENT_BYTES: u64 = 64 << 20;
 /// Most bytes one pull order asks of the target brick: bounds how long the order's answer
 /// takes, and how long write-backs to the target's segment queue behind it on its link.
 const ORDER_BYTES: u64 = 8 << 20;
+/// Pull orders of one migration queued on the target at once (at most 32 MiB): the target
+/// serves them one after another without waiting for this node between two; a slow target
+/// simply answers later, and no more is sent until it does.
+const ORDERS_IN_FLIGHT: usize = 4;
 /// Smallest piece a target brick pulls; smaller ones are bounced. A target keeps its links to
 /// sources between orders, so an order costs a round trip to it and an ATTACH_PULL and DETACH
 /// on the kept link, no connection: measured in one run of `rackmem bench migration`
@@ -153,18 +157,90 @@ impl MigrateError {
     }
 }
 
-/// A segment carved on a brick for migrations, filled from its start (pages are not reused
-/// within a run of the program: a later slice frees what no range holds any more).
+/// Most freed runs a migration segment remembers (joined where adjacent once past their
+/// grace); a run freed past it is left unused, as all were before runs were reused.
+const MAX_FREE_RUNS: usize = 256;
+
+/// How long a run of a segment that no window page names any more is left alone before it is
+/// reused or retired: a fault that looked the old home up just before a Finalize reads it a
+/// moment later, and has had far longer than that once the watchdog's limit for one fault has
+/// passed.
+pub(crate) fn fault_grace(cfg: &crate::config::Config) -> Duration {
+    cfg.watchdog.clamp(Duration::from_millis(100), Duration::from_secs(2))
+}
+
+/// A segment carved on a brick for migrations: filled from its start, and the runs that ranges
+/// moved out of are reused, after [`fault_grace`], by later moves of more than
+/// [`POPULATE_STEP_PAGES`] (a move into pages the brick has already written is a copy, not a
+/// first touch: fresh memory cost a 32 MiB pull 3 to 10 times the link floor here,
+/// `docs/benchmarks.md`). Smaller moves keep taking fresh pages, which the brick populates
+/// ahead of them ([`Runtime::held_by_brick`]).
 pub(crate) struct MigrationSegment {
     index: usize,
     addr: BrickAddr,
     pages: u64,
     next_page: u64,
+    /// Runs of segment pages below `next_page` no window page names any more, and since when.
+    free: Vec<(std::ops::Range<u64>, Instant)>,
     /// Pages its brick holds memory for (populated at this process's request): the last
     /// POPULATE that answered.
     held: std::ops::Range<u64>,
     /// A POPULATE sent ahead of the next moves, not yet waited for, and its pages.
     ahead: Option<(rackmem_transport::DetachedTicket, std::ops::Range<u64>)>,
+}
+
+/// True if every window page of `[first, end)` lies in an allocation of the program.
+fn allocated(c: &rackmem_pager::Core, first: u64, end: u64) -> bool {
+    let mut p = first;
+    while p < end {
+        let Some((s, l)) = c.regions().region_containing(p) else {
+            return false;
+        };
+        p = s + l;
+    }
+    true
+}
+
+/// Joins neighbouring free runs that have both waited out `grace` (the joined run has too),
+/// in segment order.
+fn coalesce(free: &mut Vec<(std::ops::Range<u64>, Instant)>, now: Instant, grace: Duration) {
+    free.sort_unstable_by_key(|(r, _)| r.start);
+    let ripe = |since: &Instant| now.duration_since(*since) >= grace;
+    let mut out: Vec<(std::ops::Range<u64>, Instant)> = Vec::with_capacity(free.len());
+    for (r, since) in free.drain(..) {
+        match out.last_mut() {
+            Some((p, ps)) if p.end == r.start && ripe(ps) && ripe(&since) => {
+                p.end = r.end;
+                *ps = (*ps).max(since);
+            }
+            _ => out.push((r, since)),
+        }
+    }
+    *free = out;
+}
+
+/// The pages of a mapped migration segment held now, after its brick answered a POPULATE of
+/// `answered`: joined to `held` where they meet. This process maps the answered pages too
+/// (the brick owns them already, so nothing is charged to this process): a small move's copy
+/// into them then takes no page fault (about 5 µs each here, most of a single page's
+/// transfer).
+fn held_now(
+    seg: &crate::segment::Segment,
+    held: &std::ops::Range<u64>,
+    answered: std::ops::Range<u64>,
+) -> std::ops::Range<u64> {
+    if let Some(m) = seg.shared.get() {
+        // Advisory: a failure leaves the faults to the copy.
+        let _ = m.populate(
+            (answered.start * PAGE) as usize,
+            ((answered.end - answered.start) * PAGE) as usize,
+        );
+    }
+    if held.start <= answered.start && answered.start <= held.end {
+        held.start..held.end.max(answered.end)
+    } else {
+        answered
+    }
 }
 
 /// The runtime's migration state: the segments carved for migrations.
@@ -181,6 +257,31 @@ impl Migrations {
         self.one.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Pages `pages` of segment `index` are no window page's home any more (a move took their
+    /// range elsewhere): if it is a migration segment, a later move reuses them once
+    /// [`fault_grace`] has passed.
+    fn freed(&self, index: usize, pages: std::ops::Range<u64>) {
+        let mut list = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = list.iter_mut().find(|m| m.index == index) else {
+            return;
+        };
+        if pages.is_empty() || pages.end > m.next_page {
+            return;
+        }
+        debug_assert!(
+            !m.free.iter().any(|(f, _)| f.start < pages.end && pages.start < f.end),
+            "segment pages {pages:?} freed twice"
+        );
+        // Kept apart from its neighbours until both have waited out the grace (see
+        // `coalesce`): joined now, the older one's pages would wait for this one's.
+        if m.free.len() >= MAX_FREE_RUNS {
+            coalesce(&mut m.free, Instant::now(), Duration::ZERO);
+        }
+        if m.free.len() < MAX_FREE_RUNS {
+            m.free.push((pages, Instant::now()));
+        }
+    }
+
     /// Segment `old` is being emptied into segment `new` (`pages` pages on `addr`), page for
     /// page: if it was a migration segment, `new` takes its place, with its free rest.
     pub(crate) fn replaced(&self, old: usize, new: usize, addr: &BrickAddr, pages: u64) {
@@ -192,6 +293,9 @@ impl Migrations {
             // Held pages were the old segment's; its POPULATE's answer is dropped with its link.
             m.held = 0..0;
             m.ahead = None;
+            // Its free runs are forgotten: the evacuation's moves freed every run of the old
+            // segment, and the same pages of the new one are those ranges' homes now.
+            m.free.clear();
         }
     }
 }
@@ -233,20 +337,15 @@ impl Runtime {
         }
         let first = ((addr - base) / PAGE_SIZE) as u64;
         let end = ((end_addr - base).div_ceil(PAGE_SIZE)) as u64;
-        {
-            let c = inner.lock();
-            // Every page must lie in an allocation of the program.
-            let mut p = first;
-            while p < end {
-                let Some((s, l)) = c.regions().region_containing(p) else {
-                    return Err(outside());
-                };
-                p = s + l;
-            }
-        }
         let times = sys::without_sigpipe(|| match target {
-            Target::Local => self.pin_local(first, end, t0),
-            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0),
+            Target::Local => {
+                if !allocated(&inner.lock_soon(), first, end) {
+                    return Err(outside());
+                }
+                self.pin_local(first, end, t0)
+            }
+            // Checked there, under the lock the move's Setup takes anyway.
+            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0, outside),
         })?;
         let s = &inner.stats;
         s.migrations.fetch_add(1, Ordering::Relaxed);
@@ -322,12 +421,23 @@ impl Runtime {
         target: &BrickAddr,
         route: Route,
         t0: Instant,
+        outside: impl FnOnce() -> MigrateError,
     ) -> Result<MigrationTimes, MigrateError> {
         let inner = &self.inner;
         let _one = inner.migrations.lock_one();
         let mut times = MigrationTimes::default();
-        // Setup: the pieces of the range by source. Pieces already on the target stay.
-        let pieces = inner.lock().placement().pieces(first..end);
+        // Setup: the pieces of the range by source. Pieces already on the target stay. One
+        // taking of the core's lock for both: the write-back thread takes it often while it
+        // runs, and each wait for it costs a single page's move more than its copy.
+        let pieces = {
+            let mut c = inner.lock_soon();
+            if !allocated(&c, first, end) {
+                return Err(outside());
+            }
+            let pieces = c.placement().pieces(first..end);
+            c.unpin(first, end - first);
+            pieces
+        };
         let mut todo: Vec<(u64, u64)> = Vec::new();
         for p in pieces {
             let on_target = match p.memory {
@@ -339,7 +449,6 @@ impl Runtime {
                 todo.push((p.pages.start, p.pages.end));
             }
         }
-        inner.lock().unpin(first, end - first);
         times.setup_ns = t0.elapsed().as_nanos() as u64;
         for (a, b) in todo {
             let t = self.move_piece(a, b, target, None, route)?;
@@ -365,9 +474,12 @@ impl Runtime {
         let inner = &self.inner;
         let n = end - first;
         let t0 = Instant::now();
-        // Setup: begin the move; wait out write-backs to the old home already in flight.
-        let id = {
-            let mut c = inner.lock();
+        // Setup: begin the move; wait out write-backs to the old home already in flight; list
+        // the brick-valid pages to carry (no page becomes brick-valid during a move, its
+        // write-backs are parked: listed now or at Transfer, the same pages), all under one
+        // taking of the core's lock when no write-back is in the way.
+        let (id, pages) = {
+            let mut c = inner.lock_soon();
             let id = c.begin_move(first..end).map_err(|e| MigrateError::Busy {
                 first,
                 end,
@@ -391,7 +503,7 @@ impl Runtime {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            id
+            (id, c.move_pages(id))
         };
         let setup_ns = t0.elapsed().as_nanos() as u64;
         // Allocate.
@@ -416,7 +528,6 @@ impl Runtime {
         // Transfer: the brick-valid pages, old home → target: pulled by the target brick
         // (direct), or bounced through this process when it cannot reach the source.
         let t2 = Instant::now();
-        let pages = inner.lock().move_pages(id);
         let tried = match route {
             Route::Chosen => inner.cfg.migration_direct && pages.len() as u64 * PAGE >= DIRECT_MIN_BYTES,
             Route::Pull => true,
@@ -452,14 +563,21 @@ impl Runtime {
         let transfer_ns = t2.elapsed().as_nanos() as u64;
         // Finalize: the core and the segment table point the range at the target together.
         let t3 = Instant::now();
+        let old_homes = self.homes_of(first, end);
         let parked = {
-            let mut c = inner.lock();
+            let mut c = inner.lock_soon();
             let parked = c.finish_move(id, index as u32, seg_page);
             inner.table.set_home(first..end, index, seg_page);
             parked
         };
+        // Wakes whoever waits on the core (faults held by parked pages) once.
         self.send_parked(parked);
-        inner.core_cv.notify_all();
+        let room = seg_page..seg_page + n;
+        for (i, r) in old_homes {
+            if i != index || r.end <= room.start || room.end <= r.start {
+                inner.migrations.freed(i, r);
+            }
+        }
         let finalize_ns = t3.elapsed().as_nanos() as u64;
         // Not part of this move: readies the target for the next, whichever route this took.
         self.populate_ahead(index);
@@ -547,8 +665,8 @@ impl Runtime {
     }
 
     /// Has the target brick pull `pages` (as for [`Runtime::bounce`]) straight from their source
-    /// bricks: per source segment, orders of at most [`ORDER_BYTES`] (each waited for before
-    /// the next is sent, so one migration has one order in flight), each with a pull grant for
+    /// bricks: per source segment, orders of at most [`ORDER_BYTES`] ([`ORDERS_IN_FLIGHT`] of
+    /// them queued on the target at once), each with a pull grant for
     /// exactly the source range it reads, signed with the source segment's session key and
     /// void after [`PULL_GRANT_LIFETIME`]. `Ok(None)`: the target cannot pull from a source
     /// (no route, or refused): bounce instead; nothing it copied is used.
@@ -563,6 +681,7 @@ impl Runtime {
         let inner = &self.inner;
         let dst = inner.segment(index);
         let mut bytes = 0u64;
+        let mut orders: Vec<(PullOrder, String)> = Vec::new();
         let mut k = 0;
         while k < pages.len() {
             let Some((src_index, _)) = inner.table.lookup(pages[k]) else {
@@ -603,43 +722,95 @@ impl Runtime {
                 .map_or(0, |d| d.as_secs())
                 + PULL_GRANT_LIFETIME.as_secs();
             let (pull, key) = PullGrant::issue(&sg, lo, hi - lo, expiry);
-            let order = PullOrder {
-                source: src.addr.to_string(),
-                pull,
-                key,
-                pieces,
+            orders.push((
+                PullOrder {
+                    source: src.addr.to_string(),
+                    pull,
+                    key,
+                    pieces,
+                },
+                src.addr.to_string(),
+            ));
+        }
+        // Up to ORDERS_IN_FLIGHT orders queue on the target, which serves them one after the
+        // other: no round trip to this node between two. Every order sent is answered before
+        // this returns, even after a failure, so none runs on after the move has ended.
+        let mut sent: std::collections::VecDeque<(rackmem_transport::Ticket<'_>, &str)> =
+            std::collections::VecDeque::new();
+        let mut next = 0usize;
+        let mut failed: Option<Result<Option<u64>, MigrateError>> = None;
+        loop {
+            while failed.is_none() && sent.len() < ORDERS_IN_FLIGHT && next < orders.len() {
+                let (order, from) = &orders[next];
+                match dst.writeback.submit_pull(order) {
+                    Ok(t) => sent.push_back((t, from.as_str())),
+                    Err(e) => {
+                        failed = Some(Err(MigrateError::TargetLost {
+                            addr: target.to_string(),
+                            err: e.to_string(),
+                        }))
+                    }
+                }
+                next += 1;
+            }
+            let Some((t, from)) = sent.pop_front() else {
+                break;
             };
-            match dst.writeback.pull(&order) {
-                Ok(b) => bytes += b,
+            let mut answer = [0u8; 8];
+            let outcome = match t.wait(&mut answer) {
+                Ok(()) => {
+                    bytes += u64::from_le_bytes(answer);
+                    continue;
+                }
                 Err(LinkError::Refused {
                     status: Status::SourceLost,
                     message,
                     ..
-                }) => {
-                    return Err(MigrateError::SourceLost {
-                        addr: src.addr.to_string(),
-                        err: message,
-                    })
-                }
+                }) => Err(MigrateError::SourceLost {
+                    addr: from.to_string(),
+                    err: message,
+                }),
                 Err(LinkError::Refused { status, message, .. }) => {
                     if inner.cfg.verbose {
                         eprintln!(
-                            "rackmem[{}]: brick {target} cannot pull from {} ({status:?}: {message}); bouncing",
+                            "rackmem[{}]: brick {target} cannot pull from {from} ({status:?}: {message}); bouncing",
                             std::process::id(),
-                            src.addr
                         );
                     }
-                    return Ok(None);
+                    Ok(None)
                 }
-                Err(e) => {
-                    return Err(MigrateError::TargetLost {
-                        addr: target.to_string(),
-                        err: e.to_string(),
-                    })
-                }
-            }
+                Err(e) => Err(MigrateError::TargetLost {
+                    addr: target.to_string(),
+                    err: e.to_string(),
+                }),
+            };
+            // The first failure decides; later answers are collected and dropped.
+            failed.get_or_insert(outcome);
+        }
+        if let Some(f) = failed {
+            return f;
         }
         Ok(Some(bytes))
+    }
+
+    /// Where window pages `[first, end)` live now: runs of (segment index, segment pages).
+    fn homes_of(&self, first: u64, end: u64) -> Vec<(usize, std::ops::Range<u64>)> {
+        let mut out: Vec<(usize, std::ops::Range<u64>)> = Vec::new();
+        let mut p = first;
+        while p < end {
+            let Some((index, off, run_end)) = self.inner.table.lookup_run(p) else {
+                p += 1;
+                continue;
+            };
+            let stop = run_end.clamp(p + 1, end);
+            let at = off / PAGE;
+            match out.last_mut() {
+                Some((i, r)) if *i == index && r.end == at => r.end += stop - p,
+                _ => out.push((index, at..at + (stop - p))),
+            }
+            p = stop;
+        }
+        out
     }
 
     /// Queues the write-backs a move parked (they go to wherever the range lives now).
@@ -670,9 +841,13 @@ impl Runtime {
             return false;
         };
         let covers = |r: &std::ops::Range<u64>| r.start <= page && page + n <= r.end;
+        // Most small moves find their pages held: no request, no wait.
+        if covers(&m.held) {
+            return true;
+        }
         if let Some((t, r)) = m.ahead.take() {
             if seg.fault.wait_detached(t, &mut []).is_ok() {
-                m.held = r;
+                m.held = held_now(&seg, &m.held, r);
             }
         }
         if covers(&m.held) {
@@ -685,7 +860,7 @@ impl Runtime {
             .and_then(|t| t.wait(&mut []))
         {
             Ok(()) => {
-                m.held = r;
+                m.held = held_now(&seg, &m.held, r);
                 covers(&m.held)
             }
             Err(e) => {
@@ -713,7 +888,12 @@ impl Runtime {
         };
         let next = m.next_page;
         let r = next..(next + POPULATE_STEP_PAGES).min(m.pages);
-        if m.ahead.is_some() || r.is_empty() || (m.held.start <= r.start && r.end <= m.held.end) {
+        // Not while half a step is still held ahead of the next move: one request per half
+        // step of moves, not one per move.
+        if m.ahead.is_some()
+            || r.is_empty()
+            || (m.held.start <= r.start && r.start + POPULATE_STEP_PAGES / 2 <= m.held.end)
+        {
             return;
         }
         let sent = seg
@@ -743,10 +923,46 @@ impl Runtime {
             }
         }
         let mut list = inner.migrations.segments.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = list
-            .iter_mut()
-            .find(|m| &m.addr == target && m.pages - m.next_page >= n)
-        {
+        if n > POPULATE_STEP_PAGES {
+            // The smallest free run that fits, past its grace: a smaller move carved out of a
+            // large run would leave the next large move only fresh pages.
+            let now = Instant::now();
+            let grace = fault_grace(&inner.cfg);
+            for m in list.iter_mut().filter(|m| &m.addr == target) {
+                coalesce(&mut m.free, now, grace);
+            }
+            let best = list
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| &m.addr == target)
+                .flat_map(|(k, m)| m.free.iter().enumerate().map(move |(i, f)| (k, i, f)))
+                .filter(|(_, _, (r, since))| r.end - r.start >= n && now.duration_since(*since) >= grace)
+                .min_by_key(|(_, _, (r, _))| r.end - r.start)
+                .map(|(k, i, _)| (k, i));
+            if let Some((k, i)) = best {
+                let m = &mut list[k];
+                let at = m.free[i].0.start;
+                m.free[i].0.start += n;
+                if m.free[i].0.is_empty() {
+                    m.free.remove(i);
+                }
+                inner.stats.migration_pages_reused.fetch_add(n, Ordering::Relaxed);
+                return Ok((m.index, at));
+            }
+        }
+        // A small move goes where the brick populated pages ahead (see `populate_ahead`), else
+        // to the first segment with room.
+        let ahead = |m: &MigrationSegment| {
+            let r = m.next_page..m.next_page + n;
+            let covers = |h: &std::ops::Range<u64>| h.start <= r.start && r.end <= h.end;
+            covers(&m.held) || m.ahead.as_ref().is_some_and(|(_, h)| covers(h))
+        };
+        let fits = |m: &MigrationSegment| &m.addr == target && m.pages - m.next_page >= n;
+        let pick = list
+            .iter()
+            .position(|m| fits(m) && n <= POPULATE_STEP_PAGES && ahead(m))
+            .or_else(|| list.iter().position(&fits));
+        if let Some(m) = pick.map(|k| &mut list[k]) {
             let at = m.next_page;
             m.next_page += n;
             return Ok((m.index, at));
@@ -784,6 +1000,7 @@ impl Runtime {
             next_page: n,
             held: 0..0,
             ahead: None,
+            free: Vec::new(),
         });
         Ok((index, 0))
     }
@@ -807,6 +1024,7 @@ impl Runtime {
             next_page: n,
             held: 0..0,
             ahead: None,
+            free: Vec::new(),
         });
         Ok((index, 0))
     }

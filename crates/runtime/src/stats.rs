@@ -301,6 +301,9 @@ pub struct Stats {
     pub migration_pieces_bounced: AtomicU64,
     /// Of the bounced pieces, those bounced because the target could not reach the source.
     pub migration_direct_fallbacks: AtomicU64,
+    /// Pages of migration segments a move reused (a range had moved out of them) instead of
+    /// taking fresh ones.
+    pub migration_pages_reused: AtomicU64,
     /// Handler-side fault service time (message read to page installed).
     pub fault_latency: Histogram,
     /// Pages fetched from bricks (re-fetches of pages evicted earlier) since the watchdog last
@@ -593,6 +596,9 @@ pub struct StatsSnapshot {
     /// See [`Stats::migration_direct_fallbacks`].
     #[serde(default)]
     pub migration_direct_fallbacks: u64,
+    /// See [`Stats::migration_pages_reused`].
+    #[serde(default)]
+    pub migration_pages_reused: u64,
     /// Fault service time, median, ns.
     pub fault_p50_ns: u64,
     /// Fault service time, 90th percentile, ns.
@@ -743,6 +749,7 @@ impl Stats {
             migration_pieces_direct: g(&self.migration_pieces_direct),
             migration_pieces_bounced: g(&self.migration_pieces_bounced),
             migration_direct_fallbacks: g(&self.migration_direct_fallbacks),
+            migration_pages_reused: g(&self.migration_pages_reused),
             fault_p50_ns: self.fault_latency.quantile_ns(0.5),
             fault_p90_ns: self.fault_latency.quantile_ns(0.9),
             fault_p99_ns: self.fault_latency.quantile_ns(0.99),

@@ -67,13 +67,46 @@ impl Link {
         .map(|_| ())
     }
 
+    /// ATTACH_PULL without waiting for its answer: a puller sends its first reads right behind
+    /// it (the brick serves a connection's requests in order, so they find the connection
+    /// attached, or fail as the attach did). Collect the answer with [`Ticket::wait`] (`&mut []`)
+    /// before trusting a read's.
+    pub fn submit_attach_pull(&self, pull: &PullGrant, key: &[u8; KEY_LEN]) -> Result<Ticket<'_>, LinkError> {
+        let proof = attach_proof(key, &self.info.nonce, pull.grant.segment_id);
+        let tag = self.submit(&Request::AttachPull {
+            pull: pull.clone(),
+            proof,
+        })?;
+        Ok(Ticket {
+            link: self,
+            tag,
+            op: Opcode::AttachPull,
+            len: 0,
+            done: false,
+        })
+    }
+
     /// Asks the brick to pull pages into the attached segment from another brick (direct
     /// migration); returns the bytes it copied. Waits for the whole order (at most
     /// [`MAX_PULL_BYTES`](rackmem_proto::MAX_PULL_BYTES)).
     pub fn pull(&self, order: &PullOrder) -> Result<u64, LinkError> {
-        let p = self.call(&Request::Pull(order.clone()))?;
-        let b = <[u8; 8]>::try_from(p.as_slice()).map_err(|_| self.lost("PULL answer is not 8 bytes".into()))?;
+        let mut b = [0u8; 8];
+        self.submit_pull(order)?.wait(&mut b)?;
         Ok(u64::from_le_bytes(b))
+    }
+
+    /// PULL without waiting: several orders of one migration queue on the brick, which serves
+    /// them one after another with no round trip to this node between them. The answer (the
+    /// bytes copied, little-endian) is collected with [`Ticket::wait`] into 8 bytes.
+    pub fn submit_pull(&self, order: &PullOrder) -> Result<Ticket<'_>, LinkError> {
+        let tag = self.submit(&Request::Pull(order.clone()))?;
+        Ok(Ticket {
+            link: self,
+            tag,
+            op: Opcode::Pull,
+            len: 8,
+            done: false,
+        })
     }
 
     /// Maps the attached segment into this process: the brick moves it into shared memory and
@@ -109,6 +142,15 @@ impl Link {
     /// Unbinds this link from its segment (the brick frees the segment when nobody is attached).
     pub fn detach(&self) -> Result<(), LinkError> {
         self.call(&Request::Detach).map(|_| ())
+    }
+
+    /// DETACH without waiting for its answer, which is dropped when it arrives: the brick
+    /// serves it before anything sent later on this connection, so the next request finds the
+    /// connection detached all the same.
+    pub fn detach_unwaited(&self) -> Result<(), LinkError> {
+        let tag = self.submit(&Request::Detach)?;
+        self.abandon(tag);
+        Ok(())
     }
 
     /// Copy-on-write clone of the attached segment; the grant (with its session key) is for the
