@@ -931,12 +931,28 @@ impl Runtime {
             for m in list.iter_mut().filter(|m| &m.addr == target) {
                 coalesce(&mut m.free, now, grace);
             }
+            // A fault still being served that began before a run was freed may have looked the
+            // run up as its pages' home and not read it yet: that run waits for it however long
+            // it takes (the grace alone would be a guess about the scheduler on a loaded
+            // machine). A handler's start time and `Instant` are the same monotonic clock, read a
+            // moment apart: the millisecond covers that.
+            let now_ns = inner.now_ns();
+            let oldest_fault = inner
+                .fault_started_ns
+                .iter()
+                .map(|s| s.load(Ordering::Acquire))
+                .filter(|&s| s != 0)
+                .map(|s| Duration::from_nanos(now_ns.saturating_sub(s)) + Duration::from_millis(1))
+                .max();
+            let unread = |since: &Instant| oldest_fault.is_some_and(|age| age >= now.duration_since(*since));
             let best = list
                 .iter()
                 .enumerate()
                 .filter(|(_, m)| &m.addr == target)
                 .flat_map(|(k, m)| m.free.iter().enumerate().map(move |(i, f)| (k, i, f)))
-                .filter(|(_, _, (r, since))| r.end - r.start >= n && now.duration_since(*since) >= grace)
+                .filter(|(_, _, (r, since))| {
+                    r.end - r.start >= n && now.duration_since(*since) >= grace && !unread(since)
+                })
                 .min_by_key(|(_, _, (r, _))| r.end - r.start)
                 .map(|(k, i, _)| (k, i));
             if let Some((k, i)) = best {
