@@ -90,6 +90,11 @@ pub(crate) struct Inner {
     /// a fault in flight), as a bitmap per unit. The brick (or the fetch in flight) still holds
     /// their old contents: the unit's next install zeroes them (`huge.rs`, `zero_holes`).
     pub holes: Mutex<HashMap<u64, [u64; 8]>>,
+    /// The pages this process's lazily forked children fetched from its memory, which it takes
+    /// back (`fork_hot.rs`); made at its first lazy fork.
+    pub fork_hot: std::sync::OnceLock<Arc<crate::fork_hot::Ring>>,
+    /// A lazily forked child: its parent's ring, where it reports what it fetched.
+    pub parent_hot: std::sync::OnceLock<crate::fork_hot::ParentRing>,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one
