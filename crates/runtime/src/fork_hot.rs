@@ -134,7 +134,10 @@ pub(crate) fn ring_for_fork(inner: &Inner) -> Option<Arc<Ring>> {
 }
 
 /// A child installed a run starting at window unit `first`: reports its pages fetched from the
-/// brick, while every remote page it has is one it inherited (it has evicted nothing).
+/// brick or filled, while every remote page it has is one it inherited (it has evicted
+/// nothing), and its first touches: a child's allocations after the fork are the same in each
+/// child (each starts from its parent's allocator as of the fork), so the parent touching
+/// those pages once spares every later child a fault for each.
 pub(crate) fn report_fetched(inner: &Inner, first: u64, kinds: &[Source]) {
     let Some(p) = inner.parent_hot.get() else {
         return;
@@ -142,7 +145,7 @@ pub(crate) fn report_fetched(inner: &Inner, first: u64, kinds: &[Source]) {
     if inner.stats.evictions.load(Ordering::Relaxed) != 0 {
         return;
     }
-    for (i, _) in kinds.iter().enumerate().filter(|(_, &k)| k == Source::Brick) {
+    for (i, _) in kinds.iter().enumerate().filter(|(_, &k)| k != Source::Held) {
         if p.reported.fetch_add(1, Ordering::Relaxed) >= REPORTED_PER_CHILD {
             return;
         }
@@ -152,7 +155,8 @@ pub(crate) fn report_fetched(inner: &Inner, first: u64, kinds: &[Source]) {
 }
 
 /// The parent (from its watchdog): faults in the pages its children reported that are remote
-/// here, into free room only.
+/// here, or empty in a region it has allocated (a first touch fills them with zeros, which is
+/// what they hold), into free room only.
 pub(crate) fn take_back(inner: &Inner) {
     let Some(ring) = inner.fork_hot.get() else {
         return;
@@ -173,7 +177,14 @@ pub(crate) fn take_back(inner: &Inner) {
         let prot = c.prot_bytes();
         pages
             .into_iter()
-            .filter(|&p| c.location(p) == Location::Remote && prot.get(p as usize).copied().unwrap_or(0) == 0)
+            .filter(|&p| {
+                let away = match c.location(p) {
+                    Location::Remote => true,
+                    Location::Empty => c.regions().region_containing(p).is_some(),
+                    _ => false,
+                };
+                away && prot.get(p as usize).copied().unwrap_or(0) == 0
+            })
             .take(room.min(TAKEN_PER_TICK))
             .collect()
     };
