@@ -285,6 +285,9 @@ fn close_parent_fds(parent: &Inner) {
     if let Some(r) = parent.fork_hot.get() {
         sys::close_inherited(r.raw_fd());
     }
+    if let Some(r) = parent.parent_hot.get() {
+        sys::close_inherited(r.raw_fd());
+    }
     sys::close_inherited(parent.uffd.as_raw_fd());
     sys::close_inherited(parent.stage_uffd.as_raw_fd());
     sys::close_inherited(parent.bell.as_raw_fd());

@@ -113,6 +113,12 @@ pub(crate) struct ParentRing {
 }
 
 impl ParentRing {
+    /// The descriptor of this process's mapping of its parent's ring (closed in its own
+    /// children, which do not report to their grandparent).
+    pub fn raw_fd(&self) -> i32 {
+        self.ring.raw_fd()
+    }
+
     /// In a forked child: the parent's `ring` (whose mapping the child does not have), mapped
     /// again. `None` if it cannot be: the child then reports nothing.
     pub fn adopt(ring: &Ring) -> Option<ParentRing> {
