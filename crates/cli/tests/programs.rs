@@ -306,6 +306,48 @@ fn a_loop_of_forks_gives_each_child_the_memory_as_of_its_fork() {
     }
 }
 
+/// A server forking per connection whose children all read the same pages of its memory while
+/// the parent holds them remote (`fork_hot.c`; PostgreSQL's postmaster and its backends): the
+/// first children fetch those pages from their lazy clones and report them, the parent takes
+/// them back (`fork_hot.rs`), and the later children inherit them resident. The parent writes
+/// pages its live children share, and grandchildren check theirs: the data must be the native
+/// run's, on the defaults (mapped segments) and over the socket. At `--local 50%`: the parent
+/// takes pages back into free room only, and at 10% four live children holding its pages as
+/// inherited ones leave it none (the run's budget counts a page shared at fork in each process).
+#[test]
+fn a_forking_parent_takes_back_the_pages_its_children_fetch() {
+    require_root();
+    let prog = program("fork_hot");
+    let args = ["8", "100", "64"];
+    let want = checksums(&native(&prog, &args));
+    assert_eq!(want.len(), 1, "fork_hot natively printed no checksum");
+    for extra in [&[][..], SOCKET] {
+        let (o, mut s) = remote(&prog, &args, "50%", extra);
+        assert!(o.status.success(), "fork_hot {extra:?}: {}", show(&o));
+        assert_eq!(checksums(&o), want, "fork_hot {extra:?}: results differ from native");
+        assert!(
+            s.len() >= 101,
+            "expected the parent's and 100 children's statistics {extra:?}: {s:?}"
+        );
+        s.sort_by_key(|p| p.pid);
+        let (parent, children) = s.split_first().expect("statistics");
+        let reported: u64 = children.iter().map(|p| p.extra("fork_pages_reported")).sum();
+        let back = parent.extra("fork_pages_taken_back");
+        assert!(reported > 0, "no child reported a page it fetched {extra:?}: {s:?}");
+        assert!(
+            back > 0,
+            "the parent took back none of the {reported} pages its children reported {extra:?}: {parent:?}"
+        );
+        let remote = |c: &[ProcStats]| c.iter().map(|p| p.extra("faults_remote")).sum::<u64>();
+        let (first, last) = (remote(&children[..10]), remote(&children[children.len() - 10..]));
+        assert!(
+            last < first,
+            "the last children faulted {last} times on remote pages, the first {first}: the pages taken back \
+             should have been inherited {extra:?}: {s:?}"
+        );
+    }
+}
+
 #[test]
 fn daemonized_child_keeps_using_remote_memory() {
     require_root();

@@ -664,6 +664,7 @@ impl Backend for Handler {
     /// Mapped bricks populate memory for the next write-backs, and the fault's steps are timed.
     fn installed(&mut self, _plan: &Plan, run: &Run<Ahead>, full: bool) {
         self.direct = None;
+        crate::fork_hot::report_fetched(&self.inner, run.page, &run.kinds);
         self.end_brick_access(self.inner.now_ns());
         if full {
             if !self.filled {

@@ -222,10 +222,17 @@ pub fn fork_prepare() {
             inheritable.clear();
             failure = Some(format!("the window cannot be inherited by the child: {e}"));
         }
+        // Where the child reports the pages it fetches from what it inherited remote, so that
+        // this process takes them back for its next children (`fork_hot.rs`).
+        crate::fork_hot::ring_for_fork(inner);
     }
     if inner.cfg.verbose {
         let kept = if inner.keeps_window() {
-            format!("the child keeps {} resident pages", inner.lock().resident())
+            format!(
+                "the child keeps {} resident pages ({} taken back from earlier children)",
+                inner.lock().resident(),
+                inner.stats.fork_pages_taken_back.load(Ordering::Relaxed)
+            )
         } else {
             format!("flushed {flushed} dirty pages")
         };
@@ -274,6 +281,12 @@ fn close_parent_fds(parent: &Inner) {
         for fd in a.raw_fds() {
             sys::close_inherited(fd);
         }
+    }
+    if let Some(r) = parent.fork_hot.get() {
+        sys::close_inherited(r.raw_fd());
+    }
+    if let Some(r) = parent.parent_hot.get() {
+        sys::close_inherited(r.raw_fd());
     }
     sys::close_inherited(parent.uffd.as_raw_fd());
     sys::close_inherited(parent.stage_uffd.as_raw_fd());
@@ -349,6 +362,13 @@ fn lazy_child(parent: &Inner, state: &ForkState) -> Result<Arc<Runtime>, Runtime
         .store(inherited, std::sync::atomic::Ordering::Relaxed);
     let holes = parent.holes.lock().unwrap_or_else(|e| e.into_inner()).clone();
     *child.inner.holes.lock().unwrap_or_else(|e| e.into_inner()) = holes;
+    if let Some(ring) = parent
+        .fork_hot
+        .get()
+        .and_then(|r| crate::fork_hot::ParentRing::adopt(r))
+    {
+        let _ = child.inner.parent_hot.set(ring);
+    }
     if parent.cfg.verbose {
         eprintln!(
             "rackmem[{}]: fork: the child's runtime is ready in {} us (links to its clones {} us)",

@@ -94,6 +94,11 @@ pub(crate) struct Inner {
     /// a fault in flight), as a bitmap per unit. The brick (or the fetch in flight) still holds
     /// their old contents: the unit's next install zeroes them (`huge.rs`, `zero_holes`).
     pub holes: Mutex<HashMap<u64, [u64; 8]>>,
+    /// The pages this process's lazily forked children fetched from its memory, which it takes
+    /// back (`fork_hot.rs`); made at its first lazy fork.
+    pub fork_hot: std::sync::OnceLock<Arc<crate::fork_hot::Ring>>,
+    /// A lazily forked child: its parent's ring, where it reports what it fetched.
+    pub parent_hot: std::sync::OnceLock<crate::fork_hot::ParentRing>,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one
@@ -269,6 +274,22 @@ impl Inner {
         (self.budget_pages(core) / self.upp()).max(1)
     }
 
+    /// The resident pages this process is charged for in the run's budget: not the pages a
+    /// lazily forked child still shares with its parent (the kernel maps them copy-on-write in
+    /// both; the parent is charged, as a memory cgroup charges a shared page once). Estimated as
+    /// the pages it inherited resident less those it has evicted while still shared, at most
+    /// what is resident: a page it wrote (copied by the kernel) or one its parent evicted
+    /// since is not counted, a bounded error (the inherited pages) on the side of the run's
+    /// other processes. Counting each child's inherited pages as its own made a forking
+    /// parent's children (pgbench's backends) push it, and each other, to evict the very pages
+    /// they shared (`docs/benchmarks.md`, "pgbench at 25%, process by process").
+    fn resident_charged(&self, core: &Core) -> u64 {
+        let resident = core.resident() * self.upp();
+        let inherited = self.stats.inherited_resident_bytes.load(Ordering::Relaxed) / PAGE;
+        let shared = inherited.saturating_sub(self.stats.evictions_shared.load(Ordering::Relaxed));
+        resident - shared.min(resident)
+    }
+
     /// The local buffer's budget now, in pages: with a run's shared budget, what the run leaves
     /// this process (`run_budget.rs`); else a byte budget as it is, a percentage of the
     /// peak committed footprint so far (never of the footprint now: a program that frees memory
@@ -286,7 +307,7 @@ impl Inner {
             Some(run) => run.budget_pages(
                 &self.cfg.budget,
                 committed,
-                core.resident() * self.upp(),
+                self.resident_charged(core),
                 // In pages, as the footprint it is weighed against (a huge unit's fault brings
                 // a unit).
                 self.stats.faults.load(Ordering::Relaxed) * self.upp(),

@@ -25,6 +25,7 @@ mod error;
 mod evacuate;
 mod fault;
 mod fork;
+mod fork_hot;
 mod grow;
 mod handler;
 mod huge;

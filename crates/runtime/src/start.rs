@@ -237,6 +237,8 @@ impl Runtime {
             give_back: AtomicBool::new(false),
             unit,
             holes: Mutex::new(Default::default()),
+            fork_hot: Default::default(),
+            parent_hot: Default::default(),
         });
         {
             let c = inner.lock();

@@ -227,6 +227,11 @@ pub struct Stats {
     /// Bytes resident at the start: the pages a lazily forked child kept from its parent
     /// (copy-on-write). They may pass the child's own share of the budget until it evicts them.
     pub inherited_resident_bytes: AtomicU64,
+    /// A lazily forked child: pages it fetched from what it inherited remote and reported to
+    /// its parent, which takes them back so that its next children inherit them (`fork_hot.rs`).
+    pub fork_pages_reported: AtomicU64,
+    /// A parent: pages its children reported that it faulted back in (`fork_hot.rs`).
+    pub fork_pages_taken_back: AtomicU64,
     /// Pages evicted with no fault to serve: the run's other processes grew while this one was
     /// idle over its share of the run's budget, and it gave the room back (`run_budget.rs`).
     pub evictions_given_back: AtomicU64,
@@ -482,6 +487,12 @@ pub struct StatsSnapshot {
     /// See [`Stats::inherited_resident_bytes`].
     #[serde(default)]
     pub inherited_resident_bytes: u64,
+    /// See [`Stats::fork_pages_reported`].
+    #[serde(default)]
+    pub fork_pages_reported: u64,
+    /// See [`Stats::fork_pages_taken_back`].
+    #[serde(default)]
+    pub fork_pages_taken_back: u64,
     /// See [`Stats::evictions_given_back`].
     #[serde(default)]
     pub evictions_given_back: u64,
@@ -710,6 +721,8 @@ impl Stats {
             evictions_protected: g(&self.evictions_protected),
             evictions_shared: g(&self.evictions_shared),
             inherited_resident_bytes: g(&self.inherited_resident_bytes),
+            fork_pages_reported: g(&self.fork_pages_reported),
+            fork_pages_taken_back: g(&self.fork_pages_taken_back),
             evictions_given_back: g(&self.evictions_given_back),
             pages_recycled: g(&self.pages_recycled),
             pages_read_ahead: g(&self.pages_read_ahead),

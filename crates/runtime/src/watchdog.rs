@@ -22,6 +22,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         }
         placement::watch(inner.stats.faults.load(Ordering::Relaxed));
         handler::ask_give_back_if_over(&inner);
+        crate::fork_hot::take_back(&inner);
         outrun.tick(&inner);
         if !inner.cfg.keepalive.is_zero()
             && last_keepalive.elapsed() >= (inner.cfg.keepalive / 2).min(Duration::from_secs(1))

@@ -53,8 +53,8 @@ pub use error::SysError;
 pub use fdpass::{recv_with_fds, send_with_fd};
 pub use mem::{
     anon_huge_bytes, break_cow, madvise_dofork, madvise_dontfork, madvise_dontneed, madvise_hugepage,
-    madvise_populate_write, move_mapping, mprotect, page_entry, remap_anonymous, thp_mode, try_break_cow, Mapping,
-    PageEntry, ThpMode, HUGE_PAGE_SIZE, PAGE_SIZE,
+    madvise_populate_read, madvise_populate_write, move_mapping, mprotect, page_entry, remap_anonymous, thp_mode,
+    try_break_cow, Mapping, PageEntry, ThpMode, HUGE_PAGE_SIZE, PAGE_SIZE,
 };
 pub use peer::PrefixLen;
 pub use poll::{poll_readable, wait_readable, Woken};

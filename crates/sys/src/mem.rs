@@ -305,6 +305,12 @@ pub fn madvise_populate_write(addr: usize, len: usize) -> Result<(), SysError> {
     madvise(addr, len, libc::MADV_POPULATE_WRITE, "madvise(POPULATE_WRITE)")
 }
 
+/// `madvise(MADV_POPULATE_READ)`: faults in `[addr, addr + len)` as reads would, without
+/// changing any byte (a missing page of a userfaultfd range is served by its handler).
+pub fn madvise_populate_read(addr: usize, len: usize) -> Result<(), SysError> {
+    madvise(addr, len, libc::MADV_POPULATE_READ, "madvise(POPULATE_READ)")
+}
+
 /// `madvise(MADV_HUGEPAGE)`: `[addr, addr + len)` may be backed by transparent huge pages
 /// (under THP's "madvise" setting, only such ranges are).
 pub fn madvise_hugepage(addr: usize, len: usize) -> Result<(), SysError> {
