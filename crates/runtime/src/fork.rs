@@ -158,8 +158,11 @@ pub fn fork_prepare() {
         return;
     };
     let started = std::time::Instant::now();
-    FORKING.store(true, Ordering::Release);
-    while ACTIVE_CALLS.load(Ordering::Acquire) != 0 {
+    // SeqCst, as `CallGuard::enter` and `try_enter`: this store and the load below against their
+    // increment and load of FORKING (Dekker's pattern). Release and Acquire let the load pass
+    // the store, and a call (or the watchdog) could start as the fork goes on.
+    FORKING.store(true, Ordering::SeqCst);
+    while ACTIVE_CALLS.load(Ordering::SeqCst) != 0 {
         std::thread::yield_now();
     }
     let inner = &rt.inner;

@@ -101,12 +101,23 @@ impl CallGuard {
             while FORKING.load(Ordering::Acquire) {
                 std::thread::yield_now();
             }
-            ACTIVE_CALLS.fetch_add(1, Ordering::AcqRel);
-            if !FORKING.load(Ordering::Acquire) {
-                return CallGuard(());
+            if let Some(g) = CallGuard::try_enter() {
+                return g;
             }
-            ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Enters unless a fork is being prepared (`None`: skip the work). For the runtime's own
+    /// threads that take the pager core's lock on their own schedule (the watchdog): a fork
+    /// waits for them to leave, so the child never inherits the lock held by a thread it does
+    /// not have.
+    pub fn try_enter() -> Option<CallGuard> {
+        ACTIVE_CALLS.fetch_add(1, Ordering::SeqCst);
+        if !FORKING.load(Ordering::SeqCst) {
+            return Some(CallGuard(()));
+        }
+        ACTIVE_CALLS.fetch_sub(1, Ordering::AcqRel);
+        None
     }
 }
 

@@ -21,8 +21,12 @@ pub(crate) fn run(inner: Arc<Inner>) {
             run.note_rss_anon(rss);
         }
         placement::watch(inner.stats.faults.load(Ordering::Relaxed));
-        handler::ask_give_back_if_over(&inner);
-        crate::fork_hot::take_back(&inner);
+        // Both take the pager core's lock: not while a fork is prepared (the child would
+        // inherit it held by a thread it does not have, and wait on it for ever).
+        if let Some(_in) = crate::process::CallGuard::try_enter() {
+            handler::ask_give_back_if_over(&inner);
+            crate::fork_hot::take_back(&inner);
+        }
         outrun.tick(&inner);
         if !inner.cfg.keepalive.is_zero()
             && last_keepalive.elapsed() >= (inner.cfg.keepalive / 2).min(Duration::from_secs(1))
