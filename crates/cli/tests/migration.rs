@@ -40,6 +40,22 @@ enum Path {
     Bounce,
 }
 
+/// Runs `migrate_rw moves 32 …` (command `c`): it must succeed with the buffer equal to its
+/// model and have moved it to brick `b` `rounds` times; its output and statistics.
+fn moved_while_written(c: Command, b: &str, rounds: usize, stats: &std::path::Path) -> (String, Vec<ProcStats>) {
+    let o = run_with_deadline(c, LIMIT);
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (have, want) = checksum_line(&out);
+    assert_eq!(have, want, "the buffer differs from the program's model:\n{out}");
+    let moved_to_b = out
+        .lines()
+        .filter(|l| l.starts_with(&format!("migrated 32 MiB to {b}:")))
+        .count();
+    assert_eq!(moved_to_b, rounds, "{rounds} moves to brick B:\n{out}");
+    (out, read_stats(stats))
+}
+
 fn moves_while_writing(listen_a: &str, listen_b: &str, extra: &[&str], path: Path) {
     require_root();
     let prog = program("migrate_rw");
@@ -51,17 +67,7 @@ fn moves_while_writing(listen_a: &str, listen_b: &str, extra: &[&str], path: Pat
     if path == Path::Bounce {
         c.env("RACKMEM_MIGRATION", "bounce");
     }
-    let o = run_with_deadline(c, LIMIT);
-    assert!(o.status.success(), "{}", show(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    let (have, want) = checksum_line(&out);
-    assert_eq!(have, want, "the buffer differs from the program's model:\n{out}");
-    let moved_to_b = out
-        .lines()
-        .filter(|l| l.starts_with(&format!("migrated 32 MiB to {b}:")))
-        .count();
-    assert_eq!(moved_to_b, 2, "two moves to brick B:\n{out}");
-    let s = read_stats(&stats);
+    let (out, s) = moved_while_written(c, &b, 2, &stats);
     let s = busiest(&s);
     // 1 (to A at start) + 2 rounds of 3.
     assert_eq!(s.extra("migrations"), 7, "migrations counted in --stats-json");
@@ -161,17 +167,7 @@ fn later_moves_reuse_the_pages_earlier_moves_left_while_written() {
     // The grace period is the watchdog's limit (100 ms at least): a round carries 64 MiB over
     // TCP, so two rounds take longer, and the later rounds find the pages earlier ones left.
     c.env("RACKMEM_WATCHDOG_MS", "100");
-    let o = run_with_deadline(c, LIMIT);
-    assert!(o.status.success(), "{}", show(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    let (have, want) = checksum_line(&out);
-    assert_eq!(have, want, "the buffer differs from the program's model:\n{out}");
-    let moved_to_b = out
-        .lines()
-        .filter(|l| l.starts_with(&format!("migrated 32 MiB to {b}:")))
-        .count();
-    assert_eq!(moved_to_b, 6, "six moves to brick B:\n{out}");
-    let s = read_stats(&stats);
+    let (out, s) = moved_while_written(c, &b, 6, &stats);
     let s = busiest(&s);
     // At least one later round moves the whole buffer (8,192 pages) into a run an earlier
     // round left (a free run is reused only once its grace has passed, so how many depends on
