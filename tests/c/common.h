@@ -41,6 +41,15 @@ static inline void verify(const uint64_t *a, size_t words, uint64_t seed, const 
                 (unsigned long long)a[i], (unsigned long long)pattern(seed, i));
 }
 
+/* Exits with "DATA CORRUPTION" if a word of 4 KiB page `pg` of `a` differs from the pattern
+ * `seed` (indexed by the word's place in `a`, as fill() writes it). */
+static inline void check_page(const uint64_t *a, size_t pg, uint64_t seed, const char *what) {
+    for (size_t w = pg * 512; w < (pg + 1) * 512; w++)
+        if (a[w] != pattern(seed, w))
+            DIE("DATA CORRUPTION: %s: page %zu word %zu is %016llx, expected %016llx (seed %llu)", what, pg, w,
+                (unsigned long long)a[w], (unsigned long long)pattern(seed, w), (unsigned long long)seed);
+}
+
 static inline size_t arg_mib(int argc, char **argv, int i, size_t dflt) {
     return (argc > i ? strtoull(argv[i], 0, 0) : dflt) << 20;
 }

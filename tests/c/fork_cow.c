@@ -27,13 +27,6 @@ static void fill_page(uint64_t *a, size_t pg, uint64_t seed) {
     for (size_t w = pg * PAGE_WORDS; w < (pg + 1) * PAGE_WORDS; w++) a[w] = pattern(seed, w);
 }
 
-static void check_page(const uint64_t *a, size_t pg, uint64_t seed, const char *what) {
-    for (size_t w = pg * PAGE_WORDS; w < (pg + 1) * PAGE_WORDS; w++)
-        if (a[w] != pattern(seed, w))
-            DIE("DATA CORRUPTION: %s: page %zu word %zu is %016llx, expected %016llx (seed %llu)", what, pg, w,
-                (unsigned long long)a[w], (unsigned long long)pattern(seed, w), (unsigned long long)seed);
-}
-
 /* A child (or grandchild) writes `seed` over stretch `s` and checks the whole buffer: its own
  * stretch, `own_before` (another stretch it wrote earlier, or none), and the rest as `base`. */
 static void write_and_check(uint64_t *a, size_t s, uint64_t seed, long own_before, uint64_t before_seed, int fork_i,

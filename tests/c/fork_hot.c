@@ -31,13 +31,6 @@ static uint64_t seed_of(size_t pg, int last) {
     return s;
 }
 
-static void check_page(const uint64_t *a, size_t pg, uint64_t seed, const char *what) {
-    for (size_t w = pg * PAGE_WORDS; w < (pg + 1) * PAGE_WORDS; w++)
-        if (a[w] != pattern(seed, w))
-            DIE("DATA CORRUPTION: %s: page %zu word %zu is %016llx, expected %016llx (seed %llu)", what, pg, w,
-                (unsigned long long)a[w], (unsigned long long)pattern(seed, w), (unsigned long long)seed);
-}
-
 static void check_hot(const uint64_t *a, int as_of, const char *what) {
     for (size_t k = 0; k < hot; k++) check_page(a, hot_page(k), seed_of(hot_page(k), as_of), what);
 }

@@ -32,13 +32,6 @@ static uint64_t seed_of(size_t pages, size_t pg, int last) {
     return s;
 }
 
-static void check_page(const uint64_t *a, size_t pg, uint64_t seed, const char *what) {
-    for (size_t w = pg * PAGE_WORDS; w < (pg + 1) * PAGE_WORDS; w++)
-        if (a[w] != pattern(seed, w))
-            DIE("DATA CORRUPTION: %s: page %zu word %zu is %016llx, expected %016llx (seed %llu)", what, pg, w,
-                (unsigned long long)a[w], (unsigned long long)pattern(seed, w), (unsigned long long)seed);
-}
-
 int main(int argc, char **argv) {
     size_t len = arg_mib(argc, argv, 1, 32), pages = len / 4096;
     int forks = argc > 2 ? atoi(argv[2]) : 20;

@@ -131,12 +131,12 @@ impl ParentRing {
 
 /// The parent's ring, made at its first lazy fork (`None` if the memory file cannot be made: its
 /// children then report nothing, and everything else goes on).
-pub(crate) fn ring_for_fork(inner: &Inner) -> Option<Arc<Ring>> {
-    if let Some(r) = inner.fork_hot.get() {
-        return Some(r.clone());
+pub(crate) fn ring_for_fork(inner: &Inner) {
+    if inner.fork_hot.get().is_none() {
+        if let Ok(r) = Ring::create() {
+            let _ = inner.fork_hot.set(Arc::new(r));
+        }
     }
-    let r = Arc::new(Ring::create().ok()?);
-    Some(inner.fork_hot.get_or_init(|| r).clone())
 }
 
 /// A child installed a run starting at window unit `first`: reports its pages fetched from the
@@ -167,9 +167,9 @@ pub(crate) fn take_back(inner: &Inner) {
     let Some(ring) = inner.fork_hot.get() else {
         return;
     };
-    // Not while a fork is being prepared: the child must not inherit the core's lock held by a
-    // thread it does not have.
-    if inner.unit != Unit::Page || crate::process::FORKING.load(Ordering::Acquire) {
+    // (Not while a fork is being prepared: the watchdog calls this as a call into the runtime,
+    // `CallGuard::try_enter`, so that the child never inherits the core's lock held.)
+    if inner.unit != Unit::Page {
         return;
     }
     let pages = ring.take_new();
