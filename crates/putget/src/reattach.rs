@@ -9,7 +9,9 @@
 //! atomic whose request was sent when the link broke. The brick may have executed it before the
 //! answer was lost, and a fetch-add retried would then add twice; bricks keep no per-holder
 //! request ids to tell, so such an atomic fails with `EIO` (its outcome unknown, as the header
-//! says) and only the *next* call finds the segment attached again.
+//! says) and only the *next* call finds the segment attached again. A link the brick closed
+//! before the atomic is sent (an idle close) is seen beforehand (a peek at the socket) and
+//! re-attached first, so that case sends the atomic once, on the new link.
 //!
 //! A restarted brick is not the brick the segment lived on: it comes back on the same address
 //! with a new identity ([`BrickInfo::brick_id`](rackmem_proto::BrickInfo), random per start)
@@ -90,9 +92,20 @@ impl Engine {
             if let Some(why) = seg.lost() {
                 return Err(PutGetError::Lost(why.to_string()));
             }
-            let e = match op(&seg) {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
+            // An atomic on a link the brick has closed already (an idle close) would be lost
+            // unexecuted, but reported like one whose answer was lost: seen beforehand, it is
+            // re-attached and sent once.
+            let closed = retry == Retry::AtMostOnce && !seg.is_mapped() && seg.name.is_some() && seg.link.peer_closed();
+            let e = if closed {
+                PutGetError::Link(LinkError::Unreachable {
+                    addr: seg.brick().to_string(),
+                    cause: "the brick closed the connection".into(),
+                })
+            } else {
+                match op(&seg) {
+                    Ok(v) => return Ok(v),
+                    Err(e) => e,
+                }
             };
             let Some(how) = broken(&e) else {
                 return Err(e);

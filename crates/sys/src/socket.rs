@@ -30,6 +30,31 @@ pub fn send_vectored(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usi
     }
 }
 
+/// True when the peer of a connected socket has closed it (or reset it) and nothing is left to
+/// read: a peek that does not wait and does not consume. A request written now would be lost
+/// unexecuted, which a caller that must not send a request twice wants to know beforehand.
+pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: recv into a 1-byte local buffer on a borrowed descriptor; MSG_PEEK leaves the
+    // stream as it was for whoever reads it.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            b.as_mut_ptr() as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 0 {
+        return true;
+    }
+    n < 0
+        && matches!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::ECONNRESET | libc::EPIPE | libc::ENOTCONN)
+        )
+}
+
 /// Sets the backlog of a listening socket (calling `listen(2)` again on it does that): how many
 /// connections the kernel completes and queues for `accept` before it leaves further ones
 /// half-open. The kernel caps it at `net.core.somaxconn`.
