@@ -101,7 +101,8 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * once, then tries 50 ms apart doubling up to 1 s, for at most 10 s after the failure (plus
  * one RACKMEM_TIMEOUT_MS for the try under way); then -1 and EIO. A put or a get is retried
  * whatever happened to it (repeating it is harmless). An atomic is retried only when the brick
- * refused it unexecuted: if the link broke after it was sent, the brick may have executed it,
+ * refused it unexecuted, or when the brick had closed the link before the call (an idle
+ * close: seen before sending); if the link broke after it was sent, the brick may have executed it,
  * so it fails with EIO and its outcome is unknown (read the word to find out); the next call
  * finds the segment attached again. A brick that restarted on the same address starts with an
  * empty pool, so the segment's contents are lost: the call and every later one on that handle
