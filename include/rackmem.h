@@ -91,7 +91,27 @@ int rackmem_get_stats(struct rackmem_stats *out);
  *   ENODEV  neither a brick nor a node agent is configured (RACKMEM_BRICKS and RACKMEM_AGENT
  *           unset)
  *   EAGAIN  the node agent serves as many processes as it may
- *   EIO     the brick was lost or failed; the node agent or control plane cannot be reached
+ *   EIO     the brick was lost or failed; the node agent or control plane cannot be reached;
+ *           a named segment whose brick restarted (its contents are lost, see below); an
+ *           atomic whose link broke after it was sent (its outcome is unknown, see below)
+ *
+ * Broken links (agent memory, named segments): a call whose link to the brick breaks (a
+ * connection reset, the brick closing an idle link, the grant expired) re-opens the name
+ * through the node agent (a new grant), attaches again and retries, by itself: one try at
+ * once, then tries 50 ms apart doubling up to 1 s, for at most 10 s after the failure (plus
+ * one RACKMEM_TIMEOUT_MS for the try under way); then -1 and EIO. A put or a get is retried
+ * whatever happened to it (repeating it is harmless). An atomic is retried only when the brick
+ * refused it unexecuted, or when the brick had closed the link before the call (an idle
+ * close: seen before sending); if the link broke after it was sent, the brick may have executed it,
+ * so it fails with EIO and its outcome is unknown (read the word to find out); the next call
+ * finds the segment attached again. A brick that restarted on the same address starts with an
+ * empty pool, so the segment's contents are lost: the call and every later one on that handle
+ * fail with EIO (never the new brick's zeros) until rackmem_seg_free; opening the name again
+ * then gives the restarted brick's memory, zero-filled. Non-blocking transfers in flight when
+ * the link breaks fail at rackmem_quiet with EIO (not retried). Not covered: segments mapped
+ * from a brick on this host (their calls are memory operations that never see the link), and
+ * segments of configured bricks (RACKMEM_BRICKS: a standalone brick frees a segment when its
+ * connection closes, so there is nothing to come back to) or rackmem_seg_alloc's.
  *
  * Thread safety: every call may be made from any thread at once, on the same segment or not.
  * Transfers from different threads to overlapping bytes are not ordered with each other;

@@ -22,6 +22,8 @@ struct Prog {
     guard: Guard,
     input: ChildStdin,
     lines: Receiver<String>,
+    /// Its standard error, line by line, for a program started by [`Prog::linked`].
+    errs: Option<Receiver<String>>,
     pid: u32,
 }
 
@@ -36,17 +38,33 @@ impl Prog {
             .arg("--")
             .arg(program("named_seg"))
             // Its window needs little: small steps keep the nodes' quotas for the segments.
-            .env("RACKMEM_GROW", "16MiB")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .env("RACKMEM_GROW", "16MiB");
+        Prog::spawn(cmd)
+    }
+
+    /// `named_seg` linked with `-lrackmem`, not under `rackmem run`: no window, so nothing
+    /// but its one-sided segments uses a brick (a test can restart the brick under it).
+    fn linked(socket: &Path, env: &[(&str, &str)]) -> Prog {
+        let mut cmd = Command::new(linked_program("named_seg"));
+        cmd.env_remove("LD_PRELOAD")
+            .env_remove("RACKMEM_BRICKS")
+            .env("RACKMEM_AGENT", socket)
+            .envs(env.iter().copied())
+            .stderr(Stdio::piped());
+        Prog::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Prog {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut guard = Guard::spawn(&mut cmd);
         let input = guard.child().stdin.take().expect("stdin");
         let lines = lines_of(guard.child().stdout.take().expect("stdout"));
+        let errs = guard.child().stderr.take().map(lines_of);
         let mut p = Prog {
             guard,
             input,
             lines,
+            errs,
             pid: 0,
         };
         let pid = p.ask("pid");
@@ -62,14 +80,24 @@ impl Prog {
     }
 
     fn answer(&mut self, cmd: &str) -> String {
-        self.lines
-            .recv_timeout(LIMIT)
-            .unwrap_or_else(|e| panic!("no answer to {cmd:?}: {e}"))
+        match self.lines.recv_timeout(LIMIT) {
+            Ok(l) => l,
+            Err(e) => {
+                // What a linked program said on its way out.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                panic!("no answer to {cmd:?}: {e}; its standard error: {:?}", self.errors())
+            }
+        }
     }
 
     fn ask(&mut self, cmd: &str) -> String {
         self.send(cmd);
         self.answer(cmd)
+    }
+
+    /// What the program printed on its standard error so far (a [`Prog::linked`] one).
+    fn errors(&mut self) -> Vec<String> {
+        self.errs.as_ref().map(|r| r.try_iter().collect()).unwrap_or_default()
     }
 
     /// `cmd`, which must succeed; what follows "ok".
@@ -284,6 +312,120 @@ fn processes_on_two_nodes_share_a_named_segment() {
     drop(p2.input);
     drop(p3.input);
     for g in [&mut p1.guard, &mut p2.guard, &mut p3.guard] {
+        let st = g.wait_until(LIMIT).expect("the program exits at the end of its input");
+        assert!(st.success(), "{st:?}");
+    }
+}
+
+/// A named segment's holders lose their links and come back by themselves (issue 23 item 4).
+/// Two processes on two nodes (linked with `-lrackmem`, no window, so the brick serves nothing
+/// else of theirs) hold one segment of a TCP brick that closes links idle for 2 s: after 3 s of
+/// silence their next calls re-attach with fresh grants and find the data (a checksum, the
+/// exact count of their atomics). The brick then restarts on the same address with the same
+/// key: its pool starts empty, so the holders' calls fail with EIO, every one of them after
+/// (never the new brick's zeros), until the program closes the name and opens it again. With
+/// the brick gone for good, a call fails with EIO after a bounded wait. The holds are counted
+/// once throughout: the last close removes the name.
+#[test]
+fn holders_reattach_after_a_broken_link_and_a_restarted_brick_is_reported_lost() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let addr = format!("tcp://127.0.0.1:{port}");
+    let key = dir.path().join("b0.key");
+    let key_arg = key.display().to_string();
+    let brick_args = ["--key-file", key_arg.as_str(), "--idle-timeout-s", "2"];
+    let mut brick = start_managed_brick(&url, &addr, "256MiB", "b0", |c| {
+        c.args(brick_args);
+    });
+    let sockets: Vec<PathBuf> = ["n1", "n2"]
+        .iter()
+        .map(|n| dir.path().join(format!("{n}.sock")))
+        .collect();
+    let _agents: Vec<Guard> = ["n1", "n2"]
+        .iter()
+        .zip(&sockets)
+        .map(|(n, s)| spawn_agent(&url, n, s, &[]))
+        .collect();
+    let env = [("RACKMEM_VERBOSE", "1")];
+    let mut p1 = Prog::linked(&sockets[0], &env);
+    let mut p2 = Prog::linked(&sockets[1], &env);
+    assert_eq!(p1.ok(&format!("open survivor {}", 4 * MIB)), (4 * MIB).to_string());
+    assert_eq!(p2.ok("open survivor 0"), (4 * MIB).to_string());
+    p1.ok(&format!("fill 7 0 {MIB}"));
+    let sum = p2.ok(&format!("check 7 0 {MIB}"));
+    let off = 3 * MIB;
+    p1.ok(&format!("add {off} 100"));
+    p2.ok(&format!("add {off} 100"));
+
+    // Silent for longer than the brick's idle timeout: it closes both links.
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    // p1's first call is an atomic (the closed link seen before it is sent, so it is sent
+    // once, on the new link); p2's a get (retried, a repeat being harmless).
+    p1.ok(&format!("add {off} 500"));
+    assert_eq!(p2.ok(&format!("check 7 0 {MIB}")), sum, "the data after a re-attach");
+    p2.ok(&format!("add {off} 500"));
+    assert_eq!(
+        p2.ok(&format!("word {off}")),
+        "1200",
+        "atomics exact across the re-attach"
+    );
+    for p in [&mut p1, &mut p2] {
+        let errs = p.errors();
+        assert!(
+            errs.iter().any(|l| l.contains("re-attached")),
+            "pid {} never re-attached: {errs:?}",
+            p.pid
+        );
+    }
+    assert_eq!(holder_pids(&url, "survivor").len(), 2, "{:?}", segments(&url));
+
+    // The brick restarts on the same address, with the same key: its pool is new and empty.
+    brick.kill_group();
+    drop(brick);
+    let mut brick = start_managed_brick(&url, &addr, "256MiB", "b0", |c| {
+        c.args(brick_args);
+    });
+    wait_for("the restarted brick to listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let eio = format!("err {}", libc::EIO);
+    assert_eq!(
+        p1.ask(&format!("word {off}")),
+        eio,
+        "a restarted brick's zeros read as data"
+    );
+    assert_eq!(p1.ask(&format!("check 7 0 {MIB}")), eio, "a lost segment stays lost");
+    assert_eq!(p2.ask(&format!("fill 9 0 {MIB}")), eio, "a put into a lost segment");
+    assert_eq!(p2.ask(&format!("add {off} 1")), eio);
+    assert!(
+        p1.errors().iter().any(|l| l.contains("restarted")),
+        "the loss is reported on standard error"
+    );
+    // Closed and opened again, knowingly: the restarted brick's memory, zero-filled.
+    p1.ok("free");
+    assert_eq!(p1.ok("open survivor 0"), (4 * MIB).to_string());
+    assert_eq!(p1.ok(&format!("word {off}")), "0");
+    p1.ok(&format!("fill 9 0 {MIB}"));
+
+    // The brick gone for good: EIO after a bounded wait, not a hang.
+    brick.kill_group();
+    drop(brick);
+    let t = Instant::now();
+    assert_eq!(p1.ask(&format!("check 9 0 {MIB}")), eio);
+    println!("a call on a brick gone for good failed after {:?}", t.elapsed());
+
+    // One hold each throughout: two closes remove the name.
+    p1.ok("free");
+    p2.ok("free");
+    wait_for("the name to go with its last hold", || segments(&url).is_empty());
+    drop(p1.input);
+    drop(p2.input);
+    for g in [&mut p1.guard, &mut p2.guard] {
         let st = g.wait_until(LIMIT).expect("the program exits at the end of its input");
         assert!(st.success(), "{st:?}");
     }

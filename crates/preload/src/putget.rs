@@ -13,8 +13,8 @@
 use crate::{get_errno, set_errno, Inside};
 use libc::{c_char, c_int, c_void, size_t};
 use rackmem_putget::{
-    keep_alive_loop, BrickAddr, Engine, EngineConfig, Granted, Granter, Pending, PutGetError, Segment, SegmentGrant,
-    Sharing, Threshold,
+    keep_alive_loop, BrickAddr, Engine, EngineConfig, Granted, Granter, Pending, PutGetError, Retry, Segment,
+    SegmentGrant, Sharing, Threshold,
 };
 use rackmem_runtime::config::{Config, ShareChoice};
 use rackmem_runtime::CallGuard;
@@ -245,6 +245,17 @@ fn segment(seg: *mut c_void) -> Result<Arc<Segment>, c_int> {
     engine()?.segment(seg as u64).map_err(|e| e.errno())
 }
 
+/// The segment, for starting a non-blocking transfer: not one whose contents are lost (a
+/// mapped one would take the transfer silently, into memory no brick serves any more).
+/// Non-blocking transfers are not retried on a broken link (the blocking calls re-attach).
+fn live_segment(seg: *mut c_void) -> Result<Arc<Segment>, c_int> {
+    let s = segment(seg)?;
+    match s.lost() {
+        Some(_) => Err(libc::EIO),
+        None => Ok(s),
+    }
+}
+
 /// Runs `f` as one API call (fork waits for it; what it allocates stays local); `Err(errno)`
 /// sets errno and yields `fail`. A call that succeeds leaves errno as the caller set it: the
 /// atomics' callers tell an error from a word holding `UINT64_MAX` by errno alone (the header
@@ -366,10 +377,11 @@ unsafe fn bytes_mut<'a>(p: *mut c_void, len: size_t) -> Result<&'a mut [u8], c_i
 #[no_mangle]
 pub unsafe extern "C" fn rackmem_put(seg: *mut c_void, offset: u64, src: *const c_void, len: size_t) -> c_int {
     call(-1, || {
-        let s = segment(seg)?;
         // SAFETY: the header's contract: `len` readable bytes at `src` for the call.
         let data = unsafe { bytes(src, len) }?;
-        s.put(offset, data).map_err(|e| e.errno())?;
+        engine()?
+            .call(seg as u64, Retry::Idempotent, |s| s.put(offset, data))
+            .map_err(|e| e.errno())?;
         Ok(0)
     })
 }
@@ -377,10 +389,13 @@ pub unsafe extern "C" fn rackmem_put(seg: *mut c_void, offset: u64, src: *const 
 #[no_mangle]
 pub unsafe extern "C" fn rackmem_get(seg: *mut c_void, offset: u64, dst: *mut c_void, len: size_t) -> c_int {
     call(-1, || {
-        let s = segment(seg)?;
         // SAFETY: the header's contract: `len` writable bytes at `dst` for the call.
         let out = unsafe { bytes_mut(dst, len) }?;
-        s.get(offset, out).map_err(|e| e.errno())?;
+        // A retry rewrites `out` whole, so bytes of a get cut short never survive it.
+        let out = std::cell::RefCell::new(out);
+        engine()?
+            .call(seg as u64, Retry::Idempotent, |s| s.get(offset, &mut out.borrow_mut()))
+            .map_err(|e| e.errno())?;
         Ok(0)
     })
 }
@@ -388,7 +403,7 @@ pub unsafe extern "C" fn rackmem_get(seg: *mut c_void, offset: u64, dst: *mut c_
 #[no_mangle]
 pub unsafe extern "C" fn rackmem_put_nbi(seg: *mut c_void, offset: u64, src: *const c_void, len: size_t) -> c_int {
     call(-1, || {
-        let s = segment(seg)?;
+        let s = live_segment(seg)?;
         // SAFETY: as rackmem_put: the bytes are sent before this returns.
         let data = unsafe { bytes(src, len) }?;
         PENDING
@@ -401,7 +416,7 @@ pub unsafe extern "C" fn rackmem_put_nbi(seg: *mut c_void, offset: u64, src: *co
 #[no_mangle]
 pub unsafe extern "C" fn rackmem_get_nbi(seg: *mut c_void, offset: u64, dst: *mut c_void, len: size_t) -> c_int {
     call(-1, || {
-        let s = segment(seg)?;
+        let s = live_segment(seg)?;
         // SAFETY: the header's contract for rackmem_get_nbi: `dst` stays valid, and the program
         // neither reads nor writes it, until this thread's next rackmem_quiet returns (or the
         // thread exits, which completes its transfers).
@@ -424,15 +439,19 @@ pub extern "C" fn rackmem_quiet() -> c_int {
 #[no_mangle]
 pub extern "C" fn rackmem_atomic_fetch_add(seg: *mut c_void, offset: u64, value: u64) -> u64 {
     call(u64::MAX, || {
-        segment(seg)?.fetch_add(offset, value).map_err(|e| e.errno())
+        engine()?
+            .call(seg as u64, Retry::AtMostOnce, |s| s.fetch_add(offset, value))
+            .map_err(|e| e.errno())
     })
 }
 
 #[no_mangle]
 pub extern "C" fn rackmem_atomic_compare_swap(seg: *mut c_void, offset: u64, expected: u64, desired: u64) -> u64 {
     call(u64::MAX, || {
-        segment(seg)?
-            .compare_swap(offset, expected, desired)
+        engine()?
+            .call(seg as u64, Retry::AtMostOnce, |s| {
+                s.compare_swap(offset, expected, desired)
+            })
             .map_err(|e| e.errno())
     })
 }

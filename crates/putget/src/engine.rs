@@ -97,8 +97,11 @@ pub struct EngineConfig {
 pub struct Engine {
     cfg: EngineConfig,
     /// Where segments come from when `cfg.bricks` is empty.
-    granter: Option<Arc<dyn Granter>>,
-    segments: RwLock<HashMap<u64, Arc<Segment>>>,
+    pub(crate) granter: Option<Arc<dyn Granter>>,
+    pub(crate) segments: RwLock<HashMap<u64, Arc<Segment>>>,
+    /// Held while a segment is re-attached (`reattach`): one at a time, so threads whose
+    /// calls failed on one broken link wait for one new link instead of each making one.
+    pub(crate) reattaching: Mutex<()>,
     next_handle: AtomicU64,
     next_brick: AtomicUsize,
     /// Plans by (brick, mapped): measured once, under this lock.
@@ -118,6 +121,7 @@ impl Engine {
             cfg,
             granter,
             segments: RwLock::new(HashMap::new()),
+            reattaching: Mutex::new(()),
             // Handles are never reused, so a freed one stays invalid; never 0 (NULL in C).
             next_handle: AtomicU64::new(1),
             next_brick: AtomicUsize::new(0),
@@ -203,22 +207,34 @@ impl Engine {
             return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
         }
         let granted = g.grant(name, bytes)?;
-        let r = self.attach_granted(&granted).and_then(|mut seg| {
-            seg.allocation = Some(granted.allocation);
-            let seg = Arc::new(seg);
-            let plan = self.plan_at(&granted.brick, seg.is_mapped(), || {
-                let scratch = g.grant(None, CALIBRATION_BYTES)?;
-                let s = self.attach_granted(&scratch);
-                // Measured, then given back: the scratch segment is this process's alone.
-                Ok((s, Some((scratch.allocation, scratch.brick))))
-            })?;
-            let _ = seg.plan.set(plan);
-            self.insert(seg)
-        });
+        let r = self
+            .granted_segment(g, &granted, name)
+            .and_then(|seg| self.insert(Arc::new(seg)));
         if r.is_err() {
             let _ = g.give_back(granted.allocation);
         }
         r
+    }
+
+    /// `granted` attached by a link of its own, with the plan of its brick (measured now if
+    /// this is the brick's first segment). The caller gives `granted` back if this fails.
+    pub(crate) fn granted_segment(
+        &self,
+        g: &dyn Granter,
+        granted: &Granted,
+        name: Option<&str>,
+    ) -> Result<Segment, PutGetError> {
+        let mut seg = self.attach_granted(granted)?;
+        seg.allocation = Some(granted.allocation);
+        seg.name = name.map(str::to_string);
+        let plan = self.plan_at(&granted.brick, seg.is_mapped(), || {
+            let scratch = g.grant(None, CALIBRATION_BYTES)?;
+            let s = self.attach_granted(&scratch);
+            // Measured, then given back: the scratch segment is this process's alone.
+            Ok((s, Some((scratch.allocation, scratch.brick))))
+        })?;
+        let _ = seg.plan.set(plan);
+        Ok(seg)
     }
 
     /// A new link to `granted`'s brick, attached with its grant.
@@ -280,6 +296,7 @@ impl Engine {
             (Sharing::Auto, BrickAddr::Unix(_)) => link.share().ok(),
             (Sharing::Always, BrickAddr::Unix(_)) => Some(link.share()?),
         };
+        let brick_id = link.info().brick_id;
         Ok(Segment {
             fds: link.raw_fds(),
             link,
@@ -287,6 +304,9 @@ impl Engine {
             mapping,
             plan: OnceLock::new(),
             allocation: None,
+            name: None,
+            brick_id,
+            lost: OnceLock::new(),
         })
     }
 

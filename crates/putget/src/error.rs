@@ -41,6 +41,10 @@ pub enum PutGetError {
     /// This process holds [`MAX_SEGMENTS`](crate::MAX_SEGMENTS) segments already.
     #[error("{0} segments are open in this process already; free some first")]
     TooManySegments(usize),
+    /// The segment's contents are gone: its brick restarted (a brick's memory does not survive
+    /// a restart). Every call on the handle fails so until it is freed.
+    #[error("{0}")]
+    Lost(String),
     /// The brick refused or the link failed.
     #[error(transparent)]
     Link(#[from] LinkError),
@@ -57,6 +61,7 @@ impl PutGetError {
     pub fn errno(&self) -> i32 {
         match self {
             PutGetError::NotConfigured => libc::ENODEV,
+            PutGetError::Lost(_) => libc::EIO,
             PutGetError::BadHandle(_) => libc::EBADF,
             PutGetError::OutOfRange { .. } | PutGetError::Misaligned(_) | PutGetError::Invalid(_) => libc::EINVAL,
             PutGetError::TooManySegments(_) => libc::EMFILE,

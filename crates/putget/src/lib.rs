@@ -16,12 +16,14 @@
 //! copy/move switch is the pager's).
 //!
 //! Modules: `engine` (the process's segments and plans), `segment` (one segment and the two
-//! paths), `plan` (thresholds and their calibration), `nbi` (non-blocking transfers), `error`.
+//! paths), `plan` (thresholds and their calibration), `nbi` (non-blocking transfers),
+//! `reattach` (a named segment whose link broke comes back by itself), `error`.
 
 mod engine;
 mod error;
 mod nbi;
 mod plan;
+mod reattach;
 mod segment;
 
 pub use engine::{
@@ -34,4 +36,5 @@ pub use plan::{calibrate, Direction, Path, Plan, Probe, Threshold, CALIBRATION_B
 /// The types a [`Granter`] fills a [`Granted`] with.
 pub use rackmem_proto::SegmentGrant;
 pub use rackmem_transport::BrickAddr;
+pub use reattach::{Retry, REATTACH_FIRST_DELAY, REATTACH_LIMIT, REATTACH_MAX_DELAY};
 pub use segment::{Segment, BULK_PIECE_BYTES, BULK_WINDOW, INLINE_FRAME_BYTES};

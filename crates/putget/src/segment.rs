@@ -42,6 +42,18 @@ pub struct Segment {
     pub(crate) plan: OnceLock<Arc<Plan>>,
     /// The [`Granter`](crate::Granter)'s id for it, when one granted it (given back at free).
     pub(crate) allocation: Option<u64>,
+    /// The name it was opened by from a granter: the name a broken link re-opens it by
+    /// ([`Engine::call`](crate::Engine::call)). `None` for a configured brick's segments (a
+    /// standalone brick frees a segment with its last connection, so there is nothing to come
+    /// back to) and for a granter's unnamed ones (no name to ask a new grant for).
+    pub(crate) name: Option<String>,
+    /// The brick's identity when the link was made (random per brick start): a re-attach that
+    /// finds the same address under another identity found a restarted brick, whose memory
+    /// starts empty.
+    pub(crate) brick_id: u64,
+    /// Set once the segment's contents are known lost (its brick restarted): every later call
+    /// fails with `EIO` instead of reading what the new brick has (zeros).
+    pub(crate) lost: OnceLock<String>,
 }
 
 impl std::fmt::Debug for Segment {
@@ -83,6 +95,11 @@ impl Segment {
             Some(p) => p.path_for(dir, len),
             None => Plan::default().path_for(dir, len),
         }
+    }
+
+    /// Why the segment's contents are lost, once they are (its brick restarted).
+    pub fn lost(&self) -> Option<&str> {
+        self.lost.get().map(String::as_str)
     }
 
     /// The grant and session key, with which another link can attach to this segment.

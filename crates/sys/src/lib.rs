@@ -59,7 +59,9 @@ pub use mem::{
 pub use peer::PrefixLen;
 pub use poll::{poll_readable, wait_readable, Woken};
 pub use shared::SharedMemory;
-pub use socket::{peer_credentials, raise_open_files_limit, set_listen_backlog, PeerCredentials};
+pub use socket::{
+    peer_closed, peer_credentials, raise_open_files_limit, send_vectored, set_listen_backlog, PeerCredentials,
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,8 +1,59 @@
 //! Socket and process helpers a server needs: the listen backlog, the open files limit, and who
 //! is at the other end of a Unix socket (`SO_PEERCRED`).
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Writes `bufs` to a connected socket as `writev(2)` would, but with `MSG_NOSIGNAL`: a peer
+/// that went away makes this return `EPIPE` instead of raising SIGPIPE. Links write from the
+/// program's own threads (a put, a get), whose SIGPIPE disposition is the program's: by
+/// default it kills the process, so a brick that restarts would kill its clients instead of
+/// failing their calls.
+pub fn send_vectored(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec on Unix (its documented guarantee); sendmsg only
+    // reads the slices, which outlive the call.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len().min(libc::UIO_MAXIOV as usize) as _;
+    loop {
+        // SAFETY: sendmsg on a borrowed descriptor with a header whose iovecs point at `bufs`,
+        // valid for the call.
+        let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// True when the peer of a connected socket has closed it (or reset it) and nothing is left to
+/// read: a peek that does not wait and does not consume. A request written now would be lost
+/// unexecuted, which a caller that must not send a request twice wants to know beforehand.
+pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: recv into a 1-byte local buffer on a borrowed descriptor; MSG_PEEK leaves the
+    // stream as it was for whoever reads it.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            b.as_mut_ptr() as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 0 {
+        return true;
+    }
+    n < 0
+        && matches!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::ECONNRESET | libc::EPIPE | libc::ENOTCONN)
+        )
+}
 
 /// Sets the backlog of a listening socket (calling `listen(2)` again on it does that): how many
 /// connections the kernel completes and queues for `accept` before it leaves further ones

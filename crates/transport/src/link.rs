@@ -129,6 +129,18 @@ impl Link {
         self.broken.get().is_some()
     }
 
+    /// True when the link is broken or the brick has closed the connection (a brick closes
+    /// links idle past its idle timeout), seen without sending or waiting: a request sent now
+    /// would not be executed. Costs one system call.
+    pub fn peer_closed(&self) -> bool {
+        use std::os::fd::AsFd;
+        self.is_broken()
+            || match &self.control {
+                crate::socket::Sock::Tcp(s) => rackmem_sys::peer_closed(s.as_fd()),
+                crate::socket::Sock::Unix(s) => rackmem_sys::peer_closed(s.as_fd()),
+            }
+    }
+
     /// Marks the link broken (first cause wins), wakes everyone, returns the error.
     pub(crate) fn lost(&self, cause: String) -> LinkError {
         if self.broken.set(cause).is_ok() {

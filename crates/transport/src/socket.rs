@@ -239,17 +239,17 @@ pub(crate) struct Tx {
     pub(crate) sealed: Vec<u8>,
 }
 
+// Written with MSG_NOSIGNAL (`rackmem_sys::send_vectored`): a brick that went away fails the
+// write with EPIPE instead of killing the program whose thread wrote (put/get run on the
+// program's threads, whose SIGPIPE disposition is the program's).
 impl Write for Sock {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        match self {
-            Sock::Tcp(s) => s.write(b),
-            Sock::Unix(s) => s.write(b),
-        }
+        self.write_vectored(&[IoSlice::new(b)])
     }
     fn write_vectored(&mut self, b: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Sock::Tcp(s) => s.write_vectored(b),
-            Sock::Unix(s) => s.write_vectored(b),
+            Sock::Tcp(s) => rackmem_sys::send_vectored(s.as_fd(), b),
+            Sock::Unix(s) => rackmem_sys::send_vectored(s.as_fd(), b),
         }
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -106,6 +106,41 @@ pub fn program(name: &str) -> PathBuf {
     r.unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `tests/c/NAME.c` linked with `-lrackmem` (the librackmem.so next to the `rackmem` binary), to
+/// run without `LD_PRELOAD` and without a window: its one-sided calls are the library's, and
+/// nothing else of it needs a brick.
+pub fn linked_program(name: &str) -> PathBuf {
+    let dir = Path::new(rackmem())
+        .parent()
+        .expect("the rackmem binary's directory")
+        .to_path_buf();
+    assert!(
+        dir.join("librackmem.so").exists(),
+        "this test links a program with -lrackmem and needs {}: build it with `cargo build \
+         --release --all-features` (./scripts/test does)",
+        dir.join("librackmem.so").display()
+    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/c/{name}.c"));
+    let out = build_dir().join(format!("{name}-linked"));
+    let o = Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .arg(format!("-L{}", dir.display()))
+        .arg("-lrackmem")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run gcc for {}: {e}", src.display()));
+    assert!(
+        o.status.success(),
+        "gcc {} -lrackmem failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// A child process (and its process group) that is killed when the guard is dropped.
 pub struct Guard {
     child: Option<Child>,
