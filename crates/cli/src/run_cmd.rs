@@ -45,6 +45,11 @@ Defaults (each can be overridden):
     a page that faults back soon after its eviction is protected, and leaves only for pages
     that came back more often, so the hot set stays local. --eviction fifo (RACKMEM_EVICTION=fifo)
     evicts strictly in the order pages came in.
+  Load control: on. When nearly every fault fetches back a page evicted shortly before and
+    several threads raise them, one thread is favoured: its faults are served and the others'
+    are held for a slice of at most 500 ms (at once released if the favoured thread waits for
+    something), then the favour rotates. --no-load-control (RACKMEM_LOAD_CONTROL=0) serves every
+    fault as it comes.
   Pages: 4 KiB. --huge-pages (RACKMEM_HUGE_PAGES=1) moves 2 MiB transparent huge pages instead,
     where the kernel allows them.
   Outrunning the link: a program that spends more than half of its time waiting on faults for
@@ -125,6 +130,11 @@ pub struct RunArgs {
     /// it. fifo evicts strictly in the order pages came in, hot or not.
     #[arg(long, value_name = "NAME", value_parser = parse_eviction)]
     eviction: Option<Eviction>,
+    /// Serve every fault as it comes, even when several threads thrash the local buffer
+    /// together (also RACKMEM_LOAD_CONTROL=0). By default one of them is favoured at a time
+    /// (see Load control below).
+    #[arg(long)]
+    no_load_control: bool,
     /// Back the window by 2 MiB transparent huge pages (also RACKMEM_HUGE_PAGES=1): faults
     /// fetch, install and evict 2 MiB units (one request, one UFFDIO_MOVE each), the local
     /// buffer counts 2 MiB per resident unit, and write-back sends only the 4 KiB subpages that
@@ -367,6 +377,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     if args.huge_pages {
         cmd.env(env::HUGE_PAGES, "1");
+    }
+    if args.no_load_control {
+        cmd.env(env::LOAD_CONTROL, "0");
     }
     if let Some(spec) = &args.emulate {
         cmd.env(rackmem_transport::EMULATE_ENV, &spec.0.name);

@@ -335,3 +335,61 @@ fn pages_the_kernel_swaps_out_while_threads_fault_come_back_exactly() {
         );
     }
 }
+
+/// Load control (`docs/architecture.md`, "Load control"): two threads whose working sets fit the
+/// local buffer one at a time but not together, at 50% local. The results equal the native
+/// run's, and load control engaged (faults were held while the other thread was favoured); every
+/// hold ended within its slice (500 ms) and a stall.
+#[test]
+fn two_threads_whose_working_sets_fit_one_at_a_time_are_served_in_turn() {
+    require_root();
+    let prog = program("thrash_threads");
+    let args = ["16", "2000000", "plain"];
+    let n = native(&prog, &args);
+    assert!(!checksums(&n).is_empty(), "no checksum printed: {}", show(&n));
+    for extra in [&[][..], &["--no-load-control"][..]] {
+        let (r, stats) = remote(&prog, &args, "50%", extra);
+        assert!(r.status.success(), "thrash_threads {args:?} {extra:?}: {}", show(&r));
+        assert_eq!(
+            checksums(&n),
+            checksums(&r),
+            "thrash_threads {args:?} {extra:?}: results differ from the native run"
+        );
+        let s = busiest(&stats);
+        assert_used_remote_memory_at(s, 50);
+        let holds = s.extra("load_holds");
+        if extra.is_empty() {
+            assert!(
+                holds > 0,
+                "two threads refaulting on each other's pages, and load control never held a fault: {s:?}"
+            );
+            let longest = s.extra("load_hold_max_ns");
+            assert!(
+                longest <= 2_000_000_000,
+                "a fault was held {longest} ns, past its bound (a 500 ms slice; 2 s allows for a loaded machine): {s:?}"
+            );
+        } else {
+            assert_eq!(holds, 0, "--no-load-control held faults: {s:?}");
+        }
+    }
+}
+
+/// The hazard of load control: a held thread may hold a lock the favoured thread needs. Here
+/// each thread makes its updates with a mutex shared by both held, faulting while it holds
+/// it. The program finishes (within the test's deadline: no hang) with the native results.
+#[test]
+fn a_thread_faulting_while_it_holds_a_mutex_the_other_needs_does_not_hang_load_control() {
+    require_root();
+    let prog = program("thrash_threads");
+    let args = ["16", "200000", "mutex"];
+    let n = native(&prog, &args);
+    assert!(!checksums(&n).is_empty(), "no checksum printed: {}", show(&n));
+    let (r, stats) = remote(&prog, &args, "50%", &[]);
+    assert!(r.status.success(), "thrash_threads {args:?}: {}", show(&r));
+    assert_eq!(
+        checksums(&n),
+        checksums(&r),
+        "thrash_threads {args:?}: results under load control differ from the native run"
+    );
+    assert_used_remote_memory_at(busiest(&stats), 50);
+}

@@ -923,6 +923,13 @@ impl Core {
         }
     }
 
+    /// Load control favours another thread: the policy demotes the pages it protected, so the
+    /// newly favoured thread's working set can take their room (`EvictionPolicy::demote_all`).
+    /// The resident pages and the policy's membership do not change.
+    pub fn demote_hot(&mut self) {
+        self.policy.demote_all();
+    }
+
     /// Picks up to `want` victims (at most the free slots), marks them evicting under a new job
     /// id and gives each a slot, in page order. `budget`: the local buffer's size in pages now
     /// (the policy sizes what it remembers by it); `zero_hash`: the checksum a page never

@@ -642,6 +642,16 @@ impl Sim {
             }
             return;
         }
+        if self.step % 97 == 0 {
+            // Load control moved its favour to another thread: the policy demotes what it
+            // protected (the resident pages and the policy's membership stay the same). On a
+            // step count, not a draw, so each seed's other choices stay as they were.
+            self.core().demote_hot();
+            self.count("protected pages demoted");
+            self.log(format!(
+                "thread {t}: load control's favour moves, protected pages demoted"
+            ));
+        }
         let page = self.pick_page(t);
         let write = self.rng.chance(500);
         match self.window.get(&page).copied() {

@@ -70,6 +70,9 @@ pub mod env {
     pub const HUGE_PAGES: &str = "RACKMEM_HUGE_PAGES";
     /// How `fork` gives the child its copy: `lazy` (the default) or `eager`.
     pub const FORK: &str = "RACKMEM_FORK";
+    /// Load control: `1`/`on` (the default) favours one thread at a time when several threads'
+    /// faults thrash the local buffer together; `0`/`off` serves every fault as it comes.
+    pub const LOAD_CONTROL: &str = "RACKMEM_LOAD_CONTROL";
 }
 
 /// How the fault handler waits for page faults.
@@ -212,6 +215,9 @@ pub struct Config {
     /// pages and the child fetches every page from its clone). Huge units and memory from a node
     /// agent always fork eagerly.
     pub fork_lazy: bool,
+    /// `RACKMEM_LOAD_CONTROL`: when several threads' faults thrash the local buffer together,
+    /// favour one thread at a time (`crate::load`; on by default).
+    pub load_control: bool,
 }
 
 /// Whether the window is backed by 2 MiB transparent huge pages.
@@ -400,6 +406,11 @@ impl Config {
                 None | Some("lazy") => true,
                 Some("eager") => false,
                 Some(v) => return Err(ConfigError::Invalid(env::FORK, v.to_string())),
+            },
+            load_control: match var(env::LOAD_CONTROL).as_deref().map(str::trim) {
+                None | Some("1") | Some("on") | Some("yes") => true,
+                Some("0") | Some("off") | Some("no") => false,
+                Some(v) => return Err(ConfigError::Invalid(env::LOAD_CONTROL, v.to_string())),
             },
             agent,
         }))

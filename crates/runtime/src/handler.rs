@@ -9,8 +9,12 @@
 //! The first handler places itself beside the faulting thread (`placement.rs`) when one thread
 //! does all the faulting; the others (helpers) then sleep, since one faulting thread has one
 //! fault at a time, and wake when several threads fault. Every handler parks for a fork.
+//!
+//! The first handler also runs load control (`load.rs`): when several threads thrash the local
+//! buffer together it serves one thread's faults and holds the others' for a bounded slice.
 
 use crate::config::HandlerMode;
+use crate::load::{self, LoadControl, Release, Verdict};
 use crate::placement::{self, Decision, Placement, Waiting};
 use crate::{writeback, Inner, PAGE_SIZE};
 use rackmem_uffd::Event;
@@ -63,6 +67,10 @@ pub(crate) struct Handler {
     /// Huge units: where fetched units are received when no staging slot is spent
     /// (`huge.rs`).
     pub(crate) nursery: Option<rackmem_sys::Mapping>,
+    /// Load control (the first handler, unless `RACKMEM_LOAD_CONTROL=0`), and a buffer for the
+    /// faults it releases.
+    load: Option<LoadControl>,
+    released: Vec<load::Held>,
 }
 
 pub(crate) fn run(inner: Arc<Inner>, index: usize) {
@@ -86,7 +94,12 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
         marks: [0; 7],
         fault_page: 0,
         nursery: None,
+        load: None,
+        released: Vec::new(),
     };
+    if index == 0 && h.inner.cfg.load_control {
+        h.load = Some(LoadControl::default());
+    }
     if h.inner.huge() {
         h.nursery = Some(crate::huge::nursery(&h.inner));
     }
@@ -97,6 +110,8 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
     let mut last_activity = Instant::now();
     loop {
         if h.inner.pause.load(Ordering::Acquire) {
+            // Held threads are served before parking: a fork's wait must not add to a hold.
+            h.release_held(true);
             // A fork is coming: the child must not inherit a mask confined by the placement.
             if index == 0 {
                 placement::unfollow();
@@ -112,6 +127,12 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
         if h.pending.is_empty() {
             let n = h.read_some();
             if n == 0 {
+                // Nothing queued: load control may release held faults now (its slice ended,
+                // or the favoured thread waits for something).
+                if h.release_held(true) {
+                    last_activity = Instant::now();
+                    continue;
+                }
                 let idle = match mode {
                     HandlerMode::BusyPoll => false,
                     HandlerMode::Blocking => true,
@@ -135,8 +156,14 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
                     last_activity = Instant::now();
                 } else if idle {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
-                    // idle handler costs its CPU nothing.
-                    match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, None) {
+                    // idle handler costs its CPU nothing; while load control holds faults, it
+                    // wakes each millisecond to watch the favoured thread (holds are bounded).
+                    let timeout = h
+                        .load
+                        .as_ref()
+                        .filter(|l| l.held() > 0)
+                        .map(|_| Duration::from_millis(1));
+                    match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, timeout) {
                         // The bell rings for a fork: every handler must see it, so it stays rung
                         // until `resume`.
                         Ok(w) if w.rung && !h.inner.pause.load(Ordering::Acquire) => h.inner.bell.clear(),
@@ -154,6 +181,8 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
             h.early_seen = h.early_seen.saturating_sub(1);
             h.handle(ev);
         }
+        // A slice may end while faults keep coming.
+        h.release_held(false);
     }
 }
 
@@ -417,10 +446,9 @@ impl Handler {
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::Pagefault { addr, thread_id, .. } => {
-                self.place(thread_id);
-                self.fault(addr);
-                let inner = &self.inner;
-                inner.stats.in_flight.end(inner.now_ns());
+                if !self.held_back(addr, thread_id) {
+                    self.serve_fault(addr, thread_id);
+                }
             }
             Event::Remove { start, end } | Event::Unmap { start, end } => {
                 self.inner.stats.events.fetch_add(1, Ordering::Relaxed);
@@ -439,6 +467,101 @@ impl Handler {
             }
             Event::Fork { .. } | Event::Unknown { .. } => {}
         }
+    }
+
+    /// Serves a fault of `thread_id` at `addr`, read from the userfaultfd or released by load
+    /// control.
+    fn serve_fault(&mut self, addr: usize, thread_id: u32) {
+        self.place(thread_id);
+        self.fault(addr);
+        let inner = &self.inner;
+        inner.stats.in_flight.end(inner.now_ns());
+    }
+
+    /// Load control: true if the fault is held (its thread stays blocked until
+    /// [`Handler::release_held`] serves it). Only while this handler is the one serving: with
+    /// helpers on, faults spread over handlers and none sees every thread's faults.
+    fn held_back(&mut self, addr: usize, thread_id: u32) -> bool {
+        let inner = self.inner.clone();
+        let Some(lc) = self.load.as_mut() else {
+            return false;
+        };
+        if inner.helpers_active.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = inner.now_ns();
+        let before = lc.favoured();
+        let verdict = lc.fault(thread_id, now, inner.stats.faults_remote.load(Ordering::Relaxed));
+        if let (None, Some(tid)) = (before, lc.favoured()) {
+            // The pages protected so far are both threads' hot pages: the favoured thread's
+            // working set must be able to take the room of the others'.
+            inner.lock().demote_hot();
+            if inner.cfg.verbose {
+                eprintln!(
+                    "rackmem[{}]: several threads refault on the local buffer together: load control favours thread {tid}",
+                    std::process::id()
+                );
+            }
+        }
+        if verdict == Verdict::Hold {
+            lc.hold(thread_id, now, addr);
+            inner.stats.load_holds.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Serves the faults load control releases now (all of them when a fork is coming or
+    /// helpers are on); `queue_empty`: nothing is queued on the userfaultfd. True if it served
+    /// any.
+    fn release_held(&mut self, queue_empty: bool) -> bool {
+        let inner = self.inner.clone();
+        let Some(lc) = self.load.as_mut() else {
+            return false;
+        };
+        let mut out = std::mem::take(&mut self.released);
+        let stop = inner.pause.load(Ordering::Acquire) || inner.helpers_active.load(Ordering::Relaxed);
+        let why = if stop {
+            if lc.favoured().is_none() && lc.held() == 0 {
+                None
+            } else {
+                lc.stop(&mut out);
+                Some(Release::Off)
+            }
+        } else {
+            let remote = inner.stats.faults_remote.load(Ordering::Relaxed);
+            lc.due(inner.now_ns(), remote, queue_empty, load::thread_running, &mut out)
+        };
+        match why {
+            Some(Release::Rotated) => inner.stats.load_rotations.fetch_add(1, Ordering::Relaxed),
+            Some(Release::Stalled) => inner.stats.load_stalls.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        if matches!(why, Some(Release::Rotated | Release::Stalled)) && lc.favoured().is_some() {
+            // Another thread's turn: what was protected is the previous one's working set.
+            inner.lock().demote_hot();
+        }
+        if inner.cfg.verbose {
+            if let Some(why) = why {
+                let next = lc.favoured().map_or_else(|| "none".to_string(), |t| t.to_string());
+                let (first, second) = lc.last_halves();
+                eprintln!(
+                    "rackmem[{}]: load control: {why:?}, {} held faults served, favoured thread now {next} \
+                     (refaults in the last slice's halves: {first}, {second})",
+                    std::process::id(),
+                    out.len()
+                );
+            }
+        }
+        let served = !out.is_empty();
+        let now = inner.now_ns();
+        let longest = out.iter().map(|h| now.saturating_sub(h.since_ns)).max().unwrap_or(0);
+        inner.stats.load_hold_max_ns.fetch_max(longest, Ordering::Relaxed);
+        for h in out.drain(..) {
+            self.serve_fault(h.addr, h.tid);
+        }
+        self.released = out;
+        served
     }
 
     /// Counts a fault of `thread_id` for the handler's placement, following the thread that

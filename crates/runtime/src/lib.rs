@@ -30,6 +30,7 @@ mod grow;
 mod handler;
 mod huge;
 mod inner;
+mod load;
 pub mod migrate;
 mod outrun;
 mod placement;

@@ -284,6 +284,14 @@ pub struct Stats {
     /// Times the fault handler moved (`HandlerMode::Auto`): onto a faulting thread's CPU, or
     /// back to floating.
     pub handler_moves: AtomicU64,
+    /// Faults held by load control (`crate::load`): another thread was favoured.
+    pub load_holds: AtomicU64,
+    /// Times load control's favour moved to another thread at the end of a slice.
+    pub load_rotations: AtomicU64,
+    /// Times load control released its holds early: the favoured thread was waiting.
+    pub load_stalls: AtomicU64,
+    /// Longest a fault was held by load control, ns.
+    pub load_hold_max_ns: AtomicU64,
     /// Pages `UFFDIO_MOVE` moved but reported as not moved (pages the kernel had swapped out),
     /// found in the page table and counted as moved (see "Swapped pages" in
     /// docs/architecture.md).
@@ -577,6 +585,18 @@ pub struct StatsSnapshot {
     /// See [`Stats::handler_moves`].
     #[serde(default)]
     pub handler_moves: u64,
+    /// See [`Stats::load_holds`].
+    #[serde(default)]
+    pub load_holds: u64,
+    /// See [`Stats::load_rotations`].
+    #[serde(default)]
+    pub load_rotations: u64,
+    /// See [`Stats::load_stalls`].
+    #[serde(default)]
+    pub load_stalls: u64,
+    /// See [`Stats::load_hold_max_ns`].
+    #[serde(default)]
+    pub load_hold_max_ns: u64,
     /// See [`Stats::moves_recounted`].
     #[serde(default)]
     pub moves_recounted: u64,
@@ -752,6 +772,10 @@ impl Stats {
             events: g(&self.events),
             watchdog_reports: g(&self.watchdog_reports),
             handler_moves: g(&self.handler_moves),
+            load_holds: g(&self.load_holds),
+            load_rotations: g(&self.load_rotations),
+            load_stalls: g(&self.load_stalls),
+            load_hold_max_ns: g(&self.load_hold_max_ns),
             moves_recounted: g(&self.moves_recounted),
             migrations: g(&self.migrations),
             migration_bytes: g(&self.migration_bytes),

@@ -58,6 +58,10 @@ pub trait EvictionPolicy: Send {
     /// The local buffer's budget in pages, told before each call to `victims` (it follows the
     /// program's footprint when the budget is a percentage).
     fn set_capacity(&mut self, _pages: usize) {}
+    /// The program's load changed: the runtime's load control now favours another thread, so
+    /// the pages proven hot so far belong in part to threads that are not being served. A policy
+    /// that protects pages lets them compete again, to leave first; the pages held stay the same.
+    fn demote_all(&mut self) {}
 }
 
 /// The eviction policy to use, by name (`RACKMEM_EVICTION`, `rackmem run --eviction`).

@@ -297,6 +297,30 @@ impl EvictionPolicy for Refault {
         }
     }
 
+    /// Protected pages go to probation's old end, in their order, with their scores: the next
+    /// victims are the pages proven hot under the previous load, and the favoured thread's pages
+    /// that come back within a budget of evictions earn protection again.
+    fn demote_all(&mut self) {
+        let mut hot = Vec::with_capacity(self.protected_len);
+        while let Some(e) = self.pop_live(true) {
+            hot.push(e);
+        }
+        for &(page, e) in hot.iter().rev() {
+            self.generation = self.generation.wrapping_add(1);
+            let generation = self.generation;
+            self.live.insert(
+                page,
+                Entry {
+                    generation,
+                    protected: false,
+                    score: e.score,
+                },
+            );
+            self.probation.push_front((page, generation));
+        }
+        self.compact();
+    }
+
     fn set_capacity(&mut self, pages: usize) {
         let shrank = pages < self.capacity;
         self.capacity = pages.max(1);

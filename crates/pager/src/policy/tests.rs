@@ -73,6 +73,37 @@ fn a_page_that_faults_back_while_remembered_is_protected() {
 }
 
 #[test]
+fn demoted_protected_pages_leave_first_and_can_earn_protection_again() {
+    let mut r = Refault::default();
+    r.set_capacity(8);
+    for p in 0..8 {
+        r.inserted(p);
+    }
+    assert_eq!(take(&mut r, 3), vec![0, 1, 2]);
+    // 0 and 1 come back (another thread's hot pages): protected.
+    r.inserted(0);
+    r.inserted(1);
+    r.inserted(50);
+    assert_eq!(r.protected_len(), 2);
+    // Load control favours another thread: they leave first, in their order, and nothing
+    // else changes.
+    r.demote_all();
+    assert_eq!(r.protected_len(), 0);
+    assert_eq!(r.len(), 8);
+    assert_eq!(take(&mut r, 3), vec![0, 1, 3]);
+    // A page that comes back after its demotion is protected again.
+    r.inserted(0);
+    assert_eq!(r.protected_len(), 1);
+    assert_eq!(take(&mut r, 6), vec![4, 5, 6, 7, 50, 0]);
+    assert!(r.is_empty());
+    // Fifo has nothing to demote.
+    let mut f = Eviction::Fifo.build();
+    f.inserted(1);
+    f.demote_all();
+    assert_eq!(take(f.as_mut(), 1), vec![1]);
+}
+
+#[test]
 fn a_scan_does_not_flush_protected_pages() {
     let mut r = Refault::default();
     let cap = 100;
