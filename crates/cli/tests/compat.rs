@@ -326,6 +326,8 @@ impl Run {
         argv.extend(cmd.get_args().map(ToOwned::to_owned));
         let mut w = Command::new(&argv[0]);
         w.args(&argv[1..]);
+        // Real programs run with the defaults, the floor of a percentage budget included.
+        w.env_remove(LOCAL_FLOOR_ENV);
         for (k, v) in cmd.get_envs() {
             match v {
                 Some(v) => w.env(k, v),
