@@ -32,7 +32,7 @@ pub fn admin_token_file() -> &'static Path {
 }
 
 /// The runtime's variable for the least a percentage budget gives a run (see `test_credentials`).
-pub const LOCAL_FLOOR_ENV: &str = "RACKMEM_LOCAL_FLOOR";
+pub const LOCAL_FLOOR_ENV: &str = rackmem_runtime::config::env::LOCAL_FLOOR;
 
 fn test_credentials() -> &'static Path {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
