@@ -67,7 +67,10 @@ pub struct RunArgs {
     /// memory so far (25%). A percentage is a limit, like a memory cgroup's: it grows with the
     /// footprint and never shrinks when the program frees memory. A size stays that size. It is
     /// the limit of the whole run, like a cgroup's: every process the program forks or execs
-    /// shares it (the footprint is theirs together).
+    /// shares it (the footprint is theirs together). A percentage never gives the run less than
+    /// 8 MiB, or its whole footprint so far when that is smaller (early in a run, P% of the
+    /// footprint so far is far below P% of its final peak); RACKMEM_LOCAL_FLOOR sets another
+    /// floor, 0 none.
     #[arg(long, value_name = "SIZE|PCT", default_value = "50%")]
     local: Budget,
     /// A memory brick to use (tcp://HOST:PORT, tls://HOST:PORT or unix:PATH); repeat for several. Without one, an

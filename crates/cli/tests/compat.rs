@@ -326,6 +326,8 @@ impl Run {
         argv.extend(cmd.get_args().map(ToOwned::to_owned));
         let mut w = Command::new(&argv[0]);
         w.args(&argv[1..]);
+        // Real programs run with the defaults, the floor of a percentage budget included.
+        w.env_remove(LOCAL_FLOOR_ENV);
         for (k, v) in cmd.get_envs() {
             match v {
                 Some(v) => w.env(k, v),
@@ -544,14 +546,17 @@ fn budget_ok(s: &ProcStats, pct: u32) {
         s.budget_bytes
     );
     // The budget is PCT of the footprint (plus the rounding of a few pages): of the run's
-    // footprint, all its processes together, with the run's shared budget.
+    // footprint, all its processes together, with the run's shared budget; or the floor a
+    // percentage gives a run, when that is more (never more than the footprint).
     let (budget, footprint) = match s.extra("run_budget_bytes") {
         0 => (s.budget_bytes, s.footprint_bytes()),
         run => (run.max(s.budget_bytes), s.extra("run_peak_footprint_bytes")),
     };
+    let floor = rackmem_runtime::config::LOCAL_FLOOR_BYTES.min(footprint);
     assert!(
-        budget * 100 <= footprint * u64::from(pct) + 100 * MIB,
-        "local buffer {budget} is more than {pct}% of the footprint {footprint}: {s:?}"
+        budget * 100 <= (footprint * u64::from(pct)).max(floor * 100) + 100 * MIB,
+        "local buffer {budget} is more than {pct}% of the footprint {footprint} and more than the floor \
+         of a percentage ({floor}): {s:?}"
     );
 }
 

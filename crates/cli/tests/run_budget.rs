@@ -209,3 +209,49 @@ fn an_idle_process_gives_its_excess_back_to_the_run() {
         show(&o)
     );
 }
+
+#[test]
+fn a_percentage_gives_a_small_run_its_floor() {
+    // One child of 16 MiB at 25%: a quarter of the run's footprint is 4 MiB, and the floor a
+    // percentage gives a run (8 MiB by default, never more than the footprint) lifts it.
+    require_root();
+    let prog = program("run_budget");
+    let args = ["16", "1", "3"];
+    let native = Command::new(&prog).args(args).output().expect("run run_budget");
+    assert!(native.status.success(), "run_budget failed natively: {}", show(&native));
+    let stats = build_dir().join(format!("stats-run-budget-floor-{}.jsonl", unique()));
+    let o = Command::new(rackmem())
+        .env_remove(LOCAL_FLOOR_ENV)
+        .args(["run", "--local", "25%", "--stats-json"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&prog)
+        .args(args)
+        .output()
+        .expect("run rackmem");
+    assert!(o.status.success(), "run_budget failed under rackmem: {}", show(&o));
+    assert_eq!(
+        sorted_lines(&o.stdout),
+        sorted_lines(&native.stdout),
+        "checksums differ from the native run"
+    );
+    let stats = read_stats(&stats);
+    let footprint = stats
+        .iter()
+        .map(|s| s.extra("run_peak_footprint_bytes"))
+        .max()
+        .unwrap_or(0);
+    let budget = stats.iter().map(|s| s.extra("run_budget_bytes")).max().unwrap_or(0);
+    assert!(
+        (16 * MIB..32 * MIB).contains(&footprint),
+        "the run's peak footprint is {} KiB, not its child's 16 MiB and a little: {stats:?}",
+        footprint >> 10
+    );
+    assert_eq!(
+        budget,
+        8 * MIB,
+        "the run's budget is {} KiB, not the floor of 8 MiB (a quarter of its footprint is {} KiB)",
+        budget >> 10,
+        footprint >> 12
+    );
+}

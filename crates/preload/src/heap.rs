@@ -497,6 +497,23 @@ fn take(c: usize, want: u32) -> (usize, u32) {
     // SAFETY: under the bin's lock.
     let st = unsafe { &mut *bin.c.get() };
     let (mut head, mut tail, mut n) = (0usize, 0usize, 0u32);
+    // The central list's first blocks are taken as the chain they already form, cut after the
+    // last one: one write, where relinking each block wrote every one of them. In a forked
+    // child those blocks lie in pages it shares with its parent copy-on-write, and each write
+    // copied a page (`perf record` of 600 PostgreSQL backends: 530 samples of page faults in
+    // this function, more than in any of the program's own).
+    if want > 0 && st.free != 0 {
+        head = st.free;
+        while n < want && st.free != 0 {
+            let p = st.free;
+            check_free(p, c);
+            st.free = next_of(p);
+            st.nfree -= 1;
+            tail = p;
+            n += 1;
+        }
+        set_next(tail, 0);
+    }
     let mut append = |p: usize| {
         set_next(p, 0);
         if tail == 0 {
@@ -506,14 +523,6 @@ fn take(c: usize, want: u32) -> (usize, u32) {
         }
         tail = p;
     };
-    while n < want && st.free != 0 {
-        let p = st.free;
-        check_free(p, c);
-        st.free = next_of(p);
-        st.nfree -= 1;
-        append(p);
-        n += 1;
-    }
     let b = BLOCK_SIZES[c];
     while n < want {
         if st.end - st.bump < b {

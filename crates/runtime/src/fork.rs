@@ -306,8 +306,6 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
         let fault = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
         fault.attach(&seg.grant, &seg.session_key)?;
         fault.set_receive_spin(parent.cfg.link_spin);
-        let writeback = Link::connect_with(&b.addr, parent.cfg.timeout, parent.cfg.tls.as_ref())?;
-        writeback.attach(&seg.grant, &seg.session_key)?;
         let shared = match state.lazy.get(i) {
             Some(true) => None,
             _ => segment::share_if(parent.cfg.shared_memory, &fault)?,
@@ -319,7 +317,8 @@ fn clone_table(parent: &Inner, state: &ForkState) -> Result<SegmentTable, Runtim
             grant: seg.grant,
             session_key: seg.session_key,
             fault,
-            writeback,
+            // Made at the child's first write-back (most children of a forking server make none).
+            writeback: segment::WritebackLink::later(&parent.cfg),
             allocation: clone_allocations.as_ref().and_then(|a| a.get(i).copied()),
             limiter: ratelimit::RateLimiter::new(0),
             shared: segment::mapped(shared),

@@ -97,7 +97,7 @@ impl Runtime {
                         grant,
                         session_key,
                         fault,
-                        writeback,
+                        writeback: segment::WritebackLink::ready(writeback, &inner.cfg),
                         allocation: Some(a.allocation),
                         limiter: ratelimit::RateLimiter::new(rate),
                         shared: segment::mapped(shared),

@@ -312,8 +312,12 @@ impl Inner {
                 // a unit).
                 self.stats.faults.load(Ordering::Relaxed) * self.upp(),
                 MIN_BUDGET_PAGES,
+                self.cfg.local_floor_bytes,
             ),
-            None => self.cfg.budget.pages(peak * PAGE, PAGE, MIN_BUDGET_PAGES),
+            None => self
+                .cfg
+                .budget
+                .pages_with_floor(peak * PAGE, PAGE, MIN_BUDGET_PAGES, self.cfg.local_floor_bytes),
         };
         // Huge units: whole units, and at least MIN_BUDGET_UNITS of them (one instruction may
         // touch a few units: with one, a copy from one unit into another evicts each in turn

@@ -742,7 +742,7 @@ impl Runtime {
         loop {
             while failed.is_none() && sent.len() < ORDERS_IN_FLIGHT && next < orders.len() {
                 let (order, from) = &orders[next];
-                match dst.writeback.submit_pull(order) {
+                match dst.writeback().and_then(|l| l.submit_pull(order)) {
                     Ok(t) => sent.push_back((t, from.as_str())),
                     Err(e) => {
                         failed = Some(Err(MigrateError::TargetLost {

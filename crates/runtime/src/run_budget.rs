@@ -165,8 +165,17 @@ impl RunBudget {
     }
 
     /// This process's budget in pages, given its committed and resident window pages now and
-    /// the faults it has taken so far; publishes all three.
-    pub fn budget_pages(&self, budget: &Budget, committed: u64, resident: u64, faults: u64, min_pages: u64) -> u64 {
+    /// the faults it has taken so far; publishes all three. `floor_bytes`: the least a
+    /// percentage gives the run ([`Budget::pages_with_floor`]).
+    pub fn budget_pages(
+        &self,
+        budget: &Budget,
+        committed: u64,
+        resident: u64,
+        faults: u64,
+        min_pages: u64,
+        floor_bytes: u64,
+    ) -> u64 {
         let footprint = committed;
         // What the process committed beyond what it inherited: a parent's pages shared at fork
         // count once, in the parent, as a cgroup charges them.
@@ -209,7 +218,7 @@ impl RunBudget {
         }
         let tree_committed = o.committed + committed;
         self.raise(W_PEAK_FOOTPRINT, &mut o.peak_footprint, tree_committed);
-        let tree = budget.pages(o.peak_footprint * PAGE, PAGE, min_pages);
+        let tree = budget.pages_with_floor(o.peak_footprint * PAGE, PAGE, min_pages, floor_bytes);
         self.raise(W_BUDGET, &mut o.budget, tree);
         let tree_resident = o.resident + resident;
         self.raise(W_PEAK_RESIDENT, &mut o.peak_resident, tree_resident);
@@ -349,25 +358,44 @@ mod tests {
         assert_ne!(a.slot, b.slot);
         let pct = Budget::Percent(25.0);
         // a: 400 pages committed, b: none yet: a may hold the whole 100.
-        assert_eq!(a.budget_pages(&pct, 400, 0, 0, 1), 100);
+        assert_eq!(a.budget_pages(&pct, 400, 0, 0, 1, 0), 100);
         // b grows to 400 too: the tree's peak is 800, its budget 200.
-        assert_eq!(b.budget_pages(&pct, 400, 0, 0, 1), 200);
+        assert_eq!(b.budget_pages(&pct, 400, 0, 0, 1, 0), 200);
         // a holds 150: b may have the 50 left, but never less than its share (100).
-        assert_eq!(a.budget_pages(&pct, 400, 150, 0, 1), 200);
-        assert_eq!(b.budget_pages(&pct, 400, 0, 0, 1), 100);
+        assert_eq!(a.budget_pages(&pct, 400, 150, 0, 1, 0), 200);
+        assert_eq!(b.budget_pages(&pct, 400, 0, 0, 1, 0), 100);
         // a frees everything: the peak stays, b may take the whole budget.
-        assert_eq!(a.budget_pages(&pct, 0, 0, 0, 1), 200);
-        assert_eq!(b.budget_pages(&pct, 400, 90, 0, 1), 200);
+        assert_eq!(a.budget_pages(&pct, 0, 0, 0, 1, 0), 200);
+        assert_eq!(b.budget_pages(&pct, 400, 90, 0, 1, 0), 200);
         // A byte budget is the tree's: b holding 3 MiB leaves a 1 MiB of 4 MiB.
         let bytes = Budget::Bytes(4 << 20);
-        assert_eq!(b.budget_pages(&bytes, 400, 768, 0, 1), 1024);
-        assert_eq!(a.budget_pages(&bytes, 400, 0, 0, 1), 512);
+        assert_eq!(b.budget_pages(&bytes, 400, 768, 0, 1, 0), 1024);
+        assert_eq!(a.budget_pages(&bytes, 400, 0, 0, 1, 0), 512);
         b.leave();
-        assert_eq!(a.budget_pages(&bytes, 400, 0, 0, 1), 1024);
+        assert_eq!(a.budget_pages(&bytes, 400, 0, 0, 1, 0), 1024);
         let s = a.summary();
         assert_eq!(s.budget_bytes, 1024 * PAGE);
         assert_eq!(s.peak_footprint_bytes, 800 * PAGE);
         assert_eq!(read_summary(&path), Some(s));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_percentage_gives_the_run_at_least_its_floor() {
+        let dir = std::env::temp_dir().join(format!("run-budget-floor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("budget");
+        create(&path).unwrap();
+        let a = member(&path, u64::from(std::process::id()));
+        let (pct, floor) = (Budget::Percent(25.0), 8 << 20);
+        // 1 MiB so far: all of it (the floor never passes the footprint).
+        assert_eq!(a.budget_pages(&pct, 256, 0, 0, 1, floor), 256);
+        // 16 MiB so far: 8 MiB, not 4.
+        assert_eq!(a.budget_pages(&pct, 4096, 0, 0, 1, floor), 2048);
+        // 64 MiB: a quarter is past the floor.
+        assert_eq!(a.budget_pages(&pct, 16384, 0, 0, 1, floor), 4096);
+        // A size is the size asked for.
+        assert_eq!(a.budget_pages(&Budget::Bytes(1 << 20), 16384, 0, 0, 1, floor), 256);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -400,21 +428,21 @@ mod tests {
         let (busy, idle) = (member(&path, 1), member(&path, u64::from(std::process::id())));
         // Each weighs its footprint until its first interval ends: the first to commit 400
         // pages has the run's budget (100) to itself, and the second doubles it.
-        assert_eq!(idle.budget_pages(&pct, 400, 0, 0, 1), 100);
-        assert_eq!(busy.budget_pages(&pct, 400, 0, 0, 1), 200);
+        assert_eq!(idle.budget_pages(&pct, 400, 0, 0, 1, 0), 100);
+        assert_eq!(busy.budget_pages(&pct, 400, 0, 0, 1, 0), 200);
         // The idle process took no fault in its interval: its weight falls to nothing, and the
         // busy one, faulting, may take the whole budget, the idle one's 100 pages included.
-        assert_eq!(idle.budget_pages(&pct, 400, 100, 0, 1), 200);
-        assert_eq!(busy.budget_pages(&pct, 400, 0, 5000, 1), 200);
+        assert_eq!(idle.budget_pages(&pct, 400, 100, 0, 1, 0), 200);
+        assert_eq!(busy.budget_pages(&pct, 400, 0, 5000, 1, 0), 200);
         // The idle process is left what the busy one does not hold, so its watchdog gives the
         // rest back (never below the least a process keeps).
-        assert_eq!(busy.budget_pages(&pct, 400, 190, 10000, 1), 200);
-        assert_eq!(idle.budget_pages(&pct, 400, 100, 0, 1), 10);
-        assert_eq!(idle.budget_pages(&pct, 400, 100, 0, 32), 32);
+        assert_eq!(busy.budget_pages(&pct, 400, 190, 10000, 1, 0), 200);
+        assert_eq!(idle.budget_pages(&pct, 400, 100, 0, 1, 0), 10);
+        assert_eq!(idle.budget_pages(&pct, 400, 100, 0, 32, 0), 32);
         // A process that faults again weighs its faults (at most its footprint): 40 faults
         // against the busy one's 400 pages earn it a share of 200 * 40 / 440.
-        assert_eq!(busy.budget_pages(&pct, 400, 190, 15000, 1), 200);
-        assert_eq!(idle.budget_pages(&pct, 400, 10, 40, 1), 18);
+        assert_eq!(busy.budget_pages(&pct, 400, 190, 15000, 1, 0), 200);
+        assert_eq!(idle.budget_pages(&pct, 400, 10, 40, 1, 0), 18);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

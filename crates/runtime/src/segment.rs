@@ -46,8 +46,8 @@ pub struct Segment {
     pub session_key: [u8; rackmem_proto::KEY_LEN],
     /// Link for faults.
     pub fault: Link,
-    /// Link for write-back.
-    pub writeback: Link,
+    /// Link for write-back, made when first used in a forked child ([`Segment::writeback`]).
+    pub writeback: WritebackLink,
     /// The agent's allocation this segment belongs to (none when standalone).
     pub allocation: Option<u64>,
     /// The link's rate limit (unlimited when standalone).
@@ -67,7 +67,66 @@ pub struct Segment {
     pub lazy_clones: AtomicBool,
 }
 
+/// A segment's write-back link, or what it takes to make it. A forked child makes its link at
+/// its first write-back, discard or pull, not at its start: most children of a forking server
+/// never write back (a PostgreSQL backend serving one connection evicted nothing in 600 of
+/// 601), and a link costs every fork a connection, a HELLO and an ATTACH, and the brick a
+/// connection thread (a fifth of a fork's CPU time with `fork_many`). The clone stays attached
+/// meanwhile by the fault link, which the child makes at once.
+pub struct WritebackLink {
+    link: OnceLock<Link>,
+    /// The brick's timeout and TLS trust, for a link made later.
+    timeout: std::time::Duration,
+    tls: Option<rackmem_transport::TlsClient>,
+    /// Held while the link is being made, so that two threads make one.
+    making: Mutex<()>,
+}
+
+impl WritebackLink {
+    /// A link made already (a segment attached at start, grown or migrated to).
+    pub fn ready(link: Link, cfg: &crate::config::Config) -> WritebackLink {
+        let w = WritebackLink::later(cfg);
+        let _ = w.link.set(link);
+        w
+    }
+
+    /// A link made at its first use (a forked child's).
+    pub fn later(cfg: &crate::config::Config) -> WritebackLink {
+        WritebackLink {
+            link: OnceLock::new(),
+            timeout: cfg.timeout,
+            tls: cfg.tls.clone(),
+            making: Mutex::new(()),
+        }
+    }
+
+    /// The link, if it was made.
+    pub fn made(&self) -> Option<&Link> {
+        self.link.get()
+    }
+
+    /// The descriptors of the link, if it was made.
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.link.get().map(Link::raw_fds).unwrap_or_default()
+    }
+}
+
 impl Segment {
+    /// The write-back link, connected to the brick and attached to this segment at its first
+    /// use (see [`WritebackLink`]).
+    pub fn writeback(&self) -> Result<&Link, LinkError> {
+        if let Some(l) = self.writeback.link.get() {
+            return Ok(l);
+        }
+        let _making = self.writeback.making.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = self.writeback.link.get() {
+            return Ok(l);
+        }
+        let link = Link::connect_with(&self.addr, self.writeback.timeout, self.writeback.tls.as_ref())?;
+        link.attach(&self.grant, &self.session_key)?;
+        Ok(self.writeback.link.get_or_init(|| link))
+    }
+
     /// The mapping, if this process may overwrite pages through it now (no lazy clone of the
     /// segment may still share them).
     pub fn mapped_for_overwrite(&self) -> Option<&SharedMemory> {
@@ -96,7 +155,7 @@ impl Segment {
     /// After writes that went over the link because of lazy clones: asks the brick whether any
     /// still lives, and writes into the mapping again once none does.
     pub fn check_lazy_clones(&self) {
-        if self.lazy_clones.load(Ordering::Acquire) && matches!(self.writeback.unshare(0, 0), Ok(0)) {
+        if self.lazy_clones.load(Ordering::Acquire) && matches!(self.writeback().and_then(|l| l.unshare(0, 0)), Ok(0)) {
             self.lazy_clones.store(false, Ordering::Release);
         }
     }
@@ -125,7 +184,7 @@ impl Segment {
     /// a cgroup must not be charged for the brick's memory.
     pub fn write(&self, extents: &[Extent], data: &[u8], fresh: bool) -> Result<(), LinkError> {
         let Some(m) = self.mapped_for_overwrite().filter(|_| !fresh) else {
-            return self.writeback.write_pages(extents, data);
+            return self.writeback()?.write_pages(extents, data);
         };
         let mut at = 0;
         for &(off, len) in extents {
@@ -149,6 +208,7 @@ pub(crate) fn standalone(
 ) -> Result<(u64, impl FnOnce(u64) -> Segment), LinkError> {
     let writeback = Link::connect_with(&addr, cfg.timeout, cfg.tls.as_ref())?;
     writeback.attach(&seg.grant, &seg.session_key)?;
+    let writeback = WritebackLink::ready(writeback, cfg);
     fault.set_receive_spin(cfg.link_spin);
     let shared = share_if(cfg.shared_memory, &fault)?;
     let pages = seg.grant.size_bytes / crate::PAGE;

@@ -85,6 +85,16 @@ impl Budget {
         };
         (bytes / page_size).max(min_pages)
     }
+
+    /// As [`Budget::pages`], and for a percentage never below `floor_bytes` or the footprint,
+    /// whichever is smaller (a size is the size asked for).
+    pub fn pages_with_floor(&self, footprint_bytes: u64, page_size: u64, min_pages: u64, floor_bytes: u64) -> u64 {
+        let pages = self.pages(footprint_bytes, page_size, min_pages);
+        match self {
+            Budget::Bytes(_) => pages,
+            Budget::Percent(_) => pages.max(floor_bytes.min(footprint_bytes) / page_size),
+        }
+    }
 }
 
 impl FromStr for Budget {
@@ -139,5 +149,12 @@ mod tests {
         assert_eq!(Budget::Percent(25.0).pages(400 << 12, 4096, 1), 100);
         assert_eq!(Budget::Percent(1.0).pages(4096, 4096, 16), 16);
         assert_eq!(Budget::Bytes(1 << 20).pages(0, 4096, 1), 256);
+        // A floor lifts a percentage up to the footprint, never past it; a size stays a size.
+        let pct = Budget::Percent(25.0);
+        assert_eq!(pct.pages_with_floor(16 << 20, 4096, 1, 8 << 20), 2048);
+        assert_eq!(pct.pages_with_floor(4 << 20, 4096, 1, 8 << 20), 1024);
+        assert_eq!(pct.pages_with_floor(64 << 20, 4096, 1, 8 << 20), 4096);
+        assert_eq!(pct.pages_with_floor(16 << 20, 4096, 1, 0), 1024);
+        assert_eq!(Budget::Bytes(1 << 20).pages_with_floor(64 << 20, 4096, 1, 8 << 20), 256);
     }
 }

@@ -244,6 +244,8 @@ impl Runtime {
             let c = inner.lock();
             inner.budget_pages(&c);
         }
+        type Mark = Arc<(Mutex<bool>, Condvar)>;
+        let marks: Mutex<Vec<Mark>> = Mutex::new(Vec::new());
         let spawn = |name: &str, f: Box<dyn FnOnce(Arc<Inner>) + Send>| {
             let i = inner.clone();
             // While SPAWNING is up, every thread's C allocations go to the runtime's own table
@@ -280,6 +282,15 @@ impl Runtime {
             if started.is_err() {
                 SPAWNING.fetch_sub(1, Ordering::AcqRel);
             } else {
+                marks.lock().unwrap_or_else(|e| e.into_inner()).push(marked);
+            }
+            started
+        };
+        // Waits until every thread started above has marked itself. Once, after all are
+        // started, not after each: a forked child starts three threads, and three waits in
+        // turn are three wake-ups in turn on a busy machine, paid at every fork.
+        let wait_marks = || {
+            for marked in marks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
                 // Bounded: a thread that has not run in 10 s leaves the window open behind it
                 // (it closes when the thread runs), but does not hold the program here.
                 let (done, cv) = &*marked;
@@ -289,7 +300,6 @@ impl Runtime {
                         .unwrap_or_else(|e| e.into_inner()),
                 );
             }
-            started
         };
         handler::init_helpers(&inner);
         for index in 0..handlers {
@@ -299,14 +309,21 @@ impl Runtime {
                 format!("rackmem-fault{index}")
             };
             spawn(&name, Box::new(move |i| handler::run(i, index)))
-                .map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+                .map_err(|e| RuntimeError::NoSegment(e.to_string()))
+                .inspect_err(|_| wait_marks())?;
         }
-        spawn("rackmem-wb", Box::new(writeback::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
-        spawn("rackmem-watchdog", Box::new(watchdog::run)).map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+        spawn("rackmem-wb", Box::new(writeback::run))
+            .map_err(|e| RuntimeError::NoSegment(e.to_string()))
+            .inspect_err(|_| wait_marks())?;
+        spawn("rackmem-watchdog", Box::new(watchdog::run))
+            .map_err(|e| RuntimeError::NoSegment(e.to_string()))
+            .inspect_err(|_| wait_marks())?;
         if inner.agent.as_ref().is_some_and(|a| a.orders().is_some()) {
             spawn("rackmem-orders", Box::new(crate::migrate::serve_orders))
-                .map_err(|e| RuntimeError::NoSegment(e.to_string()))?;
+                .map_err(|e| RuntimeError::NoSegment(e.to_string()))
+                .inspect_err(|_| wait_marks())?;
         }
+        wait_marks();
         if inner.cfg.verbose {
             eprintln!(
                 "rackmem[{}]: window {:#x}+{} in {} units on {} segment(s){}, local buffer {}, handler {:?}",

@@ -37,7 +37,9 @@ pub(crate) fn run(inner: Arc<Inner>) {
             // breaks the link, as the next fault would have found anyway.
             for s in inner.table.all().iter() {
                 let _ = s.fault.keep_alive(inner.cfg.keepalive);
-                let _ = s.writeback.keep_alive(inner.cfg.keepalive);
+                if let Some(w) = s.writeback.made() {
+                    let _ = w.keep_alive(inner.cfg.keepalive);
+                }
             }
         }
         if let Some(agent) = inner.agent.as_ref() {

@@ -54,7 +54,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             Job::Discard { seg, offset, len } => {
                 // The segment may have been returned since (see `Runtime::shrink`).
                 if let Some(s) = inner.table.get(seg) {
-                    if let Err(e) = s.writeback.discard(offset, len) {
+                    if let Err(e) = s.writeback().and_then(|l| l.discard(offset, len)) {
                         inner.brick_lost(seg, "releasing freed memory", &e);
                     }
                 }

@@ -31,6 +31,9 @@ pub fn admin_token_file() -> &'static Path {
     test_credentials()
 }
 
+/// The runtime's variable for the least a percentage budget gives a run (see `test_credentials`).
+pub const LOCAL_FLOOR_ENV: &str = rackmem_runtime::config::env::LOCAL_FLOOR;
+
 fn test_credentials() -> &'static Path {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
     FILE.get_or_init(|| {
@@ -45,6 +48,11 @@ fn test_credentials() -> &'static Path {
         // Set before any child process exists; the tests' own threads read no such variable.
         std::env::set_var("RACKMEM_TOKEN_FILE", &file);
         std::env::set_var("XDG_STATE_HOME", dir.join("state"));
+        // The tests' programs are small (8 to 64 MiB, to run fast) and test what happens when
+        // their pages leave: the floor a percentage gives a run (8 MiB) would keep many of them
+        // local. Their runs go without it; the floor's own tests (`run_budget.rs`) and the
+        // compat suite's real programs remove this.
+        std::env::set_var(LOCAL_FLOOR_ENV, "0");
         file
     })
 }
