@@ -6,42 +6,7 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
 use std::process::Command;
-
-/// `tests/c/putget.c` linked with `-lrackmem` (the librackmem.so next to the `rackmem` binary),
-/// to run without `LD_PRELOAD`.
-fn linked_program() -> PathBuf {
-    let dir = std::path::Path::new(rackmem())
-        .parent()
-        .expect("the rackmem binary's directory")
-        .to_path_buf();
-    assert!(
-        dir.join("librackmem.so").exists(),
-        "this test links a program with -lrackmem and needs {}: build it with `cargo build \
-         --release --all-features` (./scripts/test does)",
-        dir.join("librackmem.so").display()
-    );
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/putget.c");
-    let out = std::env::temp_dir().join(format!("rackmem-putget-linked-{}", std::process::id()));
-    let o = Command::new("gcc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .arg(format!("-L{}", dir.display()))
-        .arg("-lrackmem")
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .output()
-        .expect("running gcc");
-    assert!(
-        o.status.success(),
-        "gcc {} -lrackmem failed:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
 
 fn model_checksum(o: &std::process::Output) -> String {
     assert!(o.status.success(), "{}", show(o));
@@ -96,7 +61,7 @@ fn put_get_and_atomics_match_a_model_on_every_transport() {
 #[test]
 fn a_program_linked_with_librackmem_works_without_preload() {
     require_root();
-    let prog = linked_program();
+    let prog = linked_program("putget");
     let (_tcp, tcp) = start_brick("tcp://127.0.0.1:0", "256MiB", "t");
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = format!("unix:{}", dir.path().join("b.sock").display());
