@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(3); } while (0)
 
@@ -14,6 +15,13 @@ static inline uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
     if (!h) h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ull; }
     return h;
+}
+
+/* Seconds on the monotonic clock. */
+static inline double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 static inline uint64_t xorshift64(uint64_t *s) {

@@ -6,12 +6,6 @@
 #include "common.h"
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 int main(int argc, char **argv) {
     if (argc < 4) DIE("usage: hot_updates MiB HOT_PERCENT SECONDS [UPDATES]");
     size_t bytes = arg_mib(argc, argv, 1, 64);

@@ -23,12 +23,6 @@ static uint64_t *a;
 static size_t words, per_thread;
 static int threads, shared;
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void *worker(void *arg) {
     size_t t = (size_t)arg;
     uint64_t s = 88172645463325252ull ^ (0x9E3779B97F4A7C15ull * (t + 1));

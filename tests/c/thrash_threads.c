@@ -19,12 +19,6 @@ static int use_mutex;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t chunks; /* under `lock`: chunks done by both threads */
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void *worker(void *arg) {
     size_t t = (size_t)arg;
     uint64_t s = 0x2545F4914F6CDD1Dull ^ (0x9E3779B97F4A7C15ull * (t + 1));

@@ -149,7 +149,8 @@ impl Refault {
         self.probation.len() + self.protected.len()
     }
 
-    fn push(&mut self, page: u32, protected: bool, score: Score) {
+    /// Records `page` live under a new generation (its queue entry is the caller's to push).
+    fn enter(&mut self, page: u32, protected: bool, score: Score) -> u32 {
         self.generation = self.generation.wrapping_add(1);
         let generation = self.generation;
         self.live.insert(
@@ -160,6 +161,11 @@ impl Refault {
                 score,
             },
         );
+        generation
+    }
+
+    fn push(&mut self, page: u32, protected: bool, score: Score) {
+        let generation = self.enter(page, protected, score);
         if protected {
             self.protected_len += 1;
             self.protected.push_back((page, generation));
@@ -306,16 +312,7 @@ impl EvictionPolicy for Refault {
             hot.push(e);
         }
         for &(page, e) in hot.iter().rev() {
-            self.generation = self.generation.wrapping_add(1);
-            let generation = self.generation;
-            self.live.insert(
-                page,
-                Entry {
-                    generation,
-                    protected: false,
-                    score: e.score,
-                },
-            );
+            let generation = self.enter(page, false, e.score);
             self.probation.push_front((page, generation));
         }
         self.compact();
