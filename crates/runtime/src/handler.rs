@@ -497,7 +497,9 @@ impl Handler {
     /// [`Handler::release_held`] serves it). Only while this handler is the one serving: with
     /// helpers on, faults spread over handlers and none sees every thread's faults.
     fn held_back(&mut self, addr: usize, thread_id: u32) -> bool {
-        let inner = self.inner.clone();
+        // Borrowed field by field: this runs at every fault, and a clone of the `Arc` would
+        // touch its shared count each time.
+        let inner = &self.inner;
         let Some(lc) = self.load.as_mut() else {
             return false;
         };
@@ -530,6 +532,15 @@ impl Handler {
     /// helpers are on); `queue_empty`: nothing is queued on the userfaultfd. True if it served
     /// any.
     fn release_held(&mut self, queue_empty: bool) -> bool {
+        // Runs after every batch of faults: with nothing favoured and nothing held there is
+        // nothing to release (`LoadControl::due` would say so too).
+        if self
+            .load
+            .as_ref()
+            .is_none_or(|l| l.favoured().is_none() && l.held() == 0)
+        {
+            return false;
+        }
         let inner = self.inner.clone();
         let Some(lc) = self.load.as_mut() else {
             return false;
