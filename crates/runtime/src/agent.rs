@@ -6,6 +6,7 @@
 
 use rackmem_proto::{AgentRefusal, AgentReply, AgentRequest, Grant, KEY_LEN};
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -65,7 +66,7 @@ fn open_orders(path: &str, timeout: Duration) -> std::io::Result<UnixStream> {
     s.set_write_timeout(Some(timeout))?;
     let mut line = serde_json::to_string(&AgentRequest::Orders).map_err(std::io::Error::other)?;
     line.push('\n');
-    s.write_all(line.as_bytes())?;
+    rackmem_sys::NoSignal(s.as_fd()).write_all(line.as_bytes())?;
     let mut answer = String::new();
     BufReader::new(std::io::Read::take(&mut s, 64 << 10)).read_line(&mut answer)?;
     let r: AgentReply = serde_json::from_str(&answer).map_err(std::io::Error::other)?;
@@ -177,7 +178,8 @@ impl Agent {
         let mut line = serde_json::to_string(&req).map_err(|e| broken(e.to_string()))?;
         line.push('\n');
         let mut c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        c.0.write_all(line.as_bytes())
+        rackmem_sys::NoSignal(c.0.as_fd())
+            .write_all(line.as_bytes())
             .map_err(|e| broken(format!("sending {op}: {e}")))?;
         let mut answer = String::new();
         match c.1.read_line(&mut answer) {

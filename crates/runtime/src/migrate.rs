@@ -26,7 +26,7 @@
 
 use crate::inner::Job;
 use crate::segment;
-use crate::{sys, writeback, Runtime, PAGE, PAGE_SIZE};
+use crate::{writeback, Runtime, PAGE, PAGE_SIZE};
 use rackmem_pager::placement::Memory;
 use rackmem_proto::{Extent, PullGrant, PullOrder, PullPiece, SegmentGrant, Status, MAX_PULL_PIECES};
 use rackmem_transport::{BrickAddr, Link, LinkError};
@@ -337,16 +337,19 @@ impl Runtime {
         }
         let first = ((addr - base) / PAGE_SIZE) as u64;
         let end = ((end_addr - base).div_ceil(PAGE_SIZE)) as u64;
-        let times = sys::without_sigpipe(|| match target {
+        // No SIGPIPE mask around the move (it cost four system calls a move): everything it
+        // writes on this program thread goes out with MSG_NOSIGNAL (links, the agent's lines,
+        // a TLS handshake), so a peer that hung up is an error here, never the signal.
+        let times = match target {
             Target::Local => {
                 if !allocated(&inner.lock_soon(), first, end) {
                     return Err(outside());
                 }
-                self.pin_local(first, end, t0)
+                self.pin_local(first, end, t0)?
             }
             // Checked there, under the lock the move's Setup takes anyway.
-            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0, outside),
-        })?;
+            Target::Brick(b, route) => self.move_to_brick(first, end, b, *route, t0, outside)?,
+        };
         let s = &inner.stats;
         s.migrations.fetch_add(1, Ordering::Relaxed);
         s.migration_bytes.fetch_add(times.bytes, Ordering::Relaxed);

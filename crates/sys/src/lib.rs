@@ -60,7 +60,7 @@ pub use peer::PrefixLen;
 pub use poll::{poll_readable, wait_readable, Woken};
 pub use shared::SharedMemory;
 pub use socket::{
-    peer_closed, peer_credentials, raise_open_files_limit, send_vectored, set_listen_backlog, PeerCredentials,
+    peer_closed, peer_credentials, raise_open_files_limit, send_vectored, set_listen_backlog, NoSignal, PeerCredentials,
 };
 
 #[cfg(test)]

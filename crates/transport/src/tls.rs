@@ -92,11 +92,14 @@ pub(crate) fn handshake(
     // Senders seal whole batches (up to a request's payload) before writing them out.
     conn.set_buffer_limit(None);
     let mut s = sock;
+    // Records go out with MSG_NOSIGNAL: a handshake runs on a program's thread (a link made at
+    // first use), where a brick that hung up must be an error, not a SIGPIPE.
+    let mut out = rackmem_sys::NoSignal(sock.as_fd());
     let mut buf = vec![0u8; 16 << 10];
     let mut first_bytes: Option<Vec<u8>> = None;
     loop {
         while conn.wants_write() {
-            conn.write_tls(&mut s)
+            conn.write_tls(&mut out)
                 .map_err(|e| format!("TLS handshake: send failed: {e}"))?;
         }
         if !conn.is_handshaking() {
@@ -130,7 +133,7 @@ pub(crate) fn handshake(
             let used = conn.read_tls(&mut rest).map_err(|e| format!("TLS handshake: {e}"))?;
             if let Err(e) = conn.process_new_packets() {
                 // Tell the brick why (the alert rustls queued), then say what went wrong here.
-                let _ = conn.write_tls(&mut s);
+                let _ = conn.write_tls(&mut out);
                 return Err(explain_failure(&e, first_bytes.as_deref().unwrap_or_default()));
             }
             if used == 0 {
