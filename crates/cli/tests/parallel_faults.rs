@@ -374,6 +374,38 @@ fn two_threads_whose_working_sets_fit_one_at_a_time_are_served_in_turn() {
     }
 }
 
+/// Load control's other side: two threads that refault one working set together (both update
+/// anywhere in one buffer, as a server's workers do on one table) thrash the local buffer as
+/// much, but favouring one would not shrink what must be resident, only hold the other's work
+/// for a slice: load control stays off (the build before this rule held 4-7 faults for up to
+/// 500 ms in this run). The results equal the native run's.
+#[test]
+fn threads_that_share_one_working_set_are_never_held() {
+    require_root();
+    let prog = program("parallel_faults");
+    let args = ["64", "2", "shared", "400000"];
+    let n = native(&prog, &args);
+    assert!(!checksums(&n).is_empty(), "no checksum printed: {}", show(&n));
+    let (r, stats) = remote(&prog, &args, "50%", &[]);
+    assert!(r.status.success(), "parallel_faults {args:?}: {}", show(&r));
+    assert_eq!(
+        checksums(&n),
+        checksums(&r),
+        "parallel_faults {args:?}: results differ from the native run"
+    );
+    let s = busiest(&stats);
+    assert_used_remote_memory_at(s, 50);
+    assert!(
+        s.extra("faults") >= 50_000,
+        "too few faults to judge load control (the buffer did not thrash): {s:?}"
+    );
+    assert_eq!(
+        s.extra("load_holds"),
+        0,
+        "load control held a thread that shares its working set with the favoured one: {s:?}"
+    );
+}
+
 /// The hazard of load control: a held thread may hold a lock the favoured thread needs. Here
 /// each thread makes its updates with a mutex shared by both held, faulting while it holds
 /// it. The program finishes (within the test's deadline: no hang) with the native results.

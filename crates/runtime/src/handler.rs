@@ -508,14 +508,17 @@ impl Handler {
         }
         let now = inner.now_ns();
         let before = lc.favoured();
-        let verdict = lc.fault(thread_id, now, inner.stats.faults_remote.load(Ordering::Relaxed));
+        let page = (addr.wrapping_sub(inner.window.addr()) / PAGE_SIZE) as u64;
+        let verdict = lc.fault(thread_id, page, now, inner.stats.faults_remote.load(Ordering::Relaxed));
         if let (None, Some(tid)) = (before, lc.favoured()) {
             // The pages protected so far are both threads' hot pages: the favoured thread's
             // working set must be able to take the room of the others'.
             inner.lock().demote_hot();
             if inner.cfg.verbose {
+                let (again, own) = lc.last_own();
                 eprintln!(
-                    "rackmem[{}]: several threads refault on the local buffer together: load control favours thread {tid}",
+                    "rackmem[{}]: several threads refault on the local buffer together, each mostly its own memory \
+                     ({own} of {again} faults in places faulted before were the same thread's): load control favours thread {tid}",
                     std::process::id()
                 );
             }

@@ -15,6 +15,18 @@
 //! least [`REFAULT_SHARE`] of the faults fetched back a page from a brick (the buffer is full
 //! and pages come back), and at least two threads each raised an eighth of the faults. A
 //! one-thread program never engages, nor does one whose faults are mostly first touches.
+//! Nor does one whose threads refault *each other's* pages: favouring one thread helps only
+//! when each has a working set of its own (xz's match finders), never when they share one (a
+//! server's workers on one table), where it would only hold a worker's request for a slice. A
+//! sketch remembers which thread last faulted in each granule of [`GRANULE_PAGES`] pages (one
+//! byte per slot of [`SKETCH`], indexed by the granule's number, so granules far apart may
+//! share a slot); a window engages only if the share of its faults in granules faulted before
+//! that came from the thread that faulted there last is nearer 1 (working sets of their own)
+//! than the share threads that mix over one working set would show by chance, the sum of the
+//! squares of each thread's share of the faults (1/2 for two threads faulting alike, 0.74 when
+//! one raises 85% of the faults). Granules, not pages: a fault
+//! installs a run (zeros, read-ahead), so most pages of a working set were never faulted one
+//! by one, while the granule they sit in was.
 //!
 //! Bounds and hazards:
 //! - **Every hold ends within [`SLICE_NS`]** (500 ms, a quarter of the watchdog's default limit):
@@ -64,6 +76,15 @@ pub(crate) const QUICK_STALL_NS: u64 = 50_000_000;
 pub(crate) const MAX_HELD: usize = 16;
 /// Thread ids counted apart in a detection window.
 pub(crate) const TRACKED: usize = 8;
+/// Slots of the sketch of which thread last faulted in a granule (one byte each): 64 GiB of
+/// window before two granules share a slot.
+pub(crate) const SKETCH: usize = 1 << 20;
+/// Pages per granule of the sketch (64 KiB).
+pub(crate) const GRANULE_PAGES: u64 = 16;
+/// Fewer faults in granules faulted before than this in a window (memory installed by runs
+/// and read-ahead, never faulted in) say nothing of who owns what: such a window does not
+/// engage (a program filled by one thread and refaulted by its workers looks like that).
+const OWN_MIN_AGAIN: u32 = WINDOW_FAULTS / 4;
 /// A slice is judged useless only if its second half had at least this many refaults (a few
 /// are the favoured thread's working set moving on, not thrashing).
 const USELESS_MIN_REFAULTS: u64 = 256;
@@ -142,6 +163,19 @@ pub(crate) struct LoadControl {
     last_halves: (u64, u64),
     /// Stalls in a row that came within [`QUICK_STALL_NS`] of the favour's last move.
     quick_stalls: u32,
+    /// Which thread last faulted in each granule (a hash of its id, never 0; 0: no fault
+    /// seen), made at the first fault.
+    owners: Vec<u8>,
+    /// This window's faults in granules faulted before, and those by the thread that did.
+    again: u32,
+    again_own: u32,
+    /// The last judged window's `again` and `again_own` (for `--verbose`).
+    last_own: (u32, u32),
+}
+
+/// A thread id as the sketch keeps it: 7 bits of a multiplicative hash, never 0.
+fn owner_tag(tid: u32) -> u8 {
+    ((tid.wrapping_mul(0x9E37_79B1) >> 25) as u8) | 0x80
 }
 
 impl Default for LoadControl {
@@ -157,6 +191,10 @@ impl Default for LoadControl {
             held: VecDeque::with_capacity(MAX_HELD),
             last_halves: (0, 0),
             quick_stalls: 0,
+            owners: Vec::new(),
+            again: 0,
+            again_own: 0,
+            last_own: (0, 0),
         }
     }
 }
@@ -172,15 +210,33 @@ impl LoadControl {
         self.last_halves
     }
 
+    /// The last judged window's faults in granules faulted before, and those by the thread
+    /// that faulted there last.
+    pub fn last_own(&self) -> (u32, u32) {
+        self.last_own
+    }
+
     /// Faults held now.
     pub fn held(&self) -> usize {
         self.held.len()
     }
 
-    /// A fault by `tid` (0: unknown) at `now_ns`; `remote_total` is the runtime's count of faults
-    /// that fetched a page back from a brick so far. Serve it now, or hold it (then the caller
-    /// gives it to [`LoadControl::hold`]).
-    pub fn fault(&mut self, tid: u32, now_ns: u64, remote_total: u64) -> Verdict {
+    /// A fault by `tid` (0: unknown) on window page number `page` at `now_ns`; `remote_total`
+    /// is the runtime's count of faults that fetched a page back from a brick so far. Serve it
+    /// now, or hold it (then the caller gives it to [`LoadControl::hold`]).
+    pub fn fault(&mut self, tid: u32, page: u64, now_ns: u64, remote_total: u64) -> Verdict {
+        if tid != 0 {
+            if self.owners.is_empty() {
+                self.owners = vec![0; SKETCH];
+            }
+            let tag = owner_tag(tid);
+            let slot = &mut self.owners[((page / GRANULE_PAGES) as usize) & (SKETCH - 1)];
+            if *slot != 0 {
+                self.again += 1;
+                self.again_own += u32::from(*slot == tag);
+            }
+            *slot = tag;
+        }
         if let Some(f) = self.favour.as_mut() {
             f.note_half(now_ns, remote_total);
             if tid == f.tid || tid == 0 || self.held.len() >= MAX_HELD {
@@ -194,6 +250,8 @@ impl LoadControl {
         if self.total == 0 {
             self.window_start_ns = now_ns;
             self.window_remote_start = remote_total;
+            // Faults counted while a favour ran belong to no window.
+            (self.again, self.again_own) = (0, 0);
         }
         self.total += 1;
         match self.counts.iter_mut().find(|c| c.0 == tid && c.1 > 0) {
@@ -215,9 +273,21 @@ impl LoadControl {
             .filter(|c| c.0 != 0 && f64::from(c.1) >= share)
             .count();
         let top = self.counts.iter().copied().filter(|c| c.0 != 0).max_by_key(|c| c.1);
-        let thrashing = refaults >= REFAULT_SHARE * f64::from(self.total) && busy >= 2;
+        // By chance alone, threads mixing over one working set find their own tag with the
+        // probability that two faults come from one thread: the sum of the squared shares.
+        let chance: f64 = self
+            .counts
+            .iter()
+            .filter(|c| c.0 != 0)
+            .map(|c| (f64::from(c.1) / f64::from(self.total)).powi(2))
+            .sum();
+        let own_sets =
+            self.again >= OWN_MIN_AGAIN && f64::from(self.again_own) >= (1.0 + chance) / 2.0 * f64::from(self.again);
+        let thrashing = refaults >= REFAULT_SHARE * f64::from(self.total) && busy >= 2 && own_sets;
         self.counts = [(0, 0); TRACKED];
         self.total = 0;
+        self.last_own = (self.again, self.again_own);
+        (self.again, self.again_own) = (0, 0);
         if let (true, Some((top, _)), true) = (thrashing, top, now_ns >= self.backoff_until_ns) {
             self.favour = Some(Favour::new(top, now_ns, remote_total));
             self.quick_stalls = 0;
@@ -300,6 +370,7 @@ impl LoadControl {
         self.favour = None;
         self.counts = [(0, 0); TRACKED];
         self.total = 0;
+        (self.again, self.again_own) = (0, 0);
         out.extend(self.held.drain(..));
     }
 
@@ -333,13 +404,29 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     /// Feeds one detection window of faults from `tids` in turn, every fault a refault if
-    /// `refaults`; returns the verdicts and the time after.
+    /// `refaults`, each thread on 32 pages of its own; returns the verdicts and the time after.
     fn window(lc: &mut LoadControl, tids: &[u32], refaults: bool, now: &mut u64, remote: &mut u64) -> Vec<Verdict> {
+        window_on(lc, tids, refaults, now, remote, false)
+    }
+
+    /// As [`window`], the threads on 32 pages they share (each page faulted by every thread in
+    /// turn: one working set).
+    fn window_on(
+        lc: &mut LoadControl,
+        tids: &[u32],
+        refaults: bool,
+        now: &mut u64,
+        remote: &mut u64,
+        shared: bool,
+    ) -> Vec<Verdict> {
         let mut out = Vec::new();
         for i in 0..WINDOW_FAULTS as usize {
             // So the window's last fault comes just after its shortest length.
             *now += WINDOW_NS / u64::from(WINDOW_FAULTS - 1) + 1_000;
-            out.push(lc.fault(tids[i % tids.len()], *now, *remote));
+            let tid = tids[i % tids.len()];
+            let round = (i / tids.len()) as u64 % 32;
+            let page = GRANULE_PAGES * if shared { round } else { u64::from(tid) * 4096 + round };
+            out.push(lc.fault(tid, page, *now, *remote));
             if refaults {
                 *remote += 1;
             }
@@ -372,12 +459,41 @@ mod tests {
     }
 
     #[test]
+    fn threads_that_refault_one_shared_working_set_never_engage() {
+        let (mut now, mut remote) = (0, 0);
+        let mut lc = LoadControl::default();
+        for _ in 0..8 {
+            window_on(&mut lc, &[7, 8], true, &mut now, &mut remote, true);
+            assert_eq!(
+                lc.favoured(),
+                None,
+                "workers on one table: holding one would not shrink the working set"
+            );
+            window_on(&mut lc, &[7, 8, 9, 10], true, &mut now, &mut remote, true);
+            assert_eq!(lc.favoured(), None);
+            // One thread raising most faults finds its own tag most of the time by chance.
+            window_on(&mut lc, &[7, 7, 7, 7, 7, 7, 7, 8], true, &mut now, &mut remote, true);
+            assert_eq!(lc.favoured(), None, "an unequal pair on one working set");
+        }
+        // The same threads on working sets of their own: it engages (the check can fail).
+        window(&mut lc, &[7, 8], true, &mut now, &mut remote);
+        assert!(lc.favoured().is_some(), "private working sets that thrash engage it");
+    }
+
+    #[test]
+    fn owner_tags_tell_threads_apart_and_are_never_empty() {
+        let tags: std::collections::HashSet<u8> = (1000..1064).map(owner_tag).collect();
+        assert!(tags.len() >= 48, "64 consecutive thread ids give {} tags", tags.len());
+        assert!((0..100_000).all(|t| owner_tag(t) != 0));
+    }
+
+    #[test]
     fn two_thrashing_threads_take_turns_and_every_hold_is_bounded() {
         let (mut now, mut remote) = (0, 0);
         let mut lc = LoadControl::default();
         window(&mut lc, &[7, 7, 8], true, &mut now, &mut remote);
         assert_eq!(lc.favoured(), Some(7), "the thread with most faults is favoured");
-        assert_eq!(lc.fault(8, now, remote), Verdict::Hold);
+        assert_eq!(lc.fault(8, 1, now, remote), Verdict::Hold);
         lc.hold(8, now, 0x1000);
         let held_at = now;
         let mut out = Vec::new();
@@ -385,7 +501,7 @@ mod tests {
         // (running, no faults): thread 8 stays held until the slice ends.
         for _ in 0..100 {
             now += MS;
-            assert_eq!(lc.fault(7, now, remote), Verdict::Serve);
+            assert_eq!(lc.fault(7, 2, now, remote), Verdict::Serve);
         }
         while now < held_at + SLICE_NS - MS {
             now += MS;
@@ -399,7 +515,7 @@ mod tests {
             "a hold lasts one slice at most"
         );
         assert_eq!(lc.favoured(), Some(8), "the favour rotates to the thread held longest");
-        assert_eq!(lc.fault(7, now, remote), Verdict::Hold);
+        assert_eq!(lc.fault(7, 2, now, remote), Verdict::Hold);
         lc.hold(7, now, 0x2000);
         // At the end of a slice with nothing held, load control ends.
         out.clear();
@@ -418,7 +534,7 @@ mod tests {
         let mut lc = LoadControl::default();
         window(&mut lc, &[7, 8, 7], true, &mut now, &mut remote);
         assert_eq!(lc.favoured(), Some(7));
-        assert_eq!(lc.fault(8, now, remote), Verdict::Hold);
+        assert_eq!(lc.fault(8, 1, now, remote), Verdict::Hold);
         lc.hold(8, now, 0x1000);
         let mut out = Vec::new();
         // Not yet: the favoured thread faulted just now, or something is still queued.
@@ -437,7 +553,7 @@ mod tests {
         // thread 8 now waits at once for thread 7 in turn (a mutex around every few faults):
         // two quick stalls in a row end load control.
         now += 5 * MS;
-        assert_eq!(lc.fault(7, now, remote), Verdict::Hold);
+        assert_eq!(lc.fault(7, 2, now, remote), Verdict::Hold);
         lc.hold(7, now, 0x3000);
         out.clear();
         assert_eq!(
@@ -463,9 +579,9 @@ mod tests {
         while now < start + SLICE_NS {
             now += MS / 4;
             remote += 1;
-            assert_eq!(lc.fault(7, now, remote), Verdict::Serve);
+            assert_eq!(lc.fault(7, 2, now, remote), Verdict::Serve);
         }
-        assert_eq!(lc.fault(8, now, remote), Verdict::Hold);
+        assert_eq!(lc.fault(8, 1, now, remote), Verdict::Hold);
         lc.hold(8, now, 0x1000);
         now += MS;
         assert_eq!(lc.due(now, remote, true, |_| true, &mut out), Some(Release::Off));
@@ -491,11 +607,11 @@ mod tests {
         let mut lc = LoadControl::default();
         window(&mut lc, &[7, 8], true, &mut now, &mut remote);
         for t in 0..MAX_HELD as u32 {
-            assert_eq!(lc.fault(100 + t, now, remote), Verdict::Hold);
+            assert_eq!(lc.fault(100 + t, 3, now, remote), Verdict::Hold);
             lc.hold(100 + t, now, 0x1000);
         }
         assert_eq!(
-            lc.fault(999, now, remote),
+            lc.fault(999, 4, now, remote),
             Verdict::Serve,
             "past the bound a fault is served"
         );
