@@ -486,6 +486,25 @@ fn apps_under_rackmem_compute_what_they_compute_natively() {
         kv["p99_ms"].as_f64().is_some_and(|p| p > 0.0),
         "a key-value server reports p99: {kv}"
     );
+    // Every run under rackmem says what it moved; a batch program at 25% faulted.
+    for r in rows.iter().filter(|r| r["setup"] == "rackmem") {
+        let stats = r["rackmem_stats"].as_array().cloned().unwrap_or_default();
+        assert_eq!(stats.len(), 2, "one statistics object per run: {r}");
+        if r["app"] != "memcached" && r["local_pct"] == 25 {
+            for s in &stats {
+                assert!(
+                    s["processes"].as_u64().is_some_and(|n| n >= 1) && s["faults"].as_u64().is_some_and(|n| n > 0),
+                    "a run at 25% with no process statistics or no fault: {r}"
+                );
+            }
+        }
+    }
+    assert!(
+        rows.iter()
+            .filter(|r| r["setup"] == "native")
+            .all(|r| r.get("rackmem_stats").is_none()),
+        "native rows carry no rackmem statistics"
+    );
     let chart = std::fs::read_to_string(&svg).expect("chart");
     assert!(chart.starts_with("<svg") && chart.contains("kmeans") && chart.contains("rackmem 25%"));
     let table = String::from_utf8_lossy(&o.stdout);

@@ -63,8 +63,9 @@ impl Local {
 pub(super) enum Launch<'a> {
     /// Natively, its peak RSS measured.
     Native,
-    /// Under `rackmem run --local LOCAL OPTIONS…` of a build.
-    Rackmem(&'a Rackmem, &'a [String], Local),
+    /// Under `rackmem run --local LOCAL OPTIONS…` of a build, every process appending its
+    /// statistics to the file (`RACKMEM_STATS_FILE`).
+    Rackmem(&'a Rackmem, &'a [String], Local, &'a Path),
     /// In a memory cgroup (a swap peer).
     Cgroup(&'a mut MemoryCgroup),
 }
@@ -77,7 +78,11 @@ impl Launch<'_> {
                 c.args(args);
                 c
             }
-            Launch::Rackmem(rackmem, options, local) => rackmem.run(&local.arg(), options, prog, args),
+            Launch::Rackmem(rackmem, options, local, stats) => {
+                let mut c = rackmem.run(&local.arg(), options, prog, args);
+                c.env(rackmem_runtime::config::env::STATS_FILE, stats);
+                c
+            }
             Launch::Cgroup(cg) => {
                 cg.start_sampling();
                 cg.command(prog, args)
@@ -109,5 +114,52 @@ impl Launch<'_> {
             }
             _ => fail(format!("{what} failed ({exit}): {tail}")),
         }
+    }
+}
+
+/// What a run under rackmem moved, from the statistics its processes appended (one JSON line
+/// each, `RACKMEM_STATS_FILE`): summed over the processes (a server's forks, a shell's children),
+/// the longest hold the greatest. What the speed alone does not say: how many faults, how many
+/// bytes came back and went out, whether load control held threads.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunStats {
+    /// Processes that wrote statistics.
+    pub processes: u64,
+    /// Page faults served.
+    pub faults: u64,
+    /// Bytes fetched on demand.
+    pub bytes_fetched: u64,
+    /// Bytes read ahead (fetched beyond the faulting page).
+    pub bytes_prefetched: u64,
+    /// Bytes written back to bricks.
+    pub bytes_written_back: u64,
+    /// Pages evicted from the local buffer.
+    pub evictions: u64,
+    /// Faults load control held.
+    pub load_holds: u64,
+    /// The longest a fault was held, ns.
+    pub load_hold_max_ns: u64,
+}
+
+impl RunStats {
+    /// Reads the statistics file of one run (`None` if no process wrote one).
+    pub(super) fn read(path: &Path) -> Option<RunStats> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut s = RunStats::default();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            s.processes += 1;
+            s.faults += n("faults");
+            s.bytes_fetched += n("bytes_fetched");
+            s.bytes_prefetched += n("bytes_prefetched");
+            s.bytes_written_back += n("bytes_written_back");
+            s.evictions += n("evictions");
+            s.load_holds += n("load_holds");
+            s.load_hold_max_ns = s.load_hold_max_ns.max(n("load_hold_max_ns"));
+        }
+        (s.processes > 0).then_some(s)
     }
 }

@@ -50,6 +50,7 @@ mod app;
 mod bfs;
 mod kmeans;
 mod launch;
+pub use launch::RunStats;
 mod memcached;
 mod numpy_kmeans;
 mod numpy_linalg;
@@ -139,6 +140,8 @@ struct Series {
     oom: Option<crate::oom::OomReport>,
     /// Runs that failed (the first one's reason is `error`).
     failures: usize,
+    /// Under rackmem: each successful run's statistics.
+    stats: Vec<launch::RunStats>,
 }
 
 impl Series {
@@ -376,7 +379,13 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                     *bytes = Some(bytes.unwrap_or(0).max(b));
                 }
                 let s = t0.elapsed().as_secs_f64();
-                series.push(s, run_one(&p, &mut Launch::Rackmem(v.rackmem, v.options, local)));
+                let stats = cfg.tmp.join(format!("stats-{name}.jsonl"));
+                let _ = std::fs::remove_file(&stats);
+                let r = run_one(&p, &mut Launch::Rackmem(v.rackmem, v.options, local, &stats));
+                if r.is_ok() {
+                    series.stats.push(launch::RunStats::read(&stats).unwrap_or_default());
+                }
+                series.push(s, r);
                 pb.inc(1);
             }
         }
@@ -460,6 +469,7 @@ fn measure(cfg: &AppsConfig, pb: &indicatif::ProgressBar) -> Result<Vec<AppRow>,
                 local_bytes: local,
                 error,
                 oom: s.oom.clone(),
+                rackmem_stats: s.stats.clone(),
             }
         };
         let mut app_rows = vec![row("native", 100, &native, None, None)];

@@ -55,6 +55,10 @@ pub struct AppRow {
     pub error: Option<String>,
     /// Why the program died in its cgroup, when it did.
     pub oom: Option<crate::oom::OomReport>,
+    /// Under rackmem: what each successful run moved (faults, bytes, load control's holds), in
+    /// the order of `values`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rackmem_stats: Vec<super::RunStats>,
 }
 
 /// Current ÷ baseline of every current rackmem row that has a baseline twin: its metric (higher
@@ -322,6 +326,7 @@ mod tests {
             local_bytes: None,
             error: None,
             oom: None,
+            rackmem_stats: Vec::new(),
         }
     }
 
