@@ -7,11 +7,15 @@
 //! brick copy; the local buffer may in addition hold a range *pinned* (fetched and kept
 //! resident until unpinned or released, `rackmem_migrate(..., "local")`).
 //!
-//! Each segment's ranges are a [`RangeMap`] from window pages to the distance between the window
-//! page and its page in the segment, so two ranges merge exactly when they are contiguous both
-//! in the window and in the segment; the pinned ranges are a [`RangeSet`]. An index over all
-//! homes answers [`Placement::home`] in O(log ranges). No I/O: the runtime reads it on its
-//! fetch and write-back paths, the simulation to know where a page's brick copy is.
+//! The homes are one [`RangeMap`] from window pages to (segment, distance between the window
+//! page and its page in the segment), so two ranges merge exactly when they are contiguous both
+//! in the window and in one segment; [`Placement::home`] is O(log ranges). Each segment's own
+//! tree of the ranges it holds (seed 001's tree per memory, a [`RangeMap`] per segment) is
+//! derived from that map when asked for after a change and kept until the next: updating it
+//! at every move cost three more interval-map updates per move, most of a single page's move
+//! on a cold cache (docs/migration.md), while only a drain or a test reads it. The pinned
+//! ranges are a [`RangeSet`]. No I/O: the runtime reads it on its fetch and write-back paths,
+//! the simulation to know where a page's brick copy is.
 //!
 //! Why `rangemap` rather than a hand-written `BTreeMap`: its maps coalesce neighbours with
 //! equal values and split ranges on insert and remove, which is exactly the merging and
@@ -19,6 +23,7 @@
 //! dependency and no `unsafe`.
 
 use rangemap::{RangeMap, RangeSet};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -56,8 +61,9 @@ pub struct Piece {
 pub struct Placement {
     /// Window page → (segment, distance to its segment page): every home, one index.
     homes: RangeMap<u64, (u32, u64)>,
-    /// Per segment, the window ranges it holds (value: the distance, as in `homes`).
-    segments: BTreeMap<u32, RangeMap<u64, u64>>,
+    /// Per segment, the window ranges it holds (value: the distance, as in `homes`), derived
+    /// from `homes` at the first reading after a change (`None`: stale).
+    segments: RefCell<Option<BTreeMap<u32, RangeMap<u64, u64>>>>,
     /// Ranges the local buffer holds pinned.
     local: RangeSet<u64>,
 }
@@ -80,10 +86,10 @@ impl Placement {
         if pages.is_empty() {
             return;
         }
-        self.unassign(pages.clone());
-        let d = delta(pages.start, offset_page);
-        self.homes.insert(pages.clone(), (segment, d));
-        self.segments.entry(segment).or_default().insert(pages, d);
+        // Insert replaces what the range held, splitting neighbours as needed.
+        self.homes
+            .insert(pages.clone(), (segment, delta(pages.start, offset_page)));
+        *self.segments.get_mut() = None;
     }
 
     /// Window pages `pages` have no home any more.
@@ -91,16 +97,8 @@ impl Placement {
         if pages.is_empty() {
             return;
         }
-        let owners: Vec<u32> = self.homes.overlapping(&pages).map(|(_, &(s, _))| s).collect();
-        for s in owners {
-            if let Some(m) = self.segments.get_mut(&s) {
-                m.remove(pages.clone());
-                if m.is_empty() {
-                    self.segments.remove(&s);
-                }
-            }
-        }
         self.homes.remove(pages);
+        *self.segments.get_mut() = None;
     }
 
     /// The home of window page `page`: its segment, its page in that segment, and the end
@@ -108,6 +106,20 @@ impl Placement {
     pub fn home(&self, page: u64) -> Option<(u32, u64, u64)> {
         let (r, &(s, d)) = self.homes.get_key_value(&page)?;
         Some((s, page.wrapping_add(d), r.end))
+    }
+
+    /// Runs `f` on the per-segment trees, deriving them from the index first if a change made
+    /// them stale. O(ranges) then, O(1) until the next change.
+    fn with_segments<T>(&self, f: impl FnOnce(&BTreeMap<u32, RangeMap<u64, u64>>) -> T) -> T {
+        let mut cache = self.segments.borrow_mut();
+        let m = cache.get_or_insert_with(|| {
+            let mut m: BTreeMap<u32, RangeMap<u64, u64>> = BTreeMap::new();
+            for (r, &(s, d)) in self.homes.iter() {
+                m.entry(s).or_default().insert(r.clone(), d);
+            }
+            m
+        });
+        f(m)
     }
 
     /// Pins `pages` in the local buffer.
@@ -138,11 +150,11 @@ impl Placement {
     pub fn held_by(&self, memory: Memory) -> Vec<Range<u64>> {
         match memory {
             Memory::Local => self.local.iter().cloned().collect(),
-            Memory::Segment(s) => self
-                .segments
-                .get(&s)
-                .map(|m| m.iter().map(|(r, _)| r.clone()).collect())
-                .unwrap_or_default(),
+            Memory::Segment(s) => self.with_segments(|m| {
+                m.get(&s)
+                    .map(|r| r.iter().map(|(r, _)| r.clone()).collect())
+                    .unwrap_or_default()
+            }),
         }
     }
 
@@ -186,39 +198,46 @@ impl Placement {
         out
     }
 
-    /// Checks that the per-segment maps and the index agree. O(ranges): for tests.
+    /// Checks the index: no empty range, ranges in order without overlap, and neighbours that
+    /// could merge (contiguous, one segment, one distance) merged. O(ranges): for tests.
     pub fn check(&self) -> Result<(), String> {
-        let mut from_segments: Vec<(Range<u64>, u32, u64)> = Vec::new();
-        for (&s, m) in &self.segments {
-            if m.is_empty() {
-                return Err(format!("segment {s} holds an empty map"));
+        let mut last: Option<(Range<u64>, (u32, u64))> = None;
+        for (r, &v) in self.homes.iter() {
+            if r.is_empty() {
+                return Err(format!("the index holds an empty range at {}", r.start));
             }
-            from_segments.extend(m.iter().map(|(r, &d)| (r.clone(), s, d)));
-        }
-        from_segments.sort_by_key(|(r, _, _)| r.start);
-        // The index merges neighbours of one segment too, so compare page coverage.
-        let mut index = self.homes.iter().peekable();
-        for (r, s, d) in &from_segments {
-            let mut p = r.start;
-            while p < r.end {
-                let Some((ir, &(is, id))) = index.peek() else {
-                    return Err(format!("window page {p} of segment {s} is missing from the index"));
-                };
-                if !ir.contains(&p) || is != *s || id != *d {
-                    return Err(format!(
-                        "window page {p}: segment {s} says so, the index says {ir:?} → {is}"
-                    ));
+            if let Some((lr, lv)) = &last {
+                if lr.end > r.start {
+                    return Err(format!("ranges {lr:?} and {r:?} overlap"));
                 }
-                p = ir.end.min(r.end);
-                if p == ir.end {
-                    index.next();
+                if lr.end == r.start && *lv == v {
+                    return Err(format!("ranges {lr:?} and {r:?} of segment {} are not merged", v.0));
                 }
             }
+            last = Some((r.clone(), v));
         }
-        if let Some((r, _)) = index.next() {
-            return Err(format!("the index places {r:?}, which no segment holds"));
-        }
-        Ok(())
+        // Every segment's tree covers exactly its pages of the index, with the same distances.
+        self.with_segments(|m| {
+            let mut pages = 0u64;
+            for (&s, t) in m {
+                if t.is_empty() {
+                    return Err(format!("segment {s} holds an empty tree"));
+                }
+                for (r, &d) in t.iter() {
+                    pages += r.end - r.start;
+                    for (ir, &(is, id)) in self.homes.overlapping(r) {
+                        if is != s || id != d {
+                            return Err(format!("{r:?} of segment {s}: the index says {ir:?} → {is}"));
+                        }
+                    }
+                }
+            }
+            let indexed: u64 = self.homes.iter().map(|(r, _)| r.end - r.start).sum();
+            if pages != indexed {
+                return Err(format!("the segments' trees hold {pages} pages, the index {indexed}"));
+            }
+            Ok(())
+        })
     }
 }
 
