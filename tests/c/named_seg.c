@@ -12,6 +12,8 @@
  *   fill SEED OFF LEN    puts the pattern SEED at OFF (LEN bytes, a multiple of 8)
  *   check SEED OFF LEN   gets LEN bytes at OFF and compares them with the pattern SEED;
  *                        prints their checksum
+ *   rounds SEED OFF LEN N  N rounds of a put of pattern SEED+i at OFF and a get of it back,
+ *                        compared (every put read back while, say, the segment moves)
  *   free                 rackmem_seg_free
  *   pid                  prints this process's id
  * End of input exits. */
@@ -47,7 +49,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     rackmem_seg *s = NULL;
     char line[512], name[256];
-    unsigned long long a, b, c;
+    unsigned long long a, b, c, d;
     while (fgets(line, sizeof line, stdin)) {
         errno = 0;
         if (sscanf(line, "open %255s %llu", name, &a) == 2) {
@@ -67,6 +69,18 @@ int main(void) {
             fill(buf, c / 8, a);
             if (put(s, b, buf, c)) printf("err %d\n", errno); else printf("ok\n");
             free(buf);
+        } else if (sscanf(line, "rounds %llu %llu %llu %llu", &a, &b, &c, &d) == 4) {
+            uint64_t *buf = malloc(c), *back = malloc(c);
+            if (!buf || !back) DIE("malloc %llu", c);
+            int bad = 0;
+            for (unsigned long long i = 0; i < d && !bad; i++) {
+                fill(buf, c / 8, a + i);
+                if (put(s, b, buf, c) || get(s, b, back, c)) bad = 1;
+                else verify(back, c / 8, a + i, "a put read back");
+            }
+            if (bad) printf("err %d\n", errno); else printf("ok\n");
+            free(buf);
+            free(back);
         } else if (sscanf(line, "check %llu %llu %llu", &a, &b, &c) == 3) {
             uint64_t *buf = malloc(c);
             if (!buf) DIE("malloc %llu", c);

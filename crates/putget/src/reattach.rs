@@ -20,6 +20,15 @@
 //! segment is marked lost instead: this call and every later one on the handle fail with
 //! `EIO`; the program closes it (and may open the name again, knowingly, to start over).
 //!
+//! A segment the control plane moves to another brick (`docs/migration.md`, "Named segments")
+//! answers `Moving` while it is copied and `Moved` once its name points at the new brick; both
+//! mean the request was *not executed*. On `Moving` the call waits ([`MOVING_FIRST_WAIT`],
+//! doubling up to [`MOVING_MAX_WAIT`]) and sends it again, for at most [`MOVING_LIMIT`]
+//! (then `EAGAIN`, nothing done); on `Moved` it re-attaches as after a broken link (the
+//! re-open finds the new brick) and sends it there. Atomics included: neither status executed
+//! them, so each is executed exactly once. A segment held under no name (allocated, not
+//! opened) cannot follow a move; such an answer fails at once with `EIO`, saying so.
+//!
 //! Bounds: one re-attach at a time per process (others wait for it, then use its result);
 //! tries [`REATTACH_FIRST_DELAY`] apart, doubling up to [`REATTACH_MAX_DELAY`], until
 //! [`REATTACH_LIMIT`] has passed since the failure (each try's connection waits at most the
@@ -42,6 +51,14 @@ pub const REATTACH_LIMIT: Duration = Duration::from_secs(10);
 pub const REATTACH_FIRST_DELAY: Duration = Duration::from_millis(50);
 /// Longest wait between two tries.
 pub const REATTACH_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// First wait after a `Moving` answer before the request is sent again.
+pub const MOVING_FIRST_WAIT: Duration = Duration::from_millis(1);
+/// Longest wait between two sends of a request answered `Moving`.
+pub const MOVING_MAX_WAIT: Duration = Duration::from_millis(50);
+/// Longest a call goes on sending a request answered `Moving` (the control plane ends a move
+/// that takes more than 20 s, and the segment is served where it was again).
+pub const MOVING_LIMIT: Duration = Duration::from_secs(30);
 
 /// Whether an operation may be sent again after its link broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +84,7 @@ fn broken(e: &PutGetError) -> Option<Broken> {
     match e {
         PutGetError::Link(LinkError::Unreachable { .. }) => Some(Broken::NotExecuted),
         PutGetError::Link(LinkError::Refused {
-            status: Status::NotAttached | Status::GrantExpired | Status::Busy,
+            status: Status::NotAttached | Status::GrantExpired | Status::Busy | Status::Moved,
             ..
         }) => Some(Broken::NotExecuted),
         PutGetError::Link(LinkError::BrickLost { .. }) => Some(Broken::MaybeExecuted),
@@ -88,6 +105,9 @@ impl Engine {
     ) -> Result<T, PutGetError> {
         let mut seg = self.segment(handle)?;
         let mut deadline = None;
+        // When a `Moving` or `Moved` answer was first seen, and the next wait on `Moving`.
+        let mut moving: Option<Instant> = None;
+        let mut wait = MOVING_FIRST_WAIT;
         loop {
             if let Some(why) = seg.lost() {
                 return Err(PutGetError::Lost(why.to_string()));
@@ -103,10 +123,42 @@ impl Engine {
                 })
             } else {
                 match op(&seg) {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => {
+                        if let (Some(since), true) = (moving, verbose()) {
+                            eprintln!(
+                                "rackmem: segment {:?}: a call waited {:.3} ms for its move to {}",
+                                seg.name.as_deref().unwrap_or(""),
+                                since.elapsed().as_secs_f64() * 1e3,
+                                seg.brick()
+                            );
+                        }
+                        return Ok(v);
+                    }
                     Err(e) => e,
                 }
             };
+            if let Some(status @ (Status::Moving | Status::Moved)) = refused_status(&e) {
+                let since = *moving.get_or_insert_with(Instant::now);
+                if seg.name.is_none() || self.granter.is_none() {
+                    return Err(PutGetError::CannotFollow(format!(
+                        "segment {} on {}: the brick answers {status} (the segment moves to another brick), but                          this process holds it under no name to re-open it by; only named segments                          (rackmem_seg_open) move: nothing was done",
+                        seg.grant.grant.segment_id,
+                        seg.brick()
+                    )));
+                }
+                if status == Status::Moving {
+                    if since.elapsed() >= MOVING_LIMIT {
+                        return Err(PutGetError::StillMoving(format!(
+                            "segment {:?} on {} was still moving to another brick after {MOVING_LIMIT:?}:                              nothing was done; call again",
+                            seg.name.as_deref().unwrap_or(""),
+                            seg.brick()
+                        )));
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(MOVING_MAX_WAIT);
+                    continue;
+                }
+            }
             let Some(how) = broken(&e) else {
                 return Err(e);
             };
@@ -164,7 +216,7 @@ impl Engine {
                     }
                     if verbose() {
                         eprintln!(
-                            "rackmem: segment {name:?} re-attached on {} after its link broke",
+                            "rackmem: segment {name:?} re-attached on {} after its link broke or it moved",
                             new.brick()
                         );
                     }
@@ -205,6 +257,14 @@ impl Engine {
             let _ = g.give_back(granted.allocation);
         }
         r
+    }
+}
+
+/// The status of a brick's refusal.
+fn refused_status(e: &PutGetError) -> Option<Status> {
+    match e {
+        PutGetError::Link(LinkError::Refused { status, .. }) => Some(*status),
+        _ => None,
     }
 }
 
