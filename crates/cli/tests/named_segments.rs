@@ -632,3 +632,44 @@ fn a_move_whose_target_dies_leaves_the_named_segment_serving_on_its_brick() {
         .expect("the program exits at the end of its input");
     assert!(st.success(), "{st:?}");
 }
+
+/// A named segment that a process on the brick's host maps is not moved (its stores are the
+/// processor's, which the brick cannot refuse): the drain waits, saying why, nothing is frozen,
+/// and the holder's writes and atomics go on where they are.
+#[test]
+fn a_drain_waits_for_a_mapped_named_segment_saying_why() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let b0_sock = format!("unix:{}", dir.path().join("b0.sock").display());
+    let _b0 = start_managed_brick(&url, &b0_sock, "256MiB", "b0", |_| {});
+    let socket = dir.path().join("n1.sock");
+    let _agent = spawn_agent(&url, "n1", &socket, &[]);
+    let mut p1 = Prog::linked(&socket, &[("RACKMEM_SHARED_MEMORY", "1")]);
+    assert_eq!(p1.ok(&format!("open pinned {}", 4 * MIB)), (4 * MIB).to_string());
+    p1.ok(&format!("fill 3 0 {MIB}"));
+    let _b1 = start_managed_brick(&url, &tcp_address(), "256MiB", "b1", |_| {});
+    let o = ctl(&url, &["drain", "b0", "--timeout", "3s"]);
+    assert_eq!(o.status.code(), Some(75), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("pinned: ") && err.contains("maps it"), "{}", show(&o));
+    assert!(brick_view(&url, "b0")["named_moving"]
+        .as_array()
+        .is_none_or(|a| a.is_empty()));
+    let off = 2 * MIB;
+    p1.ok(&format!("add {off} 100"));
+    assert_eq!(p1.ok(&format!("word {off}")), "100");
+    let sum = p1.ok(&format!("check 3 0 {MIB}"));
+    assert_eq!(brick_view(&url, "b0")["named_segments"][0], "pinned");
+    let o = ctl(&url, &["drain", "b0", "--cancel"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(p1.ok(&format!("check 3 0 {MIB}")), sum);
+    p1.ok("free");
+    wait_for("the name to go", || segments(&url).is_empty());
+    let Prog { mut guard, input, .. } = p1;
+    drop(input);
+    let st = guard
+        .wait_until(LIMIT)
+        .expect("the program exits at the end of its input");
+    assert!(st.success(), "{st:?}");
+}
