@@ -109,8 +109,9 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * finds the segment attached again. A brick that restarted on the same address starts with an
  * empty pool, so the segment's contents are lost: the call and every later one on that handle
  * fail with EIO (never the new brick's zeros) until rackmem_seg_free; opening the name again
- * then gives the restarted brick's memory, zero-filled. Non-blocking transfers in flight when
- * the link breaks fail at rackmem_quiet with EIO (not retried). Not covered: segments mapped
+ * then gives the restarted brick's memory, zero-filled. Non-blocking transfers whose link
+ * breaks are sent again by rackmem_quiet, as the blocking calls are (a put's bytes are kept
+ * until its answer for that; within the same bounds, then -1 and EIO). Not covered: segments mapped
  * from a brick on this host (their calls are memory operations that never see the link), and
  * segments of configured bricks (RACKMEM_BRICKS: a standalone brick frees a segment when its
  * connection closes, so there is nothing to come back to) or rackmem_seg_alloc's.
@@ -126,7 +127,9 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * so take the move's time (0.6-1.2 s for a 64 MiB segment over loopback TCP, docs/benchmarks.md).
  * Segments mapped from a brick on this host are not moved (the brick cannot refuse the
  * processor's stores): a drain waits for them to be closed, saying so. Non-blocking transfers
- * answered "moving" or "moved" fail at rackmem_quiet (EAGAIN or EIO; not retried).
+ * answered "moving" or "moved" are sent again by rackmem_quiet as the blocking calls are; a
+ * transfer sent again may land after later non-blocking transfers of the thread to the same
+ * bytes (they are unordered until rackmem_quiet).
  *
  * Thread safety: every call may be made from any thread at once, on the same segment or not.
  * Transfers from different threads to overlapping bytes are not ordered with each other;

@@ -462,8 +462,9 @@ fn longest_move_wait_ms(lines: &[String]) -> Option<f64> {
 
 /// A drain moves a named segment while processes on two nodes use it (issue 23 item 4): a
 /// 64 MiB segment on TCP brick b0, opened through two agents by programs linked with
-/// `-lrackmem`; two of them run fetch-add and compare-and-swap on one word and a third puts and
-/// reads back pages (each compared), while `ctl drain b0` freezes the segment, has b1 pull it
+/// `-lrackmem`; two of them run fetch-add and compare-and-swap on one word, a third puts and
+/// reads back pages (each compared) and a fourth does the same with non-blocking transfers,
+/// while `ctl drain b0` freezes the segment, has b1 pull it
 /// and points the name at b1. The drain exits 0 with b0 holding nothing; the atomics sum
 /// exactly, every put read back, and the data written before the drain is all there (a
 /// checksum taken before, on the other node). Prints how long a call waited for the move,
@@ -488,9 +489,11 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
     let mut p1 = Prog::linked(&sockets[0], &env);
     let mut p2 = Prog::linked(&sockets[1], &env);
     let mut p3 = Prog::linked(&sockets[1], &env);
+    let mut p4 = Prog::linked(&sockets[0], &env);
     assert_eq!(p1.ok(&format!("open mover {size}")), size.to_string());
     assert_eq!(p2.ok("open mover 0"), size.to_string());
     assert_eq!(p3.ok("open mover 0"), size.to_string());
+    assert_eq!(p4.ok("open mover 0"), size.to_string());
     p1.ok(&format!("fill 7 0 {size}"));
     // The floor the move's wait is measured against, in the same run: a holder's get of the
     // whole segment over its own link.
@@ -508,6 +511,7 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
     p1.send(&format!("add {off} {n}"));
     p2.send(&format!("add {off} {n}"));
     p3.send(&format!("rounds 11 {} 65536 3000", 60 * MIB));
+    p4.send(&format!("nbirounds 21 {} 65536 3000", 62 * MIB));
     std::thread::sleep(std::time::Duration::from_millis(300));
     let t = Instant::now();
     let o = ctl(&url, &["--json", "drain", "b0", "--timeout", "60s"]);
@@ -517,7 +521,12 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
     assert!(v["drained"] == true && v["segments"] == 0, "{v}");
     assert!(v["named_segments"].as_array().is_none_or(|a| a.is_empty()), "{v}");
     assert_eq!(brick_view(&url, "b1")["named_segments"][0], "mover");
-    for (p, what) in [(&mut p1, "add"), (&mut p2, "add"), (&mut p3, "rounds")] {
+    for (p, what) in [
+        (&mut p1, "add"),
+        (&mut p2, "add"),
+        (&mut p3, "rounds"),
+        (&mut p4, "nbirounds"),
+    ] {
         let a = p.answer(what);
         assert_eq!(
             a,
@@ -538,7 +547,7 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
     );
     assert_eq!(p3.ok(&format!("check 7 0 {}", 48 * MIB)), sum);
     let mut waits = Vec::new();
-    for p in [&mut p1, &mut p2, &mut p3] {
+    for p in [&mut p1, &mut p2, &mut p3, &mut p4] {
         let errs = p.errors();
         assert!(
             errs.iter().any(|l| l.contains("re-attached")),
@@ -558,11 +567,11 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
     assert!(!waits.is_empty(), "no call waited for the move: was it frozen at all?");
     // The source holds nothing (after the grace in which it answers `Moved`).
     assert_eq!(brick_view(&url, "b0")["segments"], 0);
-    for p in [&mut p1, &mut p2, &mut p3] {
+    for p in [&mut p1, &mut p2, &mut p3, &mut p4] {
         p.ok("free");
     }
     wait_for("the name to go with its last hold", || segments(&url).is_empty());
-    for p in [p1, p2, p3] {
+    for p in [p1, p2, p3, p4] {
         let Prog { mut guard, input, .. } = p;
         drop(input);
         let st = guard

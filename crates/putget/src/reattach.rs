@@ -206,7 +206,10 @@ impl Engine {
                             }
                             return Err(PutGetError::BadHandle(handle));
                         }
-                        Some(slot) => *slot = new.clone(),
+                        Some(slot) => {
+                            let _ = new.handle.set(handle);
+                            *slot = new.clone();
+                        }
                     }
                     drop(segments);
                     // The re-open took a hold (the agent counts a process's opens of one name);
@@ -258,6 +261,12 @@ impl Engine {
         }
         r
     }
+}
+
+/// True when `e` is a failure a named segment's call recovers from (a broken link, an expired
+/// grant, a move): what [`Engine::call`] re-attaches or waits for.
+pub(crate) fn recoverable(e: &PutGetError) -> bool {
+    broken(e).is_some() || matches!(refused_status(e), Some(Status::Moving | Status::Moved))
 }
 
 /// The status of a brick's refusal.
