@@ -121,8 +121,9 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * it "moving" without executing it: the call waits (1 ms, doubling up to 50 ms) and sends it
  * again, for at most 30 s (the control plane ends a move that is not done in 20 s and the
  * segment is served where it was), then -1 and EAGAIN with nothing done. Once the name points
- * at the new brick the old one answers "moved", also unexecuted: the call re-opens the name and
- * re-attaches as after a broken link (above), and sends it to the new brick. Neither answer
+ * at the new brick the old one answers "moved", also unexecuted (and, 10 s later, that it has
+ * no such segment): the call re-opens the name and re-attaches as after a broken link (above),
+ * and sends it to the new brick. Neither answer
  * executed anything, so atomics are retried too and each is executed exactly once. A call may
  * so take the move's time (0.6-1.2 s for a 64 MiB segment over loopback TCP, docs/benchmarks.md).
  * Segments mapped from a brick on this host are not moved (the brick cannot refuse the

@@ -121,13 +121,16 @@ struct MovesInner {
 /// Applies a heartbeat reply's moves: `frozen` and `moved` segments (every other one is
 /// served as usual), and `pulls` to run here.
 pub(crate) fn apply(shared: &Arc<Shared>, frozen: &[u64], moved: &[u64], pulls: Vec<PullSpec>) {
-    let gates: Vec<(u64, crate::pool::Gate)> = shared
-        .store
-        .segs()
-        .live
-        .iter()
-        .map(|(&id, s)| (id, s.gate.clone()))
-        .collect();
+    // Only the segments listed now or frozen before can change: most replies list none, and
+    // then no gate is touched.
+    let mut ids: BTreeSet<u64> = lock(&shared.moves.inner).frozen.clone();
+    ids.extend(frozen.iter().chain(moved).copied());
+    let gates: Vec<(u64, crate::pool::Gate)> = {
+        let segs = shared.store.segs();
+        ids.iter()
+            .filter_map(|id| segs.live.get(id).map(|s| (*id, s.gate.clone())))
+            .collect()
+    };
     let mut now_frozen = BTreeSet::new();
     let mut unmovable = BTreeMap::new();
     for (id, gate) in gates {

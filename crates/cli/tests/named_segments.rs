@@ -490,10 +490,13 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
     let mut p2 = Prog::linked(&sockets[1], &env);
     let mut p3 = Prog::linked(&sockets[1], &env);
     let mut p4 = Prog::linked(&sockets[0], &env);
+    // A holder that makes no call during the move, nor in the grace after it.
+    let mut idle = Prog::linked(&sockets[1], &env);
     assert_eq!(p1.ok(&format!("open mover {size}")), size.to_string());
     assert_eq!(p2.ok("open mover 0"), size.to_string());
     assert_eq!(p3.ok("open mover 0"), size.to_string());
     assert_eq!(p4.ok("open mover 0"), size.to_string());
+    assert_eq!(idle.ok("open mover 0"), size.to_string());
     p1.ok(&format!("fill 7 0 {size}"));
     // The floor the move's wait is measured against, in the same run: a holder's get of the
     // whole segment over its own link.
@@ -565,13 +568,21 @@ fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
         longest / (floor.as_secs_f64() * 1e3)
     );
     assert!(!waits.is_empty(), "no call waited for the move: was it frozen at all?");
-    // The source holds nothing (after the grace in which it answers `Moved`).
+    // The source holds nothing (after the grace in which it answers `Moved`); a holder that
+    // was idle all along finds the segment gone there, re-opens it and reads it on b1.
     assert_eq!(brick_view(&url, "b0")["segments"], 0);
+    assert_eq!(
+        idle.ok(&format!("check 7 0 {}", 48 * MIB)),
+        sum,
+        "an idle holder after the move"
+    );
+    assert!(idle.errors().iter().any(|l| l.contains("re-attached")));
+    idle.ok("free");
     for p in [&mut p1, &mut p2, &mut p3, &mut p4] {
         p.ok("free");
     }
     wait_for("the name to go with its last hold", || segments(&url).is_empty());
-    for p in [p1, p2, p3, p4] {
+    for p in [p1, p2, p3, p4, idle] {
         let Prog { mut guard, input, .. } = p;
         drop(input);
         let st = guard

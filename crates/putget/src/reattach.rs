@@ -84,7 +84,10 @@ fn broken(e: &PutGetError) -> Option<Broken> {
     match e {
         PutGetError::Link(LinkError::Unreachable { .. }) => Some(Broken::NotExecuted),
         PutGetError::Link(LinkError::Refused {
-            status: Status::NotAttached | Status::GrantExpired | Status::Busy | Status::Moved,
+            // `NoSegment`: the brick no longer has it. A named segment that moved is freed on its
+            // old brick after a grace, so a holder idle since finds it gone there; the re-open
+            // finds it where it is now (or that the name is gone, which is then the error).
+            status: Status::NotAttached | Status::GrantExpired | Status::Busy | Status::Moved | Status::NoSegment,
             ..
         }) => Some(Broken::NotExecuted),
         PutGetError::Link(LinkError::BrickLost { .. }) => Some(Broken::MaybeExecuted),
@@ -304,6 +307,10 @@ mod tests {
         assert_eq!(broken(&lost), Some(Broken::MaybeExecuted));
         assert_eq!(broken(&refused(Status::GrantExpired)), Some(Broken::NotExecuted));
         assert_eq!(broken(&refused(Status::NotAttached)), Some(Broken::NotExecuted));
+        assert_eq!(broken(&refused(Status::Moved)), Some(Broken::NotExecuted));
+        assert_eq!(broken(&refused(Status::NoSegment)), Some(Broken::NotExecuted));
+        assert!(recoverable(&refused(Status::Moving)), "waited for, not re-attached");
+        assert_eq!(broken(&refused(Status::Moving)), None);
         // The caller's mistakes and the brick's verdicts are not broken links.
         assert_eq!(broken(&refused(Status::OutOfRange)), None);
         assert_eq!(broken(&refused(Status::NoSpace)), None);

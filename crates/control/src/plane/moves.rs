@@ -236,7 +236,8 @@ impl ControlPlane {
             .values()
             .filter(|m| !matches!(m.step, Step::Moved { .. }))
             .count();
-        if busy >= MAX_NAMED_MOVES {
+        // Every heartbeat comes here: with no brick draining (the usual case) no name is looked at.
+        if busy >= MAX_NAMED_MOVES || !self.bricks.values().any(|b| b.rec.draining) {
             return;
         }
         let draining = |p: &ControlPlane, b: u64| p.bricks.get(&b).is_some_and(|b| b.rec.draining);
