@@ -90,10 +90,12 @@ int rackmem_get_stats(struct rackmem_stats *out);
  *   EMFILE  64 segments are open in this process already
  *   ENODEV  neither a brick nor a node agent is configured (RACKMEM_BRICKS and RACKMEM_AGENT
  *           unset)
- *   EAGAIN  the node agent serves as many processes as it may
+ *   EAGAIN  the node agent serves as many processes as it may; a named segment still being
+ *           moved to another brick after 30 s (nothing was done; call again, see below)
  *   EIO     the brick was lost or failed; the node agent or control plane cannot be reached;
  *           a named segment whose brick restarted (its contents are lost, see below); an
- *           atomic whose link broke after it was sent (its outcome is unknown, see below)
+ *           atomic whose link broke after it was sent (its outcome is unknown, see below); a
+ *           segment of rackmem_seg_alloc whose brick says it moves (only named segments move)
  *
  * Broken links (agent memory, named segments): a call whose link to the brick breaks (a
  * connection reset, the brick closing an idle link, the grant expired) re-opens the name
@@ -107,11 +109,28 @@ int rackmem_get_stats(struct rackmem_stats *out);
  * finds the segment attached again. A brick that restarted on the same address starts with an
  * empty pool, so the segment's contents are lost: the call and every later one on that handle
  * fail with EIO (never the new brick's zeros) until rackmem_seg_free; opening the name again
- * then gives the restarted brick's memory, zero-filled. Non-blocking transfers in flight when
- * the link breaks fail at rackmem_quiet with EIO (not retried). Not covered: segments mapped
+ * then gives the restarted brick's memory, zero-filled. Non-blocking transfers whose link
+ * breaks are sent again by rackmem_quiet, as the blocking calls are (a put's bytes are kept
+ * until its answer for that; within the same bounds, then -1 and EIO). Not covered: segments mapped
  * from a brick on this host (their calls are memory operations that never see the link), and
  * segments of configured bricks (RACKMEM_BRICKS: a standalone brick frees a segment when its
  * connection closes, so there is nothing to come back to) or rackmem_seg_alloc's.
+ *
+ * Moves (agent memory, named segments): the control plane moves a named segment off a brick
+ * that drains (docs/migration.md). While its pages are copied the brick answers every call on
+ * it "moving" without executing it: the call waits (1 ms, doubling up to 50 ms) and sends it
+ * again, for at most 30 s (the control plane ends a move that is not done in 20 s and the
+ * segment is served where it was), then -1 and EAGAIN with nothing done. Once the name points
+ * at the new brick the old one answers "moved", also unexecuted (and, 10 s later, that it has
+ * no such segment): the call re-opens the name and re-attaches as after a broken link (above),
+ * and sends it to the new brick. Neither answer
+ * executed anything, so atomics are retried too and each is executed exactly once. A call may
+ * so take the move's time (0.6-1.2 s for a 64 MiB segment over loopback TCP, docs/benchmarks.md).
+ * Segments mapped from a brick on this host are not moved (the brick cannot refuse the
+ * processor's stores): a drain waits for them to be closed, saying so. Non-blocking transfers
+ * answered "moving" or "moved" are sent again by rackmem_quiet as the blocking calls are; a
+ * transfer sent again may land after later non-blocking transfers of the thread to the same
+ * bytes (they are unordered until rackmem_quiet).
  *
  * Thread safety: every call may be made from any thread at once, on the same segment or not.
  * Transfers from different threads to overlapping bytes are not ordered with each other;

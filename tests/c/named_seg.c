@@ -12,6 +12,10 @@
  *   fill SEED OFF LEN    puts the pattern SEED at OFF (LEN bytes, a multiple of 8)
  *   check SEED OFF LEN   gets LEN bytes at OFF and compares them with the pattern SEED;
  *                        prints their checksum
+ *   rounds SEED OFF LEN N  N rounds of a put of pattern SEED+i at OFF and a get of it back,
+ *                        compared (every put read back while, say, the segment moves)
+ *   nbirounds SEED OFF LEN N  the same with non-blocking transfers: each round puts LEN in 16
+ *                        rackmem_put_nbi, quiets, gets it back in 16 rackmem_get_nbi, quiets
  *   free                 rackmem_seg_free
  *   pid                  prints this process's id
  * End of input exits. */
@@ -47,7 +51,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     rackmem_seg *s = NULL;
     char line[512], name[256];
-    unsigned long long a, b, c;
+    unsigned long long a, b, c, d;
     while (fgets(line, sizeof line, stdin)) {
         errno = 0;
         if (sscanf(line, "open %255s %llu", name, &a) == 2) {
@@ -67,6 +71,36 @@ int main(void) {
             fill(buf, c / 8, a);
             if (put(s, b, buf, c)) printf("err %d\n", errno); else printf("ok\n");
             free(buf);
+        } else if (sscanf(line, "rounds %llu %llu %llu %llu", &a, &b, &c, &d) == 4) {
+            uint64_t *buf = malloc(c), *back = malloc(c);
+            if (!buf || !back) DIE("malloc %llu", c);
+            int bad = 0;
+            for (unsigned long long i = 0; i < d && !bad; i++) {
+                fill(buf, c / 8, a + i);
+                if (put(s, b, buf, c) || get(s, b, back, c)) bad = 1;
+                else verify(back, c / 8, a + i, "a put read back");
+            }
+            if (bad) printf("err %d\n", errno); else printf("ok\n");
+            free(buf);
+            free(back);
+        } else if (sscanf(line, "nbirounds %llu %llu %llu %llu", &a, &b, &c, &d) == 4) {
+            uint64_t *buf = malloc(c), *back = malloc(c);
+            if (!buf || !back || c % 128) DIE("nbirounds: malloc %llu, or not a multiple of 128", c);
+            size_t part = c / 16;
+            int bad = 0;
+            for (unsigned long long i = 0; i < d && !bad; i++) {
+                fill(buf, c / 8, a + i);
+                for (size_t k = 0; k < 16 && !bad; k++)
+                    if (put_nbi(s, b + k * part, (char *)buf + k * part, part)) bad = 1;
+                if (!bad && quiet()) bad = 1;
+                for (size_t k = 0; k < 16 && !bad; k++)
+                    if (get_nbi(s, b + k * part, (char *)back + k * part, part)) bad = 1;
+                if (!bad && quiet()) bad = 1;
+                if (!bad) verify(back, c / 8, a + i, "a non-blocking put read back");
+            }
+            if (bad) printf("err %d\n", errno); else printf("ok\n");
+            free(buf);
+            free(back);
         } else if (sscanf(line, "check %llu %llu %llu", &a, &b, &c) == 3) {
             uint64_t *buf = malloc(c);
             if (!buf) DIE("malloc %llu", c);

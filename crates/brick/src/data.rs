@@ -62,6 +62,10 @@ pub(crate) fn with_segment(attached: Option<&Attached>, op: impl FnOnce(&Attache
             true,
         );
     }
+    if mem.motion != crate::moving::Motion::Still && a.only.is_none() {
+        // A pull's reads (`only`) are how the segment moves; every other request waits.
+        return crate::moving::refused(a.id, mem.motion);
+    }
     op(a, &mem)
 }
 

@@ -283,6 +283,7 @@ mod tests {
             shared: None,
             cow: None,
             clones: Default::default(),
+            motion: Default::default(),
         };
         std::thread::scope(|s| {
             for _ in 0..4 {

@@ -179,6 +179,9 @@ pub(crate) struct GateState {
     pub cow: Option<Arc<CowLink>>,
     /// The lazy clones of this segment, which take its pages before they change.
     pub clones: Clones,
+    /// Whether the control plane is moving the segment to another brick (`moving.rs`): while
+    /// it is not `Still`, node requests are refused unexecuted.
+    pub motion: crate::moving::Motion,
 }
 
 impl GateState {
@@ -188,6 +191,7 @@ impl GateState {
             shared: None,
             cow: None,
             clones: Clones::default(),
+            motion: crate::moving::Motion::Still,
         }
     }
 }
@@ -637,6 +641,10 @@ impl Store {
         if !g.alive {
             return Err(ShareError::Released);
         }
+        if g.motion != crate::moving::Motion::Still {
+            // A mapping would write where the freeze cannot refuse it.
+            return Err(ShareError::Moving);
+        }
         if let Some(m) = &g.shared {
             // A node maps a lazy clone whole: it reads its own memory from then on.
             if let Some(c) = &g.cow {
@@ -769,6 +777,8 @@ fn nonzero_pages(bytes: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
 pub(crate) enum ShareError {
     #[error("the segment was released")]
     Released,
+    #[error("the segment is moving to another brick")]
+    Moving,
     #[error("cannot create shared memory for the segment: {0}")]
     Memory(rackmem_sys::SysError),
 }

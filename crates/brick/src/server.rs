@@ -67,6 +67,21 @@ impl BrickManager {
     pub fn set_serve_rate(&self, serve_bps: u64) {
         self.0.pacer.set_total(serve_bps);
     }
+
+    /// Applies the moves of a control plane's heartbeat reply (`docs/migration.md`, "Named
+    /// segments"): segments `frozen` answer `Moving` and `moved` ones `Moved` to node requests,
+    /// without executing them (every other segment is served as usual again), and `pulls` run
+    /// here, each on a thread of its own. Freezing waits for the requests under way on the
+    /// segment; a segment a process on this host maps is not frozen but reported unmovable.
+    pub fn apply_moves(&self, frozen: &[u64], moved: &[u64], pulls: Vec<crate::PullSpec>) {
+        crate::moving::apply(&self.0, frozen, moved, pulls);
+    }
+
+    /// What the next heartbeat reports of moves: segments frozen now, those that cannot be,
+    /// and the pulls that ended (reported until a reply stops listing them).
+    pub fn move_report(&self) -> crate::MoveReport {
+        crate::moving::report(&self.0)
+    }
 }
 
 /// A running brick. Dropping it stops the brick, as [`BrickHandle::shutdown`] does.
@@ -185,6 +200,7 @@ impl Brick {
             brick_id,
             names: Default::default(),
             pull_links: Default::default(),
+            moves: Default::default(),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()

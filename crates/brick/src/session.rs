@@ -428,6 +428,7 @@ pub(crate) fn share(shared: &Shared, attached: Option<&Attached>, passes_fds: bo
             ),
             true,
         ),
+        Err(ShareError::Moving) => crate::moving::refused(a.id, crate::moving::Motion::Frozen),
         Err(e @ ShareError::Memory(_)) => err(Status::Internal, e.to_string(), false),
     }
 }

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) pacer: Pacer,
     /// Links to source bricks kept between pull orders (direct migration).
     pub(crate) pull_links: crate::pull::PullLinks,
+    /// Named segments the control plane is moving (frozen here, or pulled here).
+    pub(crate) moves: crate::moving::Moves,
 }
 
 /// A handle on an open connection, to shut it down when the brick stops.

@@ -463,6 +463,7 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                     move || {
                         let s = stats_of.stats();
                         let pace = conns_of.pace_stats();
+                        let moves = conns_of.move_report();
                         rackmem_control::api::HeartbeatStats {
                             resident_bytes: Some(s.resident_bytes),
                             segments: Some(s.segments),
@@ -470,6 +471,21 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                             connections: Some(s.connections),
                             requests_delayed: Some(pace.delayed),
                             enforced_serve_bps: Some(pace.serve_bps),
+                            frozen: moves.frozen,
+                            unmovable: moves
+                                .unmovable
+                                .into_iter()
+                                .map(|(segment_id, why)| rackmem_control::api::Unmovable { segment_id, why })
+                                .collect(),
+                            pulls_ended: moves
+                                .pulls
+                                .into_iter()
+                                .map(|p| rackmem_control::api::PullEnded {
+                                    segment_id: p.segment_id,
+                                    bytes: p.bytes,
+                                    error: p.error,
+                                })
+                                .collect(),
                         }
                     },
                     move |reply: &rackmem_control::api::HeartbeatReply, listed_at| {
@@ -483,6 +499,8 @@ pub fn run(args: BrickArgs) -> Result<i32> {
                         let dropped = manager.retain_segments_as_of(&live, listed_at);
                         let rates: Vec<(u64, u64)> = segs.iter().map(|s| (s.id, s.rate_bps.unwrap_or(0))).collect();
                         manager.set_rates_as_of(&rates, listed_at);
+                        let pulls = reply.pulls.iter().filter_map(pull_spec).collect();
+                        manager.apply_moves(&reply.frozen, &reply.moved, pulls);
                         on_live_segments(&live, &dropped, &mut last_count);
                     },
                 )
@@ -499,4 +517,35 @@ pub fn run(args: BrickArgs) -> Result<i32> {
     }
     handle.shutdown();
     Ok(0)
+}
+
+/// A heartbeat reply's pull order as the brick runs it; one that does not decode is reported
+/// and skipped (the control plane ends the move at its deadline).
+fn pull_spec(p: &rackmem_control::api::MovePull) -> Option<rackmem_brick::PullSpec> {
+    let decoded = (|| -> Result<rackmem_brick::PullSpec, String> {
+        let bytes = |what: &str, h: &str| hex::decode(h).map_err(|e| format!("{what}: {e}"));
+        let target =
+            rackmem_proto::Grant::decode(&bytes("grant_hex", &p.grant_hex)?).map_err(|e| format!("grant_hex: {e}"))?;
+        let pull = rackmem_proto::PullGrant::decode(&bytes("pull_grant_hex", &p.pull_grant_hex)?)
+            .map_err(|e| format!("pull_grant_hex: {e}"))?;
+        let key: [u8; rackmem_proto::KEY_LEN] = bytes("pull_key_hex", &p.pull_key_hex)?
+            .try_into()
+            .map_err(|_| "pull_key_hex: not a key".to_string())?;
+        Ok(rackmem_brick::PullSpec {
+            target,
+            source: p.source.clone(),
+            pull,
+            key,
+        })
+    })();
+    match decoded {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!(
+                "rackmem brick: the control plane's pull order for segment {} does not decode: {e}",
+                p.segment_id
+            );
+            None
+        }
+    }
 }

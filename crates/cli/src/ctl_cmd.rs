@@ -316,16 +316,25 @@ fn wait_drained(
     );
     bar.set_message(b.name.clone());
     if !b.named_segments.is_empty() && !json {
-        bar.suspend(|| eprintln!("{}", named_left(&b)));
+        bar.suspend(|| eprintln!("{}", named_moving(&b)));
     }
     let deadline = Instant::now() + timeout;
+    // Each reason a named segment waits is said once, as it first appears.
+    let mut said: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     while !b.drained {
+        if !json {
+            for w in &b.named_waiting {
+                if said.insert(w.clone()) {
+                    bar.suspend(|| eprintln!("named segment {w}; tried again shortly"));
+                }
+            }
+        }
         if Instant::now() >= deadline {
             bar.abandon();
-            let named = if b.named_segments.is_empty() {
+            let named = if b.named_waiting.is_empty() {
                 String::new()
             } else {
-                format!("; {}", named_left(&b))
+                format!("; named segments waiting: {}", b.named_waiting.join("; "))
             };
             return Err(CtlError::TimedOut(format!(
                 "brick {} still holds {} segment(s) ({} in use) after {:?}: it stays draining (no new \
@@ -344,12 +353,12 @@ fn wait_drained(
     Ok(b)
 }
 
-/// What a drain cannot move on brick `b`: its named segments.
-fn named_left(b: &rackmem_control::api::Brick) -> String {
+/// What a drain says of brick `b`'s named segments: the control plane moves them itself.
+fn named_moving(b: &rackmem_control::api::Brick) -> String {
     format!(
-        "{} named segment(s) on {} ({}) are not moved by a drain: processes on several nodes \
-         attach to them by name; the brick is drained when their holders close them \
-         (rackmem_seg_free)",
+        "{} named segment(s) on {} ({}) move with the others: the control plane freezes each, \
+         copies it to another brick and points its name there; their holders wait a moment and \
+         follow by name",
         b.named_segments.len(),
         b.name,
         b.named_segments.join(", ")

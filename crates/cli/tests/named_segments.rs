@@ -430,3 +430,266 @@ fn holders_reattach_after_a_broken_link_and_a_restarted_brick_is_reported_lost()
         assert!(st.success(), "{st:?}");
     }
 }
+
+/// One brick as `rackmem ctl --json bricks` shows it.
+fn brick_view(url: &str, name: &str) -> serde_json::Value {
+    ctl_json(url, &["bricks"])
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["name"] == name).cloned())
+        .unwrap_or_else(|| panic!("no brick {name}"))
+}
+
+/// A free TCP address for a brick.
+fn tcp_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    format!("tcp://{}", l.local_addr().expect("addr"))
+}
+
+/// The longest wait for a move a program reported ("a call waited X ms for its move").
+fn longest_move_wait_ms(lines: &[String]) -> Option<f64> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            l.split("a call waited ")
+                .nth(1)?
+                .split(" ms")
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .reduce(f64::max)
+}
+
+/// A drain moves a named segment while processes on two nodes use it (issue 23 item 4): a
+/// 64 MiB segment on TCP brick b0, opened through two agents by programs linked with
+/// `-lrackmem`; two of them run fetch-add and compare-and-swap on one word, a third puts and
+/// reads back pages (each compared) and a fourth does the same with non-blocking transfers,
+/// while `ctl drain b0` freezes the segment, has b1 pull it
+/// and points the name at b1. The drain exits 0 with b0 holding nothing; the atomics sum
+/// exactly, every put read back, and the data written before the drain is all there (a
+/// checksum taken before, on the other node). Prints how long a call waited for the move,
+/// beside a holder's get of the whole segment over its link in the same run.
+#[test]
+fn a_named_segment_moves_off_a_draining_brick_while_two_nodes_use_it() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let _b0 = start_managed_brick(&url, &tcp_address(), "256MiB", "b0", |_| {});
+    let sockets: Vec<PathBuf> = ["n1", "n2"]
+        .iter()
+        .map(|n| dir.path().join(format!("{n}.sock")))
+        .collect();
+    let _agents: Vec<Guard> = ["n1", "n2"]
+        .iter()
+        .zip(&sockets)
+        .map(|(n, s)| spawn_agent(&url, n, s, &[]))
+        .collect();
+    let env = [("RACKMEM_VERBOSE", "1")];
+    let size = 64 * MIB;
+    let mut p1 = Prog::linked(&sockets[0], &env);
+    let mut p2 = Prog::linked(&sockets[1], &env);
+    let mut p3 = Prog::linked(&sockets[1], &env);
+    let mut p4 = Prog::linked(&sockets[0], &env);
+    // A holder that makes no call during the move, nor in the grace after it.
+    let mut idle = Prog::linked(&sockets[1], &env);
+    assert_eq!(p1.ok(&format!("open mover {size}")), size.to_string());
+    assert_eq!(p2.ok("open mover 0"), size.to_string());
+    assert_eq!(p3.ok("open mover 0"), size.to_string());
+    assert_eq!(p4.ok("open mover 0"), size.to_string());
+    assert_eq!(idle.ok("open mover 0"), size.to_string());
+    p1.ok(&format!("fill 7 0 {size}"));
+    // The floor the move's wait is measured against, in the same run: a holder's get of the
+    // whole segment over its own link.
+    let t = Instant::now();
+    p2.ok(&format!("check 7 0 {size}"));
+    let floor = t.elapsed();
+    let sum = p2.ok(&format!("check 7 0 {}", 48 * MIB));
+    // b1 joins only now, so the segment is on b0.
+    let _b1 = start_managed_brick(&url, &tcp_address(), "256MiB", "b1", |_| {});
+    assert_eq!(brick_view(&url, "b0")["named_segments"][0], "mover");
+
+    let off = 56 * MIB;
+    let n = 50_000u64;
+    let before: u64 = p1.ok(&format!("word {off}")).parse().expect("a word");
+    p1.send(&format!("add {off} {n}"));
+    p2.send(&format!("add {off} {n}"));
+    p3.send(&format!("rounds 11 {} 65536 3000", 60 * MIB));
+    p4.send(&format!("nbirounds 21 {} 65536 3000", 62 * MIB));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t = Instant::now();
+    let o = ctl(&url, &["--json", "drain", "b0", "--timeout", "60s"]);
+    let took = t.elapsed();
+    assert!(o.status.success(), "drain b0: {}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["drained"] == true && v["segments"] == 0, "{v}");
+    assert!(v["named_segments"].as_array().is_none_or(|a| a.is_empty()), "{v}");
+    assert_eq!(brick_view(&url, "b1")["named_segments"][0], "mover");
+    for (p, what) in [
+        (&mut p1, "add"),
+        (&mut p2, "add"),
+        (&mut p3, "rounds"),
+        (&mut p4, "nbirounds"),
+    ] {
+        let a = p.answer(what);
+        assert_eq!(
+            a,
+            "ok",
+            "{what} across the move: {a}; its standard error: {:?}",
+            p.errors()
+        );
+    }
+    assert_eq!(
+        p1.ok(&format!("word {off}")),
+        before.wrapping_add(2 * n).to_string(),
+        "atomics exact across the move"
+    );
+    assert_eq!(
+        p1.ok(&format!("check 7 0 {}", 48 * MIB)),
+        sum,
+        "the data written before the move"
+    );
+    assert_eq!(p3.ok(&format!("check 7 0 {}", 48 * MIB)), sum);
+    let mut waits = Vec::new();
+    for p in [&mut p1, &mut p2, &mut p3, &mut p4] {
+        let errs = p.errors();
+        assert!(
+            errs.iter().any(|l| l.contains("re-attached")),
+            "pid {} never followed the segment: {errs:?}",
+            p.pid
+        );
+        waits.extend(longest_move_wait_ms(&errs));
+    }
+    let longest = waits.iter().copied().fold(0.0, f64::max);
+    println!(
+        "drain of b0 holding a 64 MiB named segment in use: {took:?}; longest wait of a call for the \
+         move: {longest:.1} ms (per process: {waits:?}); a holder's get of all 64 MiB: {:.1} ms; \
+         ratio {:.2}",
+        floor.as_secs_f64() * 1e3,
+        longest / (floor.as_secs_f64() * 1e3)
+    );
+    assert!(!waits.is_empty(), "no call waited for the move: was it frozen at all?");
+    // The source holds nothing (after the grace in which it answers `Moved`); a holder that
+    // was idle all along finds the segment gone there, re-opens it and reads it on b1.
+    assert_eq!(brick_view(&url, "b0")["segments"], 0);
+    assert_eq!(
+        idle.ok(&format!("check 7 0 {}", 48 * MIB)),
+        sum,
+        "an idle holder after the move"
+    );
+    assert!(idle.errors().iter().any(|l| l.contains("re-attached")));
+    idle.ok("free");
+    for p in [&mut p1, &mut p2, &mut p3, &mut p4] {
+        p.ok("free");
+    }
+    wait_for("the name to go with its last hold", || segments(&url).is_empty());
+    for p in [p1, p2, p3, p4, idle] {
+        let Prog { mut guard, input, .. } = p;
+        drop(input);
+        let st = guard
+            .wait_until(LIMIT)
+            .expect("the program exits at the end of its input");
+        assert!(st.success(), "{st:?}");
+    }
+}
+
+/// A move whose target brick dies half-way ends, and the segment stays where it was, serving:
+/// b0 serves at 16 MiB/s, so pulling the 64 MiB segment takes about 4 s; b1 is killed during
+/// it. The holder's calls meanwhile wait (not executed) and go on on b0 once the control plane
+/// ends the move; its data and atomics are intact, and the brick says why the segment waits.
+#[test]
+fn a_move_whose_target_dies_leaves_the_named_segment_serving_on_its_brick() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let _b0 = start_managed_brick(&url, &tcp_address(), "256MiB", "b0", |c| {
+        c.args(["--serve-rate", "16MiB"]);
+    });
+    let socket = dir.path().join("n1.sock");
+    let _agent = spawn_agent(&url, "n1", &socket, &[]);
+    let size = 64 * MIB;
+    let mut p1 = Prog::linked(&socket, &[("RACKMEM_VERBOSE", "1")]);
+    assert_eq!(p1.ok(&format!("open stay {size}")), size.to_string());
+    p1.ok(&format!("fill 5 0 {MIB}"));
+    let sum = p1.ok(&format!("check 5 0 {MIB}"));
+    let off = 2 * MIB;
+    p1.ok(&format!("add {off} 10"));
+    let mut b1 = start_managed_brick(&url, &tcp_address(), "256MiB", "b1", |_| {});
+    let o = ctl(&url, &["drain", "b0", "--no-wait"]);
+    assert!(o.status.success(), "drain b0 --no-wait: {}", show(&o));
+    wait_for("the move to start", || {
+        brick_view(&url, "b0")["named_moving"][0] == "stay"
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    b1.kill_group();
+    drop(b1);
+    // The holder's call waits for the move to end, then runs on b0.
+    let t = Instant::now();
+    p1.ok(&format!("add {off} 10"));
+    println!("a call made while the move's target was dead waited {:?}", t.elapsed());
+    wait_for("the failure to be shown", || {
+        let v = brick_view(&url, "b0");
+        v["named_waiting"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w.as_str().is_some_and(|w| w.starts_with("stay: "))))
+    });
+    let v = brick_view(&url, "b0");
+    println!("b0's waiting named segments: {}", v["named_waiting"]);
+    assert_eq!(v["named_segments"][0], "stay");
+    assert_eq!(p1.ok(&format!("word {off}")), "20", "atomics exact");
+    assert_eq!(p1.ok(&format!("check 5 0 {MIB}")), sum, "the data on b0");
+    // The drain, waited for, says why it cannot finish.
+    let o = ctl(&url, &["drain", "b0", "--timeout", "2s"]);
+    assert_eq!(o.status.code(), Some(75), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("stay: "), "{}", show(&o));
+    let o = ctl(&url, &["drain", "b0", "--cancel"]);
+    assert!(o.status.success(), "{}", show(&o));
+    p1.ok("free");
+    wait_for("the name to go", || segments(&url).is_empty());
+    let Prog { mut guard, input, .. } = p1;
+    drop(input);
+    let st = guard
+        .wait_until(LIMIT)
+        .expect("the program exits at the end of its input");
+    assert!(st.success(), "{st:?}");
+}
+
+/// A named segment that a process on the brick's host maps is not moved (its stores are the
+/// processor's, which the brick cannot refuse): the drain waits, saying why, nothing is frozen,
+/// and the holder's writes and atomics go on where they are.
+#[test]
+fn a_drain_waits_for_a_mapped_named_segment_saying_why() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, url) = start_control(&dir.path().join("control.db"));
+    let b0_sock = format!("unix:{}", dir.path().join("b0.sock").display());
+    let _b0 = start_managed_brick(&url, &b0_sock, "256MiB", "b0", |_| {});
+    let socket = dir.path().join("n1.sock");
+    let _agent = spawn_agent(&url, "n1", &socket, &[]);
+    let mut p1 = Prog::linked(&socket, &[("RACKMEM_SHARED_MEMORY", "1")]);
+    assert_eq!(p1.ok(&format!("open pinned {}", 4 * MIB)), (4 * MIB).to_string());
+    p1.ok(&format!("fill 3 0 {MIB}"));
+    let _b1 = start_managed_brick(&url, &tcp_address(), "256MiB", "b1", |_| {});
+    let o = ctl(&url, &["drain", "b0", "--timeout", "3s"]);
+    assert_eq!(o.status.code(), Some(75), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("pinned: ") && err.contains("maps it"), "{}", show(&o));
+    assert!(brick_view(&url, "b0")["named_moving"]
+        .as_array()
+        .is_none_or(|a| a.is_empty()));
+    let off = 2 * MIB;
+    p1.ok(&format!("add {off} 100"));
+    assert_eq!(p1.ok(&format!("word {off}")), "100");
+    let sum = p1.ok(&format!("check 3 0 {MIB}"));
+    assert_eq!(brick_view(&url, "b0")["named_segments"][0], "pinned");
+    let o = ctl(&url, &["drain", "b0", "--cancel"]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(p1.ok(&format!("check 3 0 {MIB}")), sum);
+    p1.ok("free");
+    wait_for("the name to go", || segments(&url).is_empty());
+    let Prog { mut guard, input, .. } = p1;
+    drop(input);
+    let st = guard
+        .wait_until(LIMIT)
+        .expect("the program exits at the end of its input");
+    assert!(st.success(), "{st:?}");
+}

@@ -128,11 +128,69 @@ pub struct Brick {
     /// Draining and holding no segment: it can be retired.
     #[serde(default)]
     pub drained: bool,
-    /// Names of the named segments on it (`rackmem_seg_open`), sorted. A drain does not move
-    /// them: their holders on several nodes attach by name and no one node's agent can move
-    /// them, so a brick holding one is drained only when their last holders close them.
+    /// Names of the named segments on it (`rackmem_seg_open`), sorted. A drain moves them as
+    /// the control plane's own moves (`docs/migration.md`, "Named segments"), not through the
+    /// nodes' agents: their holders on several nodes follow by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub named_segments: Vec<String>,
+    /// Those of them being moved off it now, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_moving: Vec<String>,
+    /// Those of them whose last move failed or cannot start, each as `name: why`, sorted; a
+    /// failed move is tried again after a while ([`NAMED_MOVE_RETRY_S`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_waiting: Vec<String>,
+}
+
+/// Seconds after which the control plane tries again a named segment's move that failed.
+pub const NAMED_MOVE_RETRY_S: u64 = 10;
+
+/// A segment a brick was asked to freeze and cannot, and why (a heartbeat's report).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Unmovable {
+    /// The segment.
+    pub segment_id: u64,
+    /// Why (a process on the brick's host maps it).
+    pub why: String,
+}
+
+/// A pull the control plane ordered that ended on its target brick (a heartbeat's report).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PullEnded {
+    /// The target segment.
+    pub segment_id: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Why it failed; absent: the target holds the whole source segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A heartbeat reply's order to a target brick: pull source segment into target segment
+/// `segment_id`, whole (`docs/migration.md`, "Named segments").
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MovePull {
+    /// The target segment (created here from `grant_hex` if the brick has not seen it).
+    pub segment_id: u64,
+    /// The target segment's grant, signed with this brick's key.
+    pub grant_hex: String,
+    /// The source brick's address.
+    pub source: String,
+    /// The pull grant (the source segment's grant and its whole range, signed with its
+    /// session key), as `PullGrant::encode` writes it.
+    pub pull_grant_hex: String,
+    /// The pull key the target proves to the source.
+    pub pull_key_hex: String,
+}
+
+// Hand-written so the pull key never lands in a log.
+impl std::fmt::Debug for MovePull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MovePull")
+            .field("segment_id", &self.segment_id)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Body of `PUT /v1/bricks/{id}/heartbeat` (may be empty).
@@ -158,6 +216,15 @@ pub struct HeartbeatStats {
     /// until a heartbeat reply carries the control plane's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforced_serve_bps: Option<u64>,
+    /// Segments frozen now for a move (their node requests answered `Moving` or `Moved`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen: Vec<u64>,
+    /// Segments a reply asked to freeze that the brick cannot freeze.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmovable: Vec<Unmovable>,
+    /// Pulls ordered by replies that ended (reported until the replies stop listing them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pulls_ended: Vec<PullEnded>,
 }
 
 /// One segment the control plane believes lives on a brick.
@@ -185,6 +252,16 @@ pub struct HeartbeatReply {
     /// brick's restarts. Absent from an older control plane's replies: the brick keeps its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_bps: Option<u64>,
+    /// Segments to freeze for a move: node requests on them are answered `Moving`, not
+    /// executed (every segment not listed here nor in `moved` is served as usual).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen: Vec<u64>,
+    /// Segments that have moved to another brick: node requests are answered `Moved`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<u64>,
+    /// Pulls to run on this brick (listed until their outcome is reported).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pulls: Vec<MovePull>,
 }
 
 /// `POST /v1/nodes`: an agent announces its node. Re-registering a name returns the same id and

@@ -431,7 +431,18 @@ pub unsafe extern "C" fn rackmem_get_nbi(seg: *mut c_void, offset: u64, dst: *mu
 #[no_mangle]
 pub extern "C" fn rackmem_quiet() -> c_int {
     call(-1, || {
-        PENDING.with(|p| p.borrow_mut().quiet()).map_err(|e| e.errno())?;
+        // With an engine, transfers on named segments that moved or lost their link are sent
+        // again; without one (none configured) there is nothing to send them with.
+        let e = engine().ok();
+        PENDING
+            .with(|p| {
+                let mut p = p.borrow_mut();
+                match &e {
+                    Some(e) => p.quiet_with(e),
+                    None => p.quiet(),
+                }
+            })
+            .map_err(|e| e.errno())?;
         Ok(0)
     })
 }

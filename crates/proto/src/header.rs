@@ -237,11 +237,18 @@ pub enum Status {
     /// PULL: the source brick failed or went away while pages were being pulled: some may have
     /// been copied, none is valid.
     SourceLost = 16,
+    /// A data request on a named segment that the control plane is moving to another brick
+    /// (frozen): the request was *not executed*; the same request succeeds once the move ends
+    /// (here if it failed, on the new brick after `Moved`). Holders wait and resend.
+    Moving = 17,
+    /// A data request on a named segment that has moved to another brick: *not executed*; the
+    /// holder re-opens the name (the control plane gives it the new brick) and resends there.
+    Moved = 18,
 }
 
 impl Status {
     /// Every status, in code order.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotAttached,
@@ -259,6 +266,8 @@ impl Status {
         Status::Busy,
         Status::Unreachable,
         Status::SourceLost,
+        Status::Moving,
+        Status::Moved,
     ];
 
     /// The code on the wire.
@@ -286,6 +295,8 @@ impl Status {
             14 => Busy,
             15 => Unreachable,
             16 => SourceLost,
+            17 => Moving,
+            18 => Moved,
             _ => Internal,
         }
     }

@@ -45,7 +45,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn response_round_trip(op in 1u8..19, code in 0u32..14, tag in any::<u32>(), payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn response_round_trip(op in 1u8..19, code in 0u32..19, tag in any::<u32>(), payload in proptest::collection::vec(any::<u8>(), 0..300)) {
             let op = Opcode::from_u8(op).unwrap();
             let status = Status::from_u32(code);
             prop_assert_eq!(status.code(), code);

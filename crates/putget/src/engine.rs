@@ -254,6 +254,7 @@ impl Engine {
             return Err(PutGetError::TooManySegments(MAX_SEGMENTS));
         }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let _ = seg.handle.set(handle);
         segments.insert(handle, seg);
         Ok(handle)
     }
@@ -307,6 +308,7 @@ impl Engine {
             name: None,
             brick_id,
             lost: OnceLock::new(),
+            handle: OnceLock::new(),
         })
     }
 

@@ -45,6 +45,15 @@ pub enum PutGetError {
     /// a restart). Every call on the handle fails so until it is freed.
     #[error("{0}")]
     Lost(String),
+    /// The segment's brick kept answering `Moving` (the control plane is moving it to another
+    /// brick) for longer than [`MOVING_LIMIT`](crate::MOVING_LIMIT): nothing was executed, and
+    /// the call may be made again.
+    #[error("{0}")]
+    StillMoving(String),
+    /// The brick answered `Moving` or `Moved` for a segment this process holds under no name:
+    /// only named segments move, and without a name there is nothing to re-open it by.
+    #[error("{0}")]
+    CannotFollow(String),
     /// The brick refused or the link failed.
     #[error(transparent)]
     Link(#[from] LinkError),
@@ -55,13 +64,15 @@ impl PutGetError {
     /// `EBADF` for a freed or unknown segment, `ENOMEM` when the brick has no space, `ENOENT`
     /// for a name no live segment has, `EEXIST` for a named segment smaller than asked,
     /// `EACCES` for a wrong secret or a name of another user, `EMFILE` for too many segments,
+    /// `EAGAIN` for a segment still moving to another brick after the longest wait (nothing done),
     /// `ENODEV` when neither a brick nor a node agent is configured, `EIO` when the brick is
     /// lost or fails or the agent cannot be asked. A granter's codes read the same way
     /// (`not_found` ENOENT, `conflict` EEXIST, quotas and capacity ENOMEM).
     pub fn errno(&self) -> i32 {
         match self {
             PutGetError::NotConfigured => libc::ENODEV,
-            PutGetError::Lost(_) => libc::EIO,
+            PutGetError::Lost(_) | PutGetError::CannotFollow(_) => libc::EIO,
+            PutGetError::StillMoving(_) => libc::EAGAIN,
             PutGetError::BadHandle(_) => libc::EBADF,
             PutGetError::OutOfRange { .. } | PutGetError::Misaligned(_) | PutGetError::Invalid(_) => libc::EINVAL,
             PutGetError::TooManySegments(_) => libc::EMFILE,
@@ -81,7 +92,7 @@ impl PutGetError {
                 Status::Conflict => libc::EEXIST,
                 Status::Denied | Status::Forbidden => libc::EACCES,
                 Status::NotAttached => libc::EBADF,
-                Status::Busy => libc::EAGAIN,
+                Status::Busy | Status::Moving => libc::EAGAIN,
                 _ => libc::EIO,
             },
             PutGetError::Link(LinkError::Invalid { .. } | LinkError::BadAddress(_)) => libc::EINVAL,

@@ -36,5 +36,7 @@ pub use plan::{calibrate, Direction, Path, Plan, Probe, Threshold, CALIBRATION_B
 /// The types a [`Granter`] fills a [`Granted`] with.
 pub use rackmem_proto::SegmentGrant;
 pub use rackmem_transport::BrickAddr;
-pub use reattach::{Retry, REATTACH_FIRST_DELAY, REATTACH_LIMIT, REATTACH_MAX_DELAY};
+pub use reattach::{
+    Retry, MOVING_FIRST_WAIT, MOVING_LIMIT, MOVING_MAX_WAIT, REATTACH_FIRST_DELAY, REATTACH_LIMIT, REATTACH_MAX_DELAY,
+};
 pub use segment::{Segment, BULK_PIECE_BYTES, BULK_WINDOW, INLINE_FRAME_BYTES};

@@ -5,11 +5,20 @@
 //! once) and only its answer is collected later; a non-blocking GET is sent, and its answer is
 //! read into the destination at [`Pending::quiet`] (or earlier, when the list is full). On a
 //! mapped segment both are memory copies done at once. What is in flight is bounded per thread:
-//! [`MAX_PENDING`] requests and [`MAX_PENDING_BYTES`] of answers; beyond them the oldest are
-//! completed first.
+//! [`MAX_PENDING`] requests and [`MAX_PENDING_BYTES`] of answers (and of puts kept to be sent
+//! again, below); beyond them the oldest are completed first.
+//!
+//! On a named segment a transfer whose answer says the segment moved or its link broke is sent
+//! again at [`Pending::quiet_with`], through the engine's handle, as a blocking call would be
+//! (re-attached, or after waiting out a move; `reattach.rs`): a put keeps a copy of its bytes
+//! until its answer comes for that. Puts and gets are idempotent, so one sent twice does no
+//! harm; a transfer sent again may land after later transfers of the same thread to the same
+//! bytes, which is allowed until the quiet (non-blocking transfers are unordered).
 
+use crate::engine::Engine;
 use crate::error::PutGetError;
 use crate::plan::{Direction, Path};
+use crate::reattach::{recoverable, Retry};
 use crate::segment::{Segment, BULK_PIECE_BYTES, INLINE_FRAME_BYTES};
 use rackmem_transport::DetachedTicket;
 use std::collections::VecDeque;
@@ -23,8 +32,25 @@ pub const MAX_PENDING_BYTES: usize = 64 << 20;
 struct Op {
     seg: Arc<Segment>,
     ticket: DetachedTicket,
+    offset: u64,
     /// Where a GET's bytes go; the caller promised it stays valid until completion.
     dest: Option<&'static mut [u8]>,
+    /// A PUT's bytes, kept on a named segment to be sent again.
+    data: Option<Vec<u8>>,
+}
+
+/// A transfer on a named segment to send again at the quiet.
+enum Redo {
+    Put {
+        seg: Arc<Segment>,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Get {
+        seg: Arc<Segment>,
+        offset: u64,
+        dest: &'static mut [u8],
+    },
 }
 
 /// One thread's transfers in flight, and the first error among those completed early.
@@ -33,6 +59,10 @@ pub struct Pending {
     ops: VecDeque<Op>,
     bytes: usize,
     failed: Option<PutGetError>,
+    /// Transfers to send again at the quiet, and the first error that put one there (what the
+    /// quiet reports when there is no engine to send them with).
+    redo: Vec<Redo>,
+    redo_error: Option<PutGetError>,
 }
 
 impl Pending {
@@ -51,16 +81,41 @@ impl Pending {
         let Some(op) = self.ops.pop_front() else {
             return;
         };
-        let r = match op.dest {
-            Some(dest) => {
-                self.bytes = self.bytes.saturating_sub(dest.len());
-                op.seg.link.wait_detached(op.ticket, dest)
+        let Op {
+            seg,
+            ticket,
+            offset,
+            dest,
+            data,
+        } = op;
+        let mut dest = dest;
+        let r = match dest.as_deref_mut() {
+            Some(d) => {
+                self.bytes = self.bytes.saturating_sub(d.len());
+                seg.link.wait_detached(ticket, d)
             }
-            None => op.seg.link.wait_detached(op.ticket, &mut []),
+            None => seg.link.wait_detached(ticket, &mut []),
         };
-        if let Err(e) = r {
-            self.failed.get_or_insert(e.into());
+        if let Some(d) = &data {
+            self.bytes = self.bytes.saturating_sub(d.len());
         }
+        let Err(e) = r else {
+            return;
+        };
+        let e = PutGetError::from(e);
+        if seg.name.is_none() || !recoverable(&e) || self.redo.len() >= MAX_PENDING {
+            self.failed.get_or_insert(e);
+            return;
+        }
+        match (dest, data) {
+            (Some(dest), _) => self.redo.push(Redo::Get { seg, offset, dest }),
+            (None, Some(data)) => self.redo.push(Redo::Put { seg, offset, data }),
+            (None, None) => {
+                self.failed.get_or_insert(e);
+                return;
+            }
+        }
+        self.redo_error.get_or_insert(e);
     }
 
     /// Makes room for one more request carrying `bytes` of answer.
@@ -89,13 +144,21 @@ impl Pending {
             return Ok(());
         }
         let piece = Self::piece_for(seg, Direction::Put, data.len());
+        // Only a named segment can be sent again (re-opened by its name), so only its puts
+        // keep their bytes.
+        let keep = seg.name.is_some();
         for (i, chunk) in data.chunks(piece).enumerate() {
-            self.room(0);
-            let t = seg.link.submit_put(offset + (i * piece) as u64, chunk)?;
+            let kept = if keep { chunk.len() } else { 0 };
+            self.room(kept);
+            let at = offset + (i * piece) as u64;
+            let t = seg.link.submit_put(at, chunk)?;
+            self.bytes += kept;
             self.ops.push_back(Op {
                 seg: seg.clone(),
                 ticket: t.detach(),
+                offset: at,
                 dest: None,
+                data: keep.then(|| chunk.to_vec()),
             });
         }
         Ok(())
@@ -125,7 +188,9 @@ impl Pending {
             self.ops.push_back(Op {
                 seg: seg.clone(),
                 ticket: t.detach(),
+                offset: at,
                 dest: Some(head),
+                data: None,
             });
             at += n as u64;
         }
@@ -133,12 +198,58 @@ impl Pending {
     }
 
     /// Completes every transfer in flight; returns the first failure among them (and among
-    /// those completed early to make room), if any.
+    /// those completed early to make room), if any. Nothing is sent again: see
+    /// [`Pending::quiet_with`].
     pub fn quiet(&mut self) -> Result<(), PutGetError> {
         while !self.ops.is_empty() {
             self.complete_oldest();
         }
         self.bytes = 0;
+        self.redo.clear();
+        match (self.failed.take(), self.redo_error.take()) {
+            (Some(e), _) | (None, Some(e)) => Err(e),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// [`Pending::quiet`], sending again through `engine` each transfer on a named segment that
+    /// failed because the segment moved or its link broke, as a blocking call would (within the
+    /// same bounds); returns the first failure that remains.
+    pub fn quiet_with(&mut self, engine: &Engine) -> Result<(), PutGetError> {
+        while !self.ops.is_empty() {
+            self.complete_oldest();
+        }
+        self.bytes = 0;
+        self.redo_error = None;
+        for r in std::mem::take(&mut self.redo) {
+            let (seg, done) = match r {
+                Redo::Put { seg, offset, data } => {
+                    let done = seg
+                        .handle
+                        .get()
+                        .map(|&h| engine.call(h, Retry::Idempotent, |s| s.put(offset, &data)));
+                    (seg, done)
+                }
+                Redo::Get { seg, offset, dest } => {
+                    let dest = std::cell::RefCell::new(dest);
+                    let done = seg
+                        .handle
+                        .get()
+                        .map(|&h| engine.call(h, Retry::Idempotent, |s| s.get(offset, &mut dest.borrow_mut())));
+                    (seg, done)
+                }
+            };
+            match done {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    self.failed.get_or_insert(e);
+                }
+                None => {
+                    self.failed
+                        .get_or_insert(PutGetError::Invalid(format!("{seg:?} has no handle to send again by")));
+                }
+            }
+        }
         match self.failed.take() {
             Some(e) => Err(e),
             None => Ok(()),

@@ -20,6 +20,15 @@
 //! segment is marked lost instead: this call and every later one on the handle fail with
 //! `EIO`; the program closes it (and may open the name again, knowingly, to start over).
 //!
+//! A segment the control plane moves to another brick (`docs/migration.md`, "Named segments")
+//! answers `Moving` while it is copied and `Moved` once its name points at the new brick; both
+//! mean the request was *not executed*. On `Moving` the call waits ([`MOVING_FIRST_WAIT`],
+//! doubling up to [`MOVING_MAX_WAIT`]) and sends it again, for at most [`MOVING_LIMIT`]
+//! (then `EAGAIN`, nothing done); on `Moved` it re-attaches as after a broken link (the
+//! re-open finds the new brick) and sends it there. Atomics included: neither status executed
+//! them, so each is executed exactly once. A segment held under no name (allocated, not
+//! opened) cannot follow a move; such an answer fails at once with `EIO`, saying so.
+//!
 //! Bounds: one re-attach at a time per process (others wait for it, then use its result);
 //! tries [`REATTACH_FIRST_DELAY`] apart, doubling up to [`REATTACH_MAX_DELAY`], until
 //! [`REATTACH_LIMIT`] has passed since the failure (each try's connection waits at most the
@@ -42,6 +51,14 @@ pub const REATTACH_LIMIT: Duration = Duration::from_secs(10);
 pub const REATTACH_FIRST_DELAY: Duration = Duration::from_millis(50);
 /// Longest wait between two tries.
 pub const REATTACH_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// First wait after a `Moving` answer before the request is sent again.
+pub const MOVING_FIRST_WAIT: Duration = Duration::from_millis(1);
+/// Longest wait between two sends of a request answered `Moving`.
+pub const MOVING_MAX_WAIT: Duration = Duration::from_millis(50);
+/// Longest a call goes on sending a request answered `Moving` (the control plane ends a move
+/// that takes more than 20 s, and the segment is served where it was again).
+pub const MOVING_LIMIT: Duration = Duration::from_secs(30);
 
 /// Whether an operation may be sent again after its link broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +84,10 @@ fn broken(e: &PutGetError) -> Option<Broken> {
     match e {
         PutGetError::Link(LinkError::Unreachable { .. }) => Some(Broken::NotExecuted),
         PutGetError::Link(LinkError::Refused {
-            status: Status::NotAttached | Status::GrantExpired | Status::Busy,
+            // `NoSegment`: the brick no longer has it. A named segment that moved is freed on its
+            // old brick after a grace, so a holder idle since finds it gone there; the re-open
+            // finds it where it is now (or that the name is gone, which is then the error).
+            status: Status::NotAttached | Status::GrantExpired | Status::Busy | Status::Moved | Status::NoSegment,
             ..
         }) => Some(Broken::NotExecuted),
         PutGetError::Link(LinkError::BrickLost { .. }) => Some(Broken::MaybeExecuted),
@@ -88,6 +108,9 @@ impl Engine {
     ) -> Result<T, PutGetError> {
         let mut seg = self.segment(handle)?;
         let mut deadline = None;
+        // When a `Moving` or `Moved` answer was first seen, and the next wait on `Moving`.
+        let mut moving: Option<Instant> = None;
+        let mut wait = MOVING_FIRST_WAIT;
         loop {
             if let Some(why) = seg.lost() {
                 return Err(PutGetError::Lost(why.to_string()));
@@ -103,10 +126,42 @@ impl Engine {
                 })
             } else {
                 match op(&seg) {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => {
+                        if let (Some(since), true) = (moving, verbose()) {
+                            eprintln!(
+                                "rackmem: segment {:?}: a call waited {:.3} ms for its move to {}",
+                                seg.name.as_deref().unwrap_or(""),
+                                since.elapsed().as_secs_f64() * 1e3,
+                                seg.brick()
+                            );
+                        }
+                        return Ok(v);
+                    }
                     Err(e) => e,
                 }
             };
+            if let Some(status @ (Status::Moving | Status::Moved)) = refused_status(&e) {
+                let since = *moving.get_or_insert_with(Instant::now);
+                if seg.name.is_none() || self.granter.is_none() {
+                    return Err(PutGetError::CannotFollow(format!(
+                        "segment {} on {}: the brick answers {status} (the segment moves to another brick), but                          this process holds it under no name to re-open it by; only named segments                          (rackmem_seg_open) move: nothing was done",
+                        seg.grant.grant.segment_id,
+                        seg.brick()
+                    )));
+                }
+                if status == Status::Moving {
+                    if since.elapsed() >= MOVING_LIMIT {
+                        return Err(PutGetError::StillMoving(format!(
+                            "segment {:?} on {} was still moving to another brick after {MOVING_LIMIT:?}:                              nothing was done; call again",
+                            seg.name.as_deref().unwrap_or(""),
+                            seg.brick()
+                        )));
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(MOVING_MAX_WAIT);
+                    continue;
+                }
+            }
             let Some(how) = broken(&e) else {
                 return Err(e);
             };
@@ -154,7 +209,10 @@ impl Engine {
                             }
                             return Err(PutGetError::BadHandle(handle));
                         }
-                        Some(slot) => *slot = new.clone(),
+                        Some(slot) => {
+                            let _ = new.handle.set(handle);
+                            *slot = new.clone();
+                        }
                     }
                     drop(segments);
                     // The re-open took a hold (the agent counts a process's opens of one name);
@@ -164,7 +222,7 @@ impl Engine {
                     }
                     if verbose() {
                         eprintln!(
-                            "rackmem: segment {name:?} re-attached on {} after its link broke",
+                            "rackmem: segment {name:?} re-attached on {} after its link broke or it moved",
                             new.brick()
                         );
                     }
@@ -208,6 +266,20 @@ impl Engine {
     }
 }
 
+/// True when `e` is a failure a named segment's call recovers from (a broken link, an expired
+/// grant, a move): what [`Engine::call`] re-attaches or waits for.
+pub(crate) fn recoverable(e: &PutGetError) -> bool {
+    broken(e).is_some() || matches!(refused_status(e), Some(Status::Moving | Status::Moved))
+}
+
+/// The status of a brick's refusal.
+fn refused_status(e: &PutGetError) -> Option<Status> {
+    match e {
+        PutGetError::Link(LinkError::Refused { status, .. }) => Some(*status),
+        _ => None,
+    }
+}
+
 fn verbose() -> bool {
     std::env::var("RACKMEM_VERBOSE").is_ok_and(|v| !v.is_empty() && v != "0")
 }
@@ -235,6 +307,10 @@ mod tests {
         assert_eq!(broken(&lost), Some(Broken::MaybeExecuted));
         assert_eq!(broken(&refused(Status::GrantExpired)), Some(Broken::NotExecuted));
         assert_eq!(broken(&refused(Status::NotAttached)), Some(Broken::NotExecuted));
+        assert_eq!(broken(&refused(Status::Moved)), Some(Broken::NotExecuted));
+        assert_eq!(broken(&refused(Status::NoSegment)), Some(Broken::NotExecuted));
+        assert!(recoverable(&refused(Status::Moving)), "waited for, not re-attached");
+        assert_eq!(broken(&refused(Status::Moving)), None);
         // The caller's mistakes and the brick's verdicts are not broken links.
         assert_eq!(broken(&refused(Status::OutOfRange)), None);
         assert_eq!(broken(&refused(Status::NoSpace)), None);

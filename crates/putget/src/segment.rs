@@ -54,6 +54,10 @@ pub struct Segment {
     /// Set once the segment's contents are known lost (its brick restarted): every later call
     /// fails with `EIO` instead of reading what the new brick has (zeros).
     pub(crate) lost: OnceLock<String>,
+    /// The engine's handle for it, once it has one: a non-blocking transfer that fails because
+    /// the segment moved or its link broke is sent again through the handle at the quiet
+    /// (`nbi.rs`), which by then may hold a re-attached segment.
+    pub(crate) handle: OnceLock<u64>,
 }
 
 impl std::fmt::Debug for Segment {

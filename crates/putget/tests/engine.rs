@@ -197,3 +197,37 @@ fn segments_per_process_are_bounded() {
     e.free(held[0]).expect("free");
     e.alloc(1).expect("room again");
 }
+
+/// A brick that answers `Moving` or `Moved` for a segment this process holds under no name (no
+/// granter, so nothing to re-open it by): the call fails at once with `EIO` saying so, without
+/// waiting out the move, and nothing was done; once the brick serves it again, so does the call.
+#[test]
+fn a_moving_answer_for_a_segment_held_under_no_name_fails_at_once_saying_why() {
+    use rackmem_putget::Retry;
+    let (h, a) = brick(ListenAddr::Tcp("127.0.0.1:0".into()));
+    let e = engine(&a, Sharing::Never, Threshold::Pinned(4096));
+    let s = e.alloc(1 << 20).expect("alloc");
+    let id = e.segment(s).expect("segment").grant().grant.segment_id;
+    e.call(s, Retry::AtMostOnce, |g| g.fetch_add(8, 5)).expect("fetch-add");
+    for (frozen, moved) in [(vec![id], vec![]), (vec![], vec![id])] {
+        h.manager().apply_moves(&frozen, &moved, Vec::new());
+        let t = std::time::Instant::now();
+        let err = e
+            .call(s, Retry::AtMostOnce, |g| g.fetch_add(8, 1))
+            .expect_err("a segment that cannot follow its move");
+        assert!(t.elapsed() < Duration::from_secs(1), "waited {:?}", t.elapsed());
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        assert!(err.to_string().contains("under no name"), "{err}");
+        assert!(e.call(s, Retry::Idempotent, |g| g.put(16, &[1u8; 8])).is_err());
+    }
+    h.manager().apply_moves(&[], &[], Vec::new());
+    assert_eq!(
+        e.call(s, Retry::AtMostOnce, |g| g.fetch_add(8, 0))
+            .expect("served again"),
+        5,
+        "the refused calls did nothing"
+    );
+    let mut out = [0u8; 8];
+    e.segment(s).expect("segment").get(16, &mut out).expect("get");
+    assert_eq!(out, [0u8; 8], "the refused put did nothing");
+}

@@ -167,6 +167,13 @@ impl ControlPlane {
 
     /// `PUT /v1/bricks/{id}/heartbeat`: the brick is alive; here are the segments it must keep.
     pub fn heartbeat(&mut self, id: u64, stats: Option<HeartbeatStats>) -> Result<api::HeartbeatReply, PlaneError> {
+        if !self.bricks.contains_key(&id) {
+            return Err(PlaneError::NotFound(format!(
+                "brick {id} is not registered (register it first)"
+            )));
+        }
+        // First, so that the segment list below has a move's target in it from its start.
+        let (frozen, moved, pulls) = self.named_moves_for(id, stats.as_ref());
         let b = self
             .bricks
             .get_mut(&id)
@@ -206,7 +213,13 @@ impl ControlPlane {
             tracing::info!(brick = id, "brick is up again");
             self.brick_joined(id);
         }
-        Ok(api::HeartbeatReply { segments, serve_bps })
+        Ok(api::HeartbeatReply {
+            segments,
+            serve_bps,
+            frozen,
+            moved,
+            pulls,
+        })
     }
 
     /// Marks down the bricks whose last heartbeat is older than the brick timeout; returns
@@ -220,6 +233,8 @@ impl ControlPlane {
                 down.push(b.rec.name.clone());
             }
         }
+        // A move whose brick went down ends here, without waiting for another heartbeat.
+        self.end_overdue_moves(now);
         down
     }
 
@@ -319,6 +334,7 @@ impl ControlPlane {
     }
 
     fn brick_view(&self, b: &BrickEntry) -> api::Brick {
+        let (named_moving, named_waiting) = self.named_moves_on(b.rec.id);
         api::Brick {
             id: b.rec.id,
             name: b.rec.name.clone(),
@@ -343,6 +359,8 @@ impl ControlPlane {
             draining: b.rec.draining,
             drained: b.rec.draining && b.segments.is_empty(),
             named_segments: self.named_segments_on(b.rec.id),
+            named_moving,
+            named_waiting,
         }
     }
 

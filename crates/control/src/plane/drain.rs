@@ -21,7 +21,8 @@ impl ControlPlane {
         };
         let mut out = Vec::new();
         let draining = |brick: u64| self.bricks.get(&brick).is_some_and(|b| b.rec.draining);
-        // A named segment's holders attach by name on several nodes; no one agent can move it.
+        // A named segment's holders attach by name on several nodes; no one agent can move it:
+        // the control plane moves it itself (`moves.rs`).
         for a in n
             .allocations
             .iter()
@@ -55,7 +56,7 @@ impl ControlPlane {
     }
 
     /// Where a segment of `size` bytes leaving a draining brick would go for `node`.
-    fn evacuation_target(
+    pub(super) fn evacuation_target(
         &self,
         node: u64,
         size: u64,

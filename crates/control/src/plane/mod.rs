@@ -18,6 +18,7 @@
 //!   connect them;
 //! - `leases`: how long grants are good for, and renewing them;
 //! - `named`: named segments that processes on several nodes open and close by name;
+//! - `moves`: moving a named segment off a draining brick through the bricks' heartbeats;
 //! - `tokens`: the API tokens kept in the store.
 
 mod allocations;
@@ -26,6 +27,7 @@ mod bricks;
 mod circuits;
 mod drain;
 mod leases;
+mod moves;
 mod named;
 mod nodes;
 mod placement;
@@ -35,6 +37,7 @@ mod tokens;
 pub use allocations::{Allocated, MAX_STRIPE};
 pub use bricks::MAX_KEY_BYTES;
 pub use leases::DEFAULT_GRANT_LIFETIME;
+pub use moves::{MAX_NAMED_MOVES, MOVED_GRACE, NAMED_MOVE_DEADLINE};
 pub use rebalance::{DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_TOLERANCE_POINTS, MOVE_TIMEOUT};
 
 use crate::alloc::{BrickIndex, FreeExtents};
@@ -223,6 +226,8 @@ pub struct ControlPlane {
     rebalance: Option<rebalance::Running>,
     /// Whether a brick that joins starts a rebalance.
     rebalance_on_join: bool,
+    /// Named segments moving off draining bricks (not stored: see `moves.rs`).
+    moves: moves::Moves,
 }
 
 impl ControlPlane {
@@ -328,6 +333,7 @@ impl ControlPlane {
             circuit_setup: prometheus_client::metrics::histogram::Histogram::new(rackmem_metrics::LATENCY_BUCKETS_S),
             rebalance: None,
             rebalance_on_join: false,
+            moves: moves::Moves::default(),
         };
         for s in snap.switches {
             p.graph.add_switch(&s.name);

@@ -323,11 +323,11 @@ mod tests {
         assert_eq!((how, s3.uid), (Allocated::Created, 1001));
     }
 
-    /// A drain moves no named segment (its holders on several nodes attach by name), so the
-    /// brick's view names them, which `rackmem ctl drain` shows the operator, and the brick is
-    /// drained once their last holder closes them.
+    /// A drain lists named segments to no agent (their holders on several nodes attach by
+    /// name): the control plane moves them itself (`moves.rs`), and the brick's view names
+    /// them, which `rackmem ctl drain` shows the operator.
     #[test]
-    fn a_draining_brick_names_the_named_segments_it_cannot_lose_until_they_are_closed() {
+    fn a_draining_brick_names_its_named_segments_and_moves_them_itself() {
         let mut p = plane();
         let b1 = brick(&mut p, "b1", 64 * M);
         let n1 = node(&mut p, "n1");
@@ -339,10 +339,18 @@ mod tests {
         let v = p.set_draining(b1, true).unwrap();
         assert_eq!(v.named_segments, vec!["alpha".to_string(), "zeta".to_string()]);
         assert!(!v.drained && v.draining);
-        assert!(p.evacuations(n1).is_empty(), "a drain tried to move a named segment");
+        assert!(
+            p.evacuations(n1).is_empty(),
+            "an agent was asked to move a named segment"
+        );
+        assert_eq!(p.heartbeat(b1, None).unwrap().frozen.len(), 2, "both start moving");
+        assert_eq!(p.brick(b1).unwrap().named_moving.len(), 2);
+        // Closed while they move: the brick is drained once the moves end.
         p.close_named("alpha", n1, &a).unwrap();
         p.close_named("zeta", n1, &a).unwrap();
+        p.end_overdue_moves(std::time::Instant::now() + super::super::NAMED_MOVE_DEADLINE);
         let v = p.brick(b1).unwrap();
         assert!(v.named_segments.is_empty() && v.drained, "{v:?}");
+        assert!(v.named_waiting.is_empty(), "{v:?}");
     }
 }

@@ -141,6 +141,29 @@ impl ControlPlane {
         Ok(self.keep(rec))
     }
 
+    /// One segment placed as `pl` asks (a stripe of 1), carved and its path reserved but in no
+    /// allocation yet (a named segment's move target); nothing stays reserved on failure.
+    pub(super) fn place_one(
+        &mut self,
+        pl: &Placement<'_>,
+        counters: &mut Counters,
+    ) -> Result<SegmentRecord, PlaneError> {
+        let mut log = Vec::new();
+        match self.place(pl, counters, &mut log) {
+            Ok(mut s) if s.len() == 1 => Ok(s.remove(0)),
+            Ok(_) => {
+                self.undo(log);
+                Err(PlaneError::Invalid(
+                    "a placement of one segment made several".to_string(),
+                ))
+            }
+            Err(e) => {
+                self.undo(log);
+                Err(e)
+            }
+        }
+    }
+
     /// Carves `stripe` segments on distinct bricks and reserves their paths; on failure,
     /// everything done is undone by the caller through `log`.
     fn place(
