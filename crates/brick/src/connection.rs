@@ -93,6 +93,7 @@ pub(crate) fn serve_connection(
                 sock: stream,
                 spin_us: shared.spin_us,
                 deadline: None,
+                close: 0,
             },
         ),
         queued: Vec::with_capacity(64 << 10),

@@ -291,6 +291,32 @@ fn signals_sent_to_the_program_never_pass_for_a_lost_brick() {
     }
 }
 
+/// A lazily forked child starts its fault handlers only: its write-back and watchdog threads
+/// start at its first write-back job, or once it has lived a watchdog tick (250 ms). Children
+/// whose pages start going back to the brick at once, and after 400 ms idle (the threads then
+/// started by the tick, before any write-back), each see the parent's memory as of their fork,
+/// write back and refetch their own data, and leave the parent's alone: checksums equal the
+/// native run's, on the defaults and over the socket.
+#[test]
+fn a_forked_childs_deferred_threads_start_at_its_first_write_back_or_after_a_tick() {
+    require_root();
+    for extra in [&[][..], SOCKET] {
+        let s = same_as_native_with("fork_late", &["32", "0", "400"], extra);
+        assert!(
+            s.len() >= 3,
+            "expected the parent's and two children's statistics {extra:?}: {s:?}"
+        );
+        // Each child writes its statistics when it exits, before the parent.
+        for child in &s[..2] {
+            assert!(
+                child.bytes_written_back > 0,
+                "a child wrote nothing back {extra:?}: {child:?}"
+            );
+            assert_used_remote_memory_forked(child);
+        }
+    }
+}
+
 #[test]
 fn a_loop_of_forks_gives_each_child_the_memory_as_of_its_fork() {
     require_root();

@@ -45,6 +45,8 @@ pub const CHUNK_BYTES: usize = 8 << 20;
 const MAX_CHUNKS: usize = 1 << 19;
 /// Header bytes before each block.
 const HEADER: usize = 8;
+/// The unit fresh blocks are carved in (see `take`): the window's page.
+const CARVE_PAGE: usize = 4096;
 /// Classes with block sizes 32..=528 by 16 bytes.
 const LINEAR: usize = 32;
 /// Eight classes per doubling from 528 to 256 KiB.
@@ -524,7 +526,21 @@ fn take(c: usize, want: u32) -> (usize, u32) {
         tail = p;
     };
     let b = BLOCK_SIZES[c];
+    // Fresh blocks are carved only while the next header lies in the page the last block ends
+    // in: carving ahead wrote a header into every page of a batch (32 KiB of 1 KiB blocks for
+    // one `malloc`), and in a forked child each of those pages is a copy-on-write copy or a
+    // first touch through the fault handler that the child may never use (PostgreSQL's
+    // backends: see `docs/benchmarks.md`, "A backend's life"). The next page is carved when it
+    // is needed.
+    let mut carved_to = 0usize;
     while n < want {
+        if carved_to != 0 && (carved_to % CARVE_PAGE == 0 || st.end - st.bump < b) {
+            break;
+        }
+        if n > 0 && carved_to == 0 {
+            // Blocks came off the central list: no fresh page for them.
+            break;
+        }
         if st.end - st.bump < b {
             let len = span_bytes(c);
             let s = new_span(len);
@@ -541,6 +557,7 @@ fn take(c: usize, want: u32) -> (usize, u32) {
         set_header(p, cookie(p, FREE, c));
         append(p);
         n += 1;
+        carved_to = st.bump;
     }
     bin.lock.unlock();
     (head, n)

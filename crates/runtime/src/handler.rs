@@ -16,7 +16,7 @@
 use crate::config::HandlerMode;
 use crate::load::{self, LoadControl, Release, Verdict};
 use crate::placement::{self, Decision, Placement, Waiting};
-use crate::{writeback, Inner, PAGE_SIZE};
+use crate::{start, writeback, Inner, PAGE_SIZE};
 use rackmem_uffd::Event;
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -142,6 +142,14 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
                     last_activity = Instant::now();
                     continue;
                 }
+                // A lazily forked child that lives a watchdog tick gets its watchdog (and
+                // write-back thread) then: see `start::start_deferred_threads`.
+                if index == 0
+                    && h.inner.threads_deferred.load(Ordering::Acquire)
+                    && h.inner.clock.elapsed() >= start::DEFERRED_WATCHDOG_AFTER
+                {
+                    start::start_deferred_threads(&h.inner);
+                }
                 let idle = match mode {
                     HandlerMode::BusyPoll => false,
                     HandlerMode::Blocking => true,
@@ -169,11 +177,16 @@ pub(crate) fn run(inner: Arc<Inner>, index: usize) {
                     // Block until a fault comes or a fork's pause request rings: no timer, so an
                     // idle handler costs its CPU nothing; while load control holds faults, it
                     // wakes each millisecond to watch the favoured thread (holds are bounded).
-                    let timeout = h
+                    let mut timeout = h
                         .load
                         .as_ref()
                         .filter(|l| l.held() > 0)
                         .map(|_| Duration::from_millis(1));
+                    if index == 0 && h.inner.threads_deferred.load(Ordering::Acquire) {
+                        // Wake for the deferred threads' start (above).
+                        let left = start::DEFERRED_WATCHDOG_AFTER.saturating_sub(h.inner.clock.elapsed());
+                        timeout = Some(timeout.map_or(left, |t| t.min(left)));
+                    }
                     match rackmem_sys::wait_readable(h.inner.uffd.as_fd(), &h.inner.bell, timeout) {
                         // The bell rings for a fork: every handler must see it, so it stays rung
                         // until `resume`.

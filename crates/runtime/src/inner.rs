@@ -99,6 +99,11 @@ pub(crate) struct Inner {
     pub fork_hot: std::sync::OnceLock<Arc<crate::fork_hot::Ring>>,
     /// A lazily forked child: its parent's ring, where it reports what it fetched.
     pub parent_hot: std::sync::OnceLock<crate::fork_hot::ParentRing>,
+    /// The write-back and watchdog threads are not started yet (a lazily forked child's, until
+    /// `start::start_deferred_threads`).
+    pub threads_deferred: AtomicBool,
+    /// Held while the deferred threads start (once).
+    pub deferred_start: Mutex<()>,
 }
 
 /// Installs against the reading of userfaultfd events, for several handlers on one

@@ -239,66 +239,26 @@ impl Runtime {
             holes: Mutex::new(Default::default()),
             fork_hot: Default::default(),
             parent_hot: Default::default(),
+            // A lazily forked child starts its handlers only (see `start_deferred_threads`).
+            threads_deferred: AtomicBool::new(kept),
+            deferred_start: Mutex::new(()),
         });
         {
             let c = inner.lock();
             inner.budget_pages(&c);
         }
-        type Mark = Arc<(Mutex<bool>, Condvar)>;
-        let marks: Mutex<Vec<Mark>> = Mutex::new(Vec::new());
-        let spawn = |name: &str, f: Box<dyn FnOnce(Arc<Inner>) + Send>| {
-            let i = inner.clone();
-            // While SPAWNING is up, every thread's C allocations go to the runtime's own table
-            // (see `spawning_runtime_thread`), the program's too: wait here until the new thread
-            // has marked itself, so the window lasts as long as a thread start, not as long as
-            // the scheduler leaves the new thread waiting while this one goes on allocating.
-            // (Under load in CI, Redis filled the table in 80 ms that way and saw ENOMEM.)
-            let marked = Arc::new((Mutex::new(false), Condvar::new()));
-            let tell = marked.clone();
-            SPAWNING.fetch_add(1, Ordering::AcqRel);
-            // Started with the program's signals blocked (it inherits this mask): see
-            // `with_async_signals_blocked`.
-            let started = sys::with_async_signals_blocked(|| {
-                std::thread::Builder::new()
-                    .name(name.into())
-                    .stack_size(256 << 10)
-                    .spawn(move || {
-                        RUNTIME_THREAD.with(|t| t.set(true));
-                        SPAWNING.fetch_sub(1, Ordering::AcqRel);
-                        let (done, cv) = &*tell;
-                        *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
-                        cv.notify_all();
-                        drop(tell);
-                        sys::block_sigpipe();
-                        // A runtime thread that dies would leave the program waiting on a fault
-                        // forever: stop the program instead, saying why.
-                        let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
-                        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
-                            eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
-                            sys::exit_immediately(sys::EXIT_BRICK_LOST);
-                        }
-                    })
-            });
-            if started.is_err() {
-                SPAWNING.fetch_sub(1, Ordering::AcqRel);
-            } else {
-                marks.lock().unwrap_or_else(|e| e.into_inner()).push(marked);
+        // Waits until every thread started below has marked itself. Once, after all are
+        // started, not after each: three waits in turn are three wake-ups in turn on a busy
+        // machine, paid at every fork.
+        let mut marks: Vec<Mark> = Vec::new();
+        let started = |marks: &mut Vec<Mark>, r: std::io::Result<Mark>| match r {
+            Ok(m) => {
+                marks.push(m);
+                Ok(())
             }
-            started
-        };
-        // Waits until every thread started above has marked itself. Once, after all are
-        // started, not after each: a forked child starts three threads, and three waits in
-        // turn are three wake-ups in turn on a busy machine, paid at every fork.
-        let wait_marks = || {
-            for marked in marks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-                // Bounded: a thread that has not run in 10 s leaves the window open behind it
-                // (it closes when the thread runs), but does not hold the program here.
-                let (done, cv) = &*marked;
-                let guard = done.lock().unwrap_or_else(|e| e.into_inner());
-                drop(
-                    cv.wait_timeout_while(guard, SPAWN_MARK_WAIT, |d| !*d)
-                        .unwrap_or_else(|e| e.into_inner()),
-                );
+            Err(e) => {
+                wait_marks(std::mem::take(marks));
+                Err(RuntimeError::NoSegment(e.to_string()))
             }
         };
         handler::init_helpers(&inner);
@@ -308,22 +268,25 @@ impl Runtime {
             } else {
                 format!("rackmem-fault{index}")
             };
-            spawn(&name, Box::new(move |i| handler::run(i, index)))
-                .map_err(|e| RuntimeError::NoSegment(e.to_string()))
-                .inspect_err(|_| wait_marks())?;
+            started(
+                &mut marks,
+                spawn_thread(&inner, &name, Box::new(move |i| handler::run(i, index))),
+            )?;
         }
-        spawn("rackmem-wb", Box::new(writeback::run))
-            .map_err(|e| RuntimeError::NoSegment(e.to_string()))
-            .inspect_err(|_| wait_marks())?;
-        spawn("rackmem-watchdog", Box::new(watchdog::run))
-            .map_err(|e| RuntimeError::NoSegment(e.to_string()))
-            .inspect_err(|_| wait_marks())?;
+        if !inner.threads_deferred.load(Ordering::Acquire) {
+            started(&mut marks, spawn_thread(&inner, "rackmem-wb", Box::new(writeback::run)))?;
+            started(
+                &mut marks,
+                spawn_thread(&inner, "rackmem-watchdog", Box::new(watchdog::run)),
+            )?;
+        }
         if inner.agent.as_ref().is_some_and(|a| a.orders().is_some()) {
-            spawn("rackmem-orders", Box::new(crate::migrate::serve_orders))
-                .map_err(|e| RuntimeError::NoSegment(e.to_string()))
-                .inspect_err(|_| wait_marks())?;
+            started(
+                &mut marks,
+                spawn_thread(&inner, "rackmem-orders", Box::new(crate::migrate::serve_orders)),
+            )?;
         }
-        wait_marks();
+        wait_marks(marks);
         if inner.cfg.verbose {
             eprintln!(
                 "rackmem[{}]: window {:#x}+{} in {} units on {} segment(s){}, local buffer {}, handler {:?}",
@@ -343,6 +306,101 @@ impl Runtime {
         }
         Ok(Arc::new(Runtime { inner }))
     }
+}
+
+/// A runtime thread's mark, set once it has marked itself as the runtime's (see `spawn_thread`).
+type Mark = Arc<(Mutex<bool>, Condvar)>;
+
+/// What a runtime thread runs.
+type ThreadMain = Box<dyn FnOnce(Arc<Inner>) + Send>;
+
+/// Starts the runtime thread `name` running `f`. While SPAWNING is up, every thread's C
+/// allocations go to the runtime's own table (see `spawning_runtime_thread`), the program's too:
+/// the caller waits with [`wait_marks`] until the new thread has marked itself, so the window
+/// lasts as long as a thread start, not as long as the scheduler leaves the new thread waiting
+/// while the caller goes on allocating. (Under load in CI, Redis filled the table in 80 ms that
+/// way and saw ENOMEM.)
+fn spawn_thread(inner: &Arc<Inner>, name: &str, f: ThreadMain) -> std::io::Result<Mark> {
+    let i = inner.clone();
+    let marked: Mark = Arc::new((Mutex::new(false), Condvar::new()));
+    let tell = marked.clone();
+    SPAWNING.fetch_add(1, Ordering::AcqRel);
+    // Started with the program's signals blocked (it inherits this mask): see
+    // `with_async_signals_blocked`.
+    let started = sys::with_async_signals_blocked(|| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .stack_size(256 << 10)
+            .spawn(move || {
+                RUNTIME_THREAD.with(|t| t.set(true));
+                SPAWNING.fetch_sub(1, Ordering::AcqRel);
+                let (done, cv) = &*tell;
+                *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                cv.notify_all();
+                drop(tell);
+                sys::block_sigpipe();
+                // A runtime thread that dies would leave the program waiting on a fault
+                // forever: stop the program instead, saying why.
+                let thread = std::thread::current().name().unwrap_or("rackmem").to_string();
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+                    eprintln!("rackmem: internal error: the {thread} thread panicked; stopping the program");
+                    sys::exit_immediately(sys::EXIT_BRICK_LOST);
+                }
+            })
+    });
+    match started {
+        Ok(_) => Ok(marked),
+        Err(e) => {
+            SPAWNING.fetch_sub(1, Ordering::AcqRel);
+            Err(e)
+        }
+    }
+}
+
+/// Waits until every thread of `marks` has marked itself. Bounded: a thread that has not run in
+/// 10 s leaves the window open behind it (it closes when the thread runs), but does not hold
+/// the caller here.
+fn wait_marks(marks: Vec<Mark>) {
+    for marked in marks {
+        let (done, cv) = &*marked;
+        let guard = done.lock().unwrap_or_else(|e| e.into_inner());
+        drop(
+            cv.wait_timeout_while(guard, SPAWN_MARK_WAIT, |d| !*d)
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+    }
+}
+
+/// How long a lazily forked child runs without its watchdog: one watchdog tick, before which
+/// the watchdog would not have looked at anything.
+pub(crate) const DEFERRED_WATCHDOG_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Starts the write-back and watchdog threads of a lazily forked child, which starts with its
+/// fault handlers only: at its first write-back job (`writeback::submit`), or once it has lived
+/// [`DEFERRED_WATCHDOG_AFTER`] (its first handler's idle wait). Most children of a forking server
+/// exit before either: PostgreSQL's backends of one connection live a few milliseconds, and the
+/// two threads' start, stacks and exit were part of what each one cost beyond its native fork
+/// (`docs/benchmarks.md`, "A backend's life"). Returns at once when they are running.
+pub(crate) fn start_deferred_threads(inner: &Arc<Inner>) {
+    if !inner.threads_deferred.load(Ordering::Acquire) {
+        return;
+    }
+    let _one = inner.deferred_start.lock().unwrap_or_else(|e| e.into_inner());
+    if !inner.threads_deferred.load(Ordering::Acquire) {
+        return;
+    }
+    let mut marks = Vec::new();
+    let wb: ThreadMain = Box::new(writeback::run);
+    let watchdog: ThreadMain = Box::new(watchdog::run);
+    for (name, f) in [("rackmem-wb", wb), ("rackmem-watchdog", watchdog)] {
+        match spawn_thread(inner, name, f) {
+            Ok(m) => marks.push(m),
+            // Without its write-back thread a job would wait for ever: stop, saying why.
+            Err(e) => inner.internal_error(&format!("cannot start the {name} thread: {e}")),
+        }
+    }
+    wait_marks(marks);
+    inner.threads_deferred.store(false, Ordering::Release);
 }
 
 /// Runs `(first page, pages)` of pages lent to file or shared mappings, in page order.

@@ -16,8 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Queues a job for the write-back thread.
-pub(crate) fn submit(inner: &Inner, job: Job) {
+/// Queues a job for the write-back thread (started now if it was deferred: see
+/// `start::start_deferred_threads`).
+pub(crate) fn submit(inner: &Arc<Inner>, job: Job) {
+    crate::start::start_deferred_threads(inner);
     inner.jobs_busy.fetch_add(1, Ordering::AcqRel);
     inner.jobs.lock().unwrap_or_else(|e| e.into_inner()).push_back(job);
     inner.jobs_cv.notify_one();
