@@ -179,6 +179,8 @@ static FOLLOWING: AtomicBool = AtomicBool::new(false);
 static MASK_TID: AtomicU32 = AtomicU32::new(0);
 static MASK_SAVED: [AtomicU64; MASK_WORDS] = [const { AtomicU64::new(0) }; MASK_WORDS];
 static MASK_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Tries of [`program_mask`] before it gives up waiting for a change to end.
+const MASK_TRIES: u32 = 4096;
 
 /// Begins a change of the followed thread's state or of the kernel's masks (`FOLLOW` held).
 fn mask_change_begins() {
@@ -203,10 +205,11 @@ fn publish(tid: u32, saved: &[usize]) {
 /// (the real call), and its result comes back with `Some(mask)` when `tid` is confined by the
 /// handler (the answer must then be that mask, the thread's own), or `None` (the kernel's
 /// answer is the program's). The kernel is asked inside a stretch where nothing changed, so the
-/// two agree; if changes keep coming (they take microseconds and come at most every 20 ms),
-/// after a few tries the kernel's answer is taken as it is.
+/// two agree. A change takes a few system calls and a read of `/proc/self/task` (tens of
+/// microseconds), and changes come at most every 20 ms; if one still holds after
+/// [`MASK_TRIES`] yields, the kernel's answer is taken as it is.
 pub fn program_mask<R>(tid: u32, mut read: impl FnMut() -> R) -> (R, Option<CpuMask>) {
-    for _ in 0..64 {
+    for _ in 0..MASK_TRIES {
         let before = MASK_SEQ.load(Ordering::SeqCst);
         if before % 2 == 1 {
             std::thread::yield_now();
