@@ -257,6 +257,54 @@ fn the_handler_follows_a_lone_faulting_thread_and_never_confines_new_threads() {
     );
 }
 
+/// A thread the handler confines to its CPU while it faults alone is told its own mask by
+/// `sched_getaffinity` and `pthread_getaffinity_np`: programs size their thread pools from it
+/// (NumPy's OpenBLAS, imported while Python's main thread faulted alone, ran one thread on two
+/// CPUs for the whole run).
+#[test]
+fn a_confined_faulting_thread_is_told_its_own_cpus() {
+    require_root();
+    let field = |o: &std::process::Output, key: &str| -> i64 {
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key}= in the output: {}", show(o)))
+    };
+    let prog = program("follow_affinity");
+    let args = ["32", "200000", "400"];
+    let n = native(&prog, &args);
+    let all = field(&n, "kernel");
+    assert!(
+        all >= 2,
+        "this test needs a machine with two CPUs or more (this one allows {all})"
+    );
+    assert_eq!(field(&n, "sched_getaffinity"), all, "{}", show(&n));
+    let (r, stats) = remote(&prog, &args, "10%", &[]);
+    assert!(r.status.success(), "{}", show(&r));
+    assert_eq!(checksums(&n), checksums(&r));
+    let p = busiest(&stats);
+    assert_used_remote_memory(p);
+    // The kernel's mask was confined during the checks: otherwise this proves nothing.
+    assert!(
+        field(&r, "confined_checks") > 0 && p.extra("handler_moves") > 0,
+        "the handler never confined the lone faulting thread during a check: {}",
+        show(&r)
+    );
+    assert_eq!(
+        field(&r, "sched_getaffinity"),
+        all,
+        "sched_getaffinity told the confinement: {}",
+        show(&r)
+    );
+    assert_eq!(
+        field(&r, "pthread_getaffinity_np"),
+        all,
+        "pthread_getaffinity_np told the confinement: {}",
+        show(&r)
+    );
+}
+
 /// A server keeping 14 children and forking short-lived ones one after the other: the embedded
 /// brick holds sixteen window-sized ranges, and an exited child's clone gives its range back a
 /// moment after the exit, so a CLONE right behind it found none free and the child stopped

@@ -36,6 +36,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+mod affinity;
 mod api;
 mod family;
 mod fork;

@@ -608,7 +608,7 @@ pub unsafe extern "C" fn sdallocx(p: *mut c_void, size: size_t, flags: c_int) {
 }
 
 /// glibc's function `name` from libc.so.6 itself (`RTLD_NEXT` could name another allocator's).
-fn glibc_symbol(name: &std::ffi::CStr) -> usize {
+pub(crate) fn glibc_symbol(name: &std::ffi::CStr) -> usize {
     // SAFETY: dlopen of the already loaded C library (RTLD_NOLOAD loads nothing) and dlsym with
     // a NUL-terminated name.
     unsafe {

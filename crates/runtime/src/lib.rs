@@ -53,6 +53,7 @@ mod writeback;
 pub use error::RuntimeError;
 pub use fork::{fork_child, fork_parent, fork_prepare};
 pub(crate) use inner::{Inner, Job, Victim};
+pub use placement::program_mask;
 pub use process::{
     global, in_window, is_runtime_thread, note_shared_local, set_global, shared_local_bytes, spawning_runtime_thread,
     window_start, CallGuard,

@@ -35,7 +35,10 @@
 //!   raised no fault for [`STALL_NS`] and is not running (the caller reads its state; a thread
 //!   waiting on a futex, a pipe or a held thread's lock sleeps), the holds end at once and the
 //!   favour moves to the thread held longest. A favoured thread that computes on resident pages
-//!   stays runnable and keeps the favour.
+//!   stays runnable and keeps the favour, for [`IDLE_FAVOUR_NS`]: a thread spinning at a barrier
+//!   for a held one is runnable too (OpenBLAS's threads spin in user space, no system call), so
+//!   a favoured thread without a fault for that long ends the holds as if it slept. NumPy's
+//!   multiply with two BLAS threads at 50% lost up to 0.5 s a hold before (10–25 holds a run).
 //!   Threads that wait for each other at every few faults (a mutex around their work) stall
 //!   the favour at once after each move: two such stalls in a row end load control for
 //!   [`BACKOFF_NS`] ([`QUICK_STALL_NS`]).
@@ -65,6 +68,11 @@ pub(crate) const SLICE_NS: u64 = 500_000_000;
 /// A favoured thread without a fault for this long, and not running, is waiting for something
 /// (perhaps a held thread): the holds end at once.
 pub(crate) const STALL_NS: u64 = 2_000_000;
+/// A favoured thread that runs without a fault for this long, while faults are held, ends the
+/// holds as one that sleeps does: it may be spinning for a held thread (a barrier of OpenBLAS's
+/// threads), which nothing outside the thread can tell from computing, and a thread that
+/// computes this long on resident pages is not thrashing now.
+pub(crate) const IDLE_FAVOUR_NS: u64 = 20_000_000;
 /// Load control rests this long after a slice in which favour did not cut the favoured
 /// thread's faults.
 pub(crate) const BACKOFF_NS: u64 = 4_000_000_000;
@@ -346,7 +354,7 @@ impl LoadControl {
             return None;
         }
         self.last_check_ns = now_ns;
-        if running(f.tid) {
+        if now_ns.saturating_sub(f.last_fault_ns) < IDLE_FAVOUR_NS && running(f.tid) {
             return None;
         }
         if now_ns.saturating_sub(f.slice_start_ns) < QUICK_STALL_NS {
@@ -498,13 +506,16 @@ mod tests {
         let held_at = now;
         let mut out = Vec::new();
         // The favoured thread goes on faulting (its working set comes in), then computes
-        // (running, no faults): thread 8 stays held until the slice ends.
+        // (running), faulting now and then: thread 8 stays held until the slice ends.
         for _ in 0..100 {
             now += MS;
             assert_eq!(lc.fault(7, 2, now, remote), Verdict::Serve);
         }
         while now < held_at + SLICE_NS - MS {
             now += MS;
+            if now % (IDLE_FAVOUR_NS / 2) < MS {
+                assert_eq!(lc.fault(7, now, remote), Verdict::Serve);
+            }
             assert_eq!(lc.due(now, remote, true, |_| true, &mut out), None);
         }
         now += 2 * MS;
@@ -565,6 +576,27 @@ mod tests {
         let mut t = now + 8 * MS;
         window(&mut lc, &[7, 8], true, &mut t, &mut remote);
         assert_eq!(lc.favoured(), None);
+    }
+
+    #[test]
+    fn a_favoured_thread_running_without_faults_releases_the_holds() {
+        let (mut now, mut remote) = (0, 0);
+        let mut lc = LoadControl::default();
+        window(&mut lc, &[7, 8, 7], true, &mut now, &mut remote);
+        assert_eq!(lc.favoured(), Some(7));
+        assert_eq!(lc.fault(8, now, remote), Verdict::Hold);
+        lc.hold(8, now, 0x1000);
+        let mut out = Vec::new();
+        // Running (computing, or spinning at a barrier for thread 8): held a while.
+        let mut t = now;
+        while t < now + IDLE_FAVOUR_NS - MS {
+            t += MS;
+            assert_eq!(lc.due(t, remote, true, |_| true, &mut out), None);
+        }
+        // Then released, well within the slice.
+        t += 2 * MS;
+        assert_eq!(lc.due(t, remote, true, |_| true, &mut out), Some(Release::Stalled));
+        assert_eq!((out.len(), lc.favoured()), (1, Some(8)));
     }
 
     #[test]

@@ -18,13 +18,20 @@
 //! program starts a thread (which would inherit the confined mask: the watchdog looks on its
 //! ticks, see [`watch`]) and before a fork (the child would inherit it).
 //!
+//! The confined thread is not told: `sched_getaffinity` and `pthread_getaffinity_np` (interposed
+//! by `librackmem.so`) answer with its own mask while it is followed ([`program_mask`]). A
+//! program sizes its thread pools from that mask when it starts, which is when a lone thread
+//! faults most: Python importing NumPy, whose OpenBLAS then ran one thread on a 2-vCPU machine
+//! for the whole run (half its speed; `docs/benchmarks.md`, "NumPy at 50%: where the time went").
+//!
 //! The faulting thread comes with each fault (`UFFD_FEATURE_THREAD_ID`). Its CPU is read from
 //! `/proc/self/task/TID/stat` (field 39, the CPU it last ran on) when the handler decides to
 //! follow it, at the end of a sampling window of [`WINDOW_FAULTS`] faults and at least
 //! [`WINDOW_NS`], never per fault. Nothing here runs on a timer: an idle program costs nothing.
 
 use crate::sys;
-use std::sync::atomic::{AtomicBool, Ordering};
+use rackmem_sys::process::{CpuMask, MASK_WORDS};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Faults per sampling window.
@@ -164,6 +171,65 @@ fn spawned_recently() -> bool {
 /// Mirrors `FOLLOW.is_some()` for the handler's idle loop, which must not take a lock.
 static FOLLOWING: AtomicBool = AtomicBool::new(false);
 
+/// The followed thread (0: none) and its own mask, for [`program_mask`], which the program's
+/// threads call and which must take no lock: the handler holds `FOLLOW` while it reads masks.
+/// Written under `FOLLOW` only, between two steps of `MASK_SEQ` (odd while they change and
+/// while the kernel's masks are being changed, so a reader never pairs a mask the kernel had
+/// before a change with the state after it).
+static MASK_TID: AtomicU32 = AtomicU32::new(0);
+static MASK_SAVED: [AtomicU64; MASK_WORDS] = [const { AtomicU64::new(0) }; MASK_WORDS];
+static MASK_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Tries of [`program_mask`] before it gives up waiting for a change to end.
+const MASK_TRIES: u32 = 4096;
+
+/// Begins a change of the followed thread's state or of the kernel's masks (`FOLLOW` held).
+fn mask_change_begins() {
+    MASK_SEQ.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Ends it: readers from now on see the new state.
+fn mask_change_ends() {
+    MASK_SEQ.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Records `tid` (0: none) as the followed thread, with its own mask (inside a change).
+fn publish(tid: u32, saved: &[usize]) {
+    let mask = rackmem_sys::process::cpus_mask(saved);
+    for (w, v) in MASK_SAVED.iter().zip(mask) {
+        w.store(v, Ordering::SeqCst);
+    }
+    MASK_TID.store(tid, Ordering::SeqCst);
+}
+
+/// What a program's affinity query about thread `tid` should answer: `read` asks the kernel
+/// (the real call), and its result comes back with `Some(mask)` when `tid` is confined by the
+/// handler (the answer must then be that mask, the thread's own), or `None` (the kernel's
+/// answer is the program's). The kernel is asked inside a stretch where nothing changed, so the
+/// two agree. A change takes a few system calls and a read of `/proc/self/task` (tens of
+/// microseconds), and changes come at most every 20 ms; if one still holds after
+/// [`MASK_TRIES`] yields, the kernel's answer is taken as it is.
+pub fn program_mask<R>(tid: u32, mut read: impl FnMut() -> R) -> (R, Option<CpuMask>) {
+    for _ in 0..MASK_TRIES {
+        let before = MASK_SEQ.load(Ordering::SeqCst);
+        if before % 2 == 1 {
+            std::thread::yield_now();
+            continue;
+        }
+        let r = read();
+        let mask = (tid != 0 && MASK_TID.load(Ordering::SeqCst) == tid).then(|| {
+            let mut m: CpuMask = [0; MASK_WORDS];
+            for (v, w) in m.iter_mut().zip(&MASK_SAVED) {
+                *v = w.load(Ordering::SeqCst);
+            }
+            m
+        });
+        if MASK_SEQ.load(Ordering::SeqCst) == before {
+            return (r, mask);
+        }
+    }
+    (read(), None)
+}
+
 fn follow_state() -> MutexGuard<'static, Option<Follow>> {
     FOLLOW.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -206,12 +272,23 @@ pub(crate) fn follow(tid: u32, handler_cpus: &[usize]) -> Option<usize> {
     let mut all = threads();
     all.sort_unstable();
     let pinned_before = all.iter().copied().filter(|&t| sys::thread_cpus(t) == [cpu]).collect();
-    if !sys::set_thread_cpus(tid, &[cpu]) {
+    // The thread's own mask is what it is told from before its confinement on.
+    mask_change_begins();
+    publish(tid, &saved);
+    let confined = sys::set_thread_cpus(tid, &[cpu]);
+    if !confined {
+        publish(0, &[]);
+    }
+    mask_change_ends();
+    if !confined {
         return None;
     }
     let handler_tid = sys::this_thread_id();
     if !sys::set_thread_cpus(0, &[cpu]) {
+        mask_change_begins();
         sys::set_thread_cpus(tid, &saved);
+        publish(0, &[]);
+        mask_change_ends();
         return None;
     }
     *state = Some(Follow {
@@ -240,6 +317,8 @@ fn release(state: &mut Option<Follow>) -> bool {
         return false;
     };
     FOLLOWING.store(false, Ordering::Relaxed);
+    // The thread is told its own mask until the kernel has it back.
+    mask_change_begins();
     for t in threads() {
         if t == f.handler_tid {
             sys::set_thread_cpus(t, &f.handler_cpus);
@@ -248,6 +327,8 @@ fn release(state: &mut Option<Follow>) -> bool {
             sys::set_thread_cpus(t, &f.saved);
         }
     }
+    publish(0, &[]);
+    mask_change_ends();
     true
 }
 

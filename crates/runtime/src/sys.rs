@@ -8,7 +8,7 @@ pub const EXIT_RUNTIME_FAILED: i32 = 111;
 
 pub use rackmem_sys::process::{
     allowed_cpus, block_sigpipe, close_inherited, exit_immediately, this_thread_id, thread_cpus,
-    with_async_signals_blocked, without_sigpipe,
+    with_async_signals_blocked, without_sigpipe, CpuMask,
 };
 
 /// Confines thread `tid` (0: the calling thread) to `cpus`; false if the kernel refused (the

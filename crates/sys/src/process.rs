@@ -98,35 +98,59 @@ pub fn with_async_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// How many CPUs the calling thread may run on (its affinity mask; 0 if it cannot be read).
-pub fn allowed_cpus() -> usize {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_COUNT reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return 0;
-        }
-        libc::CPU_COUNT(&set) as usize
-    }
+/// Words of 64 CPUs in an affinity mask: `CPU_SETSIZE` (1024) CPUs, as glibc's `cpu_set_t`.
+pub const MASK_WORDS: usize = 16;
+
+/// An affinity mask: bit `c % 64` of word `c / 64` is CPU `c` (the kernel's layout, which is
+/// `cpu_set_t`'s byte for byte on a little-endian machine).
+pub type CpuMask = [u64; MASK_WORDS];
+
+/// The affinity mask of thread `tid` (0: the calling thread) as the kernel has it, read with the
+/// system call itself: the C library's `sched_getaffinity` is interposed by `librackmem.so`
+/// (a thread the fault handler confines is told its own mask), and the runtime must see the
+/// mask it set. `None` if it cannot be read (the thread is gone).
+pub fn kernel_thread_mask(tid: u32) -> Option<CpuMask> {
+    let tid = libc::pid_t::try_from(tid).ok()?;
+    let mut mask: CpuMask = [0; MASK_WORDS];
+    // SAFETY: the kernel writes at most the size passed (the mask's) into `mask`, plain words.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            tid,
+            std::mem::size_of::<CpuMask>(),
+            mask.as_mut_ptr(),
+        )
+    };
+    // The kernel returns the bytes it wrote (the rest of `mask` stays zero), or -1.
+    (r >= 0).then_some(mask)
 }
 
-/// The CPUs thread `tid` of this process (0: the calling thread) may run on; empty if its mask
-/// cannot be read (the thread is gone).
-pub fn thread_cpus(tid: u32) -> Vec<usize> {
-    let Ok(tid) = libc::pid_t::try_from(tid) else {
-        return Vec::new();
-    };
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills at most its size; CPU_ISSET reads
-    // inside it (indices below CPU_SETSIZE).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
+/// The CPUs set in `mask`, ascending.
+pub fn mask_cpus(mask: &CpuMask) -> Vec<usize> {
+    (0..MASK_WORDS * 64)
+        .filter(|&c| mask[c / 64] >> (c % 64) & 1 == 1)
+        .collect()
+}
+
+/// The mask holding exactly `cpus` (CPUs past the mask's 1024 are left out).
+pub fn cpus_mask(cpus: &[usize]) -> CpuMask {
+    let mut mask: CpuMask = [0; MASK_WORDS];
+    for &c in cpus.iter().filter(|&&c| c < MASK_WORDS * 64) {
+        mask[c / 64] |= 1 << (c % 64);
     }
+    mask
+}
+
+/// How many CPUs the calling thread may run on (its affinity mask as the kernel has it; 0 if it
+/// cannot be read).
+pub fn allowed_cpus() -> usize {
+    kernel_thread_mask(0).map_or(0, |m| m.iter().map(|w| w.count_ones() as usize).sum())
+}
+
+/// The CPUs thread `tid` of this process (0: the calling thread) may run on, as the kernel has
+/// them; empty if its mask cannot be read (the thread is gone).
+pub fn thread_cpus(tid: u32) -> Vec<usize> {
+    kernel_thread_mask(tid).map(|m| mask_cpus(&m)).unwrap_or_default()
 }
 
 /// Confines thread `tid` of this process (0: the calling thread), and only it, to `cpus` (a
@@ -238,4 +262,38 @@ pub fn referenced_anon_bytes(pid: u32) -> std::io::Result<u64> {
 /// them makes pages look cold to it until touched again.
 pub fn clear_referenced(pid: u32) -> std::io::Result<()> {
     std::fs::write(format!("/proc/{pid}/clear_refs"), b"1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_mask_is_the_c_librarys() {
+        // SAFETY: cpu_set_t is plain data (all zeros is an empty set); sched_getaffinity fills
+        // at most its size. This test binary does not load librackmem.so: this is glibc's.
+        let (r, set) = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let r = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            (r, set)
+        };
+        assert_eq!(r, 0, "sched_getaffinity failed: {}", std::io::Error::last_os_error());
+        let libc_cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: CPU_ISSET reads inside the set (indices below CPU_SETSIZE).
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect();
+        assert!(!libc_cpus.is_empty());
+        assert_eq!(thread_cpus(0), libc_cpus);
+        assert_eq!(allowed_cpus(), libc_cpus.len());
+        let m = kernel_thread_mask(this_thread_id()).expect("this thread's mask");
+        assert_eq!(mask_cpus(&m), libc_cpus);
+    }
+
+    #[test]
+    fn masks_and_cpu_lists_convert_both_ways() {
+        let cpus = vec![0, 1, 63, 64, 130, 1023];
+        assert_eq!(mask_cpus(&cpus_mask(&cpus)), cpus);
+        assert_eq!(mask_cpus(&cpus_mask(&[1024, 5])), vec![5]);
+        assert_eq!(cpus_mask(&[65])[1], 2);
+    }
 }
