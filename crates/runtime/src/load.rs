@@ -514,7 +514,7 @@ mod tests {
         while now < held_at + SLICE_NS - MS {
             now += MS;
             if now % (IDLE_FAVOUR_NS / 2) < MS {
-                assert_eq!(lc.fault(7, now, remote), Verdict::Serve);
+                assert_eq!(lc.fault(7, 2, now, remote), Verdict::Serve);
             }
             assert_eq!(lc.due(now, remote, true, |_| true, &mut out), None);
         }
@@ -584,7 +584,7 @@ mod tests {
         let mut lc = LoadControl::default();
         window(&mut lc, &[7, 8, 7], true, &mut now, &mut remote);
         assert_eq!(lc.favoured(), Some(7));
-        assert_eq!(lc.fault(8, now, remote), Verdict::Hold);
+        assert_eq!(lc.fault(8, 1, now, remote), Verdict::Hold);
         lc.hold(8, now, 0x1000);
         let mut out = Vec::new();
         // Running (computing, or spinning at a barrier for thread 8): held a while.
